@@ -1,0 +1,1 @@
+"""fedjax_fair: fast, functional simulation of fair federated learning in JAX."""

@@ -1,0 +1,15 @@
+"""Networks behind the ``Model`` container; ``get_model(name, ...)`` builds one by name."""
+from fedjax_fair.models.base import Model, cross_entropy, from_flax
+from fedjax_fair.models.simple import cnn, logistic_regression, mlp
+
+MODELS = {"logreg": logistic_regression, "mlp": mlp, "cnn": cnn}
+
+
+def get_model(name: str, input_shape, num_classes, **kwargs) -> Model:
+    if name not in MODELS:
+        raise ValueError(f"model: unknown name {name!r}; allowed: {sorted(MODELS)}")
+    return MODELS[name](tuple(input_shape), int(num_classes), **kwargs)
+
+
+__all__ = ["Model", "MODELS", "cnn", "cross_entropy", "from_flax", "get_model",
+           "logistic_regression", "mlp"]
