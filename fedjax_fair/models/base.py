@@ -25,8 +25,8 @@ class Model(NamedTuple):
     per_example_loss: (params, batch, key | None) -> [B] cross-entropy.
     per_example_metrics: (params, batch) -> {"loss": [B], "accuracy": [B]}.
     name, input_shape, num_classes: static description.
-    has_conv: True when the network contains convolutions (drives the CPU
-      execution policy, see execution.py).
+    uses_xla_conv: True when the network runs XLA convolution ops; on CPU the
+      local steps are then unrolled (execution.local_step_unroll, jax-ml/jax#12868).
     """
 
     init: Callable
@@ -36,7 +36,7 @@ class Model(NamedTuple):
     name: str
     input_shape: tuple
     num_classes: int
-    has_conv: bool = False
+    uses_xla_conv: bool = False
 
     def num_params(self, params) -> int:
         return sum(int(p.size) for p in jax.tree.leaves(params))
@@ -48,7 +48,7 @@ def cross_entropy(logits, labels):
 
 
 def from_flax(module: nn.Module, input_shape: tuple, num_classes: int, name: str,
-              has_conv: bool = False) -> Model:
+              uses_xla_conv: bool = False) -> Model:
     """Wraps a flax.linen module mapping x [B, *input_shape] to logits [B, C]."""
 
     def init(key):
@@ -67,4 +67,4 @@ def from_flax(module: nn.Module, input_shape: tuple, num_classes: int, name: str
                 "accuracy": (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)}
 
     return Model(init, apply, per_example_loss, per_example_metrics, name,
-                 tuple(input_shape), int(num_classes), has_conv)
+                 tuple(input_shape), int(num_classes), uses_xla_conv)

@@ -101,4 +101,4 @@ def cnn(input_shape, num_classes, channels: Sequence[int] = (32, 64), dense: int
     if conv_impl == "auto":
         conv_impl = "patches" if jax.default_backend() == "cpu" else "xla"
     module = _CNN(num_classes, tuple(channels), dense, conv_impl)
-    return from_flax(module, input_shape, num_classes, "cnn", has_conv=True)
+    return from_flax(module, input_shape, num_classes, "cnn", uses_xla_conv=conv_impl == "xla")

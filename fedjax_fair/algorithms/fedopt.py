@@ -1,0 +1,49 @@
+"""Server optimizers — FedAvgM (Hsu, Qi, Brown, "Measuring the Effects of Non-Identical
+Data Distribution for Federated Visual Classification", 2019) and FedAdagrad / FedAdam /
+FedYogi (Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan, "Adaptive
+Federated Optimization", ICLR 2021, Algorithm 2).
+
+The clients run FedAvg's local SGD; the server treats the averaged client delta
+Delta^t = sum_k p_k (x^t - x_k) as a pseudo-gradient and steps with an optax
+optimizer (server rate eta = ``server_lr``):
+
+    FedAvgM:   v = beta v + Delta;  x <- x - eta v                (optax.sgd momentum)
+    FedAdam:   m = b1 m + (1-b1) Delta;  v = b2 v + (1-b2) Delta^2;
+               x <- x - eta m / (sqrt(v) + tau)                    (optax.adam, eps=tau)
+    FedYogi:   v = v - (1-b2) Delta^2 sign(v - Delta^2)            (optax.yogi)
+    FedAdagrad: v = v + Delta^2                                    (optax.adagrad)
+
+Reddi et al. run the adaptive rules without bias correction; optax's adam applies
+it, which only rescales early steps. tau = ``tau`` (the paper's adaptivity, 1e-3 by
+default there). Every other argument is FedAvg's.
+"""
+from __future__ import annotations
+
+import optax
+
+from fedjax_fair.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.fedavg import fedavg
+
+
+def fedavgm(model, *, server_lr: float = 1.0, momentum: float = 0.9,
+            **fedavg_kwargs) -> FederatedAlgorithm:
+    return fedavg(model, server_optimizer=optax.sgd(server_lr, momentum=momentum),
+                  **fedavg_kwargs)
+
+
+def fedadam(model, *, server_lr: float = 0.01, b1: float = 0.9, b2: float = 0.99,
+            tau: float = 1e-3, **fedavg_kwargs) -> FederatedAlgorithm:
+    return fedavg(model, server_optimizer=optax.adam(server_lr, b1=b1, b2=b2, eps=tau),
+                  **fedavg_kwargs)
+
+
+def fedyogi(model, *, server_lr: float = 0.01, b1: float = 0.9, b2: float = 0.99,
+            tau: float = 1e-3, **fedavg_kwargs) -> FederatedAlgorithm:
+    return fedavg(model, server_optimizer=optax.yogi(server_lr, b1=b1, b2=b2, eps=tau),
+                  **fedavg_kwargs)
+
+
+def fedadagrad(model, *, server_lr: float = 0.1, tau: float = 1e-3,
+               **fedavg_kwargs) -> FederatedAlgorithm:
+    return fedavg(model, server_optimizer=optax.adagrad(server_lr, initial_accumulator_value=0.0,
+                                                        eps=tau), **fedavg_kwargs)

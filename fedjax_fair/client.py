@@ -1,0 +1,167 @@
+"""Local training of ONE client (DESIGN.md §4).
+
+``local_training`` builds a ``ClientUpdate``: a pure function of
+``(server_params, client_state, data, local_steps, key)`` that an execution strategy
+(execution.py) maps over the cohort.
+
+Semantics, for a client with n real examples, batch size B and E epochs:
+
+* steps per epoch = ceil(n / B); the client takes
+  ``min(local_steps, E * ceil(n / B))`` steps, where ``local_steps`` is its budget
+  (computational heterogeneity). All clients run the same static number of steps,
+  ``max_steps``, in one ``lax.scan``; step t is masked off (the carry is kept) when
+  t is at or past the client's count.
+* each epoch e draws a fresh permutation of the real rows from
+  ``fold_in(shuffle_key, e)``; padded rows sort last and are masked, so the last
+  batch of an epoch may be partial; batches never mix epochs.
+* losses are masked means; a client with no examples takes no step, returns a zero
+  delta and a zero loss, never NaN.
+
+Local solvers are composed from pieces: any optax transformation as the optimizer
+and an optional ``regularizer(params, server_params, client_state) -> scalar`` added
+to the batch loss (FedProx's proximal term is one).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_fair.models.base import Model
+from fedjax_fair.types import Array, ClientData, ClientOutput, ClientUpdate
+
+
+def masked_mean(values: Array, mask: Array) -> Array:
+    """sum(values * mask) / max(sum(mask), 1): the mean over real rows, 0 if none."""
+    m = mask.astype(values.dtype)
+    return jnp.sum(values * m) / jnp.maximum(jnp.sum(m), 1)
+
+
+def steps_per_epoch(num_examples: Array, batch_size: int) -> Array:
+    """ceil(n / B) (0 for an empty client)."""
+    return (num_examples + batch_size - 1) // batch_size
+
+
+def max_local_steps(padded_size: int, batch_size: int, num_epochs: int,
+                    max_steps: Optional[int] = None) -> int:
+    """The static scan length: E * ceil(M / B), optionally capped by ``max_steps``."""
+    steps = num_epochs * math.ceil(padded_size / batch_size)
+    return steps if max_steps is None else min(steps, max_steps)
+
+
+def batch_at(data: ClientData, step: Array, shuffle_key: Array, batch_size: int):
+    """The batch of local step ``step``: (examples dict [B, ...], mask [B]).
+
+    Rows come from a per-epoch permutation of the real rows (padding last), so
+    batch positions at or past ``num_examples`` within the epoch are masked.
+    """
+    n = data.num_examples
+    padded = data.mask.shape[0]
+    spe = jnp.maximum(steps_per_epoch(n, batch_size), 1)
+    epoch, i = step // spe, step % spe
+    scores = jax.random.uniform(jax.random.fold_in(shuffle_key, epoch), (padded,))
+    perm = jnp.argsort(jnp.where(data.mask, scores, 2.0))
+    num_slots = math.ceil(padded / batch_size) * batch_size
+    perm = jnp.pad(perm, (0, num_slots - padded))
+    start = i * batch_size
+    rows = jax.lax.dynamic_slice(perm, (start,), (batch_size,))
+    batch_mask = (start + jnp.arange(batch_size)) < n
+    return {k: v[rows] for k, v in data.examples.items()}, batch_mask
+
+
+def data_loss(model: Model, params, data: ClientData, chunk_size: int = 256) -> Array:
+    """Masked mean loss of ``params`` over all of one client's rows.
+
+    Rows are processed in chunks of ``chunk_size`` (a rolled ``lax.map``) so the
+    activation memory stays bounded under vmap over clients.
+    """
+    return data_metrics(model, params, data, chunk_size)["loss"]
+
+
+def data_metrics(model: Model, params, data: ClientData, chunk_size: int = 256) -> dict:
+    """Masked means of every ``model.per_example_metrics`` value over one client."""
+    padded = data.mask.shape[0]
+    if padded <= chunk_size:
+        per_row = model.per_example_metrics(params, data.examples)
+    else:
+        num_chunks = math.ceil(padded / chunk_size)
+        pad = num_chunks * chunk_size - padded
+        chunks = {k: jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)).reshape(
+            num_chunks, chunk_size, *v.shape[1:]) for k, v in data.examples.items()}
+        per_chunk = jax.lax.map(lambda b: model.per_example_metrics(params, b), chunks)
+        per_row = jax.tree.map(lambda v: v.reshape(-1)[:padded], per_chunk)
+    return {k: masked_mean(v, data.mask) for k, v in per_row.items()}
+
+
+def local_training(model: Model, optimizer: optax.GradientTransformation, *,
+                   batch_size: int, num_epochs: int = 1, max_steps: Optional[int] = None,
+                   regularizer: Optional[Callable] = None, unroll: int | bool = 1,
+                   track_loss: bool = True) -> ClientUpdate:
+    """Builds a ClientUpdate running masked local optimisation.
+
+    Args:
+      model: the network.
+      optimizer: any optax transformation (``optax.sgd(lr)`` for FedAvg); its state
+        is created fresh for every client every round.
+      batch_size: B.
+      num_epochs: E.
+      max_steps: optional cap on local steps. The static scan length is
+        ``max_local_steps(M, B, E, max_steps)``, read from the data's padded size M
+        at trace time.
+      regularizer: optional ``(params, server_params, client_state) -> scalar`` added
+        to every batch loss.
+      unroll: ``lax.scan`` unroll of the local steps (execution.py picks it).
+      track_loss: compute ``loss_before`` = F_k(server_params) on all train rows
+        (one forward pass; needed by loss-driven fair mixing rules).
+    """
+    if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
+        raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
+
+    def loss_fn(params, server_params, client_state, batch, batch_mask, key):
+        loss = masked_mean(model.per_example_loss(params, batch, key), batch_mask)
+        if regularizer is not None:
+            loss = loss + regularizer(params, server_params, client_state)
+        return loss
+
+    grad_fn = jax.grad(loss_fn)
+
+    def client_update(server_params, client_state, data: ClientData, local_steps, key):
+        shuffle_key, dropout_key = jax.random.split(key)
+        num_steps = jnp.minimum(local_steps,
+                                num_epochs * steps_per_epoch(data.num_examples, batch_size))
+
+        def step(carry, t):
+            params, opt_state = carry
+            batch, batch_mask = batch_at(data, t, shuffle_key, batch_size)
+            grads = grad_fn(params, server_params, client_state, batch, batch_mask,
+                            jax.random.fold_in(dropout_key, t))
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            new = (optax.apply_updates(params, updates), new_opt_state)
+            active = t < num_steps
+            return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry), None
+
+        carry = (server_params, optimizer.init(server_params))
+        length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
+        (params, _), _ = jax.lax.scan(step, carry, jnp.arange(length), unroll=unroll)
+        delta = jax.tree.map(jnp.subtract, server_params, params)
+        loss_before = (data_loss(model, server_params, data) if track_loss
+                       else jnp.zeros((), jnp.float32))
+        output = ClientOutput(delta=delta, loss_before=loss_before,
+                              num_examples=data.num_examples, num_steps=num_steps)
+        return output, client_state
+
+    return client_update
+
+
+def proximal_term(mu: float) -> Callable:
+    """FedProx's (mu / 2) ||w - w^t||^2 as a ``regularizer`` (Li et al., 2020, eq. 2)."""
+
+    def regularizer(params, server_params, client_state):
+        del client_state
+        sq = jax.tree.map(lambda p, s: jnp.sum(jnp.square(p - s)), params, server_params)
+        return 0.5 * mu * sum(jax.tree.leaves(sq))
+
+    return regularizer

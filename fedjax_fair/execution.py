@@ -1,0 +1,79 @@
+"""How a cohort runs: mapping ONE client's update over K clients (DESIGN.md §7).
+
+Strategies (all produce identical results up to float rounding):
+
+* ``"vmap"``: one batched program over the whole cohort. Best on accelerators,
+  where per-client matmuls become batched matmuls.
+* ``"chunked"``: ``lax.map`` over chunks of ``chunk_size`` clients, vmapped inside a
+  chunk. Bounds activation memory at about chunk_size / K of ``vmap``.
+* ``"sequential"``: ``lax.map`` over single clients, a rolled loop inside the same
+  program. On CPU one client's parameters stay in cache for all its local steps.
+* ``"auto"``: picks one of the above from the backend and the model; see
+  ``resolve``. Benchmarks (benchmarks/round_throughput.py, docs/performance.md)
+  justify the rule.
+
+All strategies stay inside one traced program, so they compose with ``jit``,
+``lax.scan`` over rounds, and ``jax.grad`` / ``jax.vmap`` of a whole run.
+
+XLA:CPU runs a convolution's weight-gradient inside a rolled loop 4-100x slower than
+unrolled (jax-ml/jax#12868). The built-in CNN therefore runs its convolutions as
+im2col + matmul on CPU (models/simple.py), which is unaffected; for a model that
+uses XLA convolutions on CPU, ``local_step_unroll`` returns full unrolling.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+
+STRATEGIES = ("auto", "vmap", "chunked", "sequential")
+
+
+def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
+            chunk_size: Optional[int] = None) -> tuple[str, Optional[int]]:
+    """Returns the concrete (strategy, chunk_size) for ``strategy``.
+
+    ``auto``: ``vmap`` on GPU/TPU. On CPU, ``chunked`` with chunks of 4 clients
+    (measured fastest or within noise of the fastest on the 2-core CPU for MLP and
+    im2col CNN; docs/performance.md). A cohort of at most 4 is simply vmapped.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"execution: unknown strategy {strategy!r}; allowed: {list(STRATEGIES)}")
+    backend = backend or jax.default_backend()
+    if strategy == "auto":
+        if backend != "cpu":
+            return "vmap", None
+        strategy, chunk_size = "chunked", chunk_size or 4
+    if strategy == "chunked":
+        chunk_size = chunk_size or 8
+        if chunk_size <= 0:
+            raise ValueError(f"execution: chunk_size must be positive, got {chunk_size}")
+        if chunk_size >= cohort_size:
+            return "vmap", None
+        return "chunked", chunk_size
+    return strategy, None
+
+
+def local_step_unroll(uses_xla_conv: bool, backend: Optional[str] = None) -> int | bool:
+    """Unroll policy of the local-step scan: full unroll only for XLA convs on CPU."""
+    backend = backend or jax.default_backend()
+    return True if (uses_xla_conv and backend == "cpu") else 1
+
+
+def map_clients(fn: Callable, strategy: str, cohort_size: int,
+                chunk_size: Optional[int] = None) -> Callable:
+    """Maps ``fn(shared, *per_client)`` over the leading axis of ``per_client``.
+
+    ``shared`` (the server parameters) is broadcast to every client; every leaf of
+    ``per_client`` has leading axis K. Returns a function of the same arguments
+    whose outputs have leading axis K.
+    """
+    strategy, chunk_size = resolve(strategy, cohort_size, chunk_size=chunk_size)
+    if strategy == "vmap":
+        return jax.vmap(fn, in_axes=(None, 0))
+
+    def mapped(shared, per_client):
+        return jax.lax.map(lambda xs: fn(shared, xs), per_client,
+                           batch_size=chunk_size if strategy == "chunked" else None)
+
+    return mapped

@@ -1,0 +1,363 @@
+"""Fairness metrics over per-client values (DQN-Fed spec §6, AAggFF spec §7).
+
+Every metric takes per-client values ``a`` of shape ``[N]`` (test accuracy, AUROC, loss,
+...) and returns a 0-d array. The metric functions use ``jax.numpy`` only, so they accept
+NumPy or JAX arrays and can be called inside ``jax.jit``; arguments that decide shapes
+(``fraction`` in :func:`worst_k`, :func:`best_k`, :func:`parity_gap`) must be Python
+numbers (static under ``jit``).
+
+Values may be in ``[0, 1]`` or in percent: :func:`gini`, :func:`angle_to_uniform`,
+:func:`kl_to_uniform` and :func:`improved_fraction` are scale-invariant; the others
+(``mean``, ``std``, ``worst_k``, ...) are returned in the units of ``a``.
+
+Integer or boolean inputs are cast to the default float dtype. ``NaN`` entries propagate;
+drop them (or clients without test data) with :func:`apply_mask` / the ``mask`` argument
+of :func:`fairness_summary`.
+
+:func:`fairness_summary` gathers the reported metrics into a ``dict[str, float]`` of
+Python floats (JSON-ready); it is a host-side helper, not jittable. :data:`METRICS` maps
+each metric name to a one-line description with its formula.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+__all__ = [
+    "METRICS",
+    "mean",
+    "weighted_mean",
+    "std",
+    "variance",
+    "num_selected",
+    "worst_k",
+    "best_k",
+    "parity_gap",
+    "gini",
+    "angle_to_uniform",
+    "kl_to_uniform",
+    "improved_fraction",
+    "apply_mask",
+    "fairness_summary",
+]
+
+# Tolerance used when flooring fraction * N, so that e.g. 0.29 * 100 = 28.999999999999996
+# selects 29 clients, not 28.
+_FLOOR_TOL = 1e-9
+
+METRICS: dict[str, str] = {
+    "mean": "unweighted mean over clients: (1/N) sum_i a_i",
+    "weighted_mean": "sample-weighted mean: sum_i n_i a_i / sum_i n_i (unweighted mean if sum n_i = 0)",
+    "std": "population std: sqrt((1/N) sum_i (a_i - mean)^2)",
+    "variance": "population variance: (1/N) sum_i (a_i - mean)^2",
+    "worst_x%": "mean of the k = max(1, floor(x*N)) lowest a_i (weighted by n_i if weights given)",
+    "best_x%": "mean of the k = max(1, floor(x*N)) highest a_i (weighted by n_i if weights given)",
+    "parity_gap_x%": "accuracy-parity gap: best_x% - worst_x%",
+    "gini": "Gini: sum_j (2j-N-1) a_(j) / (N sum_j a_j), a sorted ascending; 1 if sum a = 0",
+    "angle": "angle to uniform (degrees): arccos(a.1 / (||a|| sqrt N)); 0 if all a_i equal",
+    "kl_to_uniform": "KL(p||uniform) = sum_k p_k ln(N p_k), p_k = a_k / sum_j a_j, 0 ln 0 = 0",
+    "improved_fraction": "fraction of participants with loss_after <= loss_before (ties improve)",
+}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _as_vector(a, name: str = "a") -> Array:
+    """``a`` as a float JAX array of rank 1 (ints/bools are cast to the default float)."""
+    x = jnp.asarray(a)
+    if x.ndim != 1:
+        raise ValueError(f"{name} must have shape [N], got shape {x.shape}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.result_type(float))
+    return x
+
+
+def _as_weights(w, a: Array) -> Array:
+    x = _as_vector(w, "weights")
+    if x.shape != a.shape:
+        raise ValueError(f"weights must have shape {a.shape}, got {x.shape}")
+    return x.astype(jnp.result_type(a.dtype, x.dtype))
+
+
+def _check_nonempty(a: Array, fn: str) -> None:
+    if a.shape[0] == 0:
+        raise ValueError(f"{fn} needs at least one client, got an empty array")
+
+
+def _safe_weighted_mean(a: Array, w: Array) -> Array:
+    """sum(w a) / sum(w); the unweighted mean of ``a`` where sum(w) == 0."""
+    total = jnp.sum(w)
+    zero = total == 0
+    weighted = jnp.sum(w * a) / jnp.where(zero, 1, total)
+    return jnp.where(zero, jnp.mean(a), weighted)
+
+
+# ------------------------------------------------------------------ location / spread
+
+
+def mean(a) -> Array:
+    """Unweighted mean over clients: ``mean = (1/N) * sum_i a_i``.
+
+    This is the DQN-Fed ``ā`` (every client counts once).
+    """
+    return jnp.mean(_as_vector(a))
+
+
+def weighted_mean(a, w) -> Array:
+    """Sample-weighted mean: ``sum_i w_i a_i / sum_i w_i``.
+
+    ``w`` are non-negative per-client weights, normally the test sizes ``n_i`` (the AAggFF
+    "Avg." of the reference code). If ``sum_i w_i == 0`` (no client has any weight) the
+    result is defined as the unweighted :func:`mean` of ``a``.
+    """
+    a = _as_vector(a)
+    return _safe_weighted_mean(a, _as_weights(w, a))
+
+
+def variance(a) -> Array:
+    """Population variance: ``var = (1/N) * sum_i (a_i - mean)^2``."""
+    a = _as_vector(a)
+    d = a - jnp.mean(a)
+    return jnp.mean(d * d)
+
+
+def std(a) -> Array:
+    """Population standard deviation (``1/N``, not ``1/(N-1)``): ``sqrt(variance(a))``.
+
+    ``sigma_a = sqrt((1/N) * sum_i (a_i - mean)^2)`` (DQN-Fed ``σ_a``).
+    """
+    return jnp.sqrt(variance(a))
+
+
+# ------------------------------------------------------------------ worst / best k
+
+
+def num_selected(n: int, fraction: float) -> int:
+    """Number of clients in a worst/best group: ``k = max(1, floor(fraction * n))``.
+
+    The floor rule of the DQN-Fed spec (also AAggFF's ``max(1, floor(0.1 N))``): with 15
+    clients and ``fraction=0.1``, ``k = 1``; with 25 clients, ``k = 2``. The product is
+    floored with a 1e-9 tolerance so that floating-point error cannot drop a client
+    (``0.29 * 100`` gives 29). ``fraction`` must lie in ``[0, 1]`` and ``n >= 1``.
+    """
+    fraction = float(fraction)
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"need at least one client, got n={n}")
+    k = int(math.floor(fraction * n + _FLOOR_TOL))
+    return min(n, max(1, k))
+
+
+def _group_mean(a, fraction: float, weights, descending: bool, fn: str) -> Array:
+    a = _as_vector(a)
+    _check_nonempty(a, fn)
+    k = num_selected(a.shape[0], fraction)
+    # Stable sort: among equal values the client with the lower index is taken first.
+    order = jnp.argsort(a, stable=True, descending=descending)[:k]
+    sel = a[order]
+    if weights is None:
+        return jnp.mean(sel)
+    w = _as_weights(weights, a)
+    return _safe_weighted_mean(sel, w[order])
+
+
+def worst_k(a, fraction: float, weights=None) -> Array:
+    """Mean of the ``k`` lowest values ("Worst x%"), ``k = max(1, floor(fraction * N))``.
+
+    Without ``weights``: ``(1/k) * sum_{i in W} a_i``, where ``W`` are the ``k`` clients
+    with the lowest ``a_i``. With ``weights`` (test sizes ``n_i``; AAggFF reference code):
+    ``sum_{i in W} n_i a_i / sum_{i in W} n_i`` -- the group is still chosen by value
+    only, the weights just average it (unweighted mean of the group if its weights sum to
+    0). See :func:`num_selected` for the rounding rule. Ties are broken by a stable sort:
+    among equal values, lower client indices are selected first. ``fraction`` must be a
+    Python number (static under ``jit``).
+    """
+    return _group_mean(a, fraction, weights, descending=False, fn="worst_k")
+
+
+def best_k(a, fraction: float, weights=None) -> Array:
+    """Mean of the ``k`` highest values ("Best x%"), ``k = max(1, floor(fraction * N))``.
+
+    Without ``weights``: ``(1/k) * sum_{i in B} a_i``, where ``B`` are the ``k`` clients
+    with the highest ``a_i``; with ``weights``: ``sum_{i in B} n_i a_i / sum_{i in B} n_i``
+    (unweighted mean of the group if its weights sum to 0). Same rounding rule as
+    :func:`worst_k`; ties are broken stably: among equal values, lower client indices are
+    selected first.
+    """
+    return _group_mean(a, fraction, weights, descending=True, fn="best_k")
+
+
+def parity_gap(a, fraction: float, weights=None) -> Array:
+    """Accuracy-parity gap ``ΔAG = best_k(a, fraction, weights) - worst_k(a, fraction, weights)``."""
+    return best_k(a, fraction, weights) - worst_k(a, fraction, weights)
+
+
+# -------------------------------------------------------------- inequality indices
+
+
+def gini(a) -> Array:
+    """Gini coefficient of non-negative values.
+
+    With ``a_(1) <= ... <= a_(N)`` sorted ascending (``j`` 1-based)::
+
+        G = sum_j (2j - N - 1) a_(j) / (N * sum_j a_(j))
+          = sum_{i,j} |a_i - a_j| / (2 N^2 mean(a))
+
+    ``G = 0`` when all values are equal, ``(N-1)/N`` when a single client holds
+    everything. Defined as ``G = 1`` when ``sum_j a_j == 0`` (AAggFF spec). Scale-invariant;
+    AAggFF tables report ``100 * G``.
+    """
+    a = _as_vector(a)
+    _check_nonempty(a, "gini")
+    n = a.shape[0]
+    s = jnp.sort(a)
+    coef = (2 * jnp.arange(1, n + 1) - n - 1).astype(a.dtype)
+    total = jnp.sum(s)
+    zero = total == 0
+    g = jnp.sum(coef * s) / (n * jnp.where(zero, 1, total))
+    return jnp.where(zero, jnp.ones_like(g), g)
+
+
+def angle_to_uniform(a) -> Array:
+    """Angle in degrees between ``a`` and the all-ones vector (DQN-Fed "Angle").
+
+    ``angle = arccos(a . 1 / (||a|| * sqrt N)) * 180 / pi``.
+
+    Computed with the equivalent, numerically stable form
+    ``atan2(sqrt(N) * std(a), sqrt(N) * mean(a))`` (``a = mean * 1 + r`` with ``r`` orthogonal
+    to ``1``, ``||r|| = sqrt(N) * std``), i.e. ``atan(std / mean)`` for positive mean.
+    Exactly 0 when all entries are equal; the all-zero vector (undefined ``arccos``) is
+    defined as 0 too. Scale-invariant; in ``[0, 180]``.
+    """
+    a = _as_vector(a)
+    _check_nonempty(a, "angle_to_uniform")
+    m = jnp.mean(a)
+    d = a - m
+    perp = jnp.sqrt(jnp.sum(d * d))  # ||a - mean * 1||
+    along = m * jnp.sqrt(jnp.asarray(a.shape[0], a.dtype))  # a . 1 / sqrt N
+    ang = jnp.degrees(jnp.arctan2(perp, along))
+    all_equal = jnp.max(a) == jnp.min(a)
+    return jnp.where(all_equal, jnp.zeros_like(ang), ang)
+
+
+def kl_to_uniform(a) -> Array:
+    """KL divergence of the normalised values from uniform (DQN-Fed "KL(a||u)").
+
+    With ``p_k = a_k / sum_j a_j``: ``KL = sum_k p_k ln(N p_k)`` (natural log), using
+    ``0 ln 0 = 0``. Requires ``a >= 0``. Exactly 0 when all entries are equal (including
+    the all-zero vector, for which ``p`` is undefined and the result is defined as 0).
+    Scale-invariant; at most ``ln N``.
+    """
+    a = _as_vector(a)
+    _check_nonempty(a, "kl_to_uniform")
+    n = a.shape[0]
+    total = jnp.sum(a)
+    p = a / jnp.where(total == 0, 1, total)
+    pos = p > 0
+    terms = jnp.where(pos, p * jnp.log(jnp.where(pos, n * p, 1)), 0)
+    kl = jnp.sum(terms)
+    all_equal = jnp.max(a) == jnp.min(a)
+    return jnp.where(all_equal, jnp.zeros_like(kl), kl)
+
+
+# ---------------------------------------------------------------- improved clients
+
+
+def improved_fraction(loss_before, loss_after, mask=None) -> Array:
+    """Fraction of participating clients whose loss did not increase (DQN-Fed eq. 29).
+
+    ``rho = (1/|S|) * sum_{k in S} 1{loss_after_k <= loss_before_k}``, where ``S`` is the
+    set of clients with ``mask`` True (all clients if ``mask`` is None). Ties count as
+    improved; a ``NaN`` loss counts as not improved. If no client participates
+    (``|S| = 0``) the result is defined as 0.
+    """
+    before = _as_vector(loss_before, "loss_before")
+    after = _as_vector(loss_after, "loss_after")
+    if before.shape != after.shape:
+        raise ValueError(f"loss shapes differ: {before.shape} vs {after.shape}")
+    improved = after <= before
+    if mask is None:
+        m = jnp.ones(before.shape, bool)
+    else:
+        m = jnp.asarray(mask).astype(bool)
+        if m.shape != before.shape:
+            raise ValueError(f"mask must have shape {before.shape}, got {m.shape}")
+    count = jnp.sum(m).astype(before.dtype)
+    hits = jnp.sum(improved & m).astype(before.dtype)
+    return jnp.where(count == 0, 0, hits / jnp.where(count == 0, 1, count))
+
+
+# ------------------------------------------------------------------- host helpers
+
+
+def apply_mask(a, mask, weights=None):
+    """Keep only the clients where ``mask`` is True (NumPy side, not jittable).
+
+    Returns ``a[mask]`` as a NumPy array, or ``(a[mask], weights[mask])`` if ``weights``
+    is given. Use it to summarise a subset of clients, e.g. those with at least one test
+    example: ``apply_mask(acc, n_test > 0, n_test)``.
+    """
+    a = np.asarray(a)
+    m = np.asarray(mask).astype(bool)
+    if a.ndim != 1 or m.shape != a.shape:
+        raise ValueError(f"a and mask must both have shape [N]; got {a.shape}, {m.shape}")
+    if weights is None:
+        return a[m]
+    w = np.asarray(weights)
+    if w.shape != a.shape:
+        raise ValueError(f"weights must have shape {a.shape}, got {w.shape}")
+    return a[m], w[m]
+
+
+def _pct(fraction: float) -> str:
+    return f"{round(float(fraction) * 100, 6):g}%"
+
+
+def fairness_summary(
+    a,
+    weights=None,
+    fractions: Sequence[float] = (0.05, 0.1),
+    mask=None,
+) -> dict[str, float]:
+    """The reported fairness metrics of per-client values ``a`` as Python floats.
+
+    Keys: ``"mean"`` (unweighted), ``"weighted_mean"`` (only if ``weights``), ``"std"``,
+    ``"variance"``, then for each fraction ``x`` in ``fractions`` (e.g. 0.05 -> ``"5%"``):
+    ``"worst_x%"``, ``"best_x%"``, ``"parity_gap_x%"``; then ``"gini"``, ``"angle"``
+    (degrees) and ``"kl_to_uniform"``. With ``weights`` (test sizes ``n_i``) the
+    worst/best groups are averaged with weights ``n_i`` (AAggFF), otherwise unweighted
+    (DQN-Fed). If ``mask`` is given, only clients with ``mask`` True are summarised (see
+    :func:`apply_mask`). Raises ``ValueError`` if no client is left.
+    """
+    if mask is not None:
+        if weights is None:
+            a = apply_mask(a, mask)
+        else:
+            a, weights = apply_mask(a, mask, weights)
+    a = _as_vector(a)
+    _check_nonempty(a, "fairness_summary")
+    out: dict[str, float] = {"mean": float(mean(a))}
+    if weights is not None:
+        out["weighted_mean"] = float(weighted_mean(a, weights))
+    out["std"] = float(std(a))
+    out["variance"] = float(variance(a))
+    for f in fractions:
+        tag = _pct(f)
+        lo = worst_k(a, f, weights)
+        hi = best_k(a, f, weights)
+        out[f"worst_{tag}"] = float(lo)
+        out[f"best_{tag}"] = float(hi)
+        out[f"parity_gap_{tag}"] = float(hi - lo)
+    out["gini"] = float(gini(a))
+    out["angle"] = float(angle_to_uniform(a))
+    out["kl_to_uniform"] = float(kl_to_uniform(a))
+    return out
