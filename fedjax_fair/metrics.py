@@ -20,8 +20,9 @@ each metric name to a one-line description with its formula.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -91,6 +92,7 @@ def _check_nonempty(a: Array, fn: str) -> None:
         raise ValueError(f"{fn} needs at least one client, got an empty array")
 
 
+@jax.jit
 def _safe_weighted_mean(a: Array, w: Array) -> Array:
     """sum(w a) / sum(w); the unweighted mean of ``a`` where sum(w) == 0."""
     total = jnp.sum(w)
@@ -100,6 +102,26 @@ def _safe_weighted_mean(a: Array, w: Array) -> Array:
 
 
 # ------------------------------------------------------------------ location / spread
+# The public functions validate and cast on the Python side, then call small jitted
+# kernels (one compilation per shape and dtype instead of one per primitive; inlined when
+# the caller is itself under jit).
+
+
+@jax.jit
+def _mean_kernel(a: Array) -> Array:
+    return jnp.mean(a)
+
+
+@jax.jit
+def _variance_kernel(a: Array) -> Array:
+    d = a - jnp.mean(a)
+    return jnp.mean(d * d)
+
+
+@jax.jit
+def _std_kernel(a: Array) -> Array:
+    return jnp.sqrt(_variance_kernel(a))
+
 
 
 def mean(a) -> Array:
@@ -107,7 +129,7 @@ def mean(a) -> Array:
 
     This is the DQN-Fed ``ā`` (every client counts once).
     """
-    return jnp.mean(_as_vector(a))
+    return _mean_kernel(_as_vector(a))
 
 
 def weighted_mean(a, w) -> Array:
@@ -123,9 +145,7 @@ def weighted_mean(a, w) -> Array:
 
 def variance(a) -> Array:
     """Population variance: ``var = (1/N) * sum_i (a_i - mean)^2``."""
-    a = _as_vector(a)
-    d = a - jnp.mean(a)
-    return jnp.mean(d * d)
+    return _variance_kernel(_as_vector(a))
 
 
 def std(a) -> Array:
@@ -133,7 +153,7 @@ def std(a) -> Array:
 
     ``sigma_a = sqrt((1/N) * sum_i (a_i - mean)^2)`` (DQN-Fed ``σ_a``).
     """
-    return jnp.sqrt(variance(a))
+    return _std_kernel(_as_vector(a))
 
 
 # ------------------------------------------------------------------ worst / best k
@@ -157,17 +177,22 @@ def num_selected(n: int, fraction: float) -> int:
     return min(n, max(1, k))
 
 
+@functools.partial(jax.jit, static_argnames=("k", "descending"))
+def _group_kernel(a: Array, w: Optional[Array], k: int, descending: bool) -> Array:
+    # Stable sort: among equal values the client with the lower index is taken first.
+    order = jnp.argsort(a, stable=True, descending=descending)[:k]
+    sel = a[order]
+    if w is None:
+        return jnp.mean(sel)
+    return _safe_weighted_mean(sel, w[order])
+
+
 def _group_mean(a, fraction: float, weights, descending: bool, fn: str) -> Array:
     a = _as_vector(a)
     _check_nonempty(a, fn)
     k = num_selected(a.shape[0], fraction)
-    # Stable sort: among equal values the client with the lower index is taken first.
-    order = jnp.argsort(a, stable=True, descending=descending)[:k]
-    sel = a[order]
-    if weights is None:
-        return jnp.mean(sel)
-    w = _as_weights(weights, a)
-    return _safe_weighted_mean(sel, w[order])
+    w = None if weights is None else _as_weights(weights, a)
+    return _group_kernel(a, w, k=k, descending=descending)
 
 
 def worst_k(a, fraction: float, weights=None) -> Array:
@@ -218,6 +243,11 @@ def gini(a) -> Array:
     """
     a = _as_vector(a)
     _check_nonempty(a, "gini")
+    return _gini_kernel(a)
+
+
+@jax.jit
+def _gini_kernel(a: Array) -> Array:
     n = a.shape[0]
     s = jnp.sort(a)
     coef = (2 * jnp.arange(1, n + 1) - n - 1).astype(a.dtype)
@@ -240,6 +270,11 @@ def angle_to_uniform(a) -> Array:
     """
     a = _as_vector(a)
     _check_nonempty(a, "angle_to_uniform")
+    return _angle_kernel(a)
+
+
+@jax.jit
+def _angle_kernel(a: Array) -> Array:
     m = jnp.mean(a)
     d = a - m
     perp = jnp.sqrt(jnp.sum(d * d))  # ||a - mean * 1||
@@ -259,6 +294,11 @@ def kl_to_uniform(a) -> Array:
     """
     a = _as_vector(a)
     _check_nonempty(a, "kl_to_uniform")
+    return _kl_kernel(a)
+
+
+@jax.jit
+def _kl_kernel(a: Array) -> Array:
     n = a.shape[0]
     total = jnp.sum(a)
     p = a / jnp.where(total == 0, 1, total)
@@ -284,13 +324,19 @@ def improved_fraction(loss_before, loss_after, mask=None) -> Array:
     after = _as_vector(loss_after, "loss_after")
     if before.shape != after.shape:
         raise ValueError(f"loss shapes differ: {before.shape} vs {after.shape}")
-    improved = after <= before
     if mask is None:
         m = jnp.ones(before.shape, bool)
     else:
         m = jnp.asarray(mask).astype(bool)
         if m.shape != before.shape:
             raise ValueError(f"mask must have shape {before.shape}, got {m.shape}")
+    dtype = jnp.result_type(before.dtype, after.dtype)
+    return _improved_kernel(before.astype(dtype), after.astype(dtype), m)
+
+
+@jax.jit
+def _improved_kernel(before: Array, after: Array, m: Array) -> Array:
+    improved = after <= before
     count = jnp.sum(m).astype(before.dtype)
     hits = jnp.sum(improved & m).astype(before.dtype)
     return jnp.where(count == 0, 0, hits / jnp.where(count == 0, 1, count))

@@ -1,0 +1,249 @@
+"""Tests of fedjax_fair.metrics against hand-computed values (dqn_fed spec property 12)."""
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_fair import metrics as M
+
+A4 = np.array([50.0, 60.0, 70.0, 80.0])
+
+
+def close(x, y, tol=1e-5):
+    return math.isclose(float(x), float(y), rel_tol=tol, abs_tol=tol)
+
+
+# ------------------------------------------------------------------ basic statistics
+
+
+def test_property_12_values():
+    assert close(M.mean(A4), 65.0)
+    assert close(M.variance(A4), 125.0)
+    assert close(M.std(A4), math.sqrt(125.0))
+    assert close(M.worst_k(A4, 0.25), 50.0)
+    assert close(M.best_k(A4, 0.25), 80.0)
+    assert close(M.worst_k(A4, 0.5), 55.0)
+    assert close(M.best_k(A4, 0.5), 75.0)
+    assert close(M.parity_gap(A4, 0.25), 30.0)
+    assert close(M.worst_k(A4, 1.0), 65.0)
+
+
+def test_inputs_numpy_jax_and_int():
+    for a in (A4, jnp.asarray(A4), [50, 60, 70, 80], np.array([50, 60, 70, 80])):
+        assert close(M.mean(a), 65.0)
+        assert close(M.std(a), math.sqrt(125.0))
+        assert close(M.gini(a), 100.0 / 1040.0)
+
+
+def test_rank_checked():
+    with pytest.raises(ValueError):
+        M.mean(np.ones((2, 2)))
+    with pytest.raises(ValueError):
+        M.weighted_mean(A4, np.ones(3))
+
+
+def test_weighted_mean():
+    assert close(M.weighted_mean(A4, [1, 1, 1, 1]), 65.0)
+    assert close(M.weighted_mean(A4, [1, 0, 0, 3]), (50 + 240) / 4)
+    # All weights zero: defined as the unweighted mean.
+    assert close(M.weighted_mean(A4, [0, 0, 0, 0]), 65.0)
+
+
+def test_scale():
+    # std scales with the units, the inequality indices do not.
+    frac = A4 / 100.0
+    assert close(M.std(frac) * 100, M.std(A4))
+    assert close(M.gini(frac), M.gini(A4))
+    assert close(M.angle_to_uniform(frac), M.angle_to_uniform(A4))
+    assert close(M.kl_to_uniform(frac), M.kl_to_uniform(A4))
+
+
+# ------------------------------------------------------------------ worst / best k
+
+
+def test_floor_rule():
+    assert M.num_selected(15, 0.1) == 1
+    assert M.num_selected(25, 0.1) == 2
+    assert M.num_selected(20, 0.1) == 2
+    assert M.num_selected(9, 0.1) == 1  # max(1, 0)
+    assert M.num_selected(100, 0.29) == 29  # 0.29*100 = 28.999999999999996
+    assert M.num_selected(4, 0.0) == 1
+    assert M.num_selected(4, 1.0) == 4
+    with pytest.raises(ValueError):
+        M.num_selected(4, 1.5)
+    a15 = np.arange(15.0)[::-1]
+    a25 = np.arange(25.0)[::-1]
+    assert close(M.worst_k(a15, 0.1), 0.0)
+    assert close(M.best_k(a15, 0.1), 14.0)
+    assert close(M.worst_k(a25, 0.1), 0.5)
+    assert close(M.best_k(a25, 0.1), 23.5)
+
+
+def test_weighted_worst_best():
+    a = np.array([10.0, 20.0, 30.0, 40.0])
+    w = np.array([1.0, 3.0, 1.0, 1.0])
+    assert close(M.worst_k(a, 0.5, w), (10 + 60) / 4)
+    assert close(M.best_k(a, 0.5, w), 35.0)
+    assert close(M.parity_gap(a, 0.5, w), 35.0 - 17.5)
+    # The group is chosen by value only; weights just average it.
+    assert close(M.worst_k(a, 0.25, w), 10.0)
+    # Zero weights inside the group: unweighted mean of the group.
+    assert close(M.worst_k(a, 0.5, [0, 0, 1, 1]), 15.0)
+
+
+def test_ties_stable():
+    a = np.array([1.0, 2.0, 2.0, 3.0])
+    w = np.array([1.0, 1.0, 3.0, 1.0])
+    # Tied 2's: the lower index (1, weight 1) is selected first in both directions.
+    assert close(M.worst_k(a, 0.5, w), 1.5)
+    assert close(M.best_k(a, 0.5, w), 2.5)
+
+
+def test_empty_raises():
+    with pytest.raises(ValueError):
+        M.worst_k(np.zeros(0), 0.1)
+    with pytest.raises(ValueError):
+        M.fairness_summary(A4, mask=[False] * 4)
+
+
+# -------------------------------------------------------------------------- gini
+
+
+def _gini_pairwise(a):
+    a = np.asarray(a, np.float64)
+    return np.abs(a[:, None] - a[None, :]).sum() / (2 * a.size**2 * a.mean())
+
+
+def test_gini_hand():
+    assert close(M.gini([1.0, 2.0, 3.0, 4.0]), 0.25)
+    assert close(M.gini([4.0, 1.0, 3.0, 2.0]), 0.25)  # order-invariant
+    assert close(M.gini([0.0, 0.0, 0.0, 1.0]), 0.75)  # (N-1)/N
+    assert close(M.gini(A4), 100.0 / 1040.0)
+    assert close(M.gini([5.0, 5.0, 5.0]), 0.0)
+    assert close(M.gini([0.0, 0.0, 0.0]), 1.0)  # sum a = 0 -> 1
+    assert close(M.gini([7.0]), 0.0)
+
+
+def test_gini_pairwise_random():
+    rng = np.random.default_rng(0)
+    for n in (2, 4, 16):
+        a = rng.uniform(0, 100, size=n)
+        assert close(M.gini(a), _gini_pairwise(a), tol=1e-4)
+
+
+# ----------------------------------------------------------------- angle and KL
+
+
+def test_angle_kl_zero_when_equal():
+    for a in ([0.7, 0.7, 0.7], [81.3] * 16, [0.1] * 4, [0.0, 0.0]):
+        assert float(M.angle_to_uniform(a)) == 0.0
+        assert float(M.kl_to_uniform(a)) == 0.0
+
+
+def test_angle_kl_two_elements():
+    assert close(M.angle_to_uniform([1.0, 0.0]), 45.0)
+    assert close(M.angle_to_uniform([3.0, 1.0]), math.degrees(math.atan(0.5)))
+    assert close(M.kl_to_uniform([1.0, 0.0]), math.log(2.0))  # 0 ln 0 = 0
+    expected = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    assert close(M.kl_to_uniform([3.0, 1.0]), expected)
+
+
+def test_angle_kl_random():
+    rng = np.random.default_rng(1)
+    for n in (4, 16):
+        a = rng.uniform(0, 100, size=n)
+        cos = a.sum() / (np.linalg.norm(a) * math.sqrt(n))
+        assert close(M.angle_to_uniform(a), math.degrees(math.acos(cos)), tol=1e-4)
+        p = a / a.sum()
+        assert close(M.kl_to_uniform(a), np.sum(p * np.log(n * p)), tol=1e-4)
+
+
+# ---------------------------------------------------------------- improved clients
+
+
+def test_improved_fraction():
+    before = np.array([1.0, 2.0, 3.0, 4.0])
+    after = np.array([1.0, 3.0, 2.0, 5.0])  # tie, worse, better, worse
+    assert close(M.improved_fraction(before, after), 0.5)
+    assert close(M.improved_fraction(before, after, [True, False, True, False]), 1.0)
+    assert close(M.improved_fraction(before, after, [False, True, False, True]), 0.0)
+    assert close(M.improved_fraction(before, after, np.array([0, 1, 1, 0])), 0.5)
+    assert float(M.improved_fraction(before, after, [False] * 4)) == 0.0
+    assert close(M.improved_fraction(before, before), 1.0)  # all ties improved
+
+
+# ------------------------------------------------------------------ summary and mask
+
+
+def test_summary_keys_and_values():
+    s = M.fairness_summary(A4)
+    assert set(s) == {
+        "mean", "std", "variance", "worst_5%", "best_5%", "parity_gap_5%",
+        "worst_10%", "best_10%", "parity_gap_10%", "gini", "angle", "kl_to_uniform",
+    }
+    assert all(type(v) is float for v in s.values())
+    json.dumps(s)
+    assert close(s["mean"], 65.0)
+    assert close(s["std"], math.sqrt(125.0))
+    assert close(s["worst_10%"], 50.0)
+    assert close(s["best_10%"], 80.0)
+    assert close(s["parity_gap_10%"], 30.0)
+    assert close(s["gini"], 100.0 / 1040.0)
+
+    sw = M.fairness_summary(A4, weights=[1, 1, 1, 3], fractions=(0.25, 0.5))
+    assert close(sw["weighted_mean"], (50 + 60 + 70 + 240) / 6)
+    assert close(sw["mean"], 65.0)
+    assert close(sw["best_50%"], (70 + 240) / 4)
+    assert close(sw["worst_25%"], 50.0)
+    assert "worst_25%" in sw and "parity_gap_50%" in sw
+
+
+def test_mask():
+    a = np.array([50.0, 60.0, np.nan, 70.0, 80.0])
+    n = np.array([10, 20, 0, 30, 40])
+    keep = n > 0
+    np.testing.assert_array_equal(M.apply_mask(a, keep), A4)
+    am, nm = M.apply_mask(a, keep, n)
+    np.testing.assert_array_equal(nm, [10, 20, 30, 40])
+    s = M.fairness_summary(a, weights=n, mask=keep)
+    ref = M.fairness_summary(A4, weights=[10, 20, 30, 40])
+    assert s == ref
+    assert close(s["weighted_mean"], (500 + 1200 + 2100 + 3200) / 100)
+    assert all(not math.isnan(v) for v in s.values())
+
+
+def test_metrics_table():
+    for name in ("mean", "weighted_mean", "std", "variance", "worst_x%", "best_x%",
+                 "parity_gap_x%", "gini", "angle", "kl_to_uniform", "improved_fraction"):
+        assert isinstance(M.METRICS[name], str) and M.METRICS[name]
+
+
+# --------------------------------------------------------------------------- jit
+
+
+def test_jit_matches_eager():
+    rng = np.random.default_rng(2)
+    a = jnp.asarray(rng.uniform(0, 1, size=4), jnp.float32)
+    w = jnp.asarray(rng.integers(0, 50, size=4), jnp.float32)
+    before = jnp.asarray(rng.uniform(size=4), jnp.float32)
+    after = jnp.asarray(rng.uniform(size=4), jnp.float32)
+    mask = jnp.asarray(rng.uniform(size=4) > 0.3)
+    def all_metrics(a, w, before, after, mask):
+        return (M.mean(a), M.std(a), M.variance(a), M.gini(a), M.angle_to_uniform(a),
+                M.kl_to_uniform(a), M.worst_k(a, 0.1), M.best_k(a, 0.1),
+                M.parity_gap(a, 0.5), M.weighted_mean(a, w), M.worst_k(a, 0.5, w),
+                M.best_k(a, 0.1, w), M.parity_gap(a, 0.1, w),
+                M.improved_fraction(before, after, mask))
+
+    args = (a, w, before, after, mask)
+    np.testing.assert_allclose(jax.jit(all_metrics)(*args), all_metrics(*args), rtol=1e-6)
+    # Special cases keep their definitions under jit.
+    z = jnp.zeros(4)
+    assert float(jax.jit(M.gini)(z)) == 1.0
+    assert float(jax.jit(M.angle_to_uniform)(z)) == 0.0
+    assert float(jax.jit(M.kl_to_uniform)(jnp.full(5, 0.3))) == 0.0
+    assert float(jax.jit(M.weighted_mean)(a, jnp.zeros(4))) == pytest.approx(float(M.mean(a)))
