@@ -1,0 +1,40 @@
+"""Federated datasets (DESIGN.md §8): builders, partitioners and the registry.
+
+``get_dataset(name, **kwargs)`` builds a registered dataset; ``DATASET_PARAMS[name]``
+lists each builder's keyword arguments and their defaults (for the CLI).
+"""
+from __future__ import annotations
+
+import inspect
+
+from fedjax_fair.data.digits import digits
+from fedjax_fair.data.federated import (Dataset, from_client_arrays, from_padded,
+                                        padding_report, split_per_client, stack_clients)
+from fedjax_fair.data.femnist_like import femnist_like
+from fedjax_fair.data.partition import PARTITIONERS, dirichlet, iid, shards
+from fedjax_fair.data.synthetic import synthetic
+
+DATASETS = {"synthetic": synthetic, "digits": digits, "femnist_like": femnist_like}
+
+
+def _params(builder) -> dict:
+    return {p.name: p.default for p in inspect.signature(builder).parameters.values()}
+
+
+DATASET_PARAMS = {name: _params(builder) for name, builder in DATASETS.items()}
+
+
+def get_dataset(name: str, **kwargs) -> Dataset:
+    """Builds the dataset registered as ``name`` with keyword arguments ``kwargs``."""
+    if name not in DATASETS:
+        raise ValueError(f"dataset: unknown name {name!r}; allowed: {sorted(DATASETS)}")
+    unknown = sorted(set(kwargs) - set(DATASET_PARAMS[name]))
+    if unknown:
+        raise ValueError(f"dataset {name!r}: unknown parameter(s) {unknown}; "
+                         f"allowed: {sorted(DATASET_PARAMS[name])}")
+    return DATASETS[name](**kwargs)
+
+
+__all__ = ["DATASETS", "DATASET_PARAMS", "Dataset", "PARTITIONERS", "digits", "dirichlet",
+           "femnist_like", "from_client_arrays", "from_padded", "get_dataset", "iid",
+           "padding_report", "shards", "split_per_client", "stack_clients", "synthetic"]

@@ -1,0 +1,275 @@
+"""The ``Dataset`` container and the host-side helpers that build one (DESIGN.md §8).
+
+A federation's split is stored as one padded block (``ClientData`` with a leading
+client axis): client ``k``'s ``n_k`` real rows come first, then ``M - n_k`` zero rows,
+where ``M = max_k n_k``. Everything here runs once on the host in NumPy; the arrays
+are moved to the default device at the very end (``from_client_arrays``), after the
+padding report (the memory bill) has been computed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from fedjax_fair.types import ClientData, FederatedData
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A federated dataset ready for simulation.
+
+    name: registry name ("synthetic", "digits", ...).
+    data: FederatedData; train and test are ClientData [N, M, ...] of jnp arrays,
+      ``examples = {"x": float32 [N, M, *input_shape], "y": int32 [N, M]}``.
+    num_classes: labels lie in [0, num_classes).
+    input_shape: per-example input shape, e.g. (60,) or (8, 8, 1).
+    info: JSON-serialisable generation parameters; ``info["padding"]`` holds
+      ``{"train": padding_report(...), "test": padding_report(...)}``.
+    """
+
+    name: str
+    data: FederatedData
+    num_classes: int
+    input_shape: tuple
+    info: dict
+
+    @property
+    def num_clients(self) -> int:
+        return self.data.num_clients
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_positive_int(value, field: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{field}: must be an integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{field}: must be > 0, got {value}")
+    return int(value)
+
+
+def _check_seed(value) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"seed: must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def _check_fraction(value, field: str) -> float:
+    """A fraction strictly inside (0, 1)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: must be a number in (0, 1), got {value!r}") from None
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{field}: must lie in (0, 1), got {value}")
+    return value
+
+
+def _as_labels(y, field: str) -> np.ndarray:
+    """y as a 1-D int32 array; floats are accepted only when every value is whole."""
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"{field}: labels must be 1-D, got shape {y.shape}")
+    if np.issubdtype(y.dtype, np.integer):
+        return y.astype(np.int32)
+    if np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
+        return y.astype(np.int32)
+    raise ValueError(f"{field}: labels must be integers, got dtype {y.dtype}")
+
+
+def _check_label_range(y: np.ndarray, mask: np.ndarray, num_classes: int, field: str) -> None:
+    """Every real label (mask True) of a padded block y [N, M] lies in [0, num_classes)."""
+    bad = mask & ((y < 0) | (y >= num_classes))
+    if bad.any():
+        k = int(np.flatnonzero(bad.any(axis=1))[0])
+        real = y[k][mask[k]]
+        raise ValueError(f"{field}: client {k} has labels in [{real.min()}, {real.max()}], "
+                         f"outside [0, num_classes={num_classes})")
+
+
+# --------------------------------------------------------------------------- stacking
+
+
+def _stack_host(xs: Sequence, ys: Sequence, pad_to: int | None,
+                fields: tuple[str, str] = ("xs", "ys")) -> ClientData:
+    """stack_clients on the host: the same ClientData with NumPy leaves.
+
+    ``fields`` names the inputs and labels in error messages.
+    """
+    field, y_field = fields
+    if len(xs) != len(ys):
+        raise ValueError(f"num_clients: got {len(xs)} input arrays but {len(ys)} label arrays")
+    if len(xs) == 0:
+        raise ValueError("num_clients: need at least one client, got 0")
+    xs = [np.asarray(x) for x in xs]
+    ys = [_as_labels(y, f"{y_field}: client {k}") for k, y in enumerate(ys)]
+    feature_shape = xs[0].shape[1:]
+    for k, (x, y) in enumerate(zip(xs, ys)):
+        if x.ndim == 0 or x.shape[1:] != feature_shape:
+            raise ValueError(f"{field}: client {k} has input shape {x.shape}, expected "
+                             f"(n, {', '.join(map(str, feature_shape))})")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"{field}: client {k} has {x.shape[0]} inputs but "
+                             f"{y.shape[0]} labels")
+    sizes = np.array([y.shape[0] for y in ys], np.int32)
+    m = int(sizes.max())
+    if pad_to is not None:
+        if isinstance(pad_to, bool) or not isinstance(pad_to, (int, np.integer)) or pad_to < m:
+            raise ValueError(f"pad_to: must be an integer >= the largest client ({m}), "
+                             f"got {pad_to!r}")
+        m = int(pad_to)
+    n = len(xs)
+    x_pad = np.zeros((n, m, *feature_shape), np.float32)
+    y_pad = np.zeros((n, m), np.int32)
+    for k, (x, y) in enumerate(zip(xs, ys)):
+        x_pad[k, :len(y)] = x
+        y_pad[k, :len(y)] = y
+    mask = np.arange(m)[None, :] < sizes[:, None]
+    return ClientData(examples={"x": x_pad, "y": y_pad}, mask=mask, num_examples=sizes)
+
+
+def _to_device(client_data: ClientData) -> ClientData:
+    return jax.device_put(client_data)
+
+
+def stack_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
+                  pad_to: int | None = None) -> ClientData:
+    """Stacks per-client arrays into one padded ClientData [N, M, ...] (jnp arrays).
+
+    Args:
+      xs: N arrays [n_k, *input_shape] (any real dtype; stored as float32). A client
+        may have n_k = 0 (an array of shape (0, *input_shape)).
+      ys: N integer label arrays [n_k] (whole-valued floats are accepted).
+      pad_to: padded size M; defaults to max_k n_k and must not be smaller.
+
+    Returns:
+      ClientData with examples {"x": float32 [N, M, ...], "y": int32 [N, M]}, mask
+      bool [N, M] (True on the first n_k rows) and num_examples int32 [N]. Padding
+      rows are all zero and come after the real rows.
+    """
+    return _to_device(_stack_host(xs, ys, pad_to))
+
+
+def padding_report(client_data: ClientData) -> dict:
+    """How much of a padded split is padding, and what it costs in memory.
+
+    Returns a JSON-serialisable dict: num_clients N, padded_size M, num_examples
+    (real rows), num_slots (N * M), padding_fraction (1 - real / slots; 0 for an
+    empty block), min/median/max examples per client, and bytes (total over all
+    leaves: inputs, labels, mask, num_examples).
+    """
+    sizes = np.asarray(client_data.num_examples)
+    n, m = (int(d) for d in np.shape(client_data.mask))
+    real, slots = int(sizes.sum()), n * m
+    leaves = jax.tree.leaves(client_data)
+    return {
+        "num_clients": n,
+        "padded_size": m,
+        "num_examples": real,
+        "num_slots": slots,
+        "padding_fraction": 1.0 - real / slots if slots else 0.0,
+        "min_examples": int(sizes.min()),
+        "median_examples": float(np.median(sizes)),
+        "max_examples": int(sizes.max()),
+        "bytes": int(sum(int(np.prod(np.shape(a))) * np.dtype(a.dtype).itemsize
+                         for a in leaves)),
+    }
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def _num_train(n: int, test_fraction: float) -> int:
+    """Train rows of a client with n examples: floor((1 - f) n), at least 1 when n >= 1."""
+    if n == 0:
+        return 0
+    # The tiny epsilon keeps e.g. (1 - 0.3) * 10 = 6.9999... from flooring to 6.
+    return max(1, int(np.floor((1.0 - test_fraction) * n + 1e-9)))
+
+
+def split_per_client(rng: np.random.Generator, xs: Sequence[np.ndarray],
+                     ys: Sequence[np.ndarray], test_fraction: float
+                     ) -> tuple[list, list, list, list]:
+    """Splits every client's examples into a local train and test part.
+
+    Each client's rows are shuffled with ``rng`` and the first
+    ``n_train = max(1, floor((1 - test_fraction) * n))`` go to train, the remaining
+    ``n - n_train`` to test (the rule of the FedProx / q-FFL generators,
+    ``train_len = int(0.9 * n)``). So a client with n >= 1 examples keeps at least one
+    training example, one with n >= 2 also gets at least one test example, and a
+    client with n = 1 has no test example. Empty clients stay empty.
+
+    Returns (train_xs, train_ys, test_xs, test_ys), lists of per-client arrays.
+    """
+    test_fraction = _check_fraction(test_fraction, "test_fraction")
+    if len(xs) != len(ys):
+        raise ValueError(f"num_clients: got {len(xs)} input arrays but {len(ys)} label arrays")
+    train_xs, train_ys, test_xs, test_ys = [], [], [], []
+    for k, (x, y) in enumerate(zip(xs, ys)):
+        x, y = np.asarray(x), np.asarray(y)
+        if len(x) != len(y):
+            raise ValueError(f"xs: client {k} has {len(x)} inputs but {len(y)} labels")
+        order = rng.permutation(len(y))
+        cut = _num_train(len(y), test_fraction)
+        train_xs.append(x[order[:cut]])
+        train_ys.append(y[order[:cut]])
+        test_xs.append(x[order[cut:]])
+        test_ys.append(y[order[cut:]])
+    return train_xs, train_ys, test_xs, test_ys
+
+
+# --------------------------------------------------------------------------- builder
+
+
+def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: int,
+                info: dict | None = None) -> Dataset:
+    """Builds a Dataset from already padded host splits (ClientData of NumPy arrays).
+
+    For generators that write straight into the padded block (femnist_like). The
+    splits must follow the layout of ``stack_clients``: examples {"x", "y"} with
+    leading axes [N, M], real rows first. Checks labels and shapes, records the
+    padding reports in ``info["padding"]``, then moves the arrays to the device.
+    """
+    num_classes = _check_positive_int(num_classes, "num_classes")
+    n = train.mask.shape[0]
+    for field, split in (("train", train), ("test", test)):
+        x, y = split.examples["x"], split.examples["y"]
+        if split.mask.shape[0] != n:
+            raise ValueError(f"num_clients: train has {n} clients, {field} has "
+                             f"{split.mask.shape[0]}")
+        if y.shape != split.mask.shape or x.shape[:2] != split.mask.shape:
+            raise ValueError(f"{field}: x {x.shape}, y {y.shape} and mask "
+                             f"{split.mask.shape} disagree on [N, M]")
+        if not np.array_equal(split.mask.sum(axis=1), split.num_examples):
+            raise ValueError(f"{field}: num_examples differs from the mask's row counts")
+        _check_label_range(np.asarray(y), np.asarray(split.mask), num_classes, f"{field}_ys")
+    if train.examples["x"].shape[2:] != test.examples["x"].shape[2:]:
+        raise ValueError(f"test_xs: input shape {test.examples['x'].shape[2:]} differs "
+                         f"from train_xs {train.examples['x'].shape[2:]}")
+    info = dict(info or {})
+    info["padding"] = {"train": padding_report(train), "test": padding_report(test)}
+    return Dataset(name=name, data=FederatedData(train=_to_device(train), test=_to_device(test)),
+                   num_classes=num_classes, input_shape=tuple(train.examples["x"].shape[2:]),
+                   info=info)
+
+
+def from_client_arrays(train_xs: Sequence[np.ndarray], train_ys: Sequence[np.ndarray],
+                       test_xs: Sequence[np.ndarray], test_ys: Sequence[np.ndarray], *,
+                       name: str, num_classes: int, info: dict | None = None) -> Dataset:
+    """Builds a Dataset from per-client train and test arrays (client k = row k).
+
+    Validates shapes and labels (every label in [0, num_classes)), pads both splits
+    independently (each to its own M), records their padding reports in
+    ``info["padding"]`` and only then moves the arrays to the device.
+    """
+    num_classes = _check_positive_int(num_classes, "num_classes")
+    if len(train_xs) != len(test_xs):
+        raise ValueError(f"num_clients: train has {len(train_xs)} clients, "
+                         f"test has {len(test_xs)}")
+    train = _stack_host(train_xs, train_ys, None, ("train_xs", "train_ys"))
+    test = _stack_host(test_xs, test_ys, None, ("test_xs", "test_ys"))
+    return from_padded(train, test, name=name, num_classes=num_classes, info=info)
