@@ -1,0 +1,596 @@
+"""The ``fedjax-fair`` command line: ``run``, ``compare`` and ``list``.
+
+    fedjax-fair compare                       # every algorithm on Synthetic(1, 1), a few minutes
+    fedjax-fair run --algorithm fedprox --hp mu=0.01 --dataset digits --num-clients 20 \\
+        --dataset-arg partition=dirichlet --alpha 0.3 --model mlp -o runs/prox
+    fedjax-fair run --config job.yaml --num-rounds 400   # flags override the file
+    fedjax-fair run -o runs/prox --resume --num-rounds 800   # continue a run
+    fedjax-fair list                          # algorithms (+ hyper-parameters), datasets, ...
+
+``run`` writes to its output directory: ``metrics.jsonl`` (one JSON line per
+evaluation), ``clients.csv`` (final per-client test metrics), ``summary.json``
+(config, final fairness summary, timings), ``accuracy.png``, ``loss.png``,
+``client_accuracy_hist.png`` and ``checkpoint/`` (state after every evaluation).
+``compare`` writes ``comparison.md`` / ``comparison.csv`` (the printed table),
+``summary.json``, overlaid ``accuracy.png`` and ``client_accuracy_hist.png``, and one
+sub-directory per algorithm and seed with that run's metrics.
+
+Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
+stderr, checked before any compute where possible); 3 the parameters became
+NaN/inf (the last good checkpoint is kept); 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from fedjax_fair import config as C
+from fedjax_fair import report
+
+EXIT_CONFIG = 2
+EXIT_NONFINITE = 3
+EXIT_INTERRUPTED = 130
+
+# Dataset flags of the issue text, stored in dataset_args (validated against the
+# chosen dataset's builder like any --dataset-arg).
+DATASET_SHORTCUTS = (("num_clients", "number of clients (dataset argument)"),
+                     ("partition", "partition scheme, e.g. iid, dirichlet, shards (dataset argument)"),
+                     ("alpha", "dataset alpha, e.g. Synthetic(alpha, .) or Dirichlet alpha "
+                               "(dataset argument)"),
+                     ("beta", "dataset beta, e.g. Synthetic(., beta) (dataset argument)"))
+
+
+class _Exit(Exception):
+    def __init__(self, code: int):
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one-line ``ConfigError``s and that never calls sys.exit."""
+
+    def error(self, message):
+        # "argument --num-rounds: invalid ..." -> field "num_rounds"
+        if message.startswith("argument "):
+            head, _, rest = message[len("argument "):].partition(": ")
+            field = head.split("/")[0].lstrip("-").replace("-", "_")
+            if field.startswith("{"):  # the sub-command positional
+                field = "command"
+            raise C.ConfigError(field, rest)
+        raise C.ConfigError("arguments", message)
+
+    def exit(self, status=0, message=None):
+        if message:
+            sys.stderr.write(message)
+        raise _Exit(status)
+
+
+# ------------------------------------------------------------------------------ parser
+
+
+def _flag(name: str) -> list[str]:
+    dashed = "--" + name.replace("_", "-")
+    return [dashed] if "_" not in name else [dashed, "--" + name]
+
+
+def _add_common(p: argparse.ArgumentParser, cls) -> None:
+    S = argparse.SUPPRESS
+    p.add_argument("--config", metavar="FILE", default=S,
+                   help="JSON or YAML file of config fields; flags override it")
+    p.add_argument("--hp", metavar="NAME=VALUE", action="append", default=S,
+                   help="algorithm hyper-parameter (repeatable)"
+                        + (", NAME or ALGORITHM.NAME" if cls is C.CompareConfig else ""))
+    p.add_argument("--hparams", metavar="JSON", default=S,
+                   help="hyper-parameters as a JSON object, e.g. '{\"mu\": 0.01}'")
+    p.add_argument("--dataset-arg", "--dataset_arg", metavar="NAME=VALUE", action="append",
+                   default=S, help="dataset builder argument (repeatable)")
+    p.add_argument("--dataset-args", "--dataset_args", metavar="JSON", default=S,
+                   help="dataset builder arguments as a JSON object")
+    for name, help_text in DATASET_SHORTCUTS:
+        p.add_argument(*_flag(name), dest=f"ds_{name}", metavar="VALUE", default=S,
+                       help=help_text)
+    fields = C.fields(cls)
+    for name, f in fields.items():
+        if not f.metadata.get("flag", True):
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        flags = _flag(name) + (["-o"] if name == "output_dir" else [])
+        if name in ("algorithms", "seeds"):
+            default = ",".join(map(str, default)) or "all"
+        if name == "output_dir":
+            default = ("runs/ALGORITHM_DATASET_seedSEED" if cls is C.RunConfig
+                       else "runs/compare_DATASET")
+        p.add_argument(*flags, dest=name, metavar=name.upper(), default=S,
+                       help=f"{f.metadata['help']} (default: {default})")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
+                   help="no progress bars")
+    p.add_argument("--no-plots", dest="plots", action="store_false", default=S,
+                   help="do not write PNG plots")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedjax-fair", description="Fast, functional simulation of fair "
+                     "federated learning in JAX.", formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="examples:\n  fedjax-fair compare\n"
+                            "  fedjax-fair run --algorithm fedprox --hp mu=0.01 -o runs/prox\n"
+                            "  fedjax-fair list algorithms")
+    sub = parser.add_subparsers(dest="command", metavar="{run,compare,list}")
+
+    p = sub.add_parser("run", help="one simulation; writes metrics, plots and a checkpoint",
+                       description="Run one federated simulation and write metrics.jsonl, "
+                                   "clients.csv, summary.json and plots to the output "
+                                   "directory (default runs/ALGORITHM_DATASET_seedSEED).")
+    _add_common(p, C.RunConfig)
+    S = argparse.SUPPRESS
+    p.add_argument("--no-checkpoint", dest="checkpoint", action="store_false", default=S,
+                   help="do not save checkpoints")
+    p.add_argument("--resume", dest="resume", action="store_true", default=S,
+                   help="continue from the checkpoint (same result as an uninterrupted run)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", help="several algorithms x seeds on the same data and budget",
+                       description="Run every algorithm (default: all of them) for every seed "
+                                   "on the same data and budget, print a table of final "
+                                   "per-client accuracy statistics and timings, and save it "
+                                   "with overlaid plots.")
+    _add_common(p, C.CompareConfig)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("list", help="algorithms, datasets, models, strategies, samplers, metrics")
+    p.add_argument("what", nargs="*", metavar="SECTION",
+                   help=f"any of {', '.join(LIST_SECTIONS)} (default: all)")
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, cls):
+    """defaults <- --config file <- flags, as a validated-type ``cls`` instance."""
+    ns = vars(args)
+    file_values = C.load_file(ns["config"]) if "config" in ns else {}
+    overrides = {}
+    fields = C.fields(cls)
+    for name in fields:
+        if name in ns:
+            overrides[name] = ns[name]
+    hparams = {}
+    if "hparams" in ns:
+        hparams.update(C.parse_json_object(ns["hparams"], "hparams"))
+    hparams.update(C.parse_assignments(ns.get("hp"), "hp"))
+    if hparams:
+        overrides["hparams"] = hparams
+    dargs = {}
+    if "dataset_args" in ns:
+        dargs.update(C.parse_json_object(ns["dataset_args"], "dataset_args"))
+    dargs.update(C.parse_assignments(ns.get("dataset_arg"), "dataset_arg"))
+    for name, _ in DATASET_SHORTCUTS:
+        if f"ds_{name}" in ns:
+            dargs[name] = C.parse_value(ns[f"ds_{name}"])
+    if dargs:
+        overrides["dataset_args"] = dargs
+    source = os.path.basename(ns["config"]) if "config" in ns else "config"
+    return C.build(cls, file_values, overrides, source=f"config[{source}]")
+
+
+# ---------------------------------------------------------------------- building blocks
+
+
+def build_dataset(cfg):
+    from fedjax_fair.data import get_dataset
+    try:
+        return get_dataset(cfg.dataset, **cfg.dataset_args)
+    except (ValueError, TypeError) as e:
+        err = C.error_from_message(str(e), "dataset_args")
+        if err.field in cfg.dataset_args or err.field in C.dataset_params(
+                C.dataset_registry()[cfg.dataset]):
+            err = C.ConfigError(f"dataset_args.{err.field}", str(e).split(": ", 1)[-1])
+        raise err from None
+
+
+def build_model(cfg, ds):
+    import jax
+    from fedjax_fair.models import get_model
+    try:
+        model = get_model(cfg.model, ds.input_shape, ds.num_classes)
+        jax.eval_shape(model.init, jax.random.key(0))  # shape check, no compute
+    except Exception as e:  # flax raises several types for a wrong input shape
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise C.ConfigError("model", f"{cfg.model!r} cannot take the {ds.name!r} inputs of "
+                                     f"shape {tuple(ds.input_shape)}: {first}") from None
+    return model
+
+
+def build_algorithm(name: str, model, cfg, hparams: dict):
+    from fedjax_fair.algorithms import ALGORITHMS
+    factory = ALGORITHMS[name]
+    accepted, is_open = C.algorithm_hparams(factory, include_managed=True)
+    managed = {"client_lr": cfg.client_lr, "batch_size": cfg.batch_size,
+               "num_epochs": cfg.num_epochs, "execution": cfg.execution,
+               "chunk_size": cfg.chunk_size, "track_improvement": True}
+    kwargs = {k: v for k, v in managed.items() if k in accepted or is_open}
+    try:
+        return factory(model, **kwargs, **hparams)
+    except (TypeError, ValueError) as e:
+        raise C.error_from_message(str(e), "hparams") from None
+
+
+def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
+                 progress=True, description="", on_eval=None):
+    """``simulate.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
+    import jax
+    from fedjax_fair import simulate
+    from fedjax_fair.sampling import SAMPLERS
+    params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
+    try:
+        return simulate.run(alg, params, ds.data, jax.random.key(seed), model=model,
+                            num_rounds=cfg.num_rounds, cohort_size=cfg.cohort_size,
+                            eval_every=cfg.eval_every, sampler=SAMPLERS[cfg.sampler],
+                            checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
+                            on_eval=on_eval, description=description)
+    except ValueError as e:
+        if str(e).startswith("checkpoint:"):  # resuming a checkpoint of another config
+            raise C.error_from_message(str(e), "checkpoint") from None
+        raise
+
+
+def final_summary(result) -> dict:
+    """The last evaluation's fairness summary (history[-1] without timing)."""
+    return {k: v for k, v in result.history[-1].items() if k != "seconds"}
+
+
+def _has_test(client_metrics) -> np.ndarray:
+    return np.asarray(client_metrics["num_examples"]) > 0
+
+
+def dataset_description(ds) -> dict:
+    return {"name": ds.name, "num_clients": int(ds.num_clients),
+            "input_shape": list(ds.input_shape), "num_classes": int(ds.num_classes),
+            "info": ds.info}
+
+
+def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: bool = True,
+                      extra: Optional[dict] = None) -> dict:
+    """metrics.jsonl, clients.csv, summary.json (+ plots) of one finished run."""
+    os.makedirs(out, exist_ok=True)
+    report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
+    report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics)
+    imp = result.round_metrics.get("improved_fraction")
+    summary = {
+        "status": "ok",
+        "config": cfg_dict,
+        "dataset": dataset_description(ds),
+        "model": {"name": model.name, "num_params": _num_params(model)},
+        "final": final_summary(result),
+        "improved_fraction_mean": None if imp is None or not len(imp) else float(np.mean(imp)),
+        "timings": {"compile_seconds": result.compile_seconds,
+                    "run_seconds": result.run_seconds,
+                    "run_seconds_cumulative": result.history[-1].get("seconds", 0.0)},
+        **(extra or {}),
+    }
+    report.write_json(os.path.join(out, "summary.json"), summary)
+    if plots:
+        report.save_figure(report.plot_accuracy(result.history),
+                           os.path.join(out, "accuracy.png"))
+        report.save_figure(report.plot_loss(result.history), os.path.join(out, "loss.png"))
+        acc = np.asarray(result.client_metrics["accuracy"])[_has_test(result.client_metrics)]
+        report.save_figure(report.plot_client_histogram(acc),
+                           os.path.join(out, "client_accuracy_hist.png"))
+    return summary
+
+
+def _num_params(model) -> int:
+    import jax
+    shapes = jax.eval_shape(model.init, jax.random.key(0))
+    return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(shapes)))
+
+
+def _err(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+def _ordered_config(cfg) -> dict:
+    d = C.to_dict(cfg)
+    first = [k for k in ("algorithm", "algorithms", "hparams", "seed", "seeds") if k in d]
+    return {**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}}
+
+
+# ------------------------------------------------------------------------------- run
+
+
+def cmd_run(args) -> int:
+    cfg = config_from_args(args, C.RunConfig)
+    C.validate_run(cfg)
+    out = cfg.resolved_output_dir()
+    ckdir = cfg.resolved_checkpoint_dir()
+    cfg_dict = _ordered_config(cfg)
+    cfg_dict["output_dir"], cfg_dict["checkpoint_dir"] = out, ckdir
+    _check_resume_config(out, cfg_dict, cfg.resume)
+
+    ds = build_dataset(cfg)
+    C.validate_against_data(cfg, ds.num_clients)
+    model = build_model(cfg, ds)
+    alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams)
+
+    os.makedirs(out, exist_ok=True)
+    report.write_json(os.path.join(out, "config.json"), cfg_dict)
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    if not cfg.resume:
+        open(metrics_path, "w").close()
+    new_entries: list = []
+
+    def on_eval(entry):  # stream while running; rewritten from the full history at the end
+        new_entries.append(entry)
+        with open(metrics_path, "a") as f:
+            f.write(report.to_json(entry) + "\n")
+
+    from fedjax_fair.simulate import NonFiniteError
+    try:
+        result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
+                              resume=cfg.resume, progress=cfg.progress,
+                              description=f"{cfg.algorithm}", on_eval=on_eval)
+    except NonFiniteError as e:
+        where = f"kept in {ckdir}" if ckdir else "not saved (checkpoints are off)"
+        report.write_json(os.path.join(out, "summary.json"), {
+            "status": "non_finite", "config": cfg_dict, "non_finite_round": e.round,
+            "last_good_round": e.last_good_round, "checkpoint_dir": ckdir})
+        _err(f"non-finite parameters (NaN/inf) at round {e.round}; stopped. The last good "
+             f"checkpoint (round {e.last_good_round}) is {where}; lower client_lr or change "
+             f"the config, then continue with --resume")
+        return EXIT_NONFINITE
+    except KeyboardInterrupt:
+        _err(f"interrupted; continue with: fedjax-fair run ... -o {out} --resume")
+        return EXIT_INTERRUPTED
+
+    resumed_from = _fix_resumed_seconds(result.history, new_entries) if cfg.resume else None
+    extra = {"resumed_from_round": resumed_from} if cfg.resume else {}
+    summary = write_run_outputs(out, cfg_dict, ds, model, result, plots=cfg.plots,
+                                extra=extra)
+    fin = summary["final"]
+    print(f"{cfg.algorithm} on {ds.name} ({ds.num_clients} clients), round {fin['round']}: "
+          f"average {fin['mean']:.4f}, worst 10% {fin['worst_10%']:.4f}, "
+          f"best 10% {fin['best_10%']:.4f}, gini {fin['gini']:.4f}; "
+          f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
+    return 0
+
+
+def _fix_resumed_seconds(history: list, new_entries: list) -> int:
+    """Makes ``seconds`` cumulative across a resume; returns the round resumed from."""
+    restored = len(history) - len(new_entries)
+    if restored <= 0:
+        return 0
+    offset = float(history[restored - 1].get("seconds", 0.0))
+    for entry in history[restored:]:
+        if "seconds" in entry:
+            entry["seconds"] += offset
+    return int(history[restored - 1]["round"])
+
+
+# Fields that may change between an interrupted run and its --resume without a warning.
+_RESUMABLE = {"num_rounds", "resume", "progress", "plots", "eval_every"}
+
+
+def _check_resume_config(out: str, cfg_dict: dict, resume: bool) -> None:
+    path = os.path.join(out, "config.json")
+    if not resume or not os.path.isfile(path):
+        return
+    import json
+    with open(path) as f:
+        old = json.load(f)
+    changed = [k for k in cfg_dict if k not in _RESUMABLE and old.get(k) != cfg_dict[k]
+               and not (isinstance(cfg_dict[k], list) and old.get(k) == list(cfg_dict[k]))]
+    if changed:
+        print("warning: resuming with a config that differs from the checkpointed run in "
+              + ", ".join(f"{k} ({old.get(k)!r} -> {cfg_dict[k]!r})" for k in changed)
+              + "; the result will differ from an uninterrupted run", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- compare
+
+
+def cmd_compare(args) -> int:
+    cfg = config_from_args(args, C.CompareConfig)
+    hparams = C.validate_compare(cfg)
+    out = cfg.resolved_output_dir()
+    cfg_dict = _ordered_config(cfg)
+    cfg_dict["output_dir"] = out
+
+    ds = build_dataset(cfg)
+    C.validate_against_data(cfg, ds.num_clients)
+    model = build_model(cfg, ds)
+    algs = {a: build_algorithm(a, model, cfg, hparams[a]) for a in cfg.algorithms}
+
+    from tqdm.auto import tqdm
+    from fedjax_fair.simulate import NonFiniteError
+    os.makedirs(out, exist_ok=True)
+    histories = {a: [] for a in algs}
+    accuracies = {a: [] for a in algs}
+    summaries = {a: [] for a in algs}
+    notes: dict = {}
+    t_start = time.perf_counter()
+    bar = tqdm(total=len(algs) * len(cfg.seeds), desc="compare", unit="run",
+               disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        for name, alg in algs.items():
+            for seed in cfg.seeds:
+                bar.set_postfix(algorithm=name, seed=seed)
+                run_dir = os.path.join(out, name, f"seed{seed}")
+                run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams[name],
+                           "seed": seed, "output_dir": run_dir}
+                for k in ("algorithms", "seeds"):
+                    run_cfg.pop(k)
+                try:
+                    res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
+                                       description=f"{name} seed {seed}")
+                except NonFiniteError as e:
+                    note = f"diverged at round {e.round}"
+                    if len(cfg.seeds) > 1:
+                        note = f"seed {seed} {note}"
+                    notes[name] = f"{notes[name]}; {note}" if name in notes else note
+                    os.makedirs(run_dir, exist_ok=True)
+                    report.write_json(os.path.join(run_dir, "summary.json"), {
+                        "status": "non_finite", "config": run_cfg,
+                        "non_finite_round": e.round, "last_good_round": e.last_good_round})
+                    summaries[name].append({})
+                    bar.update(1)
+                    continue
+                s = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False)
+                summaries[name].append({**s["final"], **s["timings"]})
+                histories[name].append(res.history)
+                accuracies[name].append(
+                    np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)])
+                bar.update(1)
+    except KeyboardInterrupt:
+        bar.close()
+        _err("interrupted")
+        return EXIT_INTERRUPTED
+    bar.close()
+
+    rows = {a: report.aggregate_runs(s) for a, s in summaries.items()}
+    header, body = report.comparison_table(rows, len(cfg.seeds), notes)
+    table = report.markdown_table(header, body)
+    title = (f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
+             f"cohort {cfg.cohort_size}, seeds {','.join(map(str, cfg.seeds))}: final per-client "
+             f"test accuracy (mean ± std over seeds)" if len(cfg.seeds) > 1 else
+             f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
+             f"cohort {cfg.cohort_size}, seed {cfg.seeds[0]}: final per-client test accuracy")
+    with open(os.path.join(out, "comparison.md"), "w") as f:
+        f.write(f"{title}\n\n{table}\n{report.TABLE_NOTE}\n")
+    report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(cfg.seeds))
+    if cfg.plots:
+        report.save_figure(report.plot_compare_accuracy(histories),
+                           os.path.join(out, "accuracy.png"))
+        hist_title = ("Final per-client test accuracy"
+                      + (" (all seeds)" if len(cfg.seeds) > 1 else ""))
+        report.save_figure(report.plot_compare_histograms(
+            {a: np.concatenate(v) for a, v in accuracies.items() if v}, title=hist_title),
+            os.path.join(out, "client_accuracy_hist.png"))
+    total = time.perf_counter() - t_start
+    report.write_json(os.path.join(out, "summary.json"), {
+        "config": cfg_dict, "dataset": dataset_description(ds),
+        "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}
+                  for a, agg in rows.items()},
+        "notes": notes, "total_seconds": total})
+    print(title)
+    print()
+    print(table, end="")
+    print(f"\n{len(algs) * len(cfg.seeds)} runs in {total:.1f}s -> {out}")
+    if notes:
+        _err("non-finite parameters (NaN/inf) in " + "; ".join(f"{a}: {n}"
+                                                                for a, n in notes.items()))
+        return EXIT_NONFINITE
+    return 0
+
+
+# ------------------------------------------------------------------------------- list
+
+
+def _fmt_default(v) -> str:
+    if v is C.REQUIRED:
+        return "(required)"
+    if callable(v):
+        return getattr(v, "__name__", repr(v))
+    return repr(v)
+
+
+def _params_line(params: dict) -> str:
+    return ", ".join(f"{k}={_fmt_default(v)}" for k, v in params.items()) or "(none)"
+
+
+def _doc_line(obj) -> str:
+    doc = inspect.getdoc(obj) or ""
+    if not doc and hasattr(obj, "__module__"):
+        doc = inspect.getdoc(sys.modules.get(obj.__module__)) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _list_algorithms() -> list[str]:
+    from fedjax_fair.algorithms import ALGORITHMS
+    lines = [f"algorithms (all take {', '.join(C.MANAGED_HPARAMS[:5])} from their flags; "
+             f"set the hyper-parameters shown with --hp NAME=VALUE):"]
+    for name, factory in ALGORITHMS.items():
+        params, is_open = C.algorithm_hparams(factory)
+        objects = C.python_only_hparams(factory)
+        shown = {k: v for k, v in params.items() if k not in objects}
+        line = f"  {name:<14} {_params_line(shown)}{' (+ **kwargs)' if is_open else ''}"
+        if objects:
+            line += f"  [Python API only: {', '.join(k for k in params if k in objects)}]"
+        lines.append(line)
+    return lines
+
+
+def _list_datasets() -> list[str]:
+    lines = ["datasets (set arguments with --dataset-arg NAME=VALUE):"]
+    for name, builder in C.dataset_registry().items():
+        lines.append(f"  {name:<14} {_params_line(C.dataset_params(builder))}")
+    return lines
+
+
+def _list_models() -> list[str]:
+    from fedjax_fair.models import MODELS
+    lines = ["models (input shape and classes come from the dataset):"]
+    for name, fn in MODELS.items():
+        sig = inspect.signature(fn)
+        extra = {p.name: p.default for p in list(sig.parameters.values())[2:]
+                 if p.default is not p.empty}
+        lines.append(f"  {name:<14} {_params_line(extra) if extra else ''}".rstrip())
+    return lines
+
+
+def _list_strategies() -> list[str]:
+    from fedjax_fair.execution import STRATEGIES
+    return ["execution strategies (--execution):"] + [f"  {s}" for s in STRATEGIES]
+
+
+def _list_samplers() -> list[str]:
+    from fedjax_fair.sampling import SAMPLERS
+    return ["samplers (--sampler):"] + [f"  {n:<14} {_doc_line(f)}".rstrip()
+                                        for n, f in SAMPLERS.items()]
+
+
+def _list_metrics() -> list[str]:
+    from fedjax_fair.metrics import METRICS
+    return ["metrics:"] + [f"  {n:<18} {d}" for n, d in METRICS.items()]
+
+
+LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
+                 "models": _list_models, "strategies": _list_strategies,
+                 "samplers": _list_samplers, "metrics": _list_metrics}
+
+
+def cmd_list(args) -> int:
+    sections = args.what or list(LIST_SECTIONS)
+    for s in sections:
+        if s not in LIST_SECTIONS:
+            raise C.ConfigError("list", f"unknown section {s!r}; allowed: "
+                                        f"{', '.join(LIST_SECTIONS)}")
+    blocks = ["\n".join(LIST_SECTIONS[s]()) for s in sections]
+    print("\n\n".join(blocks))
+    return 0
+
+
+# ------------------------------------------------------------------------------- main
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point; returns the exit status (the console script passes it to sys.exit)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            parser.print_help(sys.stderr)
+            raise C.ConfigError("command", "choose one of run, compare, list")
+        return args.func(args)
+    except _Exit as e:
+        return e.code
+    except C.ConfigError as e:
+        _err(str(e))
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,607 @@
+"""Typed configuration of the command line (``fedjax-fair run | compare``).
+
+A configuration is a flat dataclass: ``RunConfig`` for one simulation and
+``CompareConfig`` for several algorithms x seeds on the same data and budget. It
+is built in three layers, later layers overriding earlier ones:
+
+1. the dataclass defaults (the README's main job: Synthetic(1, 1), 30 clients,
+   logistic regression, cohort 10);
+2. a JSON or YAML file (``--config file.yaml``) holding any subset of the fields,
+   with the same names as the dataclass fields (unknown keys are errors);
+3. command-line flags.
+
+Every value goes through ``coerce`` (so "0.1" from a flag and 0.1 from YAML end up
+the same float) and then ``validate_*``, which checks everything that can be
+checked before any data is built or any program compiled: registry names,
+hyper-parameter names against the algorithm factory's signature, dataset
+arguments against the dataset builder's signature, positivity of counts and
+rates, existence of files. Failures raise ``ConfigError``, whose message starts
+with the offending field and lists the allowed values; the CLI prints it as one
+line ``error: <field>: ...`` and exits with status 2.
+
+Seeds: ``seed`` drives the model initialisation, cohort sampling and local
+training (``jax.random.key(seed)``). The data set has its own ``seed`` argument
+(``dataset_args``), so ``compare --seeds 0,1,2`` varies the runs on fixed data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import os
+import re
+from typing import Any, Callable, Optional
+
+# Hyper-parameters that every FedAvg-style factory takes and the CLI sets from
+# RunConfig fields; they are not accepted in ``hparams``.
+MANAGED_HPARAMS = ("client_lr", "batch_size", "num_epochs", "execution", "chunk_size",
+                   "track_improvement")
+REQUIRED = "<required>"
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; ``str(e)`` is ``"<field>: <what is wrong>"``."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _f(default, kind: str, help: str, flag: bool = True):
+    """A dataclass field with its value kind and help text (used by the CLI)."""
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda d=default: type(d)(d),
+                                 metadata={"kind": kind, "help": help, "flag": flag})
+    return dataclasses.field(default=default,
+                             metadata={"kind": kind, "help": help, "flag": flag})
+
+
+@dataclasses.dataclass
+class _Common:
+    """Fields shared by ``run`` and ``compare``."""
+
+    dataset: str = _f("synthetic", "str", "dataset name (see `fedjax-fair list datasets`)")
+    dataset_args: dict = _f({}, "dict", "keyword arguments of the dataset builder",
+                            flag=False)
+    model: str = _f("logreg", "str", "model name (see `fedjax-fair list models`)")
+    client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
+    batch_size: int = _f(10, "int", "client batch size (> 0)")
+    num_epochs: int = _f(1, "int", "local epochs per round (> 0)")
+    num_rounds: int = _f(150, "int", "number of rounds (> 0)")
+    cohort_size: int = _f(10, "int", "clients per round (> 0, at most the number of clients)")
+    eval_every: int = _f(10, "int", "evaluate every client every this many rounds (> 0)")
+    execution: str = _f("auto", "str", "cohort execution strategy")
+    chunk_size: Optional[int] = _f(None, "int?", "clients per chunk for execution=chunked")
+    sampler: str = _f("uniform", "str", "cohort sampler")
+    output_dir: Optional[str] = _f(None, "str?", "output directory")  # default: per command
+    progress: bool = _f(True, "bool", "show progress bars", flag=False)
+    plots: bool = _f(True, "bool", "write PNG plots", flag=False)
+
+
+@dataclasses.dataclass
+class RunConfig(_Common):
+    """One simulation: ``fedjax-fair run``."""
+
+    algorithm: str = _f("fedavg", "str", "algorithm name (see `fedjax-fair list algorithms`)")
+    hparams: dict = _f({}, "dict", "algorithm hyper-parameters", flag=False)
+    seed: int = _f(0, "int", "seed of model init, sampling and local training (>= 0)")
+    checkpoint: bool = _f(True, "bool", "save a checkpoint after every evaluation",
+                          flag=False)
+    checkpoint_dir: Optional[str] = _f(None, "str?",
+                                       "checkpoint directory (default: OUTPUT_DIR/checkpoint)")
+    resume: bool = _f(False, "bool", "continue from the checkpoint", flag=False)
+
+    def resolved_output_dir(self) -> str:
+        return self.output_dir or os.path.join(
+            "runs", f"{self.algorithm}_{self.dataset}_seed{self.seed}")
+
+    def resolved_checkpoint_dir(self) -> Optional[str]:
+        if not self.checkpoint:
+            return None
+        return self.checkpoint_dir or os.path.join(self.resolved_output_dir(), "checkpoint")
+
+
+@dataclasses.dataclass
+class CompareConfig(_Common):
+    """Several algorithms x seeds on the same data and budget: ``fedjax-fair compare``.
+
+    ``algorithms`` empty means every entry of ``ALGORITHMS``. ``hparams`` keys are
+    either ``name`` (given to every selected algorithm that accepts it) or
+    ``algorithm.name`` (one algorithm only), e.g. ``{"fedprox.mu": 0.1}``; in a
+    config file also nested, ``hparams: {fedprox: {mu: 0.1}}``.
+    """
+
+    algorithms: list = _f([], "list[str]", "comma-separated algorithms")
+    hparams: dict = _f({}, "dict", "hyper-parameters, NAME or ALGORITHM.NAME", flag=False)
+    seeds: list = _f([0], "list[int]", "comma-separated seeds")
+
+    def resolved_output_dir(self) -> str:
+        return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
+
+
+def fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: int, float, bool, null, a JSON list/object, else the string.
+
+    ``"0.01" -> 0.01``, ``"1e-3" -> 0.001``, ``"10" -> 10``, ``"true" -> True``,
+    ``"none" -> None``, ``"[1, 2]" -> [1, 2]``, ``"dirichlet" -> "dirichlet"``.
+    """
+    s = text.strip()
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    low = s.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if s[:1] in "[{":
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError:
+            pass
+    return s
+
+
+def parse_assignments(items, field: str) -> dict:
+    """``["mu=0.01", "alpha=0.5"] -> {"mu": 0.01, "alpha": 0.5}``."""
+    out = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ConfigError(field, f"expected NAME=VALUE, got {item!r}")
+        out[name] = parse_value(value)
+    return out
+
+
+def parse_json_object(text: str, field: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(field, f"not valid JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(field, f"expected a JSON object like '{{\"mu\": 0.01}}', got {text!r}")
+    return value
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _as_int(v, field):
+    if _is_int(v):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            pass
+    raise ConfigError(field, f"expected an integer, got {v!r}")
+
+
+def _as_float(v, field):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            pass
+    raise ConfigError(field, f"expected a number, got {v!r}")
+
+
+def _as_bool(v, field):
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
+        return v.strip().lower() in ("true", "yes", "1")
+    raise ConfigError(field, f"expected true or false, got {v!r}")
+
+
+def _as_str(v, field):
+    if isinstance(v, str):
+        return v
+    raise ConfigError(field, f"expected a string, got {v!r}")
+
+
+def _as_list(v, field, item):
+    if isinstance(v, str):
+        v = [s for s in (p.strip() for p in v.split(",")) if s]
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(field, f"expected a comma-separated list, got {v!r}")
+    return [item(x, field) for x in v]
+
+
+def coerce(kind: str, value, field: str):
+    """Converts ``value`` to the field kind ("int", "float", "str", "bool", "dict",
+    "list[str]", "list[int]"; a trailing "?" allows None)."""
+    if kind.endswith("?"):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+            return None
+        kind = kind[:-1]
+    if kind == "int":
+        return _as_int(value, field)
+    if kind == "float":
+        return _as_float(value, field)
+    if kind == "bool":
+        return _as_bool(value, field)
+    if kind == "str":
+        return _as_str(value, field)
+    if kind == "dict":
+        if isinstance(value, str):
+            value = parse_json_object(value, field)
+        if not isinstance(value, dict):
+            raise ConfigError(field, f"expected a mapping NAME: VALUE, got {value!r}")
+        return {str(k): v for k, v in value.items()}
+    if kind == "list[str]":
+        return _as_list(value, field, _as_str)
+    if kind == "list[int]":
+        return _as_list(value, field, _as_int)
+    raise AssertionError(kind)
+
+
+def coerce_like(value, default, field: str):
+    """Converts a hyper-parameter / dataset argument to the type of its default."""
+    if value is None or default is None or default is REQUIRED:
+        return value
+    if isinstance(default, bool):
+        return _as_bool(value, field)
+    if isinstance(default, int):
+        return _as_int(value, field)
+    if isinstance(default, float):
+        return _as_float(value, field)
+    if isinstance(default, str):
+        return _as_str(value, field)
+    if isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
+        return tuple(value)
+    return value
+
+
+# ------------------------------------------------------------------------ load / merge
+
+
+def load_file(path: str) -> dict:
+    """Reads a JSON (``.json``) or YAML (anything else) config file into a dict."""
+    if not os.path.isfile(path):
+        raise ConfigError("config", f"file not found: {path!r}")
+    with open(path) as f:
+        text = f.read()
+    try:
+        if path.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: report in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError("config", f"cannot parse {path!r}: {first}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path!r} must hold a mapping of field: value, "
+                                    f"got {type(data).__name__}")
+    return data
+
+
+def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = None,
+          source: str = "config"):
+    """``cls`` from defaults <- ``file_values`` <- ``overrides`` (all flat dicts).
+
+    Unknown keys in ``file_values`` are errors naming the allowed keys. Dict fields
+    (``hparams``, ``dataset_args``) are merged key by key, so a flag overrides one
+    hyper-parameter of a config file without dropping the others.
+    """
+    known = fields(cls)
+    values: dict = {}
+    for layer, where in ((file_values or {}, source), (overrides or {}, "flags")):
+        for key, value in layer.items():
+            if key not in known:
+                raise ConfigError(f"{where}.{key}" if where != "flags" else key,
+                                  f"unknown key; allowed: {sorted(known)}")
+            kind = known[key].metadata["kind"]
+            value = coerce(kind, value, key)
+            if kind == "dict" and key in values:
+                value = {**values[key], **value}
+            values[key] = value
+    return cls(**values)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+# ------------------------------------------------------------------ introspection
+
+
+def _signature_params(fn: Callable):
+    """(keyword parameters after the first positional one, has **kwargs)."""
+    sig = inspect.signature(fn)
+    params, var_kw, skipped_first = {}, False, False
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            var_kw = True
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            continue
+        if not skipped_first and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            skipped_first = True  # the model
+            continue
+        params[p.name] = REQUIRED if p.default is p.empty else p.default
+    return params, var_kw
+
+
+def _forward_targets(factory: Callable, registry: dict) -> list:
+    """Factories that ``factory``'s ``**kwargs`` are forwarded to.
+
+    An explicit ``factory.forwards_to`` (a factory or a list of them) wins; otherwise
+    the registry factories that ``factory``'s code refers to by name (e.g. fedadam
+    calls fedavg). Returns [] when nothing is known.
+    """
+    explicit = getattr(factory, "forwards_to", None)
+    if explicit is not None:
+        return list(explicit) if isinstance(explicit, (list, tuple)) else [explicit]
+    fn = inspect.unwrap(getattr(factory, "func", factory))
+    code, glb = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    if code is None:
+        return []
+    known = {id(f) for f in registry.values()}
+    return [glb[n] for n in code.co_names
+            if n in glb and id(glb[n]) in known and glb[n] is not fn]
+
+
+def algorithm_hparams(factory: Callable, registry: Optional[dict] = None,
+                      include_managed: bool = False) -> tuple[dict, bool]:
+    """(``{name: default}``, open) of an algorithm factory's keyword hyper-parameters.
+
+    Parameters forwarded through ``**kwargs`` to another registered factory are
+    included. ``open`` is True when the factory takes ``**kwargs`` whose target is
+    unknown (names can then only be checked by calling it).
+    """
+    if registry is None:
+        from fedjax_fair.algorithms import ALGORITHMS as registry
+    params, var_kw = _signature_params(factory)
+    is_open = False
+    if var_kw:
+        targets = _forward_targets(factory, registry)
+        is_open = not targets
+        for t in targets:
+            sub, sub_open = algorithm_hparams(t, registry, include_managed=True)
+            is_open |= sub_open
+            for k, v in sub.items():
+                params.setdefault(k, v)
+    if not include_managed:
+        params = {k: v for k, v in params.items() if k not in MANAGED_HPARAMS}
+    return params, is_open
+
+
+def python_only_hparams(factory: Callable, registry: Optional[dict] = None) -> set:
+    """Names whose default is None with no annotation (objects such as an optax
+    optimizer or a mixing rule): listed apart, since a flag cannot build them."""
+    if registry is None:
+        from fedjax_fair.algorithms import ALGORITHMS as registry
+    out = set()
+    fns = [factory]
+    seen = set()
+    while fns:
+        fn = fns.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for p in inspect.signature(fn).parameters.values():
+            if p.default is None and p.annotation is p.empty:
+                out.add(p.name)
+        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+            fns.extend(_forward_targets(fn, registry))
+    return out
+
+
+def accepts(factory: Callable, name: str, registry: Optional[dict] = None) -> bool:
+    params, is_open = algorithm_hparams(factory, registry, include_managed=True)
+    return name in params or is_open
+
+
+def dataset_params(builder: Callable) -> dict:
+    """``{name: default}`` of a dataset builder's keyword arguments."""
+    sig = inspect.signature(builder)
+    return {p.name: (REQUIRED if p.default is p.empty else p.default)
+            for p in sig.parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def dataset_registry() -> dict:
+    try:
+        from fedjax_fair.data import DATASETS
+    except ImportError as e:  # the data package is missing or broken
+        raise ConfigError("dataset", f"the dataset registry cannot be imported ({e})") from None
+    return DATASETS
+
+
+# -------------------------------------------------------------------------- validation
+
+
+def _choice(field: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(field, f"unknown name {value!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _validate_common(cfg: _Common) -> None:
+    from fedjax_fair.execution import STRATEGIES
+    from fedjax_fair.models import MODELS
+    from fedjax_fair.sampling import SAMPLERS
+
+    for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
+        value = getattr(cfg, name)
+        if value <= 0:
+            raise ConfigError(name, f"must be a positive integer, got {value}")
+    if not (math.isfinite(cfg.client_lr) and cfg.client_lr > 0):
+        raise ConfigError("client_lr", f"must be a positive finite number, got {cfg.client_lr}")
+    if cfg.chunk_size is not None and cfg.chunk_size <= 0:
+        raise ConfigError("chunk_size", f"must be a positive integer, got {cfg.chunk_size}")
+    _choice("model", cfg.model, MODELS)
+    _choice("execution", cfg.execution, STRATEGIES)
+    _choice("sampler", cfg.sampler, SAMPLERS)
+    datasets = dataset_registry()
+    _choice("dataset", cfg.dataset, datasets)
+    cfg.dataset_args = validate_dataset_args(cfg.dataset, cfg.dataset_args, datasets)
+
+
+def validate_dataset_args(name: str, args: dict, datasets: dict) -> dict:
+    allowed = dataset_params(datasets[name])
+    out = {}
+    for key, value in args.items():
+        if key not in allowed:
+            raise ConfigError(f"dataset_args.{key}",
+                              f"not an argument of dataset {name!r}; allowed: "
+                              f"{', '.join(sorted(allowed)) or '(none)'}")
+        out[key] = coerce_like(value, allowed[key], f"dataset_args.{key}")
+    return out
+
+
+def validate_hparams(algorithm: str, hparams: dict, registry: dict,
+                     field: str = "hparams") -> dict:
+    """Checks names against the factory signature; returns coerced values."""
+    allowed, is_open = algorithm_hparams(registry[algorithm], registry)
+    out = {}
+    for key, value in hparams.items():
+        if key in MANAGED_HPARAMS:
+            raise ConfigError(f"{field}.{key}", f"set it with the config field / flag "
+                                                f"{key} (--{key.replace('_', '-')}), not as a "
+                                                f"hyper-parameter")
+        if key not in allowed:
+            if is_open:
+                out[key] = value
+                continue
+            raise ConfigError(f"{field}.{key}",
+                              f"not a hyper-parameter of {algorithm!r}; allowed: "
+                              f"{', '.join(sorted(allowed)) or '(none)'}")
+        out[key] = coerce_like(value, allowed[key], f"{field}.{key}")
+    return out
+
+
+def check_directory(path: str, field: str) -> None:
+    """``path`` is a directory or can be created as one (nothing is created here)."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(field, f"{path!r} exists and is not a directory")
+        if not os.access(path, os.W_OK):
+            raise ConfigError(field, f"{path!r} is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ConfigError(field, f"cannot create {path!r}: {parent!r} is not a writable "
+                                 f"directory")
+
+
+def validate_run(cfg: RunConfig) -> RunConfig:
+    """Static checks of a RunConfig (no data built). Coerces hparams/dataset_args in place."""
+    from fedjax_fair.algorithms import ALGORITHMS
+    _choice("algorithm", cfg.algorithm, ALGORITHMS)
+    if cfg.seed < 0:
+        raise ConfigError("seed", f"must be an integer >= 0, got {cfg.seed}")
+    cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams, ALGORITHMS)
+    _validate_common(cfg)
+    check_directory(cfg.resolved_output_dir(), "output_dir")
+    if cfg.resolved_checkpoint_dir():
+        check_directory(cfg.resolved_checkpoint_dir(), "checkpoint_dir")
+    if cfg.resume:
+        from fedjax_fair import checkpoint as ckpt
+        directory = cfg.resolved_checkpoint_dir()
+        if directory is None:
+            raise ConfigError("resume", "needs checkpoints; remove --no-checkpoint")
+        if not ckpt.exists(directory):
+            raise ConfigError("resume", f"no checkpoint found in {directory!r} "
+                                        f"(state.npz + meta.json)")
+    return cfg
+
+
+def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]:
+    """Per-algorithm hyper-parameters from ``NAME`` / ``ALGORITHM.NAME`` keys."""
+    per_alg: dict[str, dict] = {a: {} for a in cfg.algorithms}
+    flat = {}
+    for key, value in cfg.hparams.items():  # {"fedprox": {"mu": 0.1}} == {"fedprox.mu": 0.1}
+        if key in registry and isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    for key, value in flat.items():
+        alg, dot, name = key.partition(".")
+        if dot:
+            if alg not in registry:
+                _choice(f"hparams.{key}", alg, registry)
+            if alg not in per_alg:
+                raise ConfigError(f"hparams.{key}", f"algorithm {alg!r} is not compared; "
+                                                    f"compared: {', '.join(cfg.algorithms)}")
+            per_alg[alg][name] = value
+        else:
+            takers = [a for a in cfg.algorithms if accepts(registry[a], key, registry)]
+            if not takers and key not in MANAGED_HPARAMS:
+                raise ConfigError(f"hparams.{key}", f"no compared algorithm takes it; compared: "
+                                                    f"{', '.join(cfg.algorithms)}")
+            for a in takers or cfg.algorithms:
+                per_alg[a][key] = value
+    return {a: validate_hparams(a, hp, registry, field=f"hparams[{a}]")
+            for a, hp in per_alg.items()}
+
+
+def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
+    """Static checks of a CompareConfig; returns the hyper-parameters of each algorithm."""
+    from fedjax_fair.algorithms import ALGORITHMS
+    if not cfg.algorithms:
+        cfg.algorithms = list(ALGORITHMS)
+    for a in cfg.algorithms:
+        _choice("algorithms", a, ALGORITHMS)
+    if len(set(cfg.algorithms)) != len(cfg.algorithms):
+        raise ConfigError("algorithms", f"listed twice: {cfg.algorithms}")
+    if not cfg.seeds:
+        raise ConfigError("seeds", "need at least one seed")
+    for s in cfg.seeds:
+        if s < 0:
+            raise ConfigError("seeds", f"must be integers >= 0, got {s}")
+    if len(set(cfg.seeds)) != len(cfg.seeds):
+        raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
+    hparams = split_compare_hparams(cfg, ALGORITHMS)
+    _validate_common(cfg)
+    check_directory(cfg.resolved_output_dir(), "output_dir")
+    return hparams
+
+
+def validate_against_data(cfg: _Common, num_clients: int) -> None:
+    """Checks that need the federation's size (after building data, before compiling)."""
+    if cfg.cohort_size > num_clients:
+        raise ConfigError("cohort_size", f"{cfg.cohort_size} exceeds the {num_clients} clients "
+                                         f"of the federation; allowed: 1..{num_clients}")
+    import jax
+    from fedjax_fair.sampling import SAMPLERS
+    try:  # samplers check their own constraints (e.g. "full" needs K == N)
+        jax.eval_shape(lambda k: SAMPLERS[cfg.sampler](k, num_clients, cfg.cohort_size),
+                       jax.random.key(0))
+    except ValueError as e:
+        raise error_from_message(str(e), "sampler") from None
+
+
+def error_from_message(message: str, default_field: str) -> ConfigError:
+    """A ConfigError from a library ValueError, keeping its ``field: ...`` prefix."""
+    first = message.strip().splitlines()[0] if message.strip() else default_field
+    m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", first)
+    if m:
+        return ConfigError(m.group(1), m.group(2))
+    return ConfigError(default_field, first)

@@ -1,0 +1,304 @@
+"""Tables and plots of simulation results, as small functions of plain data.
+
+Everything here takes plain Python / NumPy data — ``RunResult.history`` (a list of
+dicts, one per evaluation, with ``"round"``, ``"mean"``, ``"worst_10%"``,
+``"test_loss"``, ...), per-client arrays (``RunResult.client_metrics``) — so notebooks
+can call the same functions as the CLI.
+
+Plots are drawn on ``matplotlib.figure.Figure`` objects with the Agg canvas, never
+through pyplot, so importing this module does not change the matplotlib backend of
+a notebook and nothing needs a display. Each ``plot_*`` function draws on a given
+``ax`` or on a new figure, and returns the figure; ``save_figure`` writes a PNG.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from typing import Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+# Columns of the comparison table: (key in a run summary, header, scale for display).
+# Accuracies are shown in percent, as in the fair-FL papers.
+TABLE_COLUMNS = (
+    ("mean", "Average (%)", 100.0),
+    ("std", "Std (%)", 100.0),
+    ("worst_10%", "Worst 10% (%)", 100.0),
+    ("best_10%", "Best 10% (%)", 100.0),
+    ("gini", "Gini", 1.0),
+    ("run_seconds", "Wall-clock (s)", 1.0),
+    ("compile_seconds", "Compile (s)", 1.0),
+)
+DECIMALS = {"gini": 4, "run_seconds": 1, "compile_seconds": 1}
+TABLE_NOTE = ("Average/Std/Worst/Best: per-client final test accuracy over all clients with "
+              "test data (worst/best 10% groups averaged by test size); Gini of per-client "
+              "accuracy; Wall-clock: seconds of the compiled rounds (excluding compilation "
+              "and evaluation); Compile: seconds to compile them.")
+CSV_NAMES = {"worst_10%": "worst_10", "best_10%": "best_10"}
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def _json_default(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, tuple):
+        return list(x)
+    return str(x)
+
+
+def _finite(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, np.floating) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def to_json(obj, **kwargs) -> str:
+    """Strict JSON text: NumPy values become Python numbers, NaN/inf become null."""
+    return json.dumps(_finite(obj), default=_json_default, allow_nan=False, **kwargs)
+
+
+def write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        f.write(to_json(obj, indent=2) + "\n")
+
+
+def write_jsonl(path: str, rows: Iterable[Mapping]) -> None:
+    """One JSON object per line (``metrics.jsonl``)."""
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(to_json(row) + "\n")
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+CLIENT_COLUMNS = ("client_id", "num_test_examples", "accuracy", "loss")
+
+
+def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray]) -> None:
+    """Per-client final test metrics: client_id, num_test_examples, accuracy, loss.
+
+    ``client_metrics`` holds arrays [N] "num_examples", "accuracy", "loss" (as
+    ``RunResult.client_metrics``). Floats are written with ``repr`` precision so the
+    file round-trips exactly.
+    """
+    n = np.asarray(client_metrics["num_examples"])
+    acc = np.asarray(client_metrics["accuracy"], np.float64)
+    loss = np.asarray(client_metrics["loss"], np.float64)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CLIENT_COLUMNS)
+        for i in range(n.shape[0]):
+            w.writerow([i, int(n[i]), repr(float(acc[i])), repr(float(loss[i]))])
+
+
+def read_client_csv(path: str) -> dict[str, np.ndarray]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {"client_id": np.array([int(r["client_id"]) for r in rows]),
+            "num_test_examples": np.array([int(r["num_test_examples"]) for r in rows]),
+            "accuracy": np.array([float(r["accuracy"]) for r in rows]),
+            "loss": np.array([float(r["loss"]) for r in rows])}
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def aggregate_runs(summaries: Sequence[Mapping[str, float]]) -> dict[str, tuple[float, float]]:
+    """``{key: (mean, std)}`` over seeds of the table columns (population std; 0 for one run).
+
+    A run that diverged has NaN values and makes the aggregate NaN.
+    """
+    out = {}
+    for key, _, _ in TABLE_COLUMNS:
+        vals = np.array([float(s.get(key, math.nan)) for s in summaries], np.float64)
+        out[key] = (float(np.mean(vals)), float(np.std(vals)) if len(vals) > 1 else 0.0)
+    return out
+
+
+def _fmt(value: float, std: Optional[float], decimals: int) -> str:
+    if not math.isfinite(value):
+        return "nan"
+    text = f"{value:.{decimals}f}"
+    if std is not None:
+        text += f" ± {std:.{decimals}f}"
+    return text
+
+
+def comparison_table(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_seeds: int,
+                     notes: Optional[Mapping[str, str]] = None) -> tuple[list[str], list[list[str]]]:
+    """(header, formatted rows) of the paper-style table.
+
+    ``rows`` maps an algorithm name to ``aggregate_runs(...)``; with more than one seed
+    every cell reads ``mean ± std``. ``notes`` (e.g. "diverged at round 7") adds a column.
+    """
+    header = ["Algorithm"] + [h for _, h, _ in TABLE_COLUMNS]
+    notes = notes or {}
+    if any(notes.values()):
+        header.append("Note")
+    body = []
+    for name, agg in rows.items():
+        cells = [name]
+        for key, _, scale in TABLE_COLUMNS:
+            m, s = agg[key]
+            cells.append(_fmt(m * scale, s * scale if num_seeds > 1 else None,
+                              DECIMALS.get(key, 2)))
+        if len(header) > len(cells):
+            cells.append(notes.get(name, ""))
+        body.append(cells)
+    return header, body
+
+
+def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]],
+                   left: Sequence[str] = ("Algorithm", "Note")) -> str:
+    """A Markdown table; columns named in ``left`` are left-aligned, others right."""
+    widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) if h in left else "-" * (w + 1) + ":"
+                         for h, w in zip(header, widths)) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in body)]) + "\n"
+
+
+def write_comparison_csv(path: str, rows: Mapping[str, Mapping[str, tuple[float, float]]],
+                         num_seeds: int) -> None:
+    """Machine-readable table: raw values (accuracies as fractions), mean and std columns."""
+    keys = [CSV_NAMES.get(k, k) for k, _, _ in TABLE_COLUMNS]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["algorithm", "num_seeds"] + [c for k in keys for c in (k, f"{k}_std")])
+        for name, agg in rows.items():
+            w.writerow([name, num_seeds] + [repr(v) for k, _, _ in TABLE_COLUMNS
+                                            for v in agg[k]])
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def _new_axes(ax, ncols: int = 1, figsize=(6.0, 4.0)):
+    if ax is not None:
+        return ax.figure, ax
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, ncols, 1)
+
+
+def save_figure(fig, path: str, dpi: int = 110) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+
+
+def _series(history: Sequence[Mapping], key: str):
+    rounds = np.array([h["round"] for h in history if key in h], np.float64)
+    values = np.array([h[key] for h in history if key in h], np.float64)
+    return rounds, values
+
+
+def plot_accuracy(history: Sequence[Mapping], ax=None, title: str = "Test accuracy"):
+    """Mean, worst-10% and best-10% per-client test accuracy vs round."""
+    fig, ax = _new_axes(ax)
+    for key, label, style in (("mean", "average", "-"), ("worst_10%", "worst 10%", "--"),
+                              ("best_10%", "best 10%", ":")):
+        r, v = _series(history, key)
+        if len(r):
+            ax.plot(r, v, style, label=label, marker="o", markersize=3)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def plot_loss(history: Sequence[Mapping], ax=None, title: str = "Loss"):
+    """Test loss (all clients, example-weighted) and cohort training loss vs round."""
+    fig, ax = _new_axes(ax)
+    for key, label in (("test_loss", "test loss"), ("train_loss", "train loss (cohort)")):
+        r, v = _series(history, key)
+        if len(r):
+            ax.plot(r, v, label=label, marker="o", markersize=3)
+    ax.set_xlabel("round")
+    ax.set_ylabel("cross-entropy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def _bins(values: Sequence[np.ndarray], num_bins: int = 20):
+    flat = np.concatenate([np.asarray(v, np.float64).ravel() for v in values] or [np.zeros(1)])
+    flat = flat[np.isfinite(flat)]
+    lo, hi = (0.0, 1.0) if flat.size == 0 else (min(0.0, flat.min()), max(1.0, flat.max()))
+    return np.linspace(lo, hi, num_bins + 1)
+
+
+def plot_client_histogram(accuracy, ax=None, title: str = "Final per-client test accuracy",
+                          num_bins: int = 20):
+    """Histogram of per-client accuracy (clients without test data already removed)."""
+    fig, ax = _new_axes(ax)
+    acc = np.asarray(accuracy, np.float64)
+    ax.hist(acc[np.isfinite(acc)], bins=_bins([acc], num_bins), edgecolor="black", alpha=0.8)
+    ax.set_xlabel("accuracy")
+    ax.set_ylabel("clients")
+    ax.set_title(title)
+    return fig
+
+
+def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], ax=None,
+                          key: str = "mean", title: str = "Average test accuracy"):
+    """One line per algorithm: ``key`` vs round, mean over seeds, band = min..max.
+
+    ``histories`` maps an algorithm to a list (over seeds) of histories.
+    """
+    fig, ax = _new_axes(ax, figsize=(7.0, 4.5))
+    for name, runs in histories.items():
+        series = [_series(h, key) for h in runs if h]
+        if not series:
+            continue
+        n = min(len(r) for r, _ in series)
+        rounds = series[0][0][:n]
+        vals = np.stack([v[:n] for _, v in series])
+        line, = ax.plot(rounds, vals.mean(0), label=name)
+        if len(series) > 1:
+            ax.fill_between(rounds, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel(key if key != "mean" else "average accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return fig
+
+
+def plot_compare_histograms(accuracies: Mapping[str, np.ndarray], ax=None,
+                            title: str = "Final per-client test accuracy", num_bins: int = 20):
+    """Overlaid step histograms of per-client accuracy, one per algorithm."""
+    fig, ax = _new_axes(ax, figsize=(7.0, 4.5))
+    bins = _bins(list(accuracies.values()), num_bins)
+    for name, acc in accuracies.items():
+        acc = np.asarray(acc, np.float64)
+        ax.hist(acc[np.isfinite(acc)], bins=bins, histtype="step", linewidth=1.5, label=name)
+    ax.set_xlabel("accuracy")
+    ax.set_ylabel("clients")
+    ax.set_title(title)
+    _legend(ax)
+    return fig

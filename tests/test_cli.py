@@ -1,0 +1,312 @@
+"""The command line (fedjax_fair/cli.py, config.py, report.py), run in-process.
+
+Every simulation here is tiny (Synthetic with 6 clients of at most 100 examples,
+logistic regression, 2-4 rounds); compilation dominates the run time.
+"""
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from fedjax_fair import cli, report
+from fedjax_fair import config as C
+from fedjax_fair.algorithms import ALGORITHMS
+from fedjax_fair.data import DATASETS
+from fedjax_fair.execution import STRATEGIES
+from fedjax_fair.metrics import METRICS
+from fedjax_fair.models import MODELS
+from fedjax_fair.sampling import SAMPLERS
+
+TINY = ["--num-clients", "6", "--dataset-arg", "max_examples=100", "--cohort-size", "3",
+        "--no-progress"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_ok(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+    import matplotlib.image
+    img = matplotlib.image.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def _one_line_error(err, field):
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and field in lines[0], err
+
+
+# ------------------------------------------------------------------------------- run
+
+
+def test_run_writes_all_outputs(tmp_path, capsys):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("algorithm: fedprox\nhparams: {mu: 0.1}\nnum_rounds: 2\neval_every: 1\n"
+                   "dataset_args: {num_clients: 6, max_examples: 100}\ncohort_size: 3\n")
+    out = tmp_path / "out"
+    # progress bars on (the default) to exercise them; the flag overrides the file.
+    code = cli.main(["run", "--config", str(cfg), "--num-rounds", "3", "-o", str(out)])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "fedprox" in captured.out and "Traceback" not in captured.err
+
+    rows = report.read_jsonl(out / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]
+    for key in ("mean", "std", "worst_10%", "best_10%", "gini", "test_loss"):
+        assert all(np.isfinite(r[key]) for r in rows)
+    assert all("train_loss" in r and "seconds" in r for r in rows[1:])
+
+    with open(out / "clients.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == ["client_id", "num_test_examples", "accuracy", "loss"]
+    assert [int(r["client_id"]) for r in table] == list(range(6))
+    assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in table)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert summary["config"]["algorithm"] == "fedprox"
+    assert summary["config"]["hparams"] == {"mu": 0.1}
+    assert summary["config"]["num_rounds"] == 3  # flag over file
+    assert summary["final"]["round"] == 3
+    assert summary["final"] == {k: v for k, v in rows[-1].items() if k != "seconds"}
+    for key in ("mean", "worst_10%", "best_10%", "gini"):
+        assert key in summary["final"]
+    assert summary["timings"]["compile_seconds"] > 0 and summary["timings"]["run_seconds"] > 0
+    assert 0.0 <= summary["improved_fraction_mean"] <= 1.0
+    assert summary["dataset"]["num_clients"] == 6
+    for name in ("accuracy.png", "loss.png", "client_accuracy_hist.png"):
+        _png_ok(out / name)
+    assert os.path.isfile(out / "checkpoint" / "state.npz")
+
+
+def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    args = TINY + ["--eval-every", "2", "--seed", "3", "--no-plots"]
+    assert cli.main(["run", *args, "--num-rounds", "4", "-o", full]) == 0
+    assert cli.main(["run", *args, "--num-rounds", "2", "-o", part]) == 0  # "interrupted"
+    assert cli.main(["run", *args, "--num-rounds", "4", "-o", part, "--resume"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+    with open(os.path.join(full, "clients.csv")) as a, open(os.path.join(part, "clients.csv")) as b:
+        assert a.read() == b.read()
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    rows_full = report.read_jsonl(os.path.join(full, "metrics.jsonl"))
+    rows_part = report.read_jsonl(os.path.join(part, "metrics.jsonl"))
+    assert strip(rows_full) == strip(rows_part)
+    seconds = [r["seconds"] for r in rows_part[1:]]
+    assert seconds == sorted(seconds)  # cumulative across the resume
+    s_full = json.loads(open(os.path.join(full, "summary.json")).read())
+    s_part = json.loads(open(os.path.join(part, "summary.json")).read())
+    assert s_full["final"] == s_part["final"]
+    assert s_full["improved_fraction_mean"] == s_part["improved_fraction_mean"]
+    assert s_part["resumed_from_round"] == 2
+    assert not os.path.exists(os.path.join(part, "accuracy.png"))
+
+
+def test_nan_exits_3_with_round_and_keeps_checkpoint(tmp_path, capsys):
+    out = tmp_path / "nan"
+    code = cli.main(["run", *TINY, "--num-rounds", "4", "--eval-every", "2",
+                     "--client-lr", "1e38", "-o", str(out)])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "round 1" in err and "checkpoint" in err
+    assert os.path.isfile(out / "checkpoint" / "state.npz")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "non_finite" and summary["non_finite_round"] == 1
+    assert [r["round"] for r in report.read_jsonl(out / "metrics.jsonl")] == [0]
+
+
+# ---------------------------------------------------------------------------- compare
+
+
+def test_compare_writes_table_and_plots(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code = cli.main(["compare", *TINY, "--algorithms", "fedavg,fedprox", "--seeds", "1",
+                     "--hp", "fedprox.mu=0.5", "--num-rounds", "2", "--eval-every", "2",
+                     "-o", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "fedavg" in printed and "fedprox" in printed
+
+    md = (out / "comparison.md").read_text()
+    body = [l for l in md.splitlines() if l.startswith("| fed")]
+    assert [l.split("|")[1].strip() for l in body] == ["fedavg", "fedprox"]
+    for header in ("Average", "Std", "Worst 10%", "Best 10%", "Gini", "Wall-clock", "Compile"):
+        assert header in md
+    with open(out / "comparison.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["algorithm"] for r in rows] == ["fedavg", "fedprox"]
+    for key in ("mean", "std", "worst_10", "best_10", "gini", "run_seconds",
+                "compile_seconds", "mean_std"):
+        assert all(np.isfinite(float(r[key])) for r in rows)
+    assert all(r["num_seeds"] == "1" for r in rows)
+    _png_ok(out / "accuracy.png")
+    _png_ok(out / "client_accuracy_hist.png")
+    run_summary = json.loads((out / "fedprox" / "seed1" / "summary.json").read_text())
+    assert run_summary["config"]["hparams"] == {"mu": 0.5}
+    assert run_summary["config"]["seed"] == 1
+    assert (out / "fedavg" / "seed1" / "clients.csv").is_file()
+
+
+def test_compare_defaults_cover_every_algorithm():
+    cfg = cli.config_from_args(cli.build_parser().parse_args(["compare"]), C.CompareConfig)
+    C.validate_compare(cfg)
+    assert cfg.algorithms == list(ALGORITHMS)
+    assert cfg.dataset == "synthetic" and cfg.model == "logreg" and cfg.seeds == [0]
+
+
+# ------------------------------------------------------------------------------- list
+
+
+def test_list_prints_every_registry_entry(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for names in (ALGORITHMS, DATASETS, MODELS, STRATEGIES, SAMPLERS, METRICS):
+        for name in names:
+            assert name in out
+    assert "mu=0.01" in out  # FedProx's hyper-parameter and default
+    assert "server_lr=" in out  # forwarded **kwargs factories show FedAvg's too
+    assert "num_clients=" in out  # dataset arguments
+
+
+def test_list_one_section(capsys):
+    assert cli.main(["list", "models"]) == 0
+    out = capsys.readouterr().out
+    assert "logreg" in out and "fedavg" not in out
+
+
+# ------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--algorithm", "nope"], "algorithm"),
+    (["--hp", "nope=1"], "hparams.nope"),
+    (["--algorithm", "fedprox", "--hparams", '{"mu": "abc"}'], "hparams.mu"),
+    (["--cohort-size", "7"], "cohort_size"),
+    (["--client-lr", "-0.1"], "client_lr"),
+    (["--num-rounds", "0"], "num_rounds"),
+    (["--batch-size", "x"], "batch_size"),
+    (["--model", "nope"], "model"),
+    (["--execution", "nope"], "execution"),
+    (["--sampler", "nope"], "sampler"),
+    (["--dataset", "nope"], "dataset"),
+    (["--dataset-arg", "nope=1"], "dataset_args.nope"),
+    (["--partition", "iid"], "dataset_args.partition"),
+    (["--alpha", "-1"], "alpha"),
+    (["--config", "/does/not/exist.yaml"], "config"),
+    (["--resume"], "resume"),
+    (["--bogus-flag"], "arguments"),
+])
+def test_validation_errors_exit_2(tmp_path, capsys, args, field):
+    code = cli.main(["run", *TINY, "-o", str(tmp_path / "v"), *args])
+    assert code == 2
+    _one_line_error(capsys.readouterr().err, field)
+    assert not (tmp_path / "v" / "metrics.jsonl").exists()
+
+
+def test_unknown_config_key_exits_2(tmp_path, capsys):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("num_rounds: 3\nlearning_rate: 0.1\n")
+    assert cli.main(["run", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    _one_line_error(err, "learning_rate")
+    assert "num_rounds" in err  # the allowed keys are listed
+
+
+def test_malformed_config_file_exits_2(tmp_path, capsys):
+    cfg = tmp_path / "bad.json"
+    cfg.write_text('{"num_rounds": 3,,}')
+    assert cli.main(["run", "--config", str(cfg)]) == 2
+    _one_line_error(capsys.readouterr().err, "config")
+
+
+def test_compare_validation(capsys):
+    assert cli.main(["compare", "--algorithms", "fedavg,nope"]) == 2
+    _one_line_error(capsys.readouterr().err, "algorithms")
+    assert cli.main(["compare", "--algorithms", "fedavg", "--hp", "mu=0.1"]) == 2
+    _one_line_error(capsys.readouterr().err, "hparams.mu")
+    assert cli.main(["compare", "--seeds", "0,x"]) == 2
+    _one_line_error(capsys.readouterr().err, "seeds")
+
+
+def test_no_command_exits_2(capsys):
+    assert cli.main([]) == 2
+    assert "error: command" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def _cfg(argv, cls=C.RunConfig):
+    return cli.config_from_args(cli.build_parser().parse_args(argv), cls)
+
+
+@pytest.mark.parametrize("suffix", ["yaml", "json"])
+def test_config_file_and_flag_override(tmp_path, suffix):
+    values = {"algorithm": "fedprox", "hparams": {"mu": 0.1}, "num_rounds": 7,
+              "client_lr": "1e-3", "dataset": "digits",
+              "dataset_args": {"num_clients": 8, "partition": "iid"}}
+    path = tmp_path / f"job.{suffix}"
+    if suffix == "json":
+        path.write_text(json.dumps(values))
+    else:
+        import yaml
+        path.write_text(yaml.safe_dump(values))
+    cfg = _cfg(["run", "--config", str(path), "--num-rounds", "9", "--hp", "max_steps=5",
+                "--num-clients", "4"])
+    C.validate_run(cfg)
+    assert cfg.algorithm == "fedprox" and cfg.dataset == "digits"
+    assert cfg.num_rounds == 9  # flag over file
+    assert cfg.client_lr == pytest.approx(1e-3) and isinstance(cfg.client_lr, float)
+    assert cfg.hparams == {"mu": 0.1, "max_steps": 5}  # merged key by key
+    assert cfg.dataset_args == {"num_clients": 4, "partition": "iid"}
+    assert cfg.cohort_size == C.RunConfig().cohort_size  # untouched default
+
+
+def test_value_parsing():
+    assert C.parse_assignments(["mu=0.01", "n=3", "flag=true", "p=dirichlet", "x=none",
+                                "l=[1, 2]", "e=1e-3"], "hp") == {
+        "mu": 0.01, "n": 3, "flag": True, "p": "dirichlet", "x": None, "l": [1, 2], "e": 1e-3}
+    with pytest.raises(C.ConfigError, match="^hp: expected NAME=VALUE"):
+        C.parse_assignments(["mu"], "hp")
+    cfg = _cfg(["run", "--hparams", '{"mu": 1}', "--algorithm", "fedprox"])
+    assert C.validate_run(cfg).hparams == {"mu": 1.0}  # int coerced to the default's float
+
+
+def test_compare_hparams_per_algorithm(tmp_path):
+    path = tmp_path / "cmp.yaml"
+    path.write_text("algorithms: [fedavg, fedprox, fedadam]\n"
+                    "hparams: {fedprox: {mu: 0.5}, server_lr: 0.03}\n")
+    cfg = _cfg(["compare", "--config", str(path), "--hp", "fedadam.b1=0.8"], C.CompareConfig)
+    hp = C.validate_compare(cfg)
+    assert hp == {"fedavg": {}, "fedprox": {"mu": 0.5},
+                  "fedadam": {"server_lr": 0.03, "b1": 0.8}}
+
+
+def test_hparams_follow_forwarded_kwargs():
+    params, is_open = C.algorithm_hparams(ALGORITHMS["fedadam"])
+    assert not is_open
+    assert {"server_lr", "b1", "b2", "tau", "max_steps"} <= set(params)
+    assert not set(C.MANAGED_HPARAMS) & set(params)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def test_comparison_table_mean_std():
+    runs = [{"mean": 0.8, "std": 0.1, "worst_10%": 0.5, "best_10%": 1.0, "gini": 0.1,
+             "run_seconds": 1.0, "compile_seconds": 2.0},
+            {"mean": 0.6, "std": 0.3, "worst_10%": 0.3, "best_10%": 0.9, "gini": 0.2,
+             "run_seconds": 3.0, "compile_seconds": 2.0}]
+    agg = report.aggregate_runs(runs)
+    assert agg["mean"] == pytest.approx((0.7, 0.1))
+    header, body = report.comparison_table({"a": agg}, num_seeds=2)
+    assert body[0][:2] == ["a", "70.00 ± 10.00"]
+    header, body = report.comparison_table({"a": report.aggregate_runs(runs[:1])}, num_seeds=1)
+    assert body[0][1] == "80.00"
+    md = report.markdown_table(header, body)
+    assert md.splitlines()[0].startswith("| Algorithm")
