@@ -52,24 +52,34 @@ def max_local_steps(padded_size: int, batch_size: int, num_epochs: int,
     return steps if max_steps is None else min(steps, max_steps)
 
 
-def batch_at(data: ClientData, step: Array, shuffle_key: Array, batch_size: int):
-    """The batch of local step ``step``: (examples dict [B, ...], mask [B]).
-
-    Rows come from a per-epoch permutation of the real rows (padding last), so
-    batch positions at or past ``num_examples`` within the epoch are masked.
-    """
-    n = data.num_examples
+def epoch_order(data: ClientData, shuffle_key: Array, epoch: Array, batch_size: int) -> Array:
+    """Row order of one epoch: a permutation of the real rows, padded rows last,
+    drawn from ``fold_in(shuffle_key, epoch)`` and padded to a multiple of B."""
     padded = data.mask.shape[0]
+    scores = jax.random.uniform(jax.random.fold_in(shuffle_key, epoch), (padded,))
+    order = jnp.argsort(jnp.where(data.mask, scores, 2.0))
+    return jnp.pad(order, (0, math.ceil(padded / batch_size) * batch_size - padded))
+
+
+def batch_from_orders(data: ClientData, orders: Array, step: Array, batch_size: int):
+    """The batch of local step ``step`` given every epoch's row order [E, slots]:
+    (examples dict [B, ...], mask [B]). Positions at or past ``num_examples`` within
+    the epoch are masked (the last batch of an epoch may be partial)."""
+    n = data.num_examples
     spe = jnp.maximum(steps_per_epoch(n, batch_size), 1)
     epoch, i = step // spe, step % spe
-    scores = jax.random.uniform(jax.random.fold_in(shuffle_key, epoch), (padded,))
-    perm = jnp.argsort(jnp.where(data.mask, scores, 2.0))
-    num_slots = math.ceil(padded / batch_size) * batch_size
-    perm = jnp.pad(perm, (0, num_slots - padded))
     start = i * batch_size
-    rows = jax.lax.dynamic_slice(perm, (start,), (batch_size,))
+    rows = jax.lax.dynamic_slice(orders[jnp.minimum(epoch, orders.shape[0] - 1)], (start,),
+                                 (batch_size,))
     batch_mask = (start + jnp.arange(batch_size)) < n
     return {k: v[rows] for k, v in data.examples.items()}, batch_mask
+
+
+def batch_at(data: ClientData, step: Array, shuffle_key: Array, batch_size: int):
+    """The batch of local step ``step`` (see ``epoch_order``): (examples [B, ...], mask [B])."""
+    spe = jnp.maximum(steps_per_epoch(data.num_examples, batch_size), 1)
+    order = epoch_order(data, shuffle_key, step // spe, batch_size)
+    return batch_from_orders(data, order[None], step % spe, batch_size)
 
 
 def data_loss(model: Model, params, data: ClientData, chunk_size: int = 256) -> Array:
@@ -133,15 +143,22 @@ def local_training(model: Model, optimizer: optax.GradientTransformation, *,
         num_steps = jnp.minimum(local_steps,
                                 num_epochs * steps_per_epoch(data.num_examples, batch_size))
 
-        def step(carry, t):
+        orders = jax.vmap(lambda e: epoch_order(data, shuffle_key, e, batch_size))(
+            jnp.arange(num_epochs))
+
+        def sgd_step(carry, t):
             params, opt_state = carry
-            batch, batch_mask = batch_at(data, t, shuffle_key, batch_size)
+            batch, batch_mask = batch_from_orders(data, orders, t, batch_size)
             grads = grad_fn(params, server_params, client_state, batch, batch_mask,
                             jax.random.fold_in(dropout_key, t))
-            updates, new_opt_state = optimizer.update(grads, opt_state, params)
-            new = (optax.apply_updates(params, updates), new_opt_state)
-            active = t < num_steps
-            return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry), None
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        def step(carry, t):
+            # Past the client's step count the carry is kept. Under vmap the cond
+            # becomes a select (every client computes the step); when clients run
+            # one at a time (sequential / chunked of 1) the masked steps are skipped.
+            return jax.lax.cond(t < num_steps, sgd_step, lambda c, _: c, carry, t), None
 
         carry = (server_params, optimizer.init(server_params))
         length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)

@@ -24,24 +24,27 @@ from fedjax_fair.mixing import by_num_examples
 
 def client_training(model, *, client_lr: float = 0.1, client_optimizer=None,
                     batch_size: int = 20, num_epochs: int = 1,
-                    max_steps: Optional[int] = None, regularizer=None, track_loss: bool = True):
-    """Local SGD shared by FedAvg-style methods (optax optimizer, masked steps)."""
+                    max_steps: Optional[int] = None, regularizer=None, track_loss: bool = True,
+                    unroll=None):
+    """Local SGD shared by FedAvg-style methods (optax optimizer, masked steps).
+
+    ``unroll``: local-step scan unroll; None applies execution.local_step_unroll."""
     return local_training(model, client_optimizer or optax.sgd(client_lr),
                           batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
                           regularizer=regularizer, track_loss=track_loss,
-                          unroll=local_step_unroll(model.uses_xla_conv))
+                          unroll=local_step_unroll(model.uses_xla_conv) if unroll is None else unroll)
 
 
 def fedavg(model, *, client_lr: float = 0.1, client_optimizer=None, batch_size: int = 20,
            num_epochs: int = 1, max_steps: Optional[int] = None,
            server_optimizer=None, mixing=None, execution: str = "auto",
            chunk_size: Optional[int] = None, track_improvement: bool = False,
-           track_loss: bool = True) -> FederatedAlgorithm:
+           track_loss: bool = True, unroll=None) -> FederatedAlgorithm:
     """FedAvg with data-size weights; ``server_optimizer`` defaults to sgd(1.0)."""
     return compose(
         client_training(model, client_lr=client_lr, client_optimizer=client_optimizer,
                         batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                        track_loss=track_loss),
+                        track_loss=track_loss, unroll=unroll),
         mixing=mixing or by_num_examples(), server_optimizer=server_optimizer,
         execution=execution, chunk_size=chunk_size,
         improvement_model=model if track_improvement else None)
