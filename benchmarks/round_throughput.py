@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import platform
-import statistics
 import time
 
 import jax
@@ -48,14 +47,15 @@ UNROLL = None  # the library's policy; --unroll overrides
 
 
 def timeit(fn, reps: int) -> float:
-    """Median wall seconds of ``fn()`` over ``reps`` calls after one warm-up."""
+    """Fastest wall seconds of ``fn()`` over ``reps`` calls after one warm-up (the minimum
+    is the least disturbed by other load on a shared machine)."""
     jax.block_until_ready(fn())
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times)
 
 
 def machine_rates(reps: int = 3) -> dict:

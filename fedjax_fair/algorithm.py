@@ -107,7 +107,7 @@ def compose(client_update: ClientUpdate, *,
             "num_steps": outputs.num_steps,
             "train_loss": jnp.sum(jnp.where(mask, outputs.num_examples * outputs.loss_before, 0.0))
             / jnp.maximum(jnp.sum(jnp.where(mask, outputs.num_examples, 0)), 1),
-            "update_norm": optax.global_norm(direction),
+            "update_norm": _global_norm(direction),
         }
         if improvement_model is not None:
             loss_after = map_clients(lambda p, d: data_loss(improvement_model, p, d),
@@ -121,3 +121,7 @@ def compose(client_update: ClientUpdate, *,
         return new_state, metrics
 
     return FederatedAlgorithm(init, apply)
+
+
+def _global_norm(tree):
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))

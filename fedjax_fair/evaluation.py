@@ -6,6 +6,7 @@ inside a chunk, ``lax.map`` across chunks) so memory stays bounded for large N.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -16,8 +17,11 @@ from fedjax_fair.models.base import Model
 from fedjax_fair.types import ClientData
 
 
+@functools.lru_cache(maxsize=32)
 def make_evaluator(model: Model, chunk_size: int = 64) -> Callable:
     """A jitted ``(params, split: ClientData [N, ...]) -> {metric: [N]}``.
+
+    Cached per (model, chunk_size), so repeated runs of one model share compilations.
 
     Values are masked means per client ("loss", "accuracy", ...), plus
     "num_examples". A client with no rows in the split gets 0 for every metric; use

@@ -123,6 +123,12 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     evaluate = make_evaluator(model)
     compiled: dict = {}
     compile_s = run_s = 0.0
+    if resume:
+        compile_s, run_s = meta.get("compile_seconds", 0.0), meta.get("run_seconds", 0.0)
+
+    def save(state):
+        ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
+                                          "compile_seconds": compile_s, "run_seconds": run_s})
     start_round = int(state.round)
     bar = _progress(progress, num_rounds, start_round, description)
 
@@ -141,7 +147,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         if on_eval:
             on_eval(history[-1])
         if checkpoint_dir:
-            ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log})
+            save(state)
 
     per_client = None
     while int(state.round) < num_rounds:
@@ -174,7 +180,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         if on_eval:
             on_eval(entry)
         if checkpoint_dir:
-            ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log})
+            save(state)
         bar.update(length)
         bar.set_postfix(acc=f"{summary['mean']:.3f}", worst10=f"{summary['worst_10%']:.3f}")
     bar.close()

@@ -25,7 +25,7 @@ from fedjax_fair.mixing import by_num_examples
 def client_training(model, *, client_lr: float = 0.1, client_optimizer=None,
                     batch_size: int = 20, num_epochs: int = 1,
                     max_steps: Optional[int] = None, regularizer=None, track_loss: bool = True,
-                    unroll=None):
+                    unroll: Optional[int] = None):
     """Local SGD shared by FedAvg-style methods (optax optimizer, masked steps).
 
     ``unroll``: local-step scan unroll; None applies execution.local_step_unroll."""
@@ -39,7 +39,7 @@ def fedavg(model, *, client_lr: float = 0.1, client_optimizer=None, batch_size: 
            num_epochs: int = 1, max_steps: Optional[int] = None,
            server_optimizer=None, mixing=None, execution: str = "auto",
            chunk_size: Optional[int] = None, track_improvement: bool = False,
-           track_loss: bool = True, unroll=None) -> FederatedAlgorithm:
+           track_loss: bool = True, unroll: Optional[int] = None) -> FederatedAlgorithm:
     """FedAvg with data-size weights; ``server_optimizer`` defaults to sgd(1.0)."""
     return compose(
         client_training(model, client_lr=client_lr, client_optimizer=client_optimizer,

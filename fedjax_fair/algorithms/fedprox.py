@@ -24,7 +24,7 @@ def fedprox(model, *, mu: float = 0.01, client_lr: float = 0.1, client_optimizer
             batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
             server_optimizer=None, mixing=None, execution: str = "auto",
             chunk_size: Optional[int] = None, track_improvement: bool = False,
-            track_loss: bool = True, unroll=None) -> FederatedAlgorithm:
+            track_loss: bool = True, unroll: Optional[int] = None) -> FederatedAlgorithm:
     return compose(
         client_training(model, client_lr=client_lr, client_optimizer=client_optimizer,
                         batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
