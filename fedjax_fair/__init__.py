@@ -7,16 +7,17 @@ The pieces, bottom up (DESIGN.md, docs/architecture.md):
 * ``mixing`` / ``aggregators``: client weights and how deltas are combined.
 * ``compose``: wires a client update, mixing rule, aggregator and optax server
   optimizer into a ``FederatedAlgorithm(init, apply)``.
-* ``simulate`` (one ``lax.scan`` over rounds) and ``run`` (chunks, evaluation,
-  checkpoints, progress).
+* ``simulate.simulate`` (one ``lax.scan`` over rounds) and ``run`` (chunks,
+  evaluation, checkpoints, progress).
 * ``algorithms``, ``models``, ``data``, ``metrics``: methods, networks, federations
   and fairness summaries.
 """
-from fedjax_fair import aggregators, algorithms, client, data, metrics, mixing, models, sampling
+from fedjax_fair import (aggregators, algorithms, client, data, metrics, mixing, models, sampling,
+                         simulate)
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState, compose
 from fedjax_fair.client import local_training, proximal_term
 from fedjax_fair.evaluation import make_evaluator
-from fedjax_fair.simulate import NonFiniteError, RunResult, make_cohort, run, simulate
+from fedjax_fair.simulate import NonFiniteError, RunResult, make_cohort, run
 from fedjax_fair.types import ClientData, ClientOutput, Cohort, FederatedData
 
 __version__ = "0.1.0"
