@@ -183,13 +183,22 @@ def config_from_args(args: argparse.Namespace, cls):
 def build_dataset(cfg):
     from fedjax_fair.data import get_dataset
     try:
-        return get_dataset(cfg.dataset, **cfg.dataset_args)
+        ds = get_dataset(cfg.dataset, **cfg.dataset_args)
     except (ValueError, TypeError) as e:
         err = C.error_from_message(str(e), "dataset_args")
         if err.field in cfg.dataset_args or err.field in C.dataset_params(
                 C.dataset_registry()[cfg.dataset]):
             err = C.ConfigError(f"dataset_args.{err.field}", str(e).split(": ", 1)[-1])
         raise err from None
+    pad = ds.info.get("padding", {})
+    for split in ("train", "test"):
+        if split in pad:
+            p = pad[split]
+            print(f"data: {ds.name} {split}: {p['num_clients']} clients x {p['padded_size']} rows "
+                  f"({p['min_examples']}-{p['max_examples']} real, median {p['median_examples']:g}), "
+                  f"{100 * p['padding_fraction']:.0f}% padding, {p['bytes'] / 2**20:.1f} MiB",
+                  file=sys.stderr)
+    return ds
 
 
 def build_model(cfg, ds):
