@@ -1,0 +1,198 @@
+"""Tiny federations and small utilities shared by the engine, algorithm and model tests.
+
+Everything is built with NumPy and packed straight into ``ClientData`` /
+``FederatedData`` (real rows first, zero padding after), so these tests do not
+depend on ``fedjax_fair.data``.
+
+The default federation has 6 clients, 10 features and 3 classes, with unequal
+client sizes including one empty client (client 2). Labels come from a linear
+teacher, so the problem is linearly separable.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_fair.models import logistic_regression
+from fedjax_fair.types import ClientData, Cohort, FederatedData
+
+NUM_FEATURES = 10
+NUM_CLASSES = 3
+TRAIN_SIZES = (7, 12, 0, 3, 9, 5)
+TEST_SIZES = (4, 5, 0, 2, 6, 3)
+EMPTY_CLIENT = 2
+
+
+def client_arrays(sizes: Sequence[int], seed: int = 0, num_features: int = NUM_FEATURES,
+                  num_classes: int = NUM_CLASSES, teacher_seed: int = 1234):
+    """Per-client (x float32 [n, d], y int32 [n]) labelled by a fixed linear teacher.
+
+    Clients get different feature shifts (feature heterogeneity); the teacher is the
+    same for every seed, so train and test splits agree on the labelling rule.
+    """
+    rng = np.random.default_rng(seed)
+    teacher = np.random.default_rng(teacher_seed).normal(size=(num_features, num_classes))
+    out = []
+    for k, n in enumerate(sizes):
+        shift = 0.5 * np.random.default_rng(teacher_seed + 1 + k).normal(size=num_features)
+        x = (rng.normal(size=(n, num_features)) + shift).astype(np.float32)
+        y = np.argmax(x @ teacher, axis=-1).astype(np.int32)
+        out.append((x, y))
+    return out
+
+
+def pack(arrays, padded_size: Optional[int] = None) -> ClientData:
+    """Stacks per-client (x, y) into ClientData [N, M, ...] with zero padding rows."""
+    sizes = [len(y) for _, y in arrays]
+    m = max(sizes) if padded_size is None else padded_size
+    assert m >= max(sizes) and m > 0
+    d = arrays[0][0].shape[1:]
+    xs = np.zeros((len(arrays), m, *d), np.float32)
+    ys = np.zeros((len(arrays), m), np.int32)
+    mask = np.zeros((len(arrays), m), bool)
+    for k, (x, y) in enumerate(arrays):
+        xs[k, :len(y)] = x
+        ys[k, :len(y)] = y
+        mask[k, :len(y)] = True
+    return ClientData(examples={"x": jnp.asarray(xs), "y": jnp.asarray(ys)},
+                      mask=jnp.asarray(mask),
+                      num_examples=jnp.asarray(np.asarray(sizes, np.int32)))
+
+
+def tiny_federation(train_sizes: Sequence[int] = TRAIN_SIZES,
+                    test_sizes: Sequence[int] = TEST_SIZES, *, seed: int = 0,
+                    padded_size: Optional[int] = None,
+                    test_padded_size: Optional[int] = None) -> FederatedData:
+    """The default 6-client federation (client 2 empty); ``seed`` changes the values
+    but never the shapes."""
+    train = client_arrays(train_sizes, seed=seed)
+    test = client_arrays(test_sizes, seed=seed + 10_000)
+    return FederatedData(train=pack(train, padded_size), test=pack(test, test_padded_size))
+
+
+def repad(data: ClientData, padded_size: int) -> ClientData:
+    """The same clients with extra zero padding rows (a larger M)."""
+    m = data.mask.shape[1]
+    assert padded_size >= m
+    pad = padded_size - m
+
+    def grow(v):
+        return jnp.pad(v, [(0, 0), (0, pad)] + [(0, 0)] * (v.ndim - 2))
+
+    return ClientData(examples={k: grow(v) for k, v in data.examples.items()},
+                      mask=grow(data.mask), num_examples=data.num_examples)
+
+
+def client(data: ClientData, k: int) -> ClientData:
+    """Client k's row of a stacked ClientData."""
+    return jax.tree.map(lambda v: v[k], data)
+
+
+def real_rows(data: ClientData, ids: Sequence[int]):
+    """The union of the real rows of clients ``ids``: (x [n, d], y [n]) NumPy arrays."""
+    xs, ys = [], []
+    for k in ids:
+        n = int(data.num_examples[k])
+        xs.append(np.asarray(data.examples["x"][k, :n]))
+        ys.append(np.asarray(data.examples["y"][k, :n]))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def cohort(data: ClientData, ids, budgets=None, mask=None) -> Cohort:
+    """A Cohort of clients ``ids`` gathered from a stacked train split."""
+    ids = jnp.asarray(ids, jnp.int32)
+    k = ids.shape[0]
+    budgets = (jnp.full((k,), 2 ** 30, jnp.int32) if budgets is None
+               else jnp.asarray(budgets, jnp.int32))
+    mask = jnp.ones((k,), bool) if mask is None else jnp.asarray(mask, bool)
+    return Cohort(client_ids=ids, data=jax.tree.map(lambda v: v[ids], data),
+                  client_mask=mask, local_steps=budgets)
+
+
+def logreg():
+    return logistic_regression((NUM_FEATURES,), NUM_CLASSES)
+
+
+def init_params(model, seed: int = 0):
+    """Random parameters of ``model`` drawn with NumPy (float32, LeCun-normal-like
+    kernels, small biases). The shapes come from ``jax.eval_shape(model.init)``, so
+    nothing is compiled: XLA:CPU takes seconds to compile a jitted flax init."""
+    return random_like(jax.eval_shape(model.init, jax.random.key(0)), seed)
+
+
+def random_like(shapes, seed: int = 0):
+    """A pytree of NumPy-random float32 arrays with the shapes of ``shapes``."""
+    rng = np.random.default_rng(seed)
+
+    def draw(s):
+        if len(s.shape) >= 2:
+            scale = 1.0 / np.sqrt(np.prod(s.shape[:-1]))
+        else:
+            scale = 0.1
+        return jnp.asarray(rng.normal(size=s.shape) * scale, s.dtype)
+
+    return jax.tree.map(draw, shapes)
+
+
+def tree_norm(tree) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
+                             for x in jax.tree.leaves(tree))))
+
+
+def tree_sub(a, b):
+    return jax.tree.map(lambda x, y: x - y, a, b)
+
+
+def assert_trees_close(actual, expected, rtol: float = 1e-5, atol: float = 1e-6):
+    """Leaf-wise np.testing.assert_allclose with matching tree structures."""
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol)
+
+
+def tree_all_finite(tree) -> bool:
+    return all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(tree))
+
+
+# --------------------------------------------------------------------------------------
+# NumPy float64 reference for the logistic-regression model (logits = x W + b).
+
+
+def logreg_to_numpy(params):
+    """Flax logreg params -> (W [d, C], b [C]) float64."""
+    p = params["params"]["Dense_0"]
+    return np.asarray(p["kernel"], np.float64), np.asarray(p["bias"], np.float64)
+
+
+def logreg_from_numpy(w, b, like):
+    """(W, b) -> flax params with the dtypes of ``like``."""
+    p = like["params"]["Dense_0"]
+    return {"params": {"Dense_0": {"kernel": np.asarray(w, p["kernel"].dtype),
+                                   "bias": np.asarray(b, p["bias"].dtype)}}}
+
+
+def logreg_grad_numpy(w, b, x, y):
+    """Gradient of the mean softmax cross-entropy over rows (x, y); 0 if no rows."""
+    x = np.asarray(x, np.float64)
+    if len(y) == 0:
+        return np.zeros_like(w), np.zeros_like(b)
+    logits = x @ w + b
+    logits -= logits.max(-1, keepdims=True)
+    probs = np.exp(logits)
+    probs /= probs.sum(-1, keepdims=True)
+    probs[np.arange(len(y)), y] -= 1.0
+    return x.T @ probs / len(y), probs.mean(0)
+
+
+def logreg_gd_numpy(params, x, y, lr, steps, mu=0.0):
+    """``steps`` steps of full-batch gradient descent on the mean cross-entropy plus
+    (mu / 2) ||w - w0||^2, from ``params``; returns (W, b) float64."""
+    w0, b0 = logreg_to_numpy(params)
+    w, b = w0.copy(), b0.copy()
+    for _ in range(steps):
+        gw, gb = logreg_grad_numpy(w, b, x, y)
+        w, b = w - lr * (gw + mu * (w - w0)), b - lr * (gb + mu * (b - b0))
+    return w, b

@@ -1,0 +1,348 @@
+"""Algorithm tests: FedAvg, FedProx, the FedOpt family and compose, against NumPy
+float64 references and literal paper formulas (DESIGN.md §5, §9).
+
+Most rounds use full-batch clients (B = 12 >= every client's size), so each local
+step is one gradient-descent step on the client's whole objective and the
+reference needs no knowledge of the shuffling. The federation is
+helpers.tiny_federation() (client 2 is empty).
+"""
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import helpers
+from fedjax_fair import mixing as mixing_lib
+from fedjax_fair.aggregators import Aggregator, weighted_sum
+from fedjax_fair.algorithm import compose
+from fedjax_fair.algorithms import (fedadagrad, fedadam, fedavg, fedavgm, fedprox,
+                                    fedyogi)
+from fedjax_fair.client import local_training
+from fedjax_fair.mixing import MixingRule
+from fedjax_fair.types import ClientOutput
+
+MODEL = helpers.logreg()
+PARAMS = helpers.init_params(MODEL, 1)
+DATA = helpers.tiny_federation()
+TRAIN = DATA.train
+N = DATA.num_clients
+SIZES = np.asarray(helpers.TRAIN_SIZES)
+LR = 0.3
+FULL_BATCH = 12  # >= every client's size: one step per epoch over all real rows
+EPOCHS = 3
+MU = 0.5
+IDS = (4, 0, 2, 5, 1, 3)  # the whole federation, scrambled
+KEY = jax.random.key(3)
+
+
+def _kwargs(**extra):
+    # Sequential execution compiles faster than vmap; test_engine ties them together.
+    kw = dict(client_lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS, execution="sequential")
+    kw.update(extra)
+    return kw
+
+
+@functools.cache
+def _jitted(name: str):
+    """(algorithm, jitted apply) of the configurations shared by several tests."""
+    factories = {
+        "fedavg": lambda: fedavg(MODEL, **_kwargs()),
+        "fedprox0": lambda: fedprox(MODEL, mu=0.0, **_kwargs()),
+        "fedprox": lambda: fedprox(MODEL, mu=MU, **_kwargs()),
+    }
+    alg = factories[name]()
+    return alg, jax.jit(alg.apply)
+
+
+def _round(name, ids=IDS, budgets=None, params=PARAMS, key=KEY):
+    alg, apply = _jitted(name)
+    return apply(alg.init(params, N), helpers.cohort(TRAIN, ids, budgets), key)
+
+
+def _numpy_fedavg(ids, steps, mu=0.0, params=PARAMS):
+    """theta - sum_k (n_k / n) Delta_k with every client's full-batch GD in NumPy."""
+    w0, b0 = helpers.logreg_to_numpy(params)
+    n = SIZES[list(ids)].astype(np.float64)
+    w_new, b_new = np.zeros_like(w0), np.zeros_like(b0)
+    for k, nk in zip(ids, n):
+        x, y = helpers.real_rows(TRAIN, [k])
+        w, b = helpers.logreg_gd_numpy(params, x, y, LR, min(steps, EPOCHS) if nk else 0, mu)
+        w_new += nk / n.sum() * w
+        b_new += nk / n.sum() * b
+    return w_new, b_new
+
+
+def _assert_logreg_close(params, wb, rtol=1e-5, atol=1e-6):
+    w, b = helpers.logreg_to_numpy(params)
+    np.testing.assert_allclose(w, wb[0], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(b, wb[1], rtol=rtol, atol=atol)
+
+
+# --------------------------------------------------------------------------------------
+# FedAvg.
+
+
+@pytest.mark.parametrize("ids", [IDS, (0, 1, 2, 4), (5, 3)])
+def test_fedavg_one_local_step_equals_large_batch_sgd(ids):
+    """One full-batch local step per client, data-size weights: the weighted mean of
+    per-client mean gradients is the mean gradient over the union of the cohort's
+    data, so the round is one SGD step on that union (McMahan et al. 2017, §2)."""
+    k = len(ids)
+    ids6 = tuple(ids) + (ids[0],) * (N - k)  # pad to the shared cohort shape
+    mask = [True] * k + [False] * (N - k)
+    alg, apply = _jitted("fedavg")
+    state, metrics = apply(alg.init(PARAMS, N),
+                           helpers.cohort(TRAIN, ids6, budgets=[1] * N, mask=mask), KEY)
+    x, y = helpers.real_rows(TRAIN, ids)
+    w0, b0 = helpers.logreg_to_numpy(PARAMS)
+    gw, gb = helpers.logreg_grad_numpy(w0, b0, x, y)
+    _assert_logreg_close(state.params, (w0 - LR * gw, b0 - LR * gb), rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(np.asarray(metrics["weights"])[k:], 0.0)
+
+
+def test_fedavg_multi_step_round_equals_numpy_reference():
+    state, metrics = _round("fedavg")
+    _assert_logreg_close(state.params, _numpy_fedavg(IDS, EPOCHS))
+    np.testing.assert_array_equal(metrics["num_steps"],
+                                  [EPOCHS if SIZES[k] else 0 for k in IDS])
+    np.testing.assert_allclose(metrics["weights"], SIZES[list(IDS)] / SIZES.sum(), rtol=1e-6)
+
+
+def test_fedavg_converges_on_a_separable_problem():
+    alg, apply = _jitted("fedavg")
+    state = alg.init(PARAMS, N)
+    cohort = helpers.cohort(TRAIN, IDS)
+    losses = []
+    for r in range(40):
+        state, metrics = apply(state, cohort, jax.random.key(r))
+        losses.append(float(metrics["train_loss"]))
+    x, y = helpers.real_rows(TRAIN, range(N))
+    w, b = helpers.logreg_to_numpy(state.params)
+    accuracy = np.mean(np.argmax(x @ w + b, -1) == y)
+    assert accuracy > 0.9, accuracy
+    assert losses[-1] < 0.5 * losses[0]
+    assert helpers.tree_all_finite(state.params)
+
+
+# --------------------------------------------------------------------------------------
+# FedProx.
+
+
+def test_fedprox_with_mu_zero_equals_fedavg():
+    avg, avg_metrics = _round("fedavg")
+    prox, prox_metrics = _round("fedprox0")
+    helpers.assert_trees_close(prox.params, avg.params, rtol=1e-6, atol=1e-7)
+    for name in ("weights", "loss_before", "num_steps", "train_loss"):
+        np.testing.assert_allclose(prox_metrics[name], avg_metrics[name], rtol=1e-6)
+
+
+def test_fedprox_round_equals_numpy_proximal_gradient_descent():
+    """w_{t+1} = w_t - lr (grad F_k(w_t) + mu (w_t - w^0)) for every step t (eq. 2)."""
+    state, _ = _round("fedprox")
+    _assert_logreg_close(state.params, _numpy_fedavg(IDS, EPOCHS, mu=MU))
+
+
+@pytest.mark.parametrize("cid", [0, 1, 3])
+def test_fedprox_local_steps_by_hand(cid):
+    """One client, rounds on a cohort of that client only: step 1 equals FedAvg's
+    (the proximal gradient mu (w0 - w0) vanishes); step 2 adds mu (w1 - w0)."""
+    ids = (cid,) * N
+    x, y = helpers.real_rows(TRAIN, [cid])
+    w0, b0 = helpers.logreg_to_numpy(PARAMS)
+    gw0, gb0 = helpers.logreg_grad_numpy(w0, b0, x, y)
+    w1, b1 = w0 - LR * gw0, b0 - LR * gb0
+
+    prox1, _ = _round("fedprox", ids, budgets=[1] * N)
+    avg1, _ = _round("fedavg", ids, budgets=[1] * N)
+    helpers.assert_trees_close(prox1.params, avg1.params, rtol=1e-6, atol=1e-7)
+    _assert_logreg_close(prox1.params, (w1, b1))
+
+    gw1, gb1 = helpers.logreg_grad_numpy(w1, b1, x, y)
+    w2 = w1 - LR * (gw1 + MU * (w1 - w0))
+    b2 = b1 - LR * (gb1 + MU * (b1 - b0))
+    prox2, _ = _round("fedprox", ids, budgets=[2] * N)
+    _assert_logreg_close(prox2.params, (w2, b2))
+
+
+@pytest.mark.parametrize("cid", [0, 1, 3, 4, 5])
+def test_fedprox_moves_the_local_model_less_than_fedavg(cid):
+    ids = (cid,) * N
+    avg, _ = _round("fedavg", ids)
+    prox, _ = _round("fedprox", ids)
+    move_avg = helpers.tree_norm(helpers.tree_sub(PARAMS, avg.params))
+    move_prox = helpers.tree_norm(helpers.tree_sub(PARAMS, prox.params))
+    assert 0.0 < move_prox < move_avg
+
+
+# --------------------------------------------------------------------------------------
+# Server optimizers (Reddi et al. 2021, Algorithm 2; Hsu et al. 2019).
+
+SERVER_LR = 0.05
+TAU = 1e-3
+B1, B2 = 0.9, 0.99
+
+FEDOPT = {
+    "fedavgm": (lambda: fedavgm(MODEL, server_lr=SERVER_LR, momentum=0.8,
+                                **_kwargs()),
+                lambda: optax.sgd(SERVER_LR, momentum=0.8)),
+    "fedadam": (lambda: fedadam(MODEL, server_lr=SERVER_LR, b1=B1, b2=B2, tau=TAU,
+                                **_kwargs()),
+                lambda: optax.adam(SERVER_LR, b1=B1, b2=B2, eps=TAU)),
+    "fedyogi": (lambda: fedyogi(MODEL, server_lr=SERVER_LR, b1=B1, b2=B2, tau=TAU,
+                                **_kwargs()),
+                lambda: optax.yogi(SERVER_LR, b1=B1, b2=B2, eps=TAU)),
+    "fedadagrad": (lambda: fedadagrad(MODEL, server_lr=SERVER_LR, tau=TAU,
+                                      **_kwargs()),
+                   lambda: optax.adagrad(SERVER_LR, initial_accumulator_value=0.0, eps=TAU)),
+}
+ROUND_KEYS = (jax.random.key(10), jax.random.key(11), jax.random.key(12))
+ROUND_IDS = ((0, 1, 3, 4, 5, 2), (5, 4, 3, 1, 0, 2), (1, 0, 5, 3, 4, 2))
+
+
+@functools.cache
+def _fedopt_rounds(name):
+    """Three rounds of a FedOpt method: [state_0, state_1, state_2, state_3]."""
+    alg = FEDOPT[name][0]()
+    apply = jax.jit(alg.apply)
+    states = [alg.init(PARAMS, N)]
+    for ids, key in zip(ROUND_IDS, ROUND_KEYS):
+        states.append(apply(states[-1], helpers.cohort(TRAIN, ids), key)[0])
+    return states
+
+
+def _averaged_delta(params, ids, key):
+    """FedAvg's aggregated pseudo-gradient Delta = theta - FedAvg(theta) at ``params``."""
+    new, _ = _round("fedavg", ids, params=params, key=key)
+    return jax.tree.map(lambda p, q: np.asarray(p, np.float64) - np.asarray(q, np.float64),
+                        params, new.params)
+
+
+@pytest.mark.parametrize("name", sorted(FEDOPT))
+def test_server_optimizer_equals_optax_on_the_averaged_delta(name):
+    states = _fedopt_rounds(name)
+    opt = FEDOPT[name][1]()
+    params, opt_state = PARAMS, opt.init(PARAMS)
+    for r, (ids, key) in enumerate(zip(ROUND_IDS, ROUND_KEYS)):
+        delta = jax.tree.map(lambda d: jnp.asarray(d, jnp.float32),
+                             _averaged_delta(params, ids, key))
+        updates, opt_state = opt.update(delta, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        helpers.assert_trees_close(states[r + 1].params, params, rtol=1e-5, atol=2e-6)
+    helpers.assert_trees_close(states[-1].opt_state, opt_state, rtol=1e-4, atol=1e-6)
+    assert int(states[-1].round) == 3
+
+
+def _literal_server_steps(name):
+    """NumPy server steps of the paper's formulas on the same averaged deltas."""
+    x = jax.tree.map(lambda p: np.asarray(p, np.float64), PARAMS)
+    m = jax.tree.map(np.zeros_like, x)
+    v = jax.tree.map(np.zeros_like, x)
+    out = []
+    for t, (ids, key) in enumerate(zip(ROUND_IDS, ROUND_KEYS), start=1):
+        delta = _averaged_delta(jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x),
+                                ids, key)
+        if name == "fedavgm":  # v = beta v + Delta; x <- x - eta v
+            m = jax.tree.map(lambda m_, d: 0.8 * m_ + d, m, delta)
+            x = jax.tree.map(lambda x_, m_: x_ - SERVER_LR * m_, x, m)
+        elif name == "fedadam":  # Adam with bias correction (fedopt.py's stated choice)
+            m = jax.tree.map(lambda m_, d: B1 * m_ + (1 - B1) * d, m, delta)
+            v = jax.tree.map(lambda v_, d: B2 * v_ + (1 - B2) * d * d, v, delta)
+            x = jax.tree.map(lambda x_, m_, v_: x_ - SERVER_LR * (m_ / (1 - B1 ** t)) / (
+                np.sqrt(v_ / (1 - B2 ** t)) + TAU), x, m, v)
+        elif name == "fedadagrad":  # v = v + Delta^2; x <- x - eta Delta / (sqrt(v) + tau)
+            v = jax.tree.map(lambda v_, d: v_ + d * d, v, delta)
+            x = jax.tree.map(lambda x_, d, v_: x_ - SERVER_LR * d / (np.sqrt(v_) + TAU),
+                             x, delta, v)
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fedadam", "fedadagrad"])
+def test_server_optimizer_matches_the_paper_formula(name):
+    """FedAvgM: Hsu et al. 2019; FedAdam / FedAdagrad: Reddi et al. 2021, Alg. 2,
+    where tau is added to sqrt(v) (the "adaptivity"), as fedopt.py's docstring states."""
+    states = _fedopt_rounds(name)
+    for r, expected in enumerate(_literal_server_steps(name)):
+        helpers.assert_trees_close(states[r + 1].params, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_fedavgm_without_momentum_and_unit_rate_equals_fedavg():
+    alg = fedavgm(MODEL, server_lr=1.0, momentum=0.0, **_kwargs())
+    state, _ = jax.jit(alg.apply)(alg.init(PARAMS, N), helpers.cohort(TRAIN, IDS), KEY)
+    ref, _ = _round("fedavg")
+    helpers.assert_trees_close(state.params, ref.params, rtol=1e-6, atol=1e-7)
+
+
+# --------------------------------------------------------------------------------------
+# compose with custom pieces.
+
+
+def test_uniform_mixing_weights():
+    rule = mixing_lib.uniform()
+    out = ClientOutput(delta=(), loss_before=jnp.array([3.0, 1.0, 2.0, 5.0]),
+                       num_examples=jnp.array([1, 2, 3, 4]), num_steps=jnp.zeros(4, jnp.int32))
+    w, _ = rule.update(rule.init(7), out, jnp.arange(4), jnp.ones(4, bool))
+    np.testing.assert_allclose(w, np.full(4, 0.25))
+    w, _ = rule.update(rule.init(7), out, jnp.arange(4), jnp.array([True, False, True, True]))
+    np.testing.assert_allclose(w, [1 / 3, 0.0, 1 / 3, 1 / 3], rtol=1e-6)
+    w, _ = mixing_lib.by_num_examples().update((), out, jnp.arange(4), jnp.ones(4, bool))
+    np.testing.assert_allclose(w, np.array([1, 2, 3, 4]) / 10, rtol=1e-6)
+
+
+def test_compose_with_custom_pieces():
+    """Custom client update (with a per-client state table and extras), a stateful
+    mixing rule over all N clients (uniform weights), a stateful aggregator and an
+    optax server optimizer, wired by compose; checked against NumPy."""
+    base = local_training(MODEL, optax.sgd(LR), batch_size=FULL_BATCH, num_epochs=1)
+
+    def client_update(server_params, client_state, data, local_steps, key):
+        out, _ = base(server_params, (), data, local_steps, key)
+        out = out._replace(extra={"n_twice": 2 * out.num_examples})
+        return out, client_state + 1  # times this client has trained
+
+    def mixing_init(num_clients):
+        return jnp.zeros((num_clients,), jnp.float32)  # participation counts
+
+    def mixing_update(state, outputs, client_ids, client_mask):
+        weights, _ = mixing_lib.uniform().update((), outputs, client_ids, client_mask)
+        state = state.at[jnp.where(client_mask, client_ids, state.shape[0])].add(
+            1.0, mode="drop")
+        return weights, state
+
+    def agg_init(params):
+        return jnp.zeros((), jnp.int32)
+
+    def agg_aggregate(state, deltas, weights, outputs):
+        chex.assert_equal(outputs.extra["n_twice"].shape, weights.shape)
+        return weighted_sum(deltas, weights), state + 1
+
+    server_lr = 0.5
+    alg = compose(client_update, mixing=MixingRule(mixing_init, mixing_update),
+                  aggregator=Aggregator(agg_init, agg_aggregate),
+                  server_optimizer=optax.sgd(server_lr),
+                  client_state_init=lambda params: jnp.zeros((), jnp.int32),
+                  execution="sequential")
+    ids = [4, 0, 1, 0]  # slot 3 repeats client 0 but is masked out
+    mask = [True, True, True, False]
+    state, metrics = jax.jit(alg.apply)(alg.init(PARAMS, N),
+                                        helpers.cohort(TRAIN, ids, mask=mask), KEY)
+
+    np.testing.assert_allclose(metrics["weights"], [1 / 3, 1 / 3, 1 / 3, 0.0], rtol=1e-6)
+    np.testing.assert_array_equal(state.client_states, [1, 1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(state.mixing_state, [1, 1, 0, 0, 1, 0])
+    assert int(state.aggregator_state) == 1 and int(state.round) == 1
+
+    w0, b0 = helpers.logreg_to_numpy(PARAMS)
+    dw, db = np.zeros_like(w0), np.zeros_like(b0)
+    for k in (4, 0, 1):
+        x, y = helpers.real_rows(TRAIN, [k])
+        gw, gb = helpers.logreg_grad_numpy(w0, b0, x, y)
+        dw += LR * gw / 3
+        db += LR * gb / 3
+    _assert_logreg_close(state.params, (w0 - server_lr * dw, b0 - server_lr * db))

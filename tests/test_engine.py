@@ -1,0 +1,672 @@
+"""Engine tests: local training, execution strategies, rounds, the driver, tables,
+samplers, checkpoints (DESIGN.md §3-§6, §9).
+
+The federation is helpers.tiny_federation(): 6 clients, 10 features, 3 classes,
+train sizes (7, 12, 0, 3, 9, 5) padded to M = 12, client 2 empty.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import helpers
+from fedjax_fair import checkpoint as ckpt
+from fedjax_fair import client_states as tables
+from fedjax_fair import execution, sampling
+from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.algorithms import ALGORITHMS, fedavg
+from fedjax_fair.client import (batch_at, local_training, masked_mean, max_local_steps,
+                                steps_per_epoch)
+from fedjax_fair.simulate import NonFiniteError, make_cohort, run, simulate
+from fedjax_fair.types import ClientData
+
+MODEL = helpers.logreg()
+PARAMS = helpers.init_params(MODEL, 0)
+DATA = helpers.tiny_federation()
+TRAIN = DATA.train
+N = DATA.num_clients
+SIZES = np.asarray(helpers.TRAIN_SIZES)
+LR, B, E = 0.5, 4, 2
+UNLIMITED = 2 ** 30
+KEY = jax.random.key(42)
+# A scrambled full cohort, so slot order != client id order.
+IDS = (3, 0, 5, 2, 1, 4)
+
+
+def _steps(n, b=B, e=E):
+    return e * math.ceil(n / b)
+
+
+def _fedavg(**kwargs):
+    kw = dict(client_lr=LR, batch_size=B, num_epochs=E, execution="vmap")
+    kw.update(kwargs)
+    return fedavg(MODEL, **kw)
+
+
+def _one_round(alg, cohort, key=KEY, params=PARAMS):
+    return jax.jit(alg.apply)(alg.init(params, N), cohort, key)
+
+
+# XLA:CPU compiles dominate the run time of this file, so the jitted functions that
+# several tests can share (same shapes, new values) are built once.
+
+
+@functools.cache
+def _vmap_apply():
+    """The jitted vmapped FedAvg round, shared by every test using 6-client cohorts of
+    the M = 12 federation: new values, same shapes, so it must trace exactly once."""
+    alg = _fedavg()
+    return alg, jax.jit(chex.assert_max_traces(alg.apply, n=1))
+
+
+def _vmap_apply_on(cohort, key=KEY):
+    alg, apply = _vmap_apply()
+    return apply(alg.init(PARAMS, N), cohort, key)
+
+
+@functools.cache
+def _vmap_round():
+    """FedAvg round over the scrambled full cohort, vmapped."""
+    return _vmap_apply_on(helpers.cohort(TRAIN, IDS))
+
+
+@functools.cache
+def _single_client(**kwargs):
+    kw = dict(batch_size=B, num_epochs=E)
+    kw.update(kwargs)
+    return jax.jit(local_training(MODEL, optax.sgd(LR), **kw))
+
+
+# --------------------------------------------------------------------------------------
+# Execution strategies: vmap == Python loop == chunked == sequential.
+
+
+def test_vmap_round_equals_python_loop_over_single_client_updates():
+    state, metrics = _vmap_round()
+    client_update = _single_client()
+    deltas, losses, steps = [], [], []
+    for cid in IDS:
+        out, cs = client_update(PARAMS, (), helpers.client(TRAIN, cid), jnp.int32(UNLIMITED),
+                                jax.random.fold_in(KEY, cid))
+        assert cs == ()
+        deltas.append(out.delta)
+        losses.append(float(out.loss_before))
+        steps.append(int(out.num_steps))
+    n = SIZES[list(IDS)].astype(np.float64)
+    p = n / n.sum()
+    expected = jax.tree.map(
+        lambda w, *d: np.asarray(w, np.float64) - sum(pk * np.asarray(dk, np.float64)
+                                                      for pk, dk in zip(p, d)),
+        PARAMS, *deltas)
+    helpers.assert_trees_close(state.params, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(metrics["weights"], p, rtol=1e-6)
+    np.testing.assert_allclose(metrics["loss_before"], losses, rtol=1e-6)
+    np.testing.assert_array_equal(metrics["num_steps"], steps)
+    np.testing.assert_array_equal(metrics["num_steps"], [_steps(SIZES[c]) for c in IDS])
+    np.testing.assert_array_equal(metrics["client_ids"], IDS)
+    assert int(state.round) == 1
+
+
+@functools.cache
+def _strategy_round(strategy, chunk_size=None):
+    return _one_round(_fedavg(execution=strategy, chunk_size=chunk_size),
+                      helpers.cohort(TRAIN, IDS))
+
+
+@pytest.mark.parametrize("strategy,chunk_size", [
+    ("chunked", 2),  # divides K = 6
+    ("chunked", 4),  # does not divide K = 6
+    ("sequential", None),
+])
+def test_strategies_equal_vmap(strategy, chunk_size):
+    ref_state, ref_metrics = _vmap_round()
+    state, metrics = _strategy_round(strategy, chunk_size)
+    helpers.assert_trees_close(state.params, ref_state.params, rtol=1e-5, atol=1e-6)
+    for name in ("weights", "loss_before", "train_loss", "update_norm"):
+        np.testing.assert_allclose(metrics[name], ref_metrics[name], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(metrics["num_steps"], ref_metrics["num_steps"])
+
+
+def test_map_clients_chunked_matches_vmap_on_a_plain_function():
+    fn = lambda shared, xs: (shared * xs[0] + xs[1], xs[1].sum())
+    xs = (jnp.arange(7.0), jnp.arange(14.0).reshape(7, 2))
+    ref = execution.map_clients(fn, "vmap", 7)(jnp.float32(2.0), xs)
+    for strategy, c in (("chunked", 3), ("chunked", 7), ("sequential", None)):
+        out = jax.jit(execution.map_clients(fn, strategy, 7, c))(jnp.float32(2.0), xs)
+        chex.assert_trees_all_close(out, ref)
+
+
+# --------------------------------------------------------------------------------------
+# Invariances.
+
+
+def test_padding_invariance():
+    # Sequential execution (cheaper to compile); test_strategies_equal_vmap ties it
+    # to vmap.
+    ref_state, ref_metrics = _strategy_round("sequential")
+    padded = helpers.repad(TRAIN, 19)  # not a multiple of B; the scan grows 6 -> 10 steps
+    assert max_local_steps(19, B, E) > max_local_steps(12, B, E)
+    state, metrics = _one_round(_fedavg(execution="sequential"), helpers.cohort(padded, IDS))
+    helpers.assert_trees_close(state.params, ref_state.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(metrics["num_steps"], ref_metrics["num_steps"])
+    np.testing.assert_allclose(metrics["loss_before"], ref_metrics["loss_before"], rtol=1e-6)
+
+
+def test_cohort_order_invariance():
+    ref_state, ref_metrics = _vmap_round()
+    perm = np.array([4, 2, 0, 5, 1, 3])
+    ids = np.asarray(IDS)[perm]
+    state, metrics = _vmap_apply_on(helpers.cohort(TRAIN, ids))
+    helpers.assert_trees_close(state.params, ref_state.params, rtol=1e-5, atol=1e-6)
+    for name in ("weights", "loss_before", "num_steps"):
+        np.testing.assert_allclose(metrics[name], np.asarray(ref_metrics[name])[perm],
+                                   rtol=1e-6)
+
+
+# --------------------------------------------------------------------------------------
+# Empty clients and step budgets.
+
+
+def test_empty_client_update_is_zero_and_finite():
+    empty = helpers.client(TRAIN, helpers.EMPTY_CLIENT)
+    assert int(empty.num_examples) == 0
+    out, _ = _single_client()(PARAMS, (), empty, jnp.int32(UNLIMITED), KEY)
+    for leaf in jax.tree.leaves(out.delta):
+        np.testing.assert_array_equal(leaf, np.zeros_like(leaf))
+    assert float(out.loss_before) == 0.0
+    assert int(out.num_steps) == 0
+    assert int(out.num_examples) == 0
+    assert helpers.tree_all_finite(out)
+
+
+def test_round_of_only_the_empty_client_keeps_params():
+    # Six copies of the empty client (same shapes as the shared cohort).
+    state, metrics = _vmap_apply_on(helpers.cohort(TRAIN, [helpers.EMPTY_CLIENT] * N))
+    chex.assert_trees_all_equal(state.params, PARAMS)
+    assert helpers.tree_all_finite(metrics)
+    assert float(metrics["train_loss"]) == 0.0
+
+
+def test_empty_client_gets_zero_weight_in_a_round():
+    _, metrics = _vmap_round()
+    slot = IDS.index(helpers.EMPTY_CLIENT)
+    assert float(metrics["weights"][slot]) == 0.0
+    assert float(metrics["loss_before"][slot]) == 0.0
+    assert helpers.tree_all_finite(metrics)
+
+
+def test_round_step_budgets_cap_num_steps():
+    budgets = np.array([1, 3, 5, 0, 100, 2], np.int32)  # indexed by client id
+    table = jnp.asarray(budgets)
+    ids = jnp.arange(N, dtype=jnp.int32)
+    cohort = make_cohort(DATA, ids, table)
+    np.testing.assert_array_equal(cohort.local_steps, budgets)
+    _, metrics = _vmap_apply_on(cohort)
+    expected = [min(int(b), _steps(n)) for b, n in zip(budgets, SIZES)]
+    assert expected == [1, 3, 0, 0, 6, 2]
+    np.testing.assert_array_equal(metrics["num_steps"], expected)
+
+
+CAP = 3  # static max_steps of the full-batch client below
+FULL_EPOCHS = 5
+
+
+def _full_batch_client():
+    """A full-batch client (B = 12 >= n): every step sees all real rows, so k steps
+    are k steps of plain gradient descent on F_k whatever the shuffling; 5 epochs,
+    statically capped at 3 steps."""
+    return _single_client(batch_size=12, num_epochs=FULL_EPOCHS, max_steps=CAP)
+
+
+@pytest.mark.parametrize("cid,budget", [(1, 2), (0, 1), (4, 10), (3, UNLIMITED)])
+def test_step_budget_equals_hand_gradient_descent(cid, budget):
+    """b budgeted steps = min(b, E ceil(n/B), cap) steps of gradient descent, checked
+    against a NumPy float64 reference."""
+    out, _ = _full_batch_client()(PARAMS, (), helpers.client(TRAIN, cid), jnp.int32(budget),
+                                  jax.random.fold_in(KEY, cid))
+    taken = min(budget, FULL_EPOCHS, CAP)
+    x, y = helpers.real_rows(TRAIN, [cid])
+    w, b = helpers.logreg_gd_numpy(PARAMS, x, y, LR, taken)
+    w0, b0 = helpers.logreg_to_numpy(PARAMS)
+    dw, db = helpers.logreg_to_numpy(out.delta)
+    np.testing.assert_allclose(dw, w0 - w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(db, b0 - b, rtol=1e-5, atol=1e-6)
+    if budget < CAP:
+        assert int(out.num_steps) == taken
+
+
+@pytest.mark.parametrize("cid", [0, 1, 4])
+def test_static_cap_reports_the_steps_actually_taken(cid):
+    """ClientOutput.num_steps is "local steps actually taken": with a static cap
+    ``max_steps`` the scan runs at most that many steps (the delta above is 3 GD
+    steps), so num_steps must be capped too, not min(budget, E ceil(n/B)) = 5."""
+    out, _ = _full_batch_client()(PARAMS, (), helpers.client(TRAIN, cid),
+                                  jnp.int32(UNLIMITED), jax.random.fold_in(KEY, cid))
+    assert int(out.num_steps) == min(CAP, FULL_EPOCHS)
+
+
+def test_zero_budget_gives_zero_delta():
+    out, _ = _single_client()(PARAMS, (), helpers.client(TRAIN, 1), jnp.int32(0), KEY)
+    assert int(out.num_steps) == 0
+    for leaf in jax.tree.leaves(out.delta):
+        np.testing.assert_array_equal(leaf, np.zeros_like(leaf))
+    assert float(out.loss_before) > 0.0  # the server model's loss is still measured
+
+
+# --------------------------------------------------------------------------------------
+# Tracing, carry shapes, determinism.
+
+
+def test_apply_traces_once_for_new_values_of_same_shapes():
+    alg, apply = _vmap_apply()  # wrapped in chex.assert_max_traces(n=1)
+    _vmap_round()
+    state = alg.init(PARAMS, N)
+    for seed in range(1, 4):
+        data = helpers.tiny_federation(seed=seed)
+        ids = np.random.default_rng(seed).permutation(N)
+        budgets = np.random.default_rng(seed).integers(0, 8, N)
+        state, metrics = apply(state, helpers.cohort(data.train, ids, budgets),
+                               jax.random.key(seed))
+    assert int(state.round) == 3
+    assert helpers.tree_all_finite(state.params)
+
+
+@functools.cache
+def _simulate_fn():
+    """A jitted 3-round simulate of FedAvg, wrapped in chex.assert_max_traces(n=1)."""
+    alg = _fedavg(execution="sequential")
+
+    def run_sim(state, data, key):
+        return simulate(alg, state, data, key, num_rounds=3, cohort_size=3)
+
+    return alg, jax.jit(chex.assert_max_traces(run_sim, n=1))
+
+
+def test_simulate_traces_once_for_new_values_of_same_shapes():
+    alg, run_sim = _simulate_fn()
+    state = alg.init(PARAMS, N)
+    for seed in range(2):
+        state, metrics = run_sim(state, helpers.tiny_federation(seed=seed), jax.random.key(seed))
+    assert int(state.round) == 6
+    assert bool(np.all(metrics["finite"]))
+
+
+def _shape_structs(tree):
+    return jax.tree.map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype),
+                                   bool(getattr(x, "weak_type", False))), tree)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_round_carry_shape_stability(name):
+    alg = ALGORITHMS[name](MODEL, batch_size=B, num_epochs=E, execution="vmap")
+    state = alg.init(PARAMS, N)
+    cohort = helpers.cohort(TRAIN, [0, 1, 3])
+    new_state, metrics = jax.eval_shape(alg.apply, state, cohort, KEY)
+    assert jax.tree.structure(new_state) == jax.tree.structure(state)
+    assert _shape_structs(new_state) == _shape_structs(jax.eval_shape(lambda s: s, state))
+    for name_, value in metrics.items():
+        assert value.shape in ((), (3,)), name_
+
+    # simulate scans the round: it would fail to trace if the carry changed.
+    rounds = 5
+    _, sim_metrics = jax.eval_shape(
+        lambda s, d, k: simulate(alg, s, d, k, num_rounds=rounds, cohort_size=3),
+        state, DATA, KEY)
+    for name_, value in sim_metrics.items():
+        assert value.shape[0] == rounds, name_
+    assert sim_metrics["client_ids"].shape == (rounds, 3)
+
+
+def test_simulate_determinism():
+    alg, run_sim = _simulate_fn()
+    state = alg.init(PARAMS, N)
+    a, ma = run_sim(state, DATA, jax.random.key(7))
+    b, mb = run_sim(state, DATA, jax.random.key(7))
+    chex.assert_trees_all_equal(a, b)
+    chex.assert_trees_all_equal(ma, mb)
+    c, _ = run_sim(state, DATA, jax.random.key(8))
+    assert any(not np.array_equal(x, y) for x, y in
+               zip(jax.tree.leaves(a.params), jax.tree.leaves(c.params)))
+    np.testing.assert_array_equal(ma["client_ids"].shape, (3, 3))
+
+
+# --------------------------------------------------------------------------------------
+# simulate.run: evaluation, compilation, resume, non-finite stop.
+
+
+def _counting(alg):
+    """The same algorithm, counting how often its round function is traced."""
+    count = [0]
+
+    def apply(state, cohort, key):
+        count[0] += 1
+        return alg.apply(state, cohort, key)
+
+    return FederatedAlgorithm(alg.init, apply), count
+
+
+def _seq_fedavg():
+    return _fedavg(execution="sequential")  # cheaper to compile than vmap
+
+
+def _run(alg, **kwargs):
+    kw = dict(model=MODEL, num_rounds=5, cohort_size=3, eval_every=2, progress=False)
+    kw.update(kwargs)
+    return run(alg, PARAMS, DATA, jax.random.key(5), **kw)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """An uninterrupted 5-round run in chunks of 2, 2, 1 with checkpoints.
+
+    Returns (result, number of traces of the round function, a copy of the round-4
+    checkpoint). The copy is taken from the ``on_eval`` callback, whichever of the
+    callback and the save comes first.
+    """
+    alg, count = _counting(_seq_fedavg())
+    directory = str(tmp_path_factory.mktemp("reference") / "ckpt")
+    snapshot = str(tmp_path_factory.mktemp("snapshot") / "ckpt")
+    template = alg.init(PARAMS, N)
+
+    def on_eval(entry):
+        if ckpt.exists(directory):
+            restored, _ = ckpt.restore(directory, template)
+            if int(restored.round) == 4 and not os.path.exists(snapshot):
+                shutil.copytree(directory, snapshot)
+
+    result = _run(alg, checkpoint_dir=directory, on_eval=on_eval)
+    return result, count[0], snapshot
+
+
+def test_run_evaluates_all_clients_and_logs_history(reference_run):
+    result, _, _ = reference_run
+    assert int(result.state.round) == 5
+    for name, values in result.client_metrics.items():
+        assert np.asarray(values).shape == (N,), name
+    np.testing.assert_array_equal(result.client_metrics["num_examples"], helpers.TEST_SIZES)
+    assert [h["round"] for h in result.history] == [0, 2, 4, 5]
+    assert result.round_metrics["train_loss"].shape == (5,)
+    assert result.round_metrics["update_norm"].shape == (5,)
+
+    # Per-client accuracy against NumPy on the final parameters.
+    p = result.state.params["params"]["Dense_0"]
+    w, b = np.asarray(p["kernel"], np.float64), np.asarray(p["bias"], np.float64)
+    for k in range(N):
+        n = helpers.TEST_SIZES[k]
+        x = np.asarray(DATA.test.examples["x"][k, :n], np.float64)
+        y = np.asarray(DATA.test.examples["y"][k, :n])
+        expected = float(np.mean(np.argmax(x @ w + b, -1) == y)) if n else 0.0
+        np.testing.assert_allclose(result.client_metrics["accuracy"][k], expected, atol=1e-6)
+    assert np.all(np.isfinite(result.client_metrics["loss"]))
+
+
+def test_run_compiles_once_per_chunk_length(reference_run):
+    result, traces, _ = reference_run
+    assert traces == 2  # chunk lengths 2 and 1; the second chunk of 2 reuses the first
+    assert result.compile_seconds > 0.0 and result.run_seconds > 0.0
+
+
+def test_run_resume_is_bitwise_identical(reference_run):
+    full, _, snapshot = reference_run
+    assert ckpt.exists(snapshot), "no round-4 checkpoint was written"
+    alg, count = _counting(_seq_fedavg())
+    resumed = _run(alg, checkpoint_dir=snapshot, resume=True)
+    assert count[0] == 1  # only the last chunk (1 round) ran
+    chex.assert_trees_all_equal(resumed.state, full.state)
+    assert [h["round"] for h in resumed.history] == [0, 2, 4, 5]
+    np.testing.assert_array_equal(resumed.round_metrics["train_loss"],
+                                  full.round_metrics["train_loss"])
+    for a, b in zip(resumed.history, full.history):
+        assert a["mean"] == b["mean"]
+    for name in full.client_metrics:
+        np.testing.assert_array_equal(resumed.client_metrics[name], full.client_metrics[name])
+
+
+def test_run_resume_without_checkpoint_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        _run(_seq_fedavg(), checkpoint_dir=str(tmp_path / "none"), resume=True)
+
+
+def _nan_after(alg, good_rounds):
+    """Makes the parameters NaN once more than ``good_rounds`` rounds are done."""
+
+    def apply(state, cohort, key):
+        new, metrics = alg.apply(state, cohort, key)
+        bad = new.round > good_rounds
+        params = jax.tree.map(lambda p: jnp.where(bad, jnp.nan, p), new.params)
+        return new._replace(params=params), metrics
+
+    return FederatedAlgorithm(alg.init, apply)
+
+
+def test_run_stops_on_nan_at_first_bad_round_and_keeps_last_good_state(tmp_path):
+    """Chunks of 2 rounds, NaN from round 4 on: the error names round 4 (inside the
+    second chunk, not its start), and the checkpoint keeps round 2, the last state
+    known good."""
+    directory = str(tmp_path / "ckpt")
+    alg = _nan_after(_seq_fedavg(), good_rounds=3)
+    with pytest.raises(NonFiniteError) as info:
+        _run(alg, num_rounds=6, eval_every=2, checkpoint_dir=directory)
+    err = info.value
+    assert err.round == 4
+    assert err.last_good_round == 2
+    assert int(err.last_good_state.round) == 2
+    assert helpers.tree_all_finite(err.last_good_state.params)
+    restored, meta = ckpt.restore(directory, alg.init(PARAMS, N))
+    assert int(restored.round) == 2 < err.round
+    assert helpers.tree_all_finite(restored.params)
+    chex.assert_trees_all_equal(restored, err.last_good_state)
+    assert [h["round"] for h in meta["history"]] == [0, 2]
+
+
+# --------------------------------------------------------------------------------------
+# Per-client tables.
+
+
+def test_client_table_gather_scatter():
+    row = {"a": jnp.zeros((2,), jnp.float32), "b": jnp.zeros((), jnp.int32)}
+    start = {"a": jnp.asarray(np.repeat(np.arange(5.0, dtype=np.float32)[:, None], 2, 1)),
+             "b": jnp.arange(5, dtype=jnp.int32)}
+    rows = {"a": jnp.asarray(100.0 + np.repeat(np.arange(4.0, dtype=np.float32)[:, None], 2, 1)),
+            "b": jnp.array([10, 30, 11, 40], jnp.int32)}
+
+    @jax.jit
+    def run(start, rows):
+        table = tables.init_table(row, 5)
+        fresh = table
+        table = jax.tree.map(jnp.add, table, start)
+        ids = jnp.array([1, 3, 1, 4], jnp.int32)
+        got = tables.gather(table, ids)
+        # Slot 2 repeats client 1 but is masked; slot 3 (client 4) is masked.
+        new = tables.scatter(table, ids, rows, jnp.array([True, True, False, False]))
+        # A masked duplicate placed BEFORE the real write must not clobber it either.
+        dup = tables.scatter(table, jnp.array([2, 2]),
+                             jax.tree.map(lambda r: r[2:], rows), jnp.array([False, True]))
+        none = tables.scatter(table, ids, rows, jnp.zeros((4,), bool))
+        return fresh, table, got, new, dup, none
+
+    fresh, table, got, new, dup, none = run(start, rows)
+    assert fresh["a"].shape == (5, 2) and fresh["b"].shape == (5,)
+    np.testing.assert_array_equal(got["b"], [1, 3, 1, 4])
+    np.testing.assert_array_equal(new["b"], [0, 10, 2, 30, 4])
+    np.testing.assert_array_equal(new["a"], [[0, 0], [100, 100], [2, 2], [101, 101], [4, 4]])
+    np.testing.assert_array_equal(dup["b"], [0, 1, 40, 3, 4])
+    chex.assert_trees_all_equal(none, table)
+
+
+# --------------------------------------------------------------------------------------
+# Samplers.
+
+
+def test_uniform_sampler_gives_distinct_ids_in_range():
+    sampler = jax.jit(sampling.uniform, static_argnums=(1, 2))
+    ids = np.stack([sampler(jax.random.key(s), 9, 4) for s in range(32)])
+    assert ids.shape == (32, 4) and ids.dtype == np.int32
+    assert ids.min() >= 0 and ids.max() < 9
+    assert all(len(set(row)) == 4 for row in ids)
+    assert len(set(ids.ravel())) == 9  # every client turns up eventually
+
+
+def test_full_sampler():
+    np.testing.assert_array_equal(sampling.full(jax.random.key(0), 5, 5), np.arange(5))
+    with pytest.raises(ValueError, match="cohort_size"):
+        sampling.full(jax.random.key(0), 5, 3)
+
+
+def test_weighted_sampler_never_picks_zero_probability_clients():
+    sampler = sampling.weighted([0.0, 1.0, 2.0, 0.0, 1.0, 3.0])
+    sampler = jax.jit(sampler, static_argnums=(1, 2))
+    ids = np.stack([sampler(jax.random.key(s), 6, 3) for s in range(32)])
+    assert set(ids.ravel()) <= {1, 2, 4, 5}
+    assert all(len(set(row)) == 3 for row in ids)
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints.
+
+
+def test_checkpoint_roundtrip_with_typed_key(tmp_path):
+    key = jax.random.key(3)
+    state = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.int32(7),
+             "mask": jnp.array([True, False]), "key": key,
+             "nested": (jnp.ones((2,), jnp.float16), ())}
+    directory = str(tmp_path / "c")
+    ckpt.save(directory, state, {"round": 7, "history": [{"round": 0, "mean": 0.5}]})
+    assert ckpt.exists(directory)
+    template = jax.tree.map(jnp.zeros_like, {k: v for k, v in state.items() if k != "key"})
+    template["key"] = jax.random.key(0)
+    restored, meta = ckpt.restore(directory, template)
+    assert meta == {"round": 7, "history": [{"round": 0, "mean": 0.5}]}
+    assert jnp.issubdtype(restored["key"].dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(restored["key"]),
+                                  jax.random.key_data(key))
+    np.testing.assert_array_equal(jax.random.normal(restored["key"], (3,)),
+                                  jax.random.normal(key, (3,)))
+    for name in ("w", "step", "mask", "nested"):
+        chex.assert_trees_all_equal(restored[name], state[name])
+        chex.assert_trees_all_equal_dtypes(restored[name], state[name])
+
+
+def test_checkpoint_roundtrip_with_bfloat16_leaf(tmp_path):
+    """bf16 is the documented memory-aware form of per-client tables (DESIGN.md §5),
+    so a checkpoint must restore it. NumPy has no bfloat16: np.savez writes such a
+    leaf as raw void bytes (|V2), which restore() then rejects as a dtype mismatch."""
+    state = {"table": jnp.arange(6.0, dtype=jnp.bfloat16).reshape(3, 2)}
+    directory = str(tmp_path / "bf16")
+    ckpt.save(directory, state, {})
+    restored, _ = ckpt.restore(directory, {"table": jnp.zeros((3, 2), jnp.bfloat16)})
+    assert restored["table"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(restored["table"], np.float32),
+                                  np.arange(6.0).reshape(3, 2))
+
+
+def test_checkpoint_roundtrip_of_server_state(tmp_path):
+    alg = ALGORITHMS["fedadam"](MODEL, batch_size=B, execution="vmap")
+    template = alg.init(PARAMS, N)
+    # A state with non-trivial values in every leaf (params, adam count / moments).
+    state = jax.tree.map(lambda x: x + jnp.ones_like(x), template)
+    state = state._replace(params=_vmap_round()[0].params)
+    directory = str(tmp_path / "s")
+    ckpt.save(directory, state, {})
+    restored, _ = ckpt.restore(directory, alg.init(PARAMS, N))
+    assert isinstance(restored, ServerState)
+    chex.assert_trees_all_equal(restored, state)
+
+
+def test_checkpoint_mismatched_template_raises(tmp_path):
+    directory = str(tmp_path / "c")
+    ckpt.save(directory, {"w": jnp.zeros((2, 3)), "b": jnp.zeros((3,))}, {})
+    with pytest.raises(ValueError):
+        ckpt.restore(directory, {"w": jnp.zeros((3, 2)), "b": jnp.zeros((3,))})
+    with pytest.raises(ValueError):
+        ckpt.restore(directory, {"w": jnp.zeros((2, 3), jnp.int32), "b": jnp.zeros((3,))})
+    with pytest.raises(ValueError):
+        ckpt.restore(directory, {"w": jnp.zeros((2, 3))})
+    with pytest.raises(FileNotFoundError):
+        ckpt.restore(str(tmp_path / "missing"), {"w": jnp.zeros((2, 3))})
+
+
+# --------------------------------------------------------------------------------------
+# execution.resolve.
+
+
+def test_resolve_rejects_unknown_strategy():
+    with pytest.raises(ValueError) as info:
+        execution.resolve("pmap", 8)
+    for allowed in ("auto", "vmap", "chunked", "sequential"):
+        assert allowed in str(info.value)
+    assert "pmap" in str(info.value)
+
+
+def test_resolve_rules():
+    assert execution.resolve("auto", 100, backend="gpu") == ("vmap", None)
+    assert execution.resolve("auto", 100, backend="tpu") == ("vmap", None)
+    # The CPU pick is a measured policy that may change; it must be concrete.
+    strategy, chunk = execution.resolve("auto", 100, backend="cpu")
+    assert strategy in ("vmap", "chunked", "sequential")
+    assert (chunk is not None) == (strategy == "chunked")
+    assert execution.resolve("chunked", 10, chunk_size=3) == ("chunked", 3)
+    assert execution.resolve("chunked", 10, chunk_size=10) == ("vmap", None)
+    assert execution.resolve("sequential", 10) == ("sequential", None)
+    assert execution.resolve("vmap", 10) == ("vmap", None)
+    with pytest.raises(ValueError):
+        execution.resolve("chunked", 10, chunk_size=-2)
+
+
+# --------------------------------------------------------------------------------------
+# masked_mean, batch_at.
+
+
+def test_masked_mean_of_all_false_mask_is_zero():
+    f = jax.jit(masked_mean)
+    values = jnp.array([1.0, 2.0, 3.0])
+    assert float(f(values, jnp.zeros((3,), bool))) == 0.0
+    np.testing.assert_allclose(f(values, jnp.array([True, False, True])), 2.0)
+    grad = jax.grad(lambda v: masked_mean(v, jnp.zeros((3,), bool)))(values)
+    np.testing.assert_array_equal(grad, np.zeros(3))
+
+
+def test_steps_per_epoch_and_scan_length():
+    np.testing.assert_array_equal(steps_per_epoch(jnp.array([0, 1, 4, 5, 8]), 4),
+                                  [0, 1, 1, 2, 2])
+    assert max_local_steps(12, 4, 2) == 6
+    assert max_local_steps(13, 4, 2) == 8
+    assert max_local_steps(13, 4, 2, max_steps=5) == 5
+
+
+@pytest.mark.parametrize("batch,sizes", [(3, (7, 1, 12, 0)), (5, (5, 9, 11, 3))])
+def test_batch_at_covers_real_rows_once_per_epoch(batch, sizes):
+    padded, epochs = 12, 3
+    key = jax.random.key(11)
+    num_steps = epochs * math.ceil(padded / batch)  # enough for every n <= 12
+
+    @jax.jit
+    def batches(n):
+        data = ClientData(examples={"row": jnp.arange(padded, dtype=jnp.int32)},
+                          mask=jnp.arange(padded) < n, num_examples=n)
+        return jax.vmap(lambda t: batch_at(data, t, key, batch))(jnp.arange(num_steps))
+
+    for n in sizes:
+        spe = max(math.ceil(n / batch), 1)
+        ex, bmask = batches(jnp.int32(n))
+        rows = np.asarray(ex["row"])[:epochs * spe].reshape(epochs, spe, batch)
+        bmask = np.asarray(bmask)[:epochs * spe].reshape(epochs, spe, batch)
+        orders = []
+        for e in range(epochs):
+            assert np.all(rows[e][bmask[e]] < n)  # padded rows never appear unmasked
+            seen = rows[e][bmask[e]].tolist()
+            assert sorted(seen) == list(range(n))  # every real row exactly once per epoch
+            if n:  # only the epoch's last batch may be partial
+                np.testing.assert_array_equal(bmask[e].sum(-1)[:-1], batch)
+            orders.append(seen)
+        if n >= 5:
+            assert orders[0] != orders[1] or orders[1] != orders[2]  # epochs reshuffle
