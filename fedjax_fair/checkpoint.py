@@ -48,6 +48,8 @@ def restore(directory: str, template: Any) -> tuple[Any, dict]:
     restored = []
     for i, (x, t) in enumerate(zip(stored, leaves)):
         t_np = _to_numpy(t)
+        if x.dtype.kind == "V" and x.dtype.itemsize == t_np.dtype.itemsize:
+            x = x.view(t_np.dtype)  # npz stores ml_dtypes (bfloat16, ...) as raw bytes
         if x.shape != t_np.shape or x.dtype != t_np.dtype:
             raise ValueError(f"checkpoint: leaf {i} is {x.dtype}{x.shape}, expected "
                              f"{t_np.dtype}{t_np.shape}; was it made by another config?")

@@ -196,8 +196,7 @@ def build_dataset(cfg):
             p = pad[split]
             print(f"data: {ds.name} {split}: {p['num_clients']} clients x {p['padded_size']} rows "
                   f"({p['min_examples']}-{p['max_examples']} real, median {p['median_examples']:g}), "
-                  f"{100 * p['padding_fraction']:.0f}% padding, {p['bytes'] / 2**20:.1f} MiB",
-                  file=sys.stderr)
+                  f"{100 * p['padding_fraction']:.0f}% padding, {p['bytes'] / 2**20:.1f} MiB")
     return ds
 
 

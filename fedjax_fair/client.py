@@ -35,9 +35,11 @@ from fedjax_fair.types import Array, ClientData, ClientOutput, ClientUpdate
 
 
 def masked_mean(values: Array, mask: Array) -> Array:
-    """sum(values * mask) / max(sum(mask), 1): the mean over real rows, 0 if none."""
-    m = mask.astype(values.dtype)
-    return jnp.sum(values * m) / jnp.maximum(jnp.sum(m), 1)
+    """sum over real rows / max(count, 1): the mean over real rows, 0 if none.
+
+    Masked rows are selected away (not multiplied by 0), so NaN or inf on a padded
+    row cannot leak into the mean."""
+    return jnp.sum(jnp.where(mask, values, 0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
 def steps_per_epoch(num_examples: Array, batch_size: int) -> Array:
@@ -140,7 +142,8 @@ def local_training(model: Model, optimizer: optax.GradientTransformation, *,
 
     def client_update(server_params, client_state, data: ClientData, local_steps, key):
         shuffle_key, dropout_key = jax.random.split(key)
-        num_steps = jnp.minimum(local_steps,
+        length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
+        num_steps = jnp.minimum(jnp.minimum(local_steps, length),
                                 num_epochs * steps_per_epoch(data.num_examples, batch_size))
 
         orders = jax.vmap(lambda e: epoch_order(data, shuffle_key, e, batch_size))(
@@ -161,7 +164,6 @@ def local_training(model: Model, optimizer: optax.GradientTransformation, *,
             return jax.lax.cond(t < num_steps, sgd_step, lambda c, _: c, carry, t), None
 
         carry = (server_params, optimizer.init(server_params))
-        length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
         (params, _), _ = jax.lax.scan(step, carry, jnp.arange(length), unroll=unroll)
         delta = jax.tree.map(jnp.subtract, server_params, params)
         loss_before = (data_loss(model, server_params, data) if track_loss

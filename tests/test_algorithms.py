@@ -21,6 +21,7 @@ import helpers
 from fedjax_fair import mixing as mixing_lib
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import compose
+from fedjax_fair.algorithms.fedopt import scale_by_adagrad_tau
 from fedjax_fair.algorithms import (fedadagrad, fedadam, fedavg, fedavgm, fedprox,
                                     fedyogi)
 from fedjax_fair.client import local_training
@@ -199,7 +200,8 @@ FEDOPT = {
                 lambda: optax.yogi(SERVER_LR, b1=B1, b2=B2, eps=TAU)),
     "fedadagrad": (lambda: fedadagrad(MODEL, server_lr=SERVER_LR, tau=TAU,
                                       **_kwargs()),
-                   lambda: optax.adagrad(SERVER_LR, initial_accumulator_value=0.0, eps=TAU)),
+                   # optax.adagrad has eps inside the sqrt; the paper's tau is outside it.
+                   lambda: optax.chain(scale_by_adagrad_tau(TAU), optax.scale(-SERVER_LR))),
 }
 ROUND_KEYS = (jax.random.key(10), jax.random.key(11), jax.random.key(12))
 ROUND_IDS = ((0, 1, 3, 4, 5, 2), (5, 4, 3, 1, 0, 2), (1, 0, 5, 3, 4, 2))

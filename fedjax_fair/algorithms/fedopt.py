@@ -11,7 +11,7 @@ optimizer (server rate eta = ``server_lr``):
     FedAdam:   m = b1 m + (1-b1) Delta;  v = b2 v + (1-b2) Delta^2;
                x <- x - eta m / (sqrt(v) + tau)                    (optax.adam, eps=tau)
     FedYogi:   v = v - (1-b2) Delta^2 sign(v - Delta^2)            (optax.yogi)
-    FedAdagrad: v = v + Delta^2                                    (optax.adagrad)
+    FedAdagrad: v = v + Delta^2;  x <- x - eta Delta / (sqrt(v) + tau)   (scale_by_adagrad_tau)
 
 Reddi et al. run the adaptive rules without bias correction; optax's adam applies
 it, which only rescales early steps. tau = ``tau`` (the paper's adaptivity, 1e-3 by
@@ -19,6 +19,10 @@ default there). Every other argument is FedAvg's.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_fair.algorithm import FederatedAlgorithm
@@ -45,5 +49,25 @@ def fedyogi(model, *, server_lr: float = 0.01, b1: float = 0.9, b2: float = 0.99
 
 def fedadagrad(model, *, server_lr: float = 0.1, tau: float = 1e-3,
                **fedavg_kwargs) -> FederatedAlgorithm:
-    return fedavg(model, server_optimizer=optax.adagrad(server_lr, initial_accumulator_value=0.0,
-                                                        eps=tau), **fedavg_kwargs)
+    return fedavg(model, server_optimizer=optax.chain(scale_by_adagrad_tau(tau),
+                                                      optax.scale(-server_lr)), **fedavg_kwargs)
+
+
+class AdagradTauState(NamedTuple):
+    sum_of_squares: optax.Updates  # v
+
+
+def scale_by_adagrad_tau(tau: float) -> optax.GradientTransformation:
+    """Reddi et al.'s Adagrad step direction: v <- v + Delta^2, Delta / (sqrt(v) + tau).
+
+    (optax.adagrad puts its eps inside the square root, sqrt(v + eps).)"""
+
+    def init(params):
+        return AdagradTauState(jax.tree.map(jnp.zeros_like, params))
+
+    def update(updates, state, params=None):
+        del params
+        v = jax.tree.map(lambda s, g: s + jnp.square(g), state.sum_of_squares, updates)
+        return jax.tree.map(lambda g, s: g / (jnp.sqrt(s) + tau), updates, v), AdagradTauState(v)
+
+    return optax.GradientTransformation(init, update)

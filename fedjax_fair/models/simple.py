@@ -56,7 +56,7 @@ class Conv(nn.Module):
             y = _im2col(x, kh, kw) @ kernel.reshape(kh * kw * cin, self.features)
         else:
             raise ValueError(f"Conv.impl must be 'xla' or 'patches', got {self.impl!r}")
-        return y + bias
+        return y + bias.reshape(1, 1, 1, -1)
 
 
 class _MLP(nn.Module):
