@@ -17,7 +17,9 @@ execution strategy (all in one jitted program) and, side by side in the same pro
          every client's parameters read and written, and gradients written and read,
          at each local step (16 bytes per parameter per step) plus its input batch.
          FLOPs are counted analytically (3x the forward FLOPs of the examples actually
-         trained, + the loss_before forward pass). XLA's cost_analysis of the compiled
+         trained, + the loss_before forward pass over the real rows that FedAvg computes
+         by default and the references do not; --no-track-loss drops it). XLA's
+         cost_analysis of the compiled
          round is printed as a cross-check (it counts a loop body once).
 
 Ratios are computed within this run, so they are comparable across noisy machines.
@@ -44,6 +46,7 @@ from fedjax_fair.simulate import make_cohort
 
 BATCH = 20
 UNROLL = None  # the library's policy; --unroll overrides
+TRACK_LOSS = True  # FedAvg's default: every round also evaluates F_k(theta^t); --no-track-loss
 
 
 def timeit(fn, reps: int) -> float:
@@ -141,7 +144,7 @@ def bench_model(name, model, data, data_np, cohorts, strategies, rates, reps, ro
         cohort = make_cohort(data, jnp.asarray(ids, jnp.int32))
         ns = np.asarray(data.train.num_examples)[ids]
         steps = np.ceil(ns / BATCH)
-        flops = 3 * fwd * ns.sum() + fwd * ns.sum()  # training + loss_before forward
+        flops = 3 * fwd * ns.sum() + (fwd * ns.sum() if TRACK_LOSS else 0)  # + loss_before pass
         moved = steps.sum() * (16 * d + BATCH * in_bytes)
         floor = max(flops / rates["matmul_flops"], moved / rates["copy_bytes_per_s"])
         loop = loop_reference(model, 0.05, data_np, ids)
@@ -153,7 +156,7 @@ def bench_model(name, model, data, data_np, cohorts, strategies, rates, reps, ro
         for strategy in strategies:
             chunk = 8 if strategy == "chunked" else None
             alg = fedavg(model, client_lr=0.05, batch_size=BATCH, execution=strategy, chunk_size=chunk,
-                         unroll=UNROLL)
+                         unroll=UNROLL, track_loss=TRACK_LOSS)
             state = alg.init(params, data.num_clients)
             fn = jax.jit(alg.apply)
             t = time.perf_counter()
@@ -192,13 +195,16 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--unroll", default=None, help="override the local-step unroll (int or 'full')")
+    ap.add_argument("--no-track-loss", action="store_true",
+                    help="skip the loss_before pass (the references do not compute it)")
     args = ap.parse_args()
-    global UNROLL
+    global UNROLL, TRACK_LOSS
+    TRACK_LOSS = not args.no_track_loss
     if args.unroll is not None:
         UNROLL = True if args.unroll == "full" else int(args.unroll)
 
     print(f"# {platform.processor() or platform.machine()} | jax {jax.__version__} | "
-          f"backend {jax.default_backend()} | devices {jax.devices()} | unroll {UNROLL or 'policy'}")
+          f"backend {jax.default_backend()} | devices {jax.devices()} | unroll {UNROLL or 'policy'} | track_loss {TRACK_LOSS}")
     rates = machine_rates()
     print(f"# matmul {rates['matmul_flops'] / 1e9:.1f} GFLOP/s, copy "
           f"{rates['copy_bytes_per_s'] / 1e9:.1f} GB/s (read+write)")
