@@ -39,12 +39,16 @@ def fedavg(model, *, client_lr: float = 0.1, client_optimizer=None, batch_size: 
            num_epochs: int = 1, max_steps: Optional[int] = None,
            server_optimizer=None, mixing=None, execution: str = "auto",
            chunk_size: Optional[int] = None, track_improvement: bool = False,
-           track_loss: bool = True, unroll: Optional[int] = None) -> FederatedAlgorithm:
-    """FedAvg with data-size weights; ``server_optimizer`` defaults to sgd(1.0)."""
+           track_loss: bool = True, unroll: Optional[int] = None,
+           regularizer=None) -> FederatedAlgorithm:
+    """FedAvg with data-size weights; ``server_optimizer`` defaults to sgd(1.0).
+
+    ``regularizer(params, server_params, client_state)`` is added to every local
+    batch loss (FedProx passes its proximal term)."""
     return compose(
         client_training(model, client_lr=client_lr, client_optimizer=client_optimizer,
                         batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                        track_loss=track_loss, unroll=unroll),
+                        regularizer=regularizer, track_loss=track_loss, unroll=unroll),
         mixing=mixing or by_num_examples(), server_optimizer=server_optimizer,
         execution=execution, chunk_size=chunk_size,
         improvement_model=model if track_improvement else None)
