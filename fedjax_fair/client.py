@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_fair import execution
 from fedjax_fair.models.base import Model
 from fedjax_fair.types import Array, ClientData, ClientOutput, ClientUpdate
 
@@ -138,9 +139,8 @@ def local_training(model: Model, optimizer: optax.GradientTransformation, *,
       track_loss: compute ``loss_before`` = F_k(server_params) on all train rows
         (one forward pass; needed by loss-driven fair mixing rules).
       loss_chunk_size: rows per forward pass of that evaluation; chunks holding
-        only padding are skipped when clients run one at a time. None: 64 rows on
-        CPU (cache-sized; 25% faster than one 200-row pass for the CNN on the 2-core
-        CPU), 256 on accelerators.
+        only padding are skipped when clients run one at a time. None: the policy
+        of ``execution.loss_chunk_size`` for the ``auto`` strategy.
     """
     if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
         raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
@@ -154,7 +154,7 @@ def local_training(model: Model, optimizer: optax.GradientTransformation, *,
     grad_fn = jax.grad(loss_fn)
 
     if loss_chunk_size is None:
-        loss_chunk_size = 64 if jax.default_backend() == "cpu" else 256
+        loss_chunk_size = execution.loss_chunk_size()
 
     def client_update(server_params, client_state, data: ClientData, local_steps, key):
         shuffle_key, dropout_key = jax.random.split(key)

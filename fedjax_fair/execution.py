@@ -52,6 +52,19 @@ def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
     return strategy, None
 
 
+def loss_chunk_size(strategy: str = "auto", backend: Optional[str] = None) -> int:
+    """Rows per forward pass of a client's ``loss_before`` evaluation (client.py).
+
+    64 when clients run one at a time on CPU: the chunks stay in cache and chunks of
+    pure padding are skipped (MLP, 100 clients, 2-core CPU: 0.63 s/round vs 0.72 s
+    with 256). 256 otherwise: under vmap the chunk loop turns into selects over
+    every chunk (vmap on CPU: 1.44 s with 64 vs 0.97 s with 256).
+    """
+    backend = backend or jax.default_backend()
+    one_at_a_time = strategy == "sequential" or (strategy == "auto" and backend == "cpu")
+    return 64 if (one_at_a_time and backend == "cpu") else 256
+
+
 def local_step_unroll(uses_xla_conv: bool, backend: Optional[str] = None) -> int | bool:
     """Unroll policy of the local-step scan: full unroll only for XLA convs on CPU."""
     backend = backend or jax.default_backend()

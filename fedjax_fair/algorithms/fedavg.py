@@ -18,21 +18,23 @@ import optax
 
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.client import local_training
-from fedjax_fair.execution import local_step_unroll
+from fedjax_fair.execution import local_step_unroll, loss_chunk_size
 from fedjax_fair.mixing import by_num_examples
 
 
 def client_training(model, *, client_lr: float = 0.1, client_optimizer=None,
                     batch_size: int = 20, num_epochs: int = 1,
                     max_steps: Optional[int] = None, regularizer=None, track_loss: bool = True,
-                    unroll: Optional[int] = None):
+                    unroll: Optional[int] = None, execution: str = "auto"):
     """Local SGD shared by FedAvg-style methods (optax optimizer, masked steps).
 
-    ``unroll``: local-step scan unroll; None applies execution.local_step_unroll."""
+    ``unroll``: local-step scan unroll; None applies execution.local_step_unroll.
+    ``execution``: the cohort strategy, which sets the loss_before chunking."""
     return local_training(model, client_optimizer or optax.sgd(client_lr),
                           batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
                           regularizer=regularizer, track_loss=track_loss,
-                          unroll=local_step_unroll(model.uses_xla_conv) if unroll is None else unroll)
+                          unroll=local_step_unroll(model.uses_xla_conv) if unroll is None else unroll,
+                          loss_chunk_size=loss_chunk_size(execution))
 
 
 def fedavg(model, *, client_lr: float = 0.1, client_optimizer=None, batch_size: int = 20,
@@ -48,7 +50,8 @@ def fedavg(model, *, client_lr: float = 0.1, client_optimizer=None, batch_size: 
     return compose(
         client_training(model, client_lr=client_lr, client_optimizer=client_optimizer,
                         batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                        regularizer=regularizer, track_loss=track_loss, unroll=unroll),
+                        regularizer=regularizer, track_loss=track_loss, unroll=unroll,
+                        execution=execution),
         mixing=mixing or by_num_examples(), server_optimizer=server_optimizer,
         execution=execution, chunk_size=chunk_size,
         improvement_model=model if track_improvement else None)
