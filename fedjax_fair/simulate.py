@@ -114,23 +114,21 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     state = algorithm.init(params, num_clients)
     history: list = []
     round_log: dict = {}
+    compile_s = run_s = 0.0
     if resume:
         if checkpoint_dir is None or not ckpt.exists(checkpoint_dir):
             raise FileNotFoundError(f"resume: no checkpoint in checkpoint_dir={checkpoint_dir!r}")
         state, meta = ckpt.restore(checkpoint_dir, state)
         history, round_log = meta["history"], meta["round_metrics"]
-
-    evaluate = make_evaluator(model)
-    compiled: dict = {}
-    compile_s = run_s = 0.0
-    if resume:
         compile_s, run_s = meta.get("compile_seconds", 0.0), meta.get("run_seconds", 0.0)
 
     def save(state):
         ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
                                           "compile_seconds": compile_s, "run_seconds": run_s})
-    start_round = int(state.round)
-    bar = _progress(progress, num_rounds, start_round, description)
+
+    evaluate = make_evaluator(model)
+    compiled: dict = {}
+    bar = _progress(progress, num_rounds, int(state.round), description)
 
     def evaluate_now(state):
         per_client = to_numpy(evaluate(state.params, data.test))
