@@ -7,26 +7,33 @@ The pieces, bottom up (DESIGN.md, docs/architecture.md):
 * ``mixing`` / ``aggregators``: client weights and how deltas are combined.
 * ``compose``: wires a client update, mixing rule, aggregator and optax server
   optimizer into a ``FederatedAlgorithm(init, apply)``.
-* ``simulate.simulate`` (one ``lax.scan`` over rounds) and ``run`` (chunks,
-  evaluation, checkpoints, progress).
+* ``simulate.simulate`` (one ``lax.scan`` over rounds, pure) and ``runner.run``
+  (chunks, memory plan, evaluation, checkpoints, the NaN guard, progress).
+* ``client_states``: per-client tables (dense, lazy); ``solvers``: simplex, QP and
+  online solvers; ``hparams``: the ranges every factory states.
 * ``algorithms``, ``models``, ``data``, ``metrics``: methods, networks, federations
   and fairness summaries.
 * ``heterogeneity``: per-round local-step budgets; ``memory``: size buckets, the
   memory plan and ``MemoryBudgetError``.
 """
-from fedjax_fair import (aggregators, algorithms, client, data, heterogeneity, memory, metrics,
-                         mixing, models, sampling, simulate)
-from fedjax_fair.algorithm import FederatedAlgorithm, ServerState, compose
+from fedjax_fair import (aggregators, algorithms, client, client_states, data, heterogeneity,
+                         hparams, memory, metrics, mixing, models, runner, sampling, simulate,
+                         solvers)
+from fedjax_fair.algorithm import FederatedAlgorithm, ServerState, compose, with_improvement
 from fedjax_fair.client import local_training, proximal_term
 from fedjax_fair.evaluation import make_evaluator
-from fedjax_fair.simulate import NonFiniteError, RunResult, make_cohort, run
-from fedjax_fair.types import ClientData, ClientOutput, Cohort, FederatedData
+from fedjax_fair.execution import Execution
+from fedjax_fair.runner import NonFiniteError, RunResult, run
+from fedjax_fair.simulate import make_cohort
+from fedjax_fair.types import Broadcast, ClientData, ClientOutput, Cohort, FederatedData, ServerContext
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ClientData", "ClientOutput", "Cohort", "FederatedAlgorithm", "FederatedData",
-    "NonFiniteError", "RunResult", "ServerState", "aggregators", "algorithms", "client",
-    "compose", "data", "heterogeneity", "local_training", "make_cohort", "make_evaluator",
-    "memory", "metrics", "mixing", "models", "proximal_term", "run", "sampling", "simulate",
+    "Broadcast", "ClientData", "ClientOutput", "Cohort", "Execution", "FederatedAlgorithm",
+    "FederatedData", "NonFiniteError", "RunResult", "ServerContext", "ServerState",
+    "aggregators", "algorithms", "client", "client_states", "compose", "data",
+    "heterogeneity", "hparams", "local_training", "make_cohort", "make_evaluator", "memory",
+    "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling", "simulate",
+    "solvers", "with_improvement",
 ]

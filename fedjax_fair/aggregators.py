@@ -1,12 +1,16 @@
-"""Aggregators: stacked client deltas [K, ...] + mixing weights [K] -> one direction.
+"""Aggregators: the cohort's outputs + mixing weights [K] -> one direction.
 
 An ``Aggregator`` is a pair of pure functions (optax style):
-``init(params) -> state`` and
-``aggregate(state, deltas, weights, outputs) -> (direction, state)``, where
-``deltas`` is a pytree with leading axis K, ``weights`` [K] are on the simplex
-(zero for masked-out clients) and ``outputs`` is the stacked ``ClientOutput`` for
-rules that need more than the deltas. The server optimizer then treats
-``direction`` as a pseudo-gradient.
+``init(params, num_clients) -> state`` and
+``aggregate(state, outputs, weights, ctx) -> (direction, state, info)``, where
+``outputs`` is the stacked ``ClientOutput`` (``outputs.delta`` a pytree with leading
+axis K, plus losses, counts and the method's ``extra``), ``weights`` [K] are on the
+simplex (zero for masked-out clients) and ``ctx`` is the round's ``ServerContext``
+(server parameters, round, server key, ids, mask). The state may be anything the
+server keeps between rounds (SCAFFOLD's control variate, FedDyn's h, a previous
+model). ``info`` is a dict of fixed-shape diagnostics (per-client values [K], e.g.
+q-FFL's effective coefficients), logged with the round's metrics. The server
+optimizer then treats ``direction`` as a pseudo-gradient.
 """
 from __future__ import annotations
 
@@ -19,6 +23,21 @@ import jax.numpy as jnp
 class Aggregator(NamedTuple):
     init: Callable
     aggregate: Callable
+
+
+def stateless(direction_fn: Callable) -> Aggregator:
+    """An ``Aggregator`` from ``direction_fn(outputs, weights, ctx) -> (direction,
+    info)`` that keeps no state."""
+
+    def init(params, num_clients):
+        del params, num_clients
+        return ()
+
+    def aggregate(state, outputs, weights, ctx):
+        direction, info = direction_fn(outputs, weights, ctx)
+        return direction, state, info
+
+    return Aggregator(init, aggregate)
 
 
 def weighted_sum(tree, weights):
@@ -34,22 +53,13 @@ def weighted_sum(tree, weights):
 
 def weighted_mean() -> Aggregator:
     """Delta = sum_k p_k Delta_k (FedAvg, McMahan et al. 2017; p from a MixingRule)."""
-
-    def init(params):
-        del params
-        return ()
-
-    def aggregate(state, deltas, weights, outputs=None):
-        del outputs
-        return weighted_sum(deltas, weights), state
-
-    return Aggregator(init, aggregate)
+    return stateless(lambda outputs, weights, ctx: (weighted_sum(outputs.delta, weights), {}))
 
 
 def step_normalized() -> Aggregator:
     """FedNova's normalised averaging (Wang, Liu, Liang, Joshi, Poor, "Tackling the
     Objective Inconsistency Problem in Heterogeneous Federated Optimization", NeurIPS
-    2020) for unequal local work (heterogeneity.py):
+    2020, arXiv:2007.07481) for unequal local work (heterogeneity.py):
 
         d = tau_eff * sum_k p_k Delta_k / tau_k,   tau_eff = sum_k p_k tau_k,
 
@@ -57,14 +67,11 @@ def step_normalized() -> Aggregator:
     A client that took no step has Delta_k = 0 and adds nothing.
     """
 
-    def init(params):
-        del params
-        return ()
-
-    def aggregate(state, deltas, weights, outputs):
+    def direction(outputs, weights, ctx):
         tau = outputs.num_steps.astype(jnp.float32)
         tau_eff = jnp.sum(weights * tau)
         per_step = weights / jnp.maximum(tau, 1.0)
-        return jax.tree.map(lambda d: tau_eff * d, weighted_sum(deltas, per_step)), state
+        return (jax.tree.map(lambda d: tau_eff * d, weighted_sum(outputs.delta, per_step)),
+                {"tau_eff": tau_eff})
 
-    return Aggregator(init, aggregate)
+    return stateless(direction)

@@ -1,22 +1,41 @@
 """``FederatedAlgorithm(init, apply)`` and ``compose`` (DESIGN.md §5).
 
-A federated algorithm is two pure functions:
+A federated algorithm is two pure functions and a statement of what it evaluates:
 
 * ``init(params, num_clients) -> ServerState``
-* ``apply(state, cohort, key) -> (state, RoundMetrics)``: one round.
+* ``apply(state, cohort, key, execution="auto") -> (state, RoundMetrics)``: one round;
+  ``execution`` (a strategy name or ``execution.Execution``) says how the cohort's
+  clients are mapped and never changes the result beyond float rounding.
+* ``personal``: None when the global model is evaluated, else
+  ``personal(state, client_ids) -> params [n, ...]``, each client's own model
+  (Ditto, SuPerFed, FedRep), evaluated on that client's test rows.
 
-``compose`` wires the pieces every method is made of — a client update
-(client.py), a mixing rule (mixing.py), an aggregator (aggregators.py), a server
-optimizer (any optax transformation applied to the aggregated pseudo-gradient) and
-optionally a per-client state table — and every module in ``algorithms/`` is a
-short factory calling it, like optax's aliases. Because every piece has the same
-interface, pieces from different papers combine freely.
+``compose`` wires the pieces every method is made of, and every module in
+``algorithms/`` is a short factory calling it, like optax's aliases:
+
+* a client update (client.py): ``(broadcast, client_state, data, local_steps, key)
+  -> (ClientOutput, new_client_state)``;
+* ``broadcast(state) -> extra``: what the server sends besides theta^t and the round
+  (SCAFFOLD: its control variate);
+* a per-client state table (client_states.py, dense or lazy) with
+  ``client_state_init(params) -> row``, and an optional ``drift`` moving the rows of
+  the clients outside the cohort (A-FedPD's virtual dual update);
+* a mixing rule (mixing.py) and an aggregator (aggregators.py), both given the
+  round's ``ServerContext`` (parameters, round, server key, ids, mask);
+* a server optimizer: any optax transformation applied to the aggregated
+  pseudo-gradient (a schedule in optax's step count is a round-indexed rate).
 
 One round, with Delta_k = theta^t - theta_k (the client's pseudo-gradient):
 
-    p = mixing(losses, n, ...)                      # weights on the simplex
-    Delta = aggregate(Delta_1..K, p)                # e.g. sum_k p_k Delta_k
-    theta^{t+1} = theta^t + server_opt(Delta)       # optax.sgd(1.0): theta - Delta
+    b = Broadcast(theta^t, t, broadcast(state))
+    (out_k, row_k) = client_update(b, table[k], data_k, ...)      for k in the cohort
+    p = mixing(out, ctx)                                          # weights on the simplex
+    Delta, info = aggregate(out, p, ctx)                          # e.g. sum_k p_k Delta_k
+    theta^{t+1} = theta^t + server_opt(Delta)                     # optax.sgd(1.0): theta - Delta
+    table <- scatter(drift(table), rows of the cohort)
+
+Randomness: client k trains with ``fold_in(key, k)`` (cohort order never matters);
+the server pieces get ``fold_in(key, SERVER_KEY_ID)``.
 """
 from __future__ import annotations
 
@@ -31,7 +50,9 @@ from fedjax_fair.aggregators import Aggregator, weighted_mean
 from fedjax_fair.client import data_loss
 from fedjax_fair.execution import map_clients
 from fedjax_fair.mixing import MixingRule, by_num_examples
-from fedjax_fair.types import ClientUpdate, Cohort
+from fedjax_fair.types import Broadcast, ClientUpdate, Cohort, ServerContext
+
+SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
 
 
 class ServerState(NamedTuple):
@@ -39,13 +60,20 @@ class ServerState(NamedTuple):
     opt_state: Any
     mixing_state: Any
     aggregator_state: Any
-    client_states: Any  # table [N, ...] or ()
+    client_states: Any  # a client table (client_states.py) or ()
     round: jax.Array  # int32 [], rounds completed
 
 
 class FederatedAlgorithm(NamedTuple):
     init: Callable
     apply: Callable
+    personal: Optional[Callable] = None
+    client_table: Optional[tables.ClientTable] = None
+
+    @property
+    def evaluates(self) -> str:
+        """"personal" (each client's own model) or "global" (``state.params``)."""
+        return "global" if self.personal is None else "personal"
 
 
 def compose(client_update: ClientUpdate, *,
@@ -53,51 +81,69 @@ def compose(client_update: ClientUpdate, *,
             aggregator: Optional[Aggregator] = None,
             server_optimizer: Optional[optax.GradientTransformation] = None,
             client_state_init: Optional[Callable] = None,
-            execution: str = "auto", chunk_size: Optional[int] = None,
-            improvement_model=None) -> FederatedAlgorithm:
+            client_table="dense",
+            broadcast: Optional[Callable] = None,
+            drift: Optional[Callable] = None,
+            personal_params: Optional[Callable] = None) -> FederatedAlgorithm:
     """Builds a FederatedAlgorithm from pieces.
 
     Args:
       client_update: ONE client's local training (client.local_training).
       mixing: client weights; default ``by_num_examples`` (FedAvg).
       aggregator: default ``weighted_mean``.
-      server_optimizer: optax transformation on the aggregated delta; default
+      server_optimizer: optax transformation on the aggregated direction; default
         ``optax.sgd(1.0)`` (theta <- theta - Delta, i.e. FedAvg).
       client_state_init: ``params -> row`` for methods with per-client state; the
         table has one row per client. None: stateless clients.
-      execution, chunk_size: cohort strategy (execution.py).
-      improvement_model: if a Model is given, every round also evaluates the new
-        global model on the participants' training data and reports
-        ``improved_fraction`` (DQN-Fed eq. 29) and per-client ``loss_after``.
+      client_table: "dense", "lazy" or a ``client_states.ClientTable``.
+      broadcast: ``state -> extra``, the payload sent with theta^t; default ().
+      drift: ``(state, new_params, outputs, weights, ctx) -> delta`` added to every
+        client's row before the cohort's new rows are written (A-FedPD's virtual
+        update); None: rows outside the cohort never change.
+      personal_params: ``(server_params, row) -> params``, a client's own model from
+        its row (Ditto: the row; FedRep: global body + personal head). Given, the
+        algorithm is evaluated personally.
     """
     mixing = mixing or by_num_examples()
     aggregator = aggregator or weighted_mean()
     server_optimizer = server_optimizer or optax.sgd(1.0)
+    table = tables.get_table(client_table)
+    stateful = client_state_init is not None
+    if (drift is not None or personal_params is not None) and not stateful:
+        raise ValueError("client_state_init: drift and personal_params need per-client state")
 
     def init(params, num_clients: int) -> ServerState:
-        cs = (tables.init_table(client_state_init(params), num_clients)
-              if client_state_init is not None else ())
+        cs = table.init(client_state_init(params), num_clients) if stateful else ()
         return ServerState(params=params, opt_state=server_optimizer.init(params),
                            mixing_state=mixing.init(num_clients),
-                           aggregator_state=aggregator.init(params), client_states=cs,
-                           round=jnp.zeros((), jnp.int32))
+                           aggregator_state=aggregator.init(params, num_clients),
+                           client_states=cs, round=jnp.zeros((), jnp.int32))
 
-    def apply(state: ServerState, cohort: Cohort, key):
+    def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
         k = cohort.client_ids.shape[0]
         keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(cohort.client_ids)
-        cs = tables.gather(state.client_states, cohort.client_ids)
-        run_clients = map_clients(lambda p, xs: client_update(p, *xs), execution, k, chunk_size)
-        outputs, new_cs = run_clients(state.params, (cs, cohort.data, cohort.local_steps, keys),
+        cs = table.gather(state.client_states, cohort.client_ids) if stateful else ()
+        payload = Broadcast(state.params, state.round,
+                            broadcast(state) if broadcast is not None else ())
+        run_clients = map_clients(lambda b, xs: client_update(b, *xs), execution, k)
+        outputs, new_cs = run_clients(payload, (cs, cohort.data, cohort.local_steps, keys),
                                       sizes=cohort.data.num_examples)
 
-        weights, mixing_state = mixing.update(state.mixing_state, outputs, cohort.client_ids,
-                                              cohort.client_mask)
-        direction, agg_state = aggregator.aggregate(state.aggregator_state, outputs.delta,
-                                                    weights, outputs)
+        ctx = ServerContext(params=state.params, round=state.round,
+                            key=jax.random.fold_in(key, SERVER_KEY_ID),
+                            client_ids=cohort.client_ids, client_mask=cohort.client_mask)
+        weights, mixing_state = mixing.update(state.mixing_state, outputs, ctx)
+        direction, agg_state, info = aggregator.aggregate(state.aggregator_state, outputs,
+                                                          weights, ctx)
         updates, opt_state = server_optimizer.update(direction, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        client_table = tables.scatter(state.client_states, cohort.client_ids, new_cs,
-                                      cohort.client_mask)
+        client_table = state.client_states
+        if stateful:
+            if drift is not None:
+                client_table = table.drift(client_table,
+                                           drift(state, params, outputs, weights, ctx))
+            client_table = table.scatter(client_table, cohort.client_ids, new_cs,
+                                         cohort.client_mask, state.round)
 
         mask = cohort.client_mask
         metrics = {
@@ -109,20 +155,39 @@ def compose(client_update: ClientUpdate, *,
             "train_loss": jnp.sum(jnp.where(mask, outputs.num_examples * outputs.loss_before, 0.0))
             / jnp.maximum(jnp.sum(jnp.where(mask, outputs.num_examples, 0)), 1),
             "update_norm": _global_norm(direction),
+            **{f"server/{name}": value for name, value in info.items()},
         }
-        if improvement_model is not None:
-            loss_after = map_clients(lambda p, d: data_loss(improvement_model, p, d),
-                                     execution, k, chunk_size)(params, cohort.data,
-                                                               sizes=cohort.data.num_examples)
-            improved = (loss_after <= outputs.loss_before) & mask
-            metrics["loss_after"] = loss_after
-            metrics["improved_fraction"] = jnp.sum(improved) / jnp.maximum(jnp.sum(mask), 1)
-
         new_state = ServerState(params, opt_state, mixing_state, agg_state, client_table,
                                 state.round + 1)
         return new_state, metrics
 
-    return FederatedAlgorithm(init, apply)
+    personal = None
+    if personal_params is not None:
+        def personal(state: ServerState, client_ids):
+            rows = table.gather(state.client_states, client_ids)
+            return jax.vmap(personal_params, in_axes=(None, 0))(state.params, rows)
+
+    return FederatedAlgorithm(init, apply, personal, table if stateful else None)
+
+
+def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:
+    """``algorithm`` whose rounds also evaluate the new global model on the
+    participants' training rows: per-client ``loss_after`` [K] and
+    ``improved_fraction``, the share of participants whose loss did not rise
+    (DQN-Fed eq. 29). One extra forward pass over the cohort's data per round."""
+
+    def apply(state, cohort: Cohort, key, execution="auto"):
+        new_state, metrics = algorithm.apply(state, cohort, key, execution)
+        k = cohort.client_ids.shape[0]
+        loss_after = map_clients(lambda p, d: data_loss(model, p, d), execution, k)(
+            new_state.params, cohort.data, sizes=cohort.data.num_examples)
+        mask = cohort.client_mask
+        improved = (loss_after <= metrics["loss_before"]) & mask
+        metrics = {**metrics, "loss_after": loss_after,
+                   "improved_fraction": jnp.sum(improved) / jnp.maximum(jnp.sum(mask), 1)}
+        return new_state, metrics
+
+    return algorithm._replace(apply=apply)
 
 
 def _global_norm(tree):

@@ -1,8 +1,24 @@
 """Local training of ONE client (DESIGN.md §4).
 
 ``local_training`` builds a ``ClientUpdate``: a pure function of
-``(server_params, client_state, data, local_steps, key)`` that an execution strategy
-(execution.py) maps over the cohort.
+``(broadcast, client_state, data, local_steps, key)`` that an execution strategy
+(execution.py) maps over the cohort, returning ``(ClientOutput, new_client_state)``.
+
+Like fedjax's ``for_each_client`` it is split in three, and a method adds what it
+needs at each point without a new ``ClientOutput`` field:
+
+* start: ``start(broadcast, client_state) -> params`` picks the model the client
+  trains from (default: the broadcast parameters; FedRep: global body + personal head);
+* step: minibatch SGD (any optax transformation) on the masked batch loss plus
+  ``regularizer(params, broadcast, client_state)`` (FedProx's proximal term,
+  SCAFFOLD's correction <c - c_i, w>, FedDyn's linear and quadratic terms);
+* final: ``finish(result, broadcast, client_state, data, key) -> (new_state, extra)``
+  turns the trained model into the client's new state row and the method's own
+  outputs (``ClientOutput.extra``): a control-variate change, a personal model, a
+  gradient at the global model, ...
+
+The client learning rate may depend on the round (``client_lr`` a callable of the
+broadcast round t, e.g. ``lambda t: 0.1 * 0.99 ** t``) and may be a traced array.
 
 Semantics, for a client with n real examples, batch size B and E epochs:
 
@@ -17,14 +33,11 @@ Semantics, for a client with n real examples, batch size B and E epochs:
 * losses are masked means; a client with no examples takes no step, returns a zero
   delta and a zero loss, never NaN.
 
-Local solvers are composed from pieces: any optax transformation as the optimizer
-and an optional ``regularizer(params, server_params, client_state) -> scalar`` added
-to the batch loss (FedProx's proximal term is one).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +45,7 @@ import optax
 
 from fedjax_fair import execution
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import Array, ClientData, ClientOutput, ClientUpdate
+from fedjax_fair.types import Array, Broadcast, ClientData, ClientOutput, ClientUpdate
 
 
 def masked_mean(values: Array, mask: Array) -> Array:
@@ -138,55 +151,57 @@ def data_metrics(model: Model, params, data: ClientData, chunk_size: int = 256) 
     return {k: masked_mean(v, data.mask) for k, v in per_row.items()}
 
 
-def local_training(model: Model, optimizer: optax.GradientTransformation, *,
-                   batch_size: int, num_epochs: int = 1, max_steps: Optional[int] = None,
-                   regularizer: Optional[Callable] = None, unroll: int | bool = 1,
-                   track_loss: bool = True,
-                   loss_chunk_size: Optional[int] = None) -> ClientUpdate:
-    """Builds a ClientUpdate running masked local optimisation.
+class LocalResult(NamedTuple):
+    """What ``finish`` receives about the local run.
 
-    Args:
-      model: the network.
-      optimizer: any optax transformation (``optax.sgd(lr)`` for FedAvg); its state
-        is created fresh for every client every round.
-      batch_size: B.
-      num_epochs: E.
-      max_steps: optional cap on local steps. The static scan length is
-        ``max_local_steps(M, B, E, max_steps)``, read from the data's padded size M
-        at trace time.
-      regularizer: optional ``(params, server_params, client_state) -> scalar`` added
-        to every batch loss.
-      unroll: ``lax.scan`` unroll of the local steps (execution.py picks it).
-      track_loss: compute ``loss_before`` = F_k(server_params) on all train rows
-        (one forward pass; needed by loss-driven fair mixing rules).
-      loss_chunk_size: rows per forward pass of that evaluation; chunks holding
-        only padding are skipped when clients run one at a time. None: the policy
-        of ``execution.loss_chunk_size`` for the ``auto`` strategy.
+    params: the trained local model theta_k.
+    num_steps: int32 [] local steps taken.
+    learning_rate: [] this round's client learning rate (None for a user optimizer).
+    train_loss: [] mean per-example loss over the last local epoch.
+    step_budget: int32 [] the round's step budget of this client (computational
+      heterogeneity), for a second local loop in ``finish``.
     """
-    if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
-        raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
 
-    def loss_fn(params, server_params, client_state, batch, batch_mask, key):
+    params: Any
+    num_steps: Array
+    learning_rate: Any
+    train_loss: Array
+    step_budget: Array
+
+
+def round_value(value, round_):
+    """``value(round_)`` for a schedule (a callable of the round), else ``value``."""
+    return value(round_) if callable(value) else value
+
+
+def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
+              max_steps: Optional[int] = None, regularizer: Optional[Callable] = None,
+              unroll: int | bool = 1) -> Callable:
+    """The masked minibatch loop shared by every local solver.
+
+    Returns ``train(params, optimizer, data, local_steps, key, reg_args) ->
+    (params, num_steps, train_loss)``: ``min(local_steps, E ceil(n / B))`` steps of
+    ``optimizer`` on the masked batch loss plus ``regularizer(params, *reg_args)``,
+    in one ``lax.scan`` of static length ``max_local_steps(M, B, E, max_steps)``.
+    Methods that train a second model (Ditto's personal model) call it again.
+    """
+
+    def loss_fn(params, batch, batch_mask, key, reg_args):
         per_example = jnp.where(batch_mask, model.per_example_loss(params, batch, key), 0.0)
         loss = jnp.sum(per_example) / jnp.maximum(jnp.sum(batch_mask), 1)
         if regularizer is not None:
-            loss = loss + regularizer(params, server_params, client_state)
+            loss = loss + regularizer(params, *reg_args)
         return loss, jnp.sum(per_example)
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
 
-    if loss_chunk_size is None:
-        loss_chunk_size = execution.loss_chunk_size()
-
-    def client_update(server_params, client_state, data: ClientData, local_steps, key):
+    def train(params, optimizer, data: ClientData, local_steps, key, reg_args=()):
         shuffle_key, dropout_key = jax.random.split(key)
         length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
         num_steps = jnp.minimum(jnp.minimum(local_steps, length),
                                 num_epochs * steps_per_epoch(data.num_examples, batch_size))
-
         orders = jax.vmap(lambda e: epoch_order(data, shuffle_key, e, batch_size))(
             jnp.arange(num_epochs))
-
         # The last epoch the client runs starts at this step; its batches' losses are
         # summed into the train_loss statistic.
         spe = jnp.maximum(steps_per_epoch(data.num_examples, batch_size), 1)
@@ -195,8 +210,8 @@ def local_training(model: Model, optimizer: optax.GradientTransformation, *,
         def sgd_step(carry, t):
             params, opt_state, loss_sum = carry
             batch, batch_mask = batch_from_orders(data, orders, t, batch_size)
-            grads, batch_loss_sum = grad_fn(params, server_params, client_state, batch,
-                                            batch_mask, jax.random.fold_in(dropout_key, t))
+            grads, batch_loss_sum = grad_fn(params, batch, batch_mask,
+                                            jax.random.fold_in(dropout_key, t), reg_args)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             loss_sum = loss_sum + jnp.where(t >= last_epoch_start, batch_loss_sum, 0.0)
             return optax.apply_updates(params, updates), opt_state, loss_sum
@@ -204,27 +219,106 @@ def local_training(model: Model, optimizer: optax.GradientTransformation, *,
         def step(carry, t):
             return skip_past(num_steps, sgd_step, carry, t), None
 
-        carry = (server_params, optimizer.init(server_params), jnp.zeros((), jnp.float32))
+        carry = (params, optimizer.init(params), jnp.zeros((), jnp.float32))
         (params, _, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(length), unroll=unroll)
         last_epoch_rows = jnp.minimum(data.num_examples,
                                       (num_steps - last_epoch_start) * batch_size)
-        delta = jax.tree.map(jnp.subtract, server_params, params)
-        loss_before = (data_loss(model, server_params, data, loss_chunk_size) if track_loss
+        return params, num_steps, loss_sum / jnp.maximum(last_epoch_rows, 1)
+
+    return train
+
+
+def make_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
+    """``optimizer`` if it is an optax transformation (fixed, ignores the rate), else
+    ``optimizer(learning_rate)`` (e.g. ``optax.sgd``)."""
+    if isinstance(optimizer, optax.GradientTransformation):
+        return optimizer
+    return optimizer(learning_rate)
+
+
+def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
+                   batch_size: int, num_epochs: int = 1, max_steps: Optional[int] = None,
+                   regularizer: Optional[Callable] = None, start: Optional[Callable] = None,
+                   finish: Optional[Callable] = None, unroll: int | bool | None = None,
+                   track_loss: bool = True,
+                   loss_chunk_size: Optional[int] = None) -> ClientUpdate:
+    """Builds a ClientUpdate running masked local optimisation.
+
+    Args:
+      model: the network.
+      client_lr: eta_l: a number, a (traced) JAX scalar, or a schedule
+        ``round -> rate`` evaluated at the broadcast round.
+      optimizer: ``rate -> optax transformation`` (default ``optax.sgd``), or a fixed
+        optax transformation (then ``client_lr`` is not used). Its state is created
+        fresh for every client every round.
+      batch_size: B.
+      num_epochs: E.
+      max_steps: optional cap on local steps. The static scan length is
+        ``max_local_steps(M, B, E, max_steps)``, read from the data's padded size M
+        at trace time.
+      regularizer: optional ``(params, broadcast, client_state) -> scalar`` added to
+        every batch loss.
+      start: optional ``(broadcast, client_state) -> params``, the starting model
+        (default ``broadcast.params``).
+      finish: optional ``(LocalResult, broadcast, client_state, data, key) ->
+        (new_client_state, extra)``; default: the state unchanged and no extra.
+      unroll: ``lax.scan`` unroll of the local steps; None applies
+        ``execution.local_step_unroll`` (full unroll for XLA convolutions on CPU).
+      track_loss: compute ``loss_before`` = F_k(broadcast params) on all train rows
+        (one forward pass; needed by loss-driven fair mixing rules).
+      loss_chunk_size: rows per forward pass of that evaluation. None: 64 when the
+        client runs alone on CPU (chunks of pure padding are skipped), else 256.
+    """
+    if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
+        raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
+    if unroll is None:
+        unroll = execution.local_step_unroll(model.uses_xla_conv)
+    train = local_sgd(model, batch_size=batch_size, num_epochs=num_epochs,
+                      max_steps=max_steps, regularizer=regularizer, unroll=unroll)
+
+    def client_update(broadcast: Broadcast, client_state, data: ClientData, local_steps, key):
+        lr = round_value(client_lr, broadcast.round)
+        init = broadcast.params if start is None else start(broadcast, client_state)
+        train_key, finish_key = jax.random.split(key)
+        params, num_steps, train_loss = train(init, make_optimizer(optimizer, lr), data,
+                                              local_steps, train_key,
+                                              (broadcast, client_state))
+        delta = jax.tree.map(jnp.subtract, broadcast.params, params)
+        chunk = execution.loss_chunk_size_here() if loss_chunk_size is None else loss_chunk_size
+        loss_before = (data_loss(model, broadcast.params, data, chunk) if track_loss
                        else jnp.zeros((), jnp.float32))
+        if finish is None:
+            new_state, extra = client_state, ()
+        else:
+            result = LocalResult(params, num_steps,
+                                 None if isinstance(optimizer, optax.GradientTransformation)
+                                 else lr, train_loss, local_steps)
+            new_state, extra = finish(result, broadcast, client_state, data, finish_key)
         output = ClientOutput(delta=delta, loss_before=loss_before,
                               num_examples=data.num_examples, num_steps=num_steps,
-                              train_loss=loss_sum / jnp.maximum(last_epoch_rows, 1))
-        return output, client_state
+                              extra=extra, train_loss=train_loss)
+        return output, new_state
 
     return client_update
 
 
-def proximal_term(mu: float) -> Callable:
-    """FedProx's (mu / 2) ||w - w^t||^2 as a ``regularizer`` (Li et al., 2020, eq. 2)."""
+def sq_distance(a, b):
+    """||a - b||^2 summed over the leaves of two pytrees."""
+    return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a),
+                                                           jax.tree.leaves(b)))
 
-    def regularizer(params, server_params, client_state):
+
+def inner(a, b):
+    """<a, b> summed over the leaves of two pytrees."""
+    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def proximal_term(mu) -> Callable:
+    """FedProx's (mu / 2) ||w - w^t||^2 as a ``regularizer`` (Li et al., 2020, eq. 2);
+    ``mu`` may be a traced array."""
+
+    def regularizer(params, broadcast, client_state):
         del client_state
-        sq = jax.tree.map(lambda p, s: jnp.sum(jnp.square(p - s)), params, server_params)
-        return 0.5 * mu * sum(jax.tree.leaves(sq))
+        return 0.5 * mu * sq_distance(params, broadcast.params)
 
     return regularizer

@@ -1,28 +1,231 @@
-"""Per-client tables: pytrees whose leaves have a leading client axis [N, ...].
+"""Per-client state tables: one row per client of the federation, two storage forms.
 
-Stateful methods (A-FedPD duals, SCAFFOLD control variates, personal models) keep
-one row per client; a round gathers the cohort's rows and scatters them back.
-Masked-out cohort rows never write: their index is sent out of range and dropped,
-so padded cohorts that repeat a client id cannot clobber its row.
+Stateful methods keep a row per client across rounds: SCAFFOLD's control variate,
+FedDyn's linear term, A-FedPD's dual, Ditto's personal model. A round gathers the
+cohort's rows, the clients return new rows, and the table scatters them back.
+Rows of masked-out cohort entries never write (their index is sent out of range and
+dropped), so padded cohorts that repeat a client id cannot clobber its row.
+
+Both forms are a ``ClientTable`` of pure functions (optax style) over a NamedTuple
+state, and give the same rows:
+
+* ``dense()``: ``DenseTable`` with leaves [N, ...], one row per client from the
+  start. Simple and fast to gather; memory N x row.
+* ``lazy(capacity)``: ``LazyTable`` stores rows only for clients seen so far, in
+  ``capacity`` slots allocated at first write. A client never written reads the
+  initial row. Memory capacity x row + 8 N bytes, so a federation of 10^5 clients of
+  which a run samples 10^3 stores 10^3 rows.
+
+Rows of clients outside the cohort may move between their writes by a common
+additive *drift* (A-FedPD's virtual dual update, lambda_i += rho (theta_bar - theta)
+for every inactive client): ``drift(table, delta)`` adds ``delta`` to every row. The
+dense form adds it to all N rows (then the cohort's new rows overwrite theirs); the
+lazy form adds it to one offset D and stores rows as deviations ``row - D``, so a row
+gathered ``s`` rounds after its last write is caught up in closed form,
+``row_last + (D_now - D_last)``, without touching the other rows. Each table also
+keeps the round every client was last written (``last_round``, -1 = never), for
+staleness-aware methods and diagnostics.
+
+``memory(table)`` reports the bytes of one row, of the rows stored and of the whole
+table.
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple, Optional
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+
+class ClientTable(NamedTuple):
+    """init(row, num_clients) -> table; gather(table, client_ids) -> rows [K, ...];
+    scatter(table, client_ids, rows, client_mask, round) -> table;
+    drift(table, delta) -> table; memory(table) -> dict (host-side)."""
+
+    init: Callable
+    gather: Callable
+    scatter: Callable
+    drift: Callable
+    memory: Callable
+    name: str
 
 
 def init_table(row, num_clients: int):
-    """A table with ``num_clients`` copies of the pytree ``row``."""
+    """``num_clients`` copies of the pytree ``row`` (leaves [N, ...])."""
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients, *jnp.shape(x))), row)
 
 
-def gather(table, client_ids):
-    """Rows at client_ids: leaves [K, ...]."""
-    return jax.tree.map(lambda t: t[client_ids], table)
+def gather(rows, client_ids):
+    """Rows at client_ids: leaves [K, ...] (a plain stacked pytree)."""
+    return jax.tree.map(lambda t: t[client_ids], rows)
 
 
-def scatter(table, client_ids, rows, client_mask):
-    """Writes ``rows`` [K, ...] at ``client_ids`` where ``client_mask`` is True."""
-    num_clients = jax.tree.leaves(table)[0].shape[0] if jax.tree.leaves(table) else 0
-    ids = jnp.where(client_mask, client_ids, num_clients)
-    return jax.tree.map(lambda t, r: t.at[ids].set(r, mode="drop"), table, rows)
+def _write_ids(client_ids, client_mask, size: int):
+    return jnp.where(client_mask, client_ids, size)  # out of range: dropped
+
+
+def scatter(rows, client_ids, new_rows, client_mask):
+    """Writes ``new_rows`` [K, ...] at ``client_ids`` where ``client_mask`` is True."""
+    leaves = jax.tree.leaves(rows)
+    size = leaves[0].shape[0] if leaves else 0
+    ids = _write_ids(client_ids, client_mask, size)
+    return jax.tree.map(lambda t, r: t.at[ids].set(r, mode="drop"), rows, new_rows)
+
+
+def _row_bytes(row) -> int:
+    return int(sum(np.prod(np.shape(x), dtype=np.int64) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(row)))
+
+
+def _tree_bytes(tree) -> int:
+    return _row_bytes(tree)
+
+
+# ------------------------------------------------------------------------------ dense
+
+
+class DenseTable(NamedTuple):
+    rows: object  # pytree, leaves [N, ...]
+    last_round: jax.Array  # int32 [N], -1 = never written
+
+
+def dense() -> ClientTable:
+    """Every client's row stored, leaves [N, ...]."""
+
+    def init(row, num_clients: int) -> DenseTable:
+        return DenseTable(init_table(row, num_clients),
+                          jnp.full((num_clients,), -1, jnp.int32))
+
+    def gather_(table: DenseTable, client_ids):
+        return gather(table.rows, client_ids)
+
+    def scatter_(table: DenseTable, client_ids, new_rows, client_mask, round_):
+        n = table.last_round.shape[0]
+        ids = _write_ids(client_ids, client_mask, n)
+        last = table.last_round.at[ids].set(jnp.asarray(round_, jnp.int32), mode="drop")
+        return DenseTable(scatter(table.rows, client_ids, new_rows, client_mask), last)
+
+    def drift(table: DenseTable, delta) -> DenseTable:
+        rows = jax.tree.map(lambda t, d: t + d.astype(t.dtype), table.rows, delta)
+        return table._replace(rows=rows)
+
+    def memory(table: DenseTable) -> dict:
+        n = int(table.last_round.shape[0])
+        row = _tree_bytes(table.rows) // max(n, 1)
+        return {"form": "dense", "num_clients": n, "rows_stored": n,
+                "bytes_per_row": row, "bytes": _tree_bytes(table)}
+
+    return ClientTable(init, gather_, scatter_, drift, memory, "dense")
+
+
+# ------------------------------------------------------------------------------- lazy
+
+
+class LazyTable(NamedTuple):
+    rows: object  # pytree, leaves [capacity, ...]: row - offset at the time of writing
+    initial: object  # pytree: the row of a client never written (before drift)
+    offset: object  # pytree: D, the drift accumulated since round 0
+    slot: jax.Array  # int32 [N]: the client's slot, -1 = never written
+    last_round: jax.Array  # int32 [N], -1 = never written
+    used: jax.Array  # int32 []: slots allocated
+    overflow: jax.Array  # bool []: a write found no free slot (and was dropped)
+
+
+def lazy(capacity: Optional[int] = None) -> ClientTable:
+    """Rows stored only for clients written so far, in ``capacity`` slots.
+
+    ``capacity`` None: one slot per client (same memory as ``dense`` plus 8 N bytes,
+    but no work for unwritten rows). A run that samples cohorts of K clients for R
+    rounds needs at most min(N, K R) slots. A write past the capacity is dropped and
+    sets ``overflow``, which ``fedjax_fair.runner.run`` turns into an error.
+    """
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity < 1):
+        raise ValueError(f"capacity: must be a positive integer or None, got {capacity!r}")
+
+    def init(row, num_clients: int) -> LazyTable:
+        cap = num_clients if capacity is None else min(capacity, num_clients)
+        row = jax.tree.map(jnp.asarray, row)
+        return LazyTable(rows=jax.tree.map(lambda x: jnp.zeros((cap, *x.shape), x.dtype), row),
+                         initial=row, offset=jax.tree.map(jnp.zeros_like, row),
+                         slot=jnp.full((num_clients,), -1, jnp.int32),
+                         last_round=jnp.full((num_clients,), -1, jnp.int32),
+                         used=jnp.zeros((), jnp.int32), overflow=jnp.zeros((), bool))
+
+    def gather_(table: LazyTable, client_ids):
+        slot = table.slot[client_ids]
+        seen = slot >= 0
+        stored = gather(table.rows, jnp.maximum(slot, 0))
+
+        def row(s, init, off):
+            pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim), s, init[None])
+            return pick + off[None]
+
+        return jax.tree.map(row, stored, table.initial, table.offset)
+
+    def scatter_(table: LazyTable, client_ids, new_rows, client_mask, round_):
+        n = table.slot.shape[0]
+        cap = jax.tree.leaves(table.rows)[0].shape[0]
+        client_mask = jnp.asarray(client_mask, bool)
+        # A padded cohort may repeat a client id; only unmasked rows write, and a
+        # client new to the table gets one fresh slot per unmasked occurrence order.
+        first = _first_occurrence(client_ids, client_mask)
+        is_new = client_mask & first & (table.slot[client_ids] < 0)
+        fresh = table.used + jnp.cumsum(is_new) - 1
+        slot_of_new = jnp.where(is_new & (fresh < cap), fresh, -1)
+        ids = _write_ids(client_ids, is_new & (slot_of_new >= 0), n)
+        slot = table.slot.at[ids].set(slot_of_new, mode="drop")
+        rows_slot = slot[client_ids]
+        writable = client_mask & (rows_slot >= 0)
+        targets = jnp.where(writable, rows_slot, cap)
+        rows = jax.tree.map(lambda t, r, off: t.at[targets].set(
+            (r - off[None]).astype(t.dtype), mode="drop"), table.rows, new_rows, table.offset)
+        last = table.last_round.at[_write_ids(client_ids, writable, n)].set(
+            jnp.asarray(round_, jnp.int32), mode="drop")
+        overflow = table.overflow | jnp.any(client_mask & (rows_slot < 0))
+        return table._replace(rows=rows, slot=slot, last_round=last,
+                              used=jnp.minimum(table.used + jnp.sum(is_new), cap),
+                              overflow=overflow)
+
+    def drift(table: LazyTable, delta) -> LazyTable:
+        return table._replace(offset=jax.tree.map(lambda o, d: o + d.astype(o.dtype),
+                                                  table.offset, delta))
+
+    def memory(table: LazyTable) -> dict:
+        cap = int(jax.tree.leaves(table.rows)[0].shape[0])
+        return {"form": "lazy", "num_clients": int(table.slot.shape[0]),
+                "capacity": cap, "rows_stored": int(table.used),
+                "bytes_per_row": _tree_bytes(table.rows) // max(cap, 1),
+                "bytes": _tree_bytes(table)}
+
+    return ClientTable(init, gather_, scatter_, drift, memory,
+                       "lazy" if capacity is None else f"lazy({capacity})")
+
+
+def _first_occurrence(client_ids, client_mask):
+    """True on the first unmasked row of each distinct client id ([K])."""
+    k = client_ids.shape[0]
+    same = (client_ids[:, None] == client_ids[None, :]) & client_mask[None, :]
+    earlier = jnp.tril(jnp.ones((k, k), bool), -1)
+    return ~jnp.any(same & earlier, axis=1)
+
+
+TABLES = {"dense": dense, "lazy": lazy}
+
+
+def get_table(table) -> ClientTable:
+    """A ``ClientTable`` from itself, or a name of ``TABLES`` ("dense", "lazy")."""
+    if isinstance(table, ClientTable):
+        return table
+    if table not in TABLES:
+        raise ValueError(f"client_table: must be one of {sorted(TABLES)} or a ClientTable, "
+                         f"got {table!r}")
+    return TABLES[table]()
+
+
+def table_memory(table_fn: ClientTable, table) -> Optional[dict]:
+    """``table_fn.memory(table)``, or None for a stateless method (table ``()``)."""
+    if not jax.tree.leaves(table):
+        return None
+    return table_fn.memory(table)

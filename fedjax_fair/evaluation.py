@@ -1,13 +1,18 @@
-"""Per-client evaluation of one model over ALL clients of a split, in chunks.
+"""Per-client evaluation over ALL clients of a split, in chunks.
 
 Fairness metrics need every client's accuracy, not only the last cohort's
 (DQN-Fed §6, AAggFF §7). Clients are evaluated ``chunk_size`` at a time (vmapped
 inside a chunk, ``lax.map`` across chunks) so memory stays bounded for large N.
+
+What is evaluated is the algorithm's choice: the global model (``make_evaluator``),
+or each client's own model (``make_personal_evaluator``: Ditto, SuPerFed, FedRep),
+whose parameters are gathered from the client table one chunk at a time, so a
+personalised evaluation never holds N models at once.
 """
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import numpy as np
@@ -35,6 +40,33 @@ def make_evaluator(model: Model, chunk_size: int = 64) -> Callable:
         return {**per_client, "num_examples": split.num_examples}
 
     return evaluate
+
+
+@functools.lru_cache(maxsize=32)
+def make_personal_evaluator(model: Model, personal: Callable, chunk_size: int = 64) -> Callable:
+    """A jitted ``(state, split [n, ...], client_ids [n]) -> {metric: [n]}`` evaluating
+    client i's own model ``personal(state, ids)`` on its own rows."""
+
+    def one(state, client_id, data):
+        params = jax.tree.map(lambda x: x[0], personal(state, client_id[None]))
+        return data_metrics(model, params, data)
+
+    @jax.jit
+    def evaluate(state, split: ClientData, client_ids):
+        per_client = jax.lax.map(lambda a: one(state, *a), (client_ids, split),
+                                 batch_size=chunk_size)
+        return {**per_client, "num_examples": split.num_examples}
+
+    return evaluate
+
+
+def make_state_evaluator(model: Model, personal: Optional[Callable] = None) -> Callable:
+    """``(state, split, client_ids) -> {metric: [n]}`` for an algorithm: the global
+    model ``state.params`` when ``personal`` is None, else each client's own model."""
+    if personal is not None:
+        return make_personal_evaluator(model, personal)
+    evaluate = make_evaluator(model)
+    return lambda state, split, client_ids: evaluate(state.params, split)
 
 
 def to_numpy(metrics: dict) -> dict:

@@ -33,7 +33,7 @@ uses XLA convolutions on CPU, ``local_step_unroll`` returns full unrolling.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,30 @@ import jax.numpy as jnp
 STRATEGIES = ("auto", "vmap", "chunked", "sequential", "bucketed")
 CLIENT_AXIS = "clients"
 NUM_BUCKETS = 4  # default bucket count of the "bucketed" strategy
+
+
+class Execution(NamedTuple):
+    """How a round maps its clients: one value passed to ``apply`` / ``simulate`` /
+    ``run`` (never to an algorithm factory). ``chunk_size``: clients per chunk
+    (``chunked``, default 8) or per bucket (``bucketed``, default K / 4)."""
+
+    strategy: str = "auto"
+    chunk_size: Optional[int] = None
+
+
+def as_execution(execution: Union[str, Execution, None]) -> Execution:
+    """An ``Execution`` from itself, a strategy name, or None (``auto``)."""
+    if execution is None:
+        return Execution()
+    if isinstance(execution, str):
+        execution = Execution(execution)
+    if not isinstance(execution, Execution):
+        raise ValueError(f"execution: must be a strategy name {list(STRATEGIES)} or an "
+                         f"Execution, got {execution!r}")
+    if execution.strategy not in STRATEGIES:
+        raise ValueError(f"execution: unknown strategy {execution.strategy!r}; allowed: "
+                         f"{list(STRATEGIES)}")
+    return execution
 
 
 def group_max(value: jax.Array) -> Optional[jax.Array]:
@@ -80,17 +104,19 @@ def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
     return strategy, None
 
 
-def loss_chunk_size(strategy: str = "auto", backend: Optional[str] = None) -> int:
-    """Rows per forward pass of a client's ``loss_before`` evaluation (client.py).
+def loss_chunk_size_here(backend: Optional[str] = None) -> int:
+    """Rows per forward pass of a client's ``loss_before`` evaluation (client.py), for
+    the client being traced.
 
-    64 when clients run one at a time on CPU: the chunks stay in cache and chunks of
-    pure padding are skipped (MLP, 100 clients, 2-core CPU: 0.63 s/round vs 0.72 s
-    with 256). 256 otherwise: under vmap the chunk loop turns into selects over
-    every chunk (vmap on CPU: 1.44 s with 64 vs 0.97 s with 256).
+    64 when it runs alone on CPU (no client axis bound: the ``sequential`` strategy):
+    the chunks stay in cache and chunks of pure padding are skipped (MLP, 100
+    clients, 2-core CPU: 0.63 s/round vs 0.72 s with 256). 256 otherwise: under vmap
+    the chunk loop turns into selects over every chunk (vmap on CPU: 1.44 s with 64
+    vs 0.97 s with 256).
     """
     backend = backend or jax.default_backend()
-    one_at_a_time = strategy == "sequential" or (strategy == "auto" and backend == "cpu")
-    return 64 if (one_at_a_time and backend == "cpu") else 256
+    alone = group_max(jnp.zeros((), jnp.int32)) is None
+    return 64 if (alone and backend == "cpu") else 256
 
 
 def local_step_unroll(uses_xla_conv: bool, backend: Optional[str] = None) -> int | bool:
@@ -113,8 +139,8 @@ def _map_chunks(fn: Callable, xs, chunk_size: int):
     return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
 
 
-def map_clients(fn: Callable, strategy: str, cohort_size: int,
-                chunk_size: Optional[int] = None) -> Callable:
+def map_clients(fn: Callable, execution: Union[str, Execution, None],
+                cohort_size: int) -> Callable:
     """Maps ``fn(shared, *per_client)`` over the leading axis of ``per_client``.
 
     ``shared`` (the server parameters) is broadcast to every client; every leaf of
@@ -123,7 +149,9 @@ def map_clients(fn: Callable, strategy: str, cohort_size: int,
     [K] (client sizes) orders the clients into buckets under ``"bucketed"``;
     other strategies ignore it.
     """
-    strategy, chunk_size = resolve(strategy, cohort_size, chunk_size=chunk_size)
+    execution = as_execution(execution)
+    strategy, chunk_size = resolve(execution.strategy, cohort_size,
+                                   chunk_size=execution.chunk_size)
     vmapped = jax.vmap(fn, in_axes=(None, 0), axis_name=CLIENT_AXIS)
 
     def mapped(shared, per_client, sizes=None):

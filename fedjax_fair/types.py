@@ -69,7 +69,9 @@ class ClientOutput(NamedTuple):
     loss_before: [] masked mean training loss of the server model on this client.
     num_examples: [] number of real training examples.
     num_steps: [] local steps actually taken.
-    extra: pytree of fixed-shape per-client values needed by a server rule.
+    extra: the method's own per-client outputs, a fixed-shape pytree it declares
+      (SCAFFOLD's control-variate change, DQN-Fed's gradient and decrement, ...);
+      () for plain local training.
     train_loss: [] mean per-example training loss over the client's last local epoch,
       accumulated while training (the loss statistic of the computational-
       heterogeneity code; 0 for a client that took no step).
@@ -83,10 +85,47 @@ class ClientOutput(NamedTuple):
     train_loss: Array = 0.0
 
 
-class ClientUpdate(Protocol):
-    """Local training of ONE client; an execution strategy maps it over a cohort."""
+class Broadcast(NamedTuple):
+    """What the server sends to every client of a round.
 
-    def __call__(self, server_params: Params, client_state: PyTree, data: ClientData,
+    params: theta^t, the model clients start from (and their deltas refer to).
+    round: int32 [] t, rounds completed: drives round-indexed schedules
+      (e.g. a client learning rate 0.1 * 0.99^t).
+    extra: the method's payload, chosen by ``compose(broadcast=...)``: () by default,
+      SCAFFOLD's server control variate c, FedEvg's synthetic samples, ...
+    """
+
+    params: Params
+    round: Array
+    extra: PyTree = ()
+
+
+class ServerContext(NamedTuple):
+    """What every server piece (mixing rule, aggregator, drift) sees of a round.
+
+    params: theta^t, the server parameters before this round's step.
+    round: int32 [] t.
+    key: the round's server key (independent of every client's key).
+    client_ids: int32 [K]; client_mask: bool [K] (False rows are padding).
+
+    Pieces that need the federation size N get it at ``init(..., num_clients)`` and
+    keep what they need in their state.
+    """
+
+    params: Params
+    round: Array
+    key: PRNGKey
+    client_ids: Array
+    client_mask: Array
+
+
+class ClientUpdate(Protocol):
+    """Local training of ONE client; an execution strategy maps it over a cohort.
+
+    Returns the client's output and its new state row (returned unchanged by
+    stateless clients)."""
+
+    def __call__(self, broadcast: Broadcast, client_state: PyTree, data: ClientData,
                  local_steps: Array, key: PRNGKey) -> tuple[ClientOutput, PyTree]:
         ...
 

@@ -1,37 +1,94 @@
-"""One module per method; ``ALGORITHMS`` maps a CLI name to its factory.
+"""One module per method; ``REGISTRY`` holds one ``Method`` entry per CLI name.
 
-Every factory takes the model first and keyword hyper-parameters, and returns a
-``FederatedAlgorithm``.
+Every factory takes the model first and states its hyper-parameters as typed
+keyword arguments with defaults (no ``**kwargs``). The registry entry adds what a
+command line needs and a signature cannot say: the valid range of each numeric
+hyper-parameter (which also marks it continuous — traceable, vmappable and
+differentiable — or static), and whether the method needs every client every round.
+``method_hparams(name)`` joins the two.
 """
+from __future__ import annotations
+
+import inspect
+from typing import Callable, NamedTuple, Optional
+
+from fedjax_fair.algorithms import aaggff as _aaggff
+from fedjax_fair.algorithms import afl as _afl
+from fedjax_fair.algorithms import ditto as _ditto
+from fedjax_fair.algorithms import fedavg as _fedavg
+from fedjax_fair.algorithms import feddyn as _feddyn
+from fedjax_fair.algorithms import fedmax as _fedmax
+from fedjax_fair.algorithms import fedmgda as _fedmgda
+from fedjax_fair.algorithms import fedopt as _fedopt
+from fedjax_fair.algorithms import fedprox as _fedprox
+from fedjax_fair.algorithms import propfair as _propfair
+from fedjax_fair.algorithms import qffl as _qffl
+from fedjax_fair.algorithms import scaffold as _scaffold
+from fedjax_fair.algorithms import term as _term
 from fedjax_fair.algorithms.aaggff import aaggff_d, aaggff_s
 from fedjax_fair.algorithms.afl import afl
+from fedjax_fair.algorithms.ditto import ditto
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.algorithms.feddyn import feddyn
 from fedjax_fair.algorithms.fedmax import fedmax, fedmax_k, fedsoftmax
 from fedjax_fair.algorithms.fedmgda import fedmgda_plus
 from fedjax_fair.algorithms.fedopt import fedadagrad, fedadam, fedavgm, fedyogi
 from fedjax_fair.algorithms.fedprox import fedprox
 from fedjax_fair.algorithms.propfair import propfair
 from fedjax_fair.algorithms.qffl import qffl
+from fedjax_fair.algorithms.scaffold import scaffold
 from fedjax_fair.algorithms.term import term
+from fedjax_fair.hparams import Range
 
-ALGORITHMS = {
-    "fedavg": fedavg,
-    "fedprox": fedprox,
-    "fedavgm": fedavgm,
-    "fedadam": fedadam,
-    "fedyogi": fedyogi,
-    "fedadagrad": fedadagrad,
-    "qffl": qffl,
-    "afl": afl,
-    "term": term,
-    "propfair": propfair,
-    "fedmgda_plus": fedmgda_plus,
-    "fedmax": fedmax,
-    "fedmax_k": fedmax_k,
-    "fedsoftmax": fedsoftmax,
-    "aaggff_s": aaggff_s,
-    "aaggff_d": aaggff_d,
+
+class Method(NamedTuple):
+    """A registry entry: the factory, the ranges of its numeric hyper-parameters, and
+    the participation it needs ("partial": any cohort; "full": every client every
+    round, sampler ``full``)."""
+
+    factory: Callable
+    hparams: dict
+    participation: str = "partial"
+
+
+class HParam(NamedTuple):
+    """One hyper-parameter as the CLI sees it (``method_hparams``)."""
+
+    name: str
+    default: object
+    annotation: str  # the signature's type, as written
+    range: Optional[Range]  # None: a choice or a Python object
+    python_only: bool  # an object (optimizer, mixing rule, ...): no flag can build it
+
+    @property
+    def continuous(self) -> bool:
+        return self.range is not None and self.range.continuous
+
+
+REGISTRY = {
+    "fedavg": Method(fedavg, _fedavg.HPARAMS),
+    "fedprox": Method(fedprox, _fedprox.HPARAMS),
+    "fedavgm": Method(fedavgm, _fedopt.HPARAMS),
+    "fedadam": Method(fedadam, _fedopt.HPARAMS),
+    "fedyogi": Method(fedyogi, _fedopt.HPARAMS),
+    "fedadagrad": Method(fedadagrad, _fedopt.HPARAMS),
+    "scaffold": Method(scaffold, _scaffold.HPARAMS),
+    "feddyn": Method(feddyn, _feddyn.HPARAMS),
+    "ditto": Method(ditto, _ditto.HPARAMS),
+    "qffl": Method(qffl, _qffl.HPARAMS),
+    "afl": Method(afl, _afl.HPARAMS),
+    "term": Method(term, _term.HPARAMS),
+    "propfair": Method(propfair, _propfair.HPARAMS),
+    "fedmgda_plus": Method(fedmgda_plus, _fedmgda.HPARAMS),
+    "fedmax": Method(fedmax, _fedmax.HPARAMS),
+    "fedmax_k": Method(fedmax_k, _fedmax.HPARAMS),
+    "fedsoftmax": Method(fedsoftmax, _fedmax.HPARAMS),
+    "aaggff_s": Method(aaggff_s, _aaggff.HPARAMS, participation="full"),
+    "aaggff_d": Method(aaggff_d, _aaggff.HPARAMS),
 }
+
+ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
+"""CLI name -> factory."""
 
 
 def get_algorithm(name: str):
@@ -40,6 +97,30 @@ def get_algorithm(name: str):
     return ALGORITHMS[name]
 
 
-__all__ = ["ALGORITHMS", "aaggff_d", "aaggff_s", "afl", "fedadagrad", "fedadam", "fedavg",
-           "fedavgm", "fedmax", "fedmax_k", "fedmgda_plus", "fedprox", "fedsoftmax", "fedyogi",
-           "get_algorithm", "propfair", "qffl", "term"]
+def _annotation(p: inspect.Parameter) -> str:
+    a = p.annotation
+    if a is p.empty:
+        return ""
+    return a if isinstance(a, str) else getattr(a, "__name__", str(a))
+
+
+def method_hparams(name: str) -> dict:
+    """``{name: HParam}`` of a registered method's keyword hyper-parameters, in
+    signature order: default and type from the factory's signature, range from the
+    registry. Parameters without a type and with default None are Python objects
+    (optimizers, rules)."""
+    method = REGISTRY[name]
+    out = {}
+    for p in inspect.signature(method.factory).parameters.values():
+        if p.kind is not p.KEYWORD_ONLY:
+            continue
+        annotation = _annotation(p)
+        out[p.name] = HParam(p.name, p.default, annotation, method.hparams.get(p.name),
+                             python_only=p.default is None and not annotation)
+    return out
+
+
+__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afl",
+           "ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedmax",
+           "fedmax_k", "fedmgda_plus", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
+           "method_hparams", "propfair", "qffl", "scaffold", "term"]

@@ -56,14 +56,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtr
 
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
 from fedjax_fair.mixing import MixingRule, normalize
-from fedjax_fair.online import (diagonal_simplex_qp, entropic_ftrl, psd_lipschitz_bound,
+from fedjax_fair.solvers.online import (diagonal_simplex_qp, entropic_ftrl, psd_lipschitz_bound,
                                 simplex_qp)
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.types import ClientOutput, ServerContext
 
 VARIANTS = ("thesis", "reference")
+HPARAMS = {"alpha": H.Range(0.0, None, low_open=True, nullable=True),
+           "beta": H.Range(0.0, None, nullable=True),
+           "num_iters": H.COUNT, **CLIENT_HPARAMS}
 SOLVERS = ("fista", "diagonal")
 _FRECHET_MIN = 1e-12
 _MEAN_MIN = 1e-12
@@ -299,10 +303,17 @@ def ons_step(state: ONSState, responses, *, alpha: float, beta: float,
 
 
 def _resolve_range(response_range, name="response_range"):
+    """(C1, C2) or None; concrete values are checked, traced ones pass."""
     if response_range is None:
         return None
     try:
-        lower, upper = (float(v) for v in response_range)
+        lower, upper = response_range
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: must be a pair (C1, C2) of floats, got {response_range!r}")
+    if not (H.is_concrete(lower) and H.is_concrete(upper)):
+        return lower, upper
+    try:
+        lower, upper = float(lower), float(upper)
     except (TypeError, ValueError):
         raise ValueError(f"{name}: must be a pair (C1, C2) of floats, got {response_range!r}")
     if not (0.0 <= lower <= upper and upper > 0.0 and math.isfinite(upper)):
@@ -346,17 +357,15 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
     _check_variant(variant)
     if solver not in SOLVERS:
         raise ValueError(f"solver: must be one of {SOLVERS}, got {solver!r}")
-    if alpha is not None and not alpha > 0:
-        raise ValueError(f"alpha: must be > 0, got {alpha}")
-    if beta is not None and not beta >= 0:
-        raise ValueError(f"beta: must be >= 0, got {beta}")
+    H.check(HPARAMS, alpha=alpha, beta=beta)
     if not (isinstance(num_iters, (int, np.integer)) and num_iters >= 1):
         raise ValueError(f"num_iters: must be an int >= 1, got {num_iters!r}")
 
     def init(num_clients: int) -> ONSState:
         return ons_init(num_clients, solver=solver)
 
-    def update(state: ONSState, outputs: ClientOutput, client_ids, client_mask):
+    def update(state: ONSState, outputs: ClientOutput, ctx: ServerContext):
+        client_ids, client_mask = ctx.client_ids, ctx.client_mask
         n = state.decision.shape[0]
         if client_ids.shape[0] < n:
             raise ValueError(f"cohort_size: AAggFF-S needs full participation (a cohort of "
@@ -470,7 +479,8 @@ def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
     def init(num_clients: int) -> FTRLState:
         return ftrl_init(num_clients)
 
-    def update(state: FTRLState, outputs: ClientOutput, client_ids, client_mask):
+    def update(state: FTRLState, outputs: ClientOutput, ctx: ServerContext):
+        client_ids, client_mask = ctx.client_ids, ctx.client_mask
         n = state.decision.shape[0]
         m = jnp.sum(client_mask)
         c = jnp.maximum(m, 1).astype(jnp.float32) / n
@@ -488,37 +498,33 @@ def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
 # Algorithm factories.
 
 
-def _no_mixing(fedavg_kwargs, name):
-    if "mixing" in fedavg_kwargs:
-        raise ValueError(f"mixing: {name} sets its own mixing rule; pass {name}_mixing() "
-                         f"to another algorithm instead")
-
-
 def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range=None,
              alpha: Optional[float] = None, beta: Optional[float] = None,
              variant: str = "thesis", num_iters: int = 300, solver: str = "fista",
-             **fedavg_kwargs) -> FederatedAlgorithm:
+             client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
+             max_steps: Optional[int] = None, client_optimizer=None,
+             server_optimizer=None) -> FederatedAlgorithm:
     """AAggFF-S: FedAvg clients, ONS mixing (``aaggff_s_mixing``); run it with full
-    participation (sampler ``full``). Other arguments are FedAvg's."""
-    _no_mixing(fedavg_kwargs, "aaggff_s")
+    participation (sampler ``full``)."""
     return fedavg(model, mixing=aaggff_s_mixing(cdf=cdf, response_range=response_range,
                                                 alpha=alpha, beta=beta, variant=variant,
                                                 num_iters=num_iters, solver=solver),
-                  **fedavg_kwargs)
+                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer)
 
 
 def aaggff_d(model, *, cdf: Union[str, int] = "normal", response_range=None,
-             variant: str = "thesis", **fedavg_kwargs) -> FederatedAlgorithm:
+             variant: str = "thesis", client_lr: Rate = 0.1, batch_size: int = 20,
+             num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
+             server_optimizer=None) -> FederatedAlgorithm:
     """AAggFF-D: FedAvg clients, linearised-FTRL mixing (``aaggff_d_mixing``) for
-    partial participation. Other arguments are FedAvg's."""
-    _no_mixing(fedavg_kwargs, "aaggff_d")
+    partial participation."""
     return fedavg(model, mixing=aaggff_d_mixing(cdf=cdf, response_range=response_range,
                                                 variant=variant),
-                  **fedavg_kwargs)
-
-
-aaggff_s.forwards_to = fedavg
-aaggff_d.forwards_to = fedavg
+                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer)
 
 
 # --------------------------------------------------------------------------------------
@@ -530,8 +536,8 @@ def aaggff_server_step(num_clients: int, *, mode: str = "s", cohort_size: Option
     """One AAggFF server (mixing) step for ``num_clients`` clients, for timing.
 
     Returns ``(step, args)``: ``step(*args) -> (weights, state)`` is the rule's pure
-    ``update`` (wrap it in ``jax.jit``) and ``args = (state, outputs, client_ids,
-    client_mask)`` example inputs with random losses. ``mode="s"``: ONS over all
+    ``update`` (wrap it in ``jax.jit``) and ``args = (state, outputs, ctx)`` example
+    inputs with random losses. ``mode="s"``: ONS over all
     clients (O(N^2) memory, O(num_iters N^2) time); ``mode="d"``: FTRL with a cohort of
     ``cohort_size`` clients (default max(1, N // 100); O(N)). ``rule_kwargs`` go to the
     mixing rule (e.g. ``num_iters``, ``solver``, ``cdf``).
@@ -554,8 +560,9 @@ def aaggff_server_step(num_clients: int, *, mode: str = "s", cohort_size: Option
     outputs = ClientOutput(delta=(), loss_before=jnp.asarray(rng.gamma(2.0, 0.5, k), jnp.float32),
                            num_examples=jnp.full((k,), 10, jnp.int32),
                            num_steps=jnp.ones((k,), jnp.int32))
-    args = (rule.init(num_clients), outputs, jnp.asarray(ids, jnp.int32), jnp.ones((k,), bool))
-    return rule.update, args
+    ctx = ServerContext(params=(), round=jnp.zeros((), jnp.int32), key=jax.random.key(seed),
+                        client_ids=jnp.asarray(ids, jnp.int32), client_mask=jnp.ones((k,), bool))
+    return rule.update, (rule.init(num_clients), outputs, ctx)
 
 
 __all__ = ["CDFS", "CDF_IDS", "FTRLState", "ONSState", "REFERENCE_CDFS", "aaggff_d",
@@ -564,6 +571,3 @@ __all__ = ["CDFS", "CDF_IDS", "FTRLState", "ONSState", "REFERENCE_CDFS", "aaggff
            "frechet_cdf", "ftrl_init", "ftrl_step", "get_cdf", "gumbel_cdf",
            "linearized_gradient", "logistic_cdf", "normal_cdf", "ons_defaults", "ons_gradient",
            "ons_init", "ons_step", "transform_responses", "weibull_cdf"]
-
-# Cross-silo: every client every round (the CLI checks cohort_size == N).
-aaggff_s.full_participation = True

@@ -1,5 +1,5 @@
-"""AFL — Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019
-(spec/aaggff.md §5; the thesis's AFL baseline).
+"""AFL — Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019,
+arXiv:1902.00146 (spec/aaggff.md §5; the thesis's AFL baseline).
 
 AFL solves the minimax problem over the mixture weights of all N clients,
 
@@ -34,30 +34,25 @@ The model step is FedAvg's local training plus the server optimizer.
 """
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.mixing import MixingRule, normalize
-from fedjax_fair.simplex import active_clients, project_simplex, require_losses
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.mixing import MixingRule, active_clients, normalize
+from fedjax_fair.solvers.simplex import project_simplex
+
+HPARAMS = {"lambda_lr": H.NONNEGATIVE, **CLIENT_HPARAMS}
 
 
 class AFLState(NamedTuple):
     lambdas: jax.Array  # float32 [N], on the simplex
 
 
-def _check_lr(lambda_lr) -> float:
-    if isinstance(lambda_lr, bool) or not isinstance(lambda_lr, (int, float)) \
-            or not math.isfinite(lambda_lr) or lambda_lr < 0:
-        raise ValueError(f"lambda_lr: must be a finite number >= 0, got {lambda_lr!r}")
-    return float(lambda_lr)
-
-
-def afl_ascent(lambdas, losses, client_ids, client_mask, lambda_lr: float):
+def afl_ascent(lambdas, losses, client_ids, client_mask, lambda_lr):
     """lambda <- Proj_Delta(lambda + gamma (N / m) F_S) with F_S scattered at the ids.
 
     Parameters
@@ -69,10 +64,9 @@ def afl_ascent(lambdas, losses, client_ids, client_mask, lambda_lr: float):
     client_ids : int array [K]
     client_mask : bool array [K]
         Rows of the cohort that took part (m = their count).
-    lambda_lr : float
+    lambda_lr : float or traced scalar
         gamma_lambda >= 0.
     """
-    lambda_lr = _check_lr(lambda_lr)
     lambdas = jnp.asarray(lambdas, jnp.float32)
     num_clients = lambdas.shape[0]
     client_mask = jnp.asarray(client_mask, bool)
@@ -85,15 +79,16 @@ def afl_ascent(lambdas, losses, client_ids, client_mask, lambda_lr: float):
     return jnp.where(m > 0, new, lambdas)
 
 
-def afl_mixing(lambda_lr: float = 0.01) -> MixingRule:
+def afl_mixing(lambda_lr=0.01) -> MixingRule:
     """AFL's projected-gradient-ascent mixture over all N clients as a ``MixingRule``
     (state ``AFLState``; the weights are lambda at the cohort, renormalised)."""
-    lambda_lr = _check_lr(lambda_lr)
+    H.check(HPARAMS, lambda_lr=lambda_lr)
 
     def init(num_clients):
         return AFLState(jnp.full((num_clients,), 1.0 / num_clients, jnp.float32))
 
-    def update(state, outputs, client_ids, client_mask):
+    def update(state, outputs, ctx):
+        client_ids, client_mask = ctx.client_ids, ctx.client_mask
         active = active_clients(outputs, client_mask)
         # An empty client's loss is 0 by definition (it still counts in m).
         losses = jnp.where(active, outputs.loss_before, 0.0)
@@ -104,11 +99,11 @@ def afl_mixing(lambda_lr: float = 0.01) -> MixingRule:
     return MixingRule(init, update)
 
 
-def afl(model, *, lambda_lr: float = 0.01, **fedavg_kwargs) -> FederatedAlgorithm:
-    """FedAvg local training with AFL's minimax client weights; other arguments are
-    FedAvg's. Meant for full participation (the ``full`` sampler)."""
-    require_losses(fedavg_kwargs)
-    return fedavg(model, mixing=afl_mixing(lambda_lr), **fedavg_kwargs)
-
-
-afl.forwards_to = fedavg
+def afl(model, *, lambda_lr: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
+        num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
+        server_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg local training with AFL's minimax client weights. Meant for full
+    participation (the ``full`` sampler)."""
+    return fedavg(model, mixing=afl_mixing(lambda_lr), client_lr=client_lr,
+                  batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
+                  client_optimizer=client_optimizer, server_optimizer=server_optimizer)

@@ -1,5 +1,5 @@
 """FedAvg — McMahan, Moore, Ramage, Hampson, Agüera y Arcas, "Communication-Efficient
-Learning of Deep Networks from Decentralized Data", AISTATS 2017.
+Learning of Deep Networks from Decentralized Data", AISTATS 2017 (arXiv:1602.05629).
 
 Each round, client k runs E epochs of minibatch SGD (batch B, rate eta_l) from the
 global model theta^t, and the server averages by data size:
@@ -7,54 +7,65 @@ global model theta^t, and the server averages by data size:
     theta^{t+1} = sum_k (n_k / n) theta_k = theta^t - sum_k p_k Delta_k,
     Delta_k = theta^t - theta_k,  p_k = n_k / sum_{j in S} n_j.
 
-Symbols -> arguments: eta_l = ``client_lr`` (or any ``client_optimizer``),
-E = ``num_epochs``, B = ``batch_size``; the server step is ``optax.sgd(1.0)``.
+Symbols -> arguments: eta_l = ``client_lr`` (a number, a traced scalar, or a
+schedule of the round t, e.g. ``lambda t: 0.1 * 0.99 ** t``; or any
+``client_optimizer``), E = ``num_epochs``, B = ``batch_size``; the server step is
+``optax.sgd(1.0)``.
+
+``CLIENT_HPARAMS`` are the local-training arguments every FedAvg-style factory
+states in its signature; ``client_training`` builds that local training.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import optax
 
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.client import local_training
-from fedjax_fair.execution import local_step_unroll, loss_chunk_size
 from fedjax_fair.mixing import by_num_examples
 
+Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
 
-def client_training(model, *, client_lr: float = 0.1, client_optimizer=None,
-                    batch_size: int = 20, num_epochs: int = 1,
-                    max_steps: Optional[int] = None, regularizer=None, track_loss: bool = True,
-                    unroll: Optional[int] = None, execution: str = "auto"):
-    """Local SGD shared by FedAvg-style methods (optax optimizer, masked steps).
+CLIENT_HPARAMS = {"client_lr": H.POSITIVE, "batch_size": H.COUNT, "num_epochs": H.COUNT,
+                  "max_steps": H.Range(1, None, integer=True, nullable=True)}
+HPARAMS = dict(CLIENT_HPARAMS)
 
-    ``unroll``: local-step scan unroll; None applies execution.local_step_unroll.
-    ``execution``: the cohort strategy, which sets the loss_before chunking."""
-    return local_training(model, client_optimizer or optax.sgd(client_lr),
+
+def check_client(client_lr, batch_size, num_epochs, max_steps) -> None:
+    """Range checks of the local-training arguments (concrete values only)."""
+    if not callable(client_lr):
+        CLIENT_HPARAMS["client_lr"].check("client_lr", client_lr)
+    H.check(CLIENT_HPARAMS, batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps)
+
+
+def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
+                    max_steps: Optional[int] = None, client_optimizer=None, regularizer=None,
+                    start=None, finish=None, track_loss: bool = True):
+    """Local SGD shared by FedAvg-style methods (masked steps, optax optimizer).
+
+    ``client_optimizer``: ``rate -> optax transformation`` (default ``optax.sgd``) or
+    a fixed optax transformation. The other hooks are ``client.local_training``'s."""
+    check_client(client_lr, batch_size, num_epochs, max_steps)
+    return local_training(model, client_lr=client_lr, optimizer=client_optimizer or optax.sgd,
                           batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                          regularizer=regularizer, track_loss=track_loss,
-                          unroll=local_step_unroll(model.uses_xla_conv) if unroll is None else unroll,
-                          loss_chunk_size=loss_chunk_size(execution))
+                          regularizer=regularizer, start=start, finish=finish,
+                          track_loss=track_loss)
 
 
-def fedavg(model, *, client_lr: float = 0.1, client_optimizer=None, batch_size: int = 20,
-           num_epochs: int = 1, max_steps: Optional[int] = None,
-           server_optimizer=None, mixing=None, execution: str = "auto",
-           chunk_size: Optional[int] = None, track_improvement: bool = False,
-           track_loss: bool = True, unroll: Optional[int] = None,
-           regularizer=None, aggregator=None) -> FederatedAlgorithm:
+def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
+           max_steps: Optional[int] = None, client_optimizer=None, server_optimizer=None,
+           mixing=None, aggregator=None, regularizer=None) -> FederatedAlgorithm:
     """FedAvg with data-size weights; ``server_optimizer`` defaults to sgd(1.0).
 
-    ``regularizer(params, server_params, client_state)`` is added to every local
-    batch loss (FedProx passes its proximal term). ``mixing`` (weights) and
+    Pieces for composing: ``regularizer(params, broadcast, client_state)`` is added
+    to every local batch loss (FedProx's proximal term); ``mixing`` (weights) and
     ``aggregator`` (default: the weighted mean) swap in other server rules, e.g.
     ``aggregators.step_normalized()`` for unequal local work."""
     return compose(
-        client_training(model, client_lr=client_lr, client_optimizer=client_optimizer,
-                        batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                        regularizer=regularizer, track_loss=track_loss, unroll=unroll,
-                        execution=execution),
+        client_training(model, client_lr=client_lr, batch_size=batch_size,
+                        num_epochs=num_epochs, max_steps=max_steps,
+                        client_optimizer=client_optimizer, regularizer=regularizer),
         mixing=mixing or by_num_examples(), aggregator=aggregator,
-        server_optimizer=server_optimizer,
-        execution=execution, chunk_size=chunk_size,
-        improvement_model=model if track_improvement else None)
+        server_optimizer=server_optimizer)

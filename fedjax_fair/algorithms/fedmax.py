@@ -1,5 +1,5 @@
 """FedMax, FedMax(k), FedSoftMax — Ben Mansour, Carenini, Duplessis, "Tackling
-Computational Heterogeneity in FL: A Few Theoretical Insights" (spec/
+Computational Heterogeneity in FL: A Few Theoretical Insights", arXiv:2307.06283 (spec/
 computational_heterogeneity.md §2, §2.1, §7).
 
 Loss-aware aggregation: the new model is a convex combination of the returned
@@ -48,20 +48,17 @@ p_i = n_i / n if ``weight_by_size``.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import jax.numpy as jnp
 
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.mixing import MixingRule
-from fedjax_fair.simplex import (exponentiated_gradient, loss_rule, require_losses,
-                                size_prior)
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.solvers.simplex import exponentiated_gradient
 
-
-def _check_beta(beta) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
-        raise ValueError(f"beta: must be a finite number, got {beta!r}")
-    return float(beta)
+HPARAMS = {"beta": H.REAL, "k": H.Range(0.0, None, low_open=True, static=True), **CLIENT_HPARAMS}
 
 
 def _check_k(k):
@@ -122,7 +119,7 @@ def fedmax_k_weights(losses, mask, k: float = 0.1):
     return chosen / jnp.maximum(jnp.sum(chosen), 1).astype(jnp.float32)
 
 
-def fedsoftmax_weights(losses, prior, mask, beta: float = 5.0):
+def fedsoftmax_weights(losses, prior, mask, beta=5.0):
     """alpha_i = prior_i exp(beta l_i) / sum_{j in mask} prior_j exp(beta l_j).
 
     Parameters
@@ -131,10 +128,9 @@ def fedsoftmax_weights(losses, prior, mask, beta: float = 5.0):
     prior : float array [K]
         n_i (paper) or ones (authors' code).
     mask : bool array [K]
-    beta : float
+    beta : float or traced scalar
         The loss multiplier; beta = 0 returns the prior normalised (FedAvg).
     """
-    beta = _check_beta(beta)
     return exponentiated_gradient(beta * jnp.asarray(losses, jnp.float32), prior, mask)
 
 
@@ -169,40 +165,43 @@ def fedmax_k_mixing(k: float = 0.1, *, loss_source: str = "last_epoch") -> Mixin
                                                          mask, k))
 
 
-def fedsoftmax_mixing(beta: float = 5.0, *, weight_by_size: bool = True,
+def fedsoftmax_mixing(beta=5.0, *, weight_by_size: bool = True,
                       loss_source: str = "last_epoch") -> MixingRule:
     """FedSoftMax as a stateless ``MixingRule``: alpha ∝ p_i exp(beta l_i)."""
-    beta = _check_beta(beta)
+    H.check(HPARAMS, beta=beta)
     _check_source(loss_source)
     return loss_rule(lambda out, mask: fedsoftmax_weights(
         client_losses(out, loss_source), size_prior(out, weight_by_size), mask, beta))
 
 
-def fedmax(model, *, loss_source: str = "last_epoch", **fedavg_kwargs) -> FederatedAlgorithm:
+def fedmax(model, *, loss_source: str = "last_epoch", client_lr: Rate = 0.1,
+           batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
+           client_optimizer=None, server_optimizer=None) -> FederatedAlgorithm:
     """FedAvg local training; the new model is the highest-loss client's (ties
-    averaged). Other arguments are FedAvg's."""
-    require_losses(fedavg_kwargs)
-    return fedavg(model, mixing=fedmax_mixing(loss_source=loss_source), **fedavg_kwargs)
+    averaged)."""
+    return fedavg(model, mixing=fedmax_mixing(loss_source=loss_source), client_lr=client_lr,
+                  batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
+                  client_optimizer=client_optimizer, server_optimizer=server_optimizer)
 
 
 def fedmax_k(model, *, k: float = 0.1, loss_source: str = "last_epoch",
-             **fedavg_kwargs) -> FederatedAlgorithm:
-    """FedAvg local training averaged uniformly over the k highest-loss clients;
-    other arguments are FedAvg's."""
-    require_losses(fedavg_kwargs)
-    return fedavg(model, mixing=fedmax_k_mixing(k, loss_source=loss_source), **fedavg_kwargs)
+             client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
+             max_steps: Optional[int] = None, client_optimizer=None,
+             server_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg local training averaged uniformly over the k highest-loss clients."""
+    return fedavg(model, mixing=fedmax_k_mixing(k, loss_source=loss_source),
+                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer)
 
 
 def fedsoftmax(model, *, beta: float = 5.0, weight_by_size: bool = True,
-               loss_source: str = "last_epoch", **fedavg_kwargs) -> FederatedAlgorithm:
-    """FedAvg local training with FedSoftMax's loss-tilted weights; other arguments
-    are FedAvg's."""
-    require_losses(fedavg_kwargs)
+               loss_source: str = "last_epoch", client_lr: Rate = 0.1, batch_size: int = 20,
+               num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
+               server_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg local training with FedSoftMax's loss-tilted weights."""
     return fedavg(model, mixing=fedsoftmax_mixing(beta, weight_by_size=weight_by_size,
                                                   loss_source=loss_source),
-                  **fedavg_kwargs)
-
-
-for _factory in (fedmax, fedmax_k, fedsoftmax):
-    _factory.forwards_to = fedavg
-del _factory
+                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer)

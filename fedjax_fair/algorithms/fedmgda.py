@@ -40,39 +40,24 @@ lambda0 = the mixing rule's weights (``center``, or ``mixing=``); the QP iterati
 """
 from __future__ import annotations
 
-import inspect
-import numbers
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
 
-from fedjax_fair import qp
+from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import client_training, fedavg
+from fedjax_fair.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
 from fedjax_fair.mixing import by_num_examples, uniform
+from fedjax_fair.solvers import qp
 
 CENTERS = {"num_examples": by_num_examples, "uniform": uniform}
-
-
-def _is_concrete_number(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _check_epsilon(epsilon) -> None:
-    """eps must be a real number >= 0 (or a JAX array, e.g. traced for a vmap/grad)."""
-    if isinstance(epsilon, jax.Array):
-        return
-    if not _is_concrete_number(epsilon) or not epsilon >= 0:
-        raise ValueError(f"epsilon: must be a number >= 0, got {epsilon!r}")
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+HPARAMS = {"epsilon": H.NONNEGATIVE, "global_lr": H.POSITIVE, "global_lr_decay": H.POSITIVE,
+           "decay_every": H.COUNT, "qp_iters": H.Range(0, None, integer=True),
+           **CLIENT_HPARAMS}
 
 
 def normalized_gram(deltas, active=None):
@@ -173,20 +158,19 @@ def fedmgda_plus_aggregator(epsilon: float = 0.1, *, qp_iters: int = 200,
 
     Works with any client update and any ``MixingRule`` (the centre), e.g.
     ``compose(client_update, mixing=uniform(), aggregator=fedmgda_plus_aggregator(0.5))``.
+    ``info["lambdas"]`` holds lambda* [K].
     """
-    _check_epsilon(epsilon)
-    _check_int("qp_iters", qp_iters, 0)
+    H.check(HPARAMS, epsilon=epsilon, qp_iters=qp_iters)
     qp._check_method(method)
 
-    def init(params):
-        del params
+    def init(params, num_clients):
+        del params, num_clients
         return FedMGDAState()
 
-    def aggregate(state, deltas, weights, outputs=None):
-        del outputs
-        direction, _ = fedmgda_plus_direction(deltas, weights, epsilon, qp_iters=qp_iters,
-                                              method=method)
-        return direction, state
+    def aggregate(state, outputs, weights, ctx):
+        direction, lambdas = fedmgda_plus_direction(outputs.delta, weights, epsilon,
+                                                    qp_iters=qp_iters, method=method)
+        return direction, state, {"lambdas": lambdas}
 
     return Aggregator(init, aggregate)
 
@@ -195,15 +179,19 @@ def server_schedule(global_lr, global_lr_decay=1.0, decay_every: int = 1):
     """eta_t = eta * phi^floor(t / s) as an optax schedule (t = server steps taken).
 
     Traced (non-Python) ``global_lr`` / ``global_lr_decay`` are allowed, so a whole run
-    can be differentiated or vmapped over them."""
+    can be differentiated or vmapped over them; ``global_lr`` may itself be a schedule
+    of the round."""
     def schedule(count):
-        return global_lr * jnp.power(global_lr_decay, (count // decay_every).astype(jnp.float32))
+        rate = global_lr(count) if callable(global_lr) else global_lr
+        return rate * jnp.power(global_lr_decay, (count // decay_every).astype(jnp.float32))
     return schedule
 
 
-def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: float = 1.0,
+def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
                  global_lr_decay: float = 1.0, decay_every: int = 1, qp_iters: int = 200,
-                 center: str = "num_examples", **fedavg_kwargs) -> FederatedAlgorithm:
+                 center: str = "num_examples", client_lr: Rate = 0.1, batch_size: int = 20,
+                 num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
+                 mixing=None, server_optimizer=None) -> FederatedAlgorithm:
     """FedAvg local training with FedMGDA+ aggregation and server step eta_t d.
 
     Parameters
@@ -213,59 +201,36 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: float = 1.0,
         eps, the box half-width around the centre weights (0 = FedAvg over the
         normalised updates, 1 = MGDA).
     global_lr, global_lr_decay, decay_every :
-        eta, phi, s of eta_t = eta phi^floor(t / s) (the server's sgd step).
+        eta, phi, s of eta_t = eta phi^floor(t / s) (the server's sgd step); eta and
+        phi may be traced.
     qp_iters : int
         Fixed number of QP iterations per round.
     center : {"num_examples", "uniform"}
         lambda0: data weights (default; the paper, spec/dqn_fed.md) or 1 / |S| (the
         AAggFF reference code). A ``mixing=`` rule, if given, is the centre instead.
-    **fedavg_kwargs :
-        FedAvg's arguments (``client_lr``, ``batch_size``, ``num_epochs``,
-        ``execution``, ``regularizer``, ``mixing``, ``server_optimizer`` ...). A
-        ``server_optimizer`` replaces the sgd(eta_t) step and then cannot be combined
-        with ``global_lr`` / ``global_lr_decay``.
+    client_lr, batch_size, num_epochs, max_steps, client_optimizer :
+        FedAvg's local training.
+    server_optimizer :
+        Replaces the sgd(eta_t) step; then leave ``global_lr`` and
+        ``global_lr_decay`` at 1.0.
     """
-    _check_epsilon(epsilon)
-    _check_int("qp_iters", qp_iters, 0)
-    _check_int("decay_every", decay_every, 1)
-    if _is_concrete_number(global_lr) and not global_lr > 0:
-        raise ValueError(f"global_lr: must be > 0, got {global_lr!r}")
-    if _is_concrete_number(global_lr_decay) and not global_lr_decay > 0:
-        raise ValueError(f"global_lr_decay: must be > 0, got {global_lr_decay!r}")
+    H.check(HPARAMS, epsilon=epsilon, global_lr_decay=global_lr_decay,
+            decay_every=decay_every, qp_iters=qp_iters)
+    if not callable(global_lr):
+        HPARAMS["global_lr"].check("global_lr", global_lr)
     if center not in CENTERS:
         raise ValueError(f"center: must be one of {sorted(CENTERS)}, got {center!r}")
-
-    accepted = {name: p.default for name, p in inspect.signature(fedavg).parameters.items()
-                if p.kind is p.KEYWORD_ONLY}
-    for name in fedavg_kwargs:
-        if name not in accepted:
-            raise TypeError(f"fedmgda_plus() got an unexpected keyword argument {name!r}")
-    kw = {**accepted, **fedavg_kwargs}
-    client_names = set(inspect.signature(client_training).parameters) - {"model"}
-    handled = client_names | {"mixing", "server_optimizer", "execution", "chunk_size",
-                              "track_improvement"}
-    for name in fedavg_kwargs:
-        if name not in handled:  # a FedAvg argument this factory does not know how to pass
-            raise TypeError(f"fedmgda_plus() cannot forward the FedAvg argument {name!r}")
-
-    if kw["mixing"] is not None and center != "num_examples":
+    if mixing is not None and center != "num_examples":
         raise ValueError("center: give either center or mixing, not both")
-    mixing = kw["mixing"] or CENTERS[center]()
-    server_optimizer = kw["server_optimizer"]
     if server_optimizer is not None and not (
-            _is_concrete_number(global_lr) and global_lr == 1.0
-            and _is_concrete_number(global_lr_decay) and global_lr_decay == 1.0):
+            H.is_concrete(global_lr) and global_lr == 1.0
+            and H.is_concrete(global_lr_decay) and global_lr_decay == 1.0):
         raise ValueError("server_optimizer: replaces the sgd(global_lr) server step; "
                          "leave global_lr and global_lr_decay at 1.0 when giving one")
     if server_optimizer is None:
         server_optimizer = optax.sgd(server_schedule(global_lr, global_lr_decay, decay_every))
-
-    client = client_training(model, **{k: v for k, v in kw.items() if k in client_names})
-    return compose(client, mixing=mixing,
-                   aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
-                   server_optimizer=server_optimizer, execution=kw["execution"],
-                   chunk_size=kw["chunk_size"],
-                   improvement_model=model if kw["track_improvement"] else None)
-
-
-fedmgda_plus.forwards_to = fedavg
+    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  mixing=mixing or CENTERS[center](),
+                  aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
+                  server_optimizer=server_optimizer)

@@ -1,7 +1,7 @@
 """Server optimizers — FedAvgM (Hsu, Qi, Brown, "Measuring the Effects of Non-Identical
 Data Distribution for Federated Visual Classification", 2019) and FedAdagrad / FedAdam /
 FedYogi (Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar, McMahan, "Adaptive
-Federated Optimization", ICLR 2021, Algorithm 2).
+Federated Optimization", ICLR 2021, arXiv:2003.00295, Algorithm 2).
 
 The clients run FedAvg's local SGD; the server treats the averaged client delta
 Delta^t = sum_k p_k (x^t - x_k) as a pseudo-gradient and steps with an optax
@@ -15,42 +15,73 @@ optimizer (server rate eta = ``server_lr``):
 
 Reddi et al. run the adaptive rules without bias correction; optax's adam applies
 it, which only rescales early steps. tau = ``tau`` (the paper's adaptivity, 1e-3 by
-default there). Every other argument is FedAvg's.
+default there). ``server_lr`` may be a schedule of the round (optax's step count is
+the number of server steps, one per round). The client arguments are FedAvg's.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+
+HPARAMS = {"server_lr": H.POSITIVE, "momentum": H.Range(0.0, 1.0, high_open=True),
+           "b1": H.Range(0.0, 1.0, high_open=True), "b2": H.Range(0.0, 1.0, high_open=True),
+           "tau": H.POSITIVE, **CLIENT_HPARAMS}
 
 
-def fedavgm(model, *, server_lr: float = 1.0, momentum: float = 0.9,
-            **fedavg_kwargs) -> FederatedAlgorithm:
-    return fedavg(model, server_optimizer=optax.sgd(server_lr, momentum=momentum),
-                  **fedavg_kwargs)
+def _check(**values):
+    for name, value in values.items():
+        if not callable(value):
+            HPARAMS[name].check(name, value)
 
 
-def fedadam(model, *, server_lr: float = 0.01, b1: float = 0.9, b2: float = 0.99,
-            tau: float = 1e-3, **fedavg_kwargs) -> FederatedAlgorithm:
-    return fedavg(model, server_optimizer=optax.adam(server_lr, b1=b1, b2=b2, eps=tau),
-                  **fedavg_kwargs)
+def fedavgm(model, *, server_lr: Rate = 1.0, momentum: float = 0.9, client_lr: Rate = 0.1,
+            batch_size: int = 20, num_epochs: int = 1,
+            max_steps: Optional[int] = None, client_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg clients; server SGD with momentum on the averaged delta."""
+    _check(server_lr=server_lr, momentum=momentum)
+    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=optax.sgd(server_lr, momentum=momentum))
 
 
-def fedyogi(model, *, server_lr: float = 0.01, b1: float = 0.9, b2: float = 0.99,
-            tau: float = 1e-3, **fedavg_kwargs) -> FederatedAlgorithm:
-    return fedavg(model, server_optimizer=optax.yogi(server_lr, b1=b1, b2=b2, eps=tau),
-                  **fedavg_kwargs)
+def fedadam(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
+            tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
+            num_epochs: int = 1, max_steps: Optional[int] = None,
+            client_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg clients; server Adam on the averaged delta."""
+    _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
+    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=optax.adam(server_lr, b1=b1, b2=b2, eps=tau))
 
 
-def fedadagrad(model, *, server_lr: float = 0.1, tau: float = 1e-3,
-               **fedavg_kwargs) -> FederatedAlgorithm:
-    return fedavg(model, server_optimizer=optax.chain(scale_by_adagrad_tau(tau),
-                                                      optax.scale(-server_lr)), **fedavg_kwargs)
+def fedyogi(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
+            tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
+            num_epochs: int = 1, max_steps: Optional[int] = None,
+            client_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg clients; server Yogi on the averaged delta."""
+    _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
+    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=optax.yogi(server_lr, b1=b1, b2=b2, eps=tau))
+
+
+def fedadagrad(model, *, server_lr: Rate = 0.1, tau: float = 1e-3, client_lr: Rate = 0.1,
+               batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
+               client_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg clients; server Adagrad (Reddi et al.'s form) on the averaged delta."""
+    _check(server_lr=server_lr, tau=tau)
+    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=optax.chain(scale_by_adagrad_tau(tau),
+                                               optax.scale_by_learning_rate(server_lr)))
 
 
 class AdagradTauState(NamedTuple):

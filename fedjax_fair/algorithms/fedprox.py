@@ -1,5 +1,5 @@
 """FedProx — Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, "Federated Optimization in
-Heterogeneous Networks", MLSys 2020.
+Heterogeneous Networks", MLSys 2020 (arXiv:1812.06127).
 
 Client k approximately minimises the proximal objective (eq. 2)
 
@@ -8,15 +8,25 @@ Client k approximately minimises the proximal objective (eq. 2)
 with local SGD, and the server averages as in FedAvg. With mu = 0 it is FedAvg.
 Variable stragglers (partial work) are the ``step_budgets`` of the simulator.
 
-Symbols -> arguments: mu = ``mu``; w^t = the server parameters.
+Symbols -> arguments: mu = ``mu`` (may be traced); w^t = the broadcast parameters.
 """
 from __future__ import annotations
 
+from typing import Optional
+
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
 from fedjax_fair.client import proximal_term
 
+HPARAMS = {"mu": H.NONNEGATIVE, **CLIENT_HPARAMS}
 
-def fedprox(model, *, mu: float = 0.01, **fedavg_kwargs) -> FederatedAlgorithm:
-    """FedAvg whose clients add (mu / 2) ||w - w^t||^2; other arguments are FedAvg's."""
-    return fedavg(model, regularizer=proximal_term(mu), **fedavg_kwargs)
+
+def fedprox(model, *, mu: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
+            num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
+            server_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg whose clients add (mu / 2) ||w - w^t||^2 to their batch loss."""
+    H.check(HPARAMS, mu=mu)
+    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer, regularizer=proximal_term(mu))

@@ -1,5 +1,5 @@
 """PropFair — Zhang, Malekmohammadi, Chen, Yu, "Proportional Fairness in Federated
-Learning", TMLR 2023 (aggregation form of spec/aaggff.md §5, thesis eq. 3.21-3.23).
+Learning", TMLR 2023, arXiv:2202.01666 (aggregation form of spec/aaggff.md §5, thesis eq. 3.21-3.23).
 
 PropFair maximises the Nash social welfare of the clients' utilities M - F_k:
 
@@ -16,7 +16,8 @@ F_k = F_k(theta^t) is ``ClientOutput.loss_before``.
 
 Losses at or above M (spec/aaggff.md §5, §9.10): the formula needs F_k < M, so the
 utility is clipped, M - F_k >= ``eps``. Every client with F_k >= M - eps then
-gets the same, largest per-example weight n_k / eps. The default eps = 0.2 is the
+gets the same, largest per-example weight n_k / eps (0 < eps <= M, checked in
+Python for concrete values). The default eps = 0.2 is the
 margin at which the reference code leaves the log utility. (The reference code's
 other form — the client loss -log(1 - l / M) per minibatch, aggregated by FedAvg,
 spec's ``propfair_mode="client"`` — needs a batch-loss hook in client.py and is not
@@ -28,27 +29,26 @@ the clip = ``eps``. Masked rows and empty clients get weight 0.
 """
 from __future__ import annotations
 
-import math
+from typing import Optional
 
 import jax.numpy as jnp
 
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.mixing import MixingRule
-from fedjax_fair.simplex import (exponentiated_gradient, loss_rule, require_losses,
-                                size_prior)
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.solvers.simplex import exponentiated_gradient
+
+HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE, **CLIENT_HPARAMS}
 
 
-def _check(baseline, eps) -> tuple[float, float]:
-    if isinstance(baseline, bool) or not isinstance(baseline, (int, float)) \
-            or not math.isfinite(baseline) or baseline <= 0:
-        raise ValueError(f"baseline: must be a finite number > 0, got {baseline!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= baseline:
-        raise ValueError(f"eps: must be in (0, baseline], got {eps!r}")
-    return float(baseline), float(eps)
+def _check(baseline, eps) -> None:
+    H.check(HPARAMS, baseline=baseline, eps=eps)
+    if H.is_concrete(baseline) and H.is_concrete(eps) and eps > baseline:
+        raise ValueError(f"eps: must be in (0, baseline], got {eps!r} > {baseline!r}")
 
 
-def propfair_weights(losses, prior, mask, baseline: float = 2.0, eps: float = 0.2):
+def propfair_weights(losses, prior, mask, baseline=2.0, eps=0.2):
     """w_k ∝ prior_k / max(M - F_k, eps) over ``mask`` (0 elsewhere).
 
     Parameters
@@ -58,32 +58,29 @@ def propfair_weights(losses, prior, mask, baseline: float = 2.0, eps: float = 0.
     prior : float array [K]
         n_k (thesis) or ones.
     mask : bool array [K]
-    baseline : float
+    baseline : float or traced scalar
         M.
-    eps : float
+    eps : float or traced scalar
         Smallest utility M - F_k used (clip for F_k >= M - eps).
     """
-    baseline, eps = _check(baseline, eps)
     utility = jnp.maximum(baseline - jnp.asarray(losses, jnp.float32), eps)
     return exponentiated_gradient(-jnp.log(utility), prior, mask)
 
 
-def propfair_mixing(baseline: float = 2.0, *, eps: float = 0.2,
-                    weight_by_size: bool = True) -> MixingRule:
+def propfair_mixing(baseline=2.0, *, eps=0.2, weight_by_size: bool = True) -> MixingRule:
     """PropFair's proportional-fairness weights as a stateless ``MixingRule``."""
-    baseline, eps = _check(baseline, eps)
+    _check(baseline, eps)
     return loss_rule(lambda out, mask: propfair_weights(
         out.loss_before, size_prior(out, weight_by_size), mask, baseline, eps))
 
 
 def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: bool = True,
-             **fedavg_kwargs) -> FederatedAlgorithm:
-    """FedAvg local training with PropFair's aggregation weights; other arguments are
-    FedAvg's."""
-    require_losses(fedavg_kwargs)
+             client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
+             max_steps: Optional[int] = None, client_optimizer=None,
+             server_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg local training with PropFair's aggregation weights."""
     return fedavg(model, mixing=propfair_mixing(baseline, eps=eps,
                                                 weight_by_size=weight_by_size),
-                  **fedavg_kwargs)
-
-
-propfair.forwards_to = fedavg
+                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer)

@@ -1,5 +1,5 @@
 """q-FFL / q-FedAvg — Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in
-Federated Learning", ICLR 2020 (Algorithm 2; spec/aaggff.md §5, spec/dqn_fed.md §4).
+Federated Learning", ICLR 2020, arXiv:1905.10497 (Algorithm 2; spec/aaggff.md §5, spec/dqn_fed.md §4).
 
 q-FFL minimises f_q(w) = sum_k p_k F_k(w)^{q+1} / (q + 1): larger q puts more
 weight on clients with a high loss (q = 0 is FedAvg's objective, q -> inf AFL's).
@@ -33,8 +33,11 @@ Numerics: F_k^q and F_k^{q-1} are evaluated as exp(q log F_k - c) with
 c = max_j q log F_j (a common factor of both sums), so large q or L cannot
 overflow in float32. A client with F_k = 0 has F_k^q = 0 for q > 0 and its h_k
 is taken as 0 (its q F^{q-1} ||Delta w||^2 term is 0 * inf at an exact minimum);
-F^0 = 1. If every h_k is 0 (all losses 0 with q > 0) the step is 0. Masked rows
-and empty clients get weight 0, and a NaN delta on a masked row does not leak.
+F^0 = 1 (also at F = 0; q = 0 is selected exactly with ``jnp.where``, so q may be a
+traced array and q = 0 stays FedAvg bit for bit). If every h_k is 0 (all losses 0
+with q > 0) the step is 0. Masked rows and empty clients get weight 0, and a NaN
+delta on a masked row does not leak. The aggregator logs the effective
+coefficients c_k (``server/coefficients``).
 
 Symbols -> arguments: q = ``q`` (grid {0.1, 1, 5} in the thesis, {0, 0.001, 0.01,
 0.1, 1, 2, 5, 10} in DQN-Fed; the reference scripts select 0.1 or 1);
@@ -43,45 +46,37 @@ L = ``lipschitz`` (default 1 / ``client_lr``); pi = uniform, or ∝ n_k if
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.aggregators import Aggregator, weighted_sum
+from fedjax_fair import hparams as H
+from fedjax_fair.aggregators import Aggregator, stateless, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.mixing import MixingRule
-from fedjax_fair.simplex import (exponentiated_gradient, loss_rule, require_losses,
-                                size_prior)
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 MODES = ("faithful", "mixing")
+HPARAMS = {"q": H.NONNEGATIVE, "lipschitz": H.Range(0.0, None, low_open=True, nullable=True),
+           **CLIENT_HPARAMS}
 
 
-def _check_q(q) -> float:
-    if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q < 0:
-        raise ValueError(f"q: must be a finite number >= 0, got {q!r}")
-    return float(q)
+def _safe_log(x):
+    """log x for x > 0, 0 elsewhere (so 0 * log 0 never makes a NaN gradient)."""
+    positive = x > 0
+    return jnp.where(positive, jnp.log(jnp.where(positive, x, 1.0)), 0.0)
 
 
-def _check_lipschitz(lipschitz) -> float:
-    if isinstance(lipschitz, bool) or not isinstance(lipschitz, (int, float)) \
-            or not math.isfinite(lipschitz) or lipschitz <= 0:
-        raise ValueError(f"lipschitz: must be a finite number > 0, got {lipschitz!r}")
-    return float(lipschitz)
-
-
-def _q_log_loss(losses, q: float):
+def _q_log_loss(losses, q):
     """q log F_k, with 0 for q = 0 (F^0 = 1, also at F = 0) and -inf for F_k = 0 < q."""
     losses = jnp.asarray(losses, jnp.float32)
-    if q == 0:
-        return jnp.zeros_like(losses)
-    positive = losses > 0
-    return jnp.where(positive, q * jnp.log(jnp.where(positive, losses, 1.0)), -jnp.inf)
+    at_zero = jnp.where(q == 0, 0.0, -jnp.inf)  # F^q at F = 0: 1 if q = 0, else 0
+    return jnp.where(losses > 0, q * _safe_log(losses), at_zero)
 
 
-def qffl_weights(losses, prior, mask, q: float):
+def qffl_weights(losses, prior, mask, q):
     """The mixing form p_k = prior_k F_k^q / sum_{j in mask} prior_j F_j^q.
 
     Parameters
@@ -91,16 +86,16 @@ def qffl_weights(losses, prior, mask, q: float):
     prior : float array [K]
         n_k (thesis) or ones.
     mask : bool array [K]
-    q : float
+    q : float or traced scalar
         q >= 0; q = 0 returns the prior normalised over the mask.
     """
-    return exponentiated_gradient(_q_log_loss(losses, _check_q(q)), prior, mask)
+    return exponentiated_gradient(_q_log_loss(losses, q), prior, mask)
 
 
-def qffl_mixing(q: float = 0.1, *, weight_by_size: bool = True) -> MixingRule:
+def qffl_mixing(q=0.1, *, weight_by_size: bool = True) -> MixingRule:
     """The thesis's q-FFL mixing rule p_k ∝ n_k F_k^q (uniform prior if not
     ``weight_by_size``) as a stateless ``MixingRule``."""
-    q = _check_q(q)
+    H.check(HPARAMS, q=q)
     return loss_rule(lambda out, mask: qffl_weights(
         out.loss_before, size_prior(out, weight_by_size), mask, q))
 
@@ -121,7 +116,7 @@ def _per_client_sq_norms(deltas, keep):
     return jnp.where(keep, total, 0.0)
 
 
-def qffl_coefficients(losses, sq_norms, prior, q: float, lipschitz: float):
+def qffl_coefficients(losses, sq_norms, prior, q, lipschitz):
     """Raw coefficients c_k with direction = sum_k c_k Delta_k (q-FedAvg).
 
     c_k = pi_k L F_k^q / sum_j pi_j (q F_j^{q-1} L^2 ||Delta_j||^2 + L F_j^q),
@@ -135,10 +130,9 @@ def qffl_coefficients(losses, sq_norms, prior, q: float, lipschitz: float):
         ||Delta_k||^2 = ||w^t - w_k||^2.
     prior : float array [K]
         pi_k >= 0 on the simplex (0 on masked rows).
-    q, lipschitz : float
+    q, lipschitz : float or traced scalars
         q >= 0 and L > 0.
     """
-    q, lipschitz = _check_q(q), _check_lipschitz(lipschitz)
     losses = jnp.asarray(losses, jnp.float32)
     prior = jnp.asarray(prior, jnp.float32)
     keep = prior > 0
@@ -146,72 +140,67 @@ def qffl_coefficients(losses, sq_norms, prior, q: float, lipschitz: float):
     top = jnp.max(qlog)
     shift = jnp.where(jnp.isfinite(top), top, 0.0)
     scaled = jnp.where(qlog > -jnp.inf, jnp.exp(jnp.where(keep, qlog, 0.0) - shift), 0.0)
-    # F^q / e^c (scaled) and q F^{q-1} L ||Delta||^2 / e^c = q scaled L ||Delta||^2 / F.
+    # F^q / e^c (scaled) and q F^{q-1} L ||Delta||^2 / e^c = q scaled L ||Delta||^2 / F
+    # (exactly 0 at q = 0).
     positive = keep & (losses > 0)
-    curvature = (jnp.where(positive, q * scaled * lipschitz * sq_norms
-                           / jnp.where(positive, losses, 1.0), 0.0) if q > 0
-                 else jnp.zeros_like(scaled))
+    curvature = jnp.where(positive, q * scaled * lipschitz * sq_norms
+                          / jnp.where(positive, losses, 1.0), 0.0)
     numer = jnp.where(keep, prior * scaled, 0.0)
     denom = jnp.sum(jnp.where(keep, prior * (scaled + curvature), 0.0))
     return jnp.where(denom > 0, numer / jnp.where(denom > 0, denom, 1.0), 0.0)
 
 
-def qffl_aggregator(q: float = 0.1, lipschitz: float = 10.0) -> Aggregator:
+def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
     """q-FedAvg's server update as an ``Aggregator``; the mixing weights are pi_k.
 
     ``aggregate`` returns sum_k c_k Delta_k (``qffl_coefficients``), so the default
-    server step sgd(1.0) gives w^{t+1} = w^t - sum_k F_k^q Delta w_k / sum_k h_k."""
-    q, lipschitz = _check_q(q), _check_lipschitz(lipschitz)
+    server step sgd(1.0) gives w^{t+1} = w^t - sum_k F_k^q Delta w_k / sum_k h_k;
+    ``info["coefficients"]`` holds c_k [K]."""
+    H.check(HPARAMS, q=q, lipschitz=lipschitz)
 
-    def init(params):
-        del params
-        return ()
-
-    def aggregate(state, deltas, weights, outputs):
+    def direction(outputs, weights, ctx):
         keep = weights > 0
-        sq = _per_client_sq_norms(deltas, keep)
+        sq = _per_client_sq_norms(outputs.delta, keep)
         coef = qffl_coefficients(outputs.loss_before, sq, weights, q, lipschitz)
-
         # One dot product, like weighted_sum (a NaN-safe select would copy all K
         # deltas: 10x slower at K = 1000, benchmarks/server_step.py).
-        return weighted_sum(deltas, coef), state
+        return weighted_sum(outputs.delta, coef), {"coefficients": coef}
 
-    return Aggregator(init, aggregate)
+    return stateless(direction)
 
 
 def qffl(model, *, q: float = 0.1, mode: str = "faithful",
          weight_by_size: Optional[bool] = None, lipschitz: Optional[float] = None,
-         client_lr: float = 0.1, **fedavg_kwargs) -> FederatedAlgorithm:
+         client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
+         max_steps: Optional[int] = None, client_optimizer=None, server_optimizer=None,
+         mixing=None) -> FederatedAlgorithm:
     """q-FedAvg: FedAvg's local SGD with the q-FFL server step (see the module doc).
 
     In ``"faithful"`` mode a ``mixing`` rule, if given, replaces the prior pi.
 
     ``weight_by_size`` (pi ∝ n_k) defaults to False for ``"faithful"`` (Li et al.'s
     reference code: uniform) and True for ``"mixing"`` (the thesis's n_k F_k^q).
-    ``lipschitz`` defaults to 1 / ``client_lr``. Other arguments are FedAvg's."""
-    q = _check_q(q)
+    ``lipschitz`` defaults to 1 / ``client_lr`` (which then must be a number or a
+    traced scalar, not a schedule)."""
+    H.check(HPARAMS, q=q, lipschitz=lipschitz)
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
     if weight_by_size is not None and not isinstance(weight_by_size, bool):
         raise ValueError(f"weight_by_size: must be true, false or null, got {weight_by_size!r}")
-    require_losses(fedavg_kwargs)
-    mixing = fedavg_kwargs.pop("mixing", None)
+    client = dict(client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer)
     if mode == "mixing":
         if lipschitz is not None:
             raise ValueError("lipschitz: only used by mode='faithful'")
         if mixing is not None:
             raise ValueError("mixing: mode='mixing' sets the mixing rule itself")
         by_size = True if weight_by_size is None else weight_by_size
-        return fedavg(model, client_lr=client_lr,
-                      mixing=qffl_mixing(q, weight_by_size=by_size), **fedavg_kwargs)
+        return fedavg(model, mixing=qffl_mixing(q, weight_by_size=by_size), **client)
     if lipschitz is None:
-        if not client_lr > 0:
-            raise ValueError(f"client_lr: must be > 0 to set lipschitz = 1 / client_lr, "
-                             f"got {client_lr!r}")
+        if callable(client_lr):
+            raise ValueError("lipschitz: give it explicitly when client_lr is a schedule")
         lipschitz = 1.0 / client_lr
     by_size = False if weight_by_size is None else weight_by_size
     return fedavg(model, aggregator=qffl_aggregator(q, lipschitz),
-                  mixing=mixing or prior_mixing(by_size), client_lr=client_lr, **fedavg_kwargs)
-
-
-qffl.forwards_to = fedavg
+                  mixing=mixing or prior_mixing(by_size), **client)

@@ -1,5 +1,5 @@
-"""TERM — Li, Beirami, Sanjabi, Smith, "Tilted Empirical Risk Minimization", ICLR 2021
-(client-level tilt, as used for fair FL; spec/aaggff.md §5, spec/dqn_fed.md §4).
+"""TERM — Li, Beirami, Sanjabi, Smith, "Tilted Empirical Risk Minimization", ICLR 2021,
+arXiv:2007.01162 (client-level tilt, as used for fair FL; spec/aaggff.md §5, spec/dqn_fed.md §4).
 
 The tilted objective over clients
 
@@ -26,24 +26,20 @@ Empty clients (n_k = 0) and masked rows get weight 0.
 """
 from __future__ import annotations
 
-import math
+from typing import Optional
 
 import jax.numpy as jnp
 
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.mixing import MixingRule
-from fedjax_fair.simplex import (exponentiated_gradient, loss_rule, require_losses,
-                                size_prior)
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.solvers.simplex import exponentiated_gradient
+
+HPARAMS = {"tilt": H.REAL, **CLIENT_HPARAMS}
 
 
-def _check_tilt(tilt) -> float:
-    if isinstance(tilt, bool) or not isinstance(tilt, (int, float)) or not math.isfinite(tilt):
-        raise ValueError(f"tilt: must be a finite number, got {tilt!r}")
-    return float(tilt)
-
-
-def term_weights(losses, prior, mask, tilt: float):
+def term_weights(losses, prior, mask, tilt):
     """w_k = prior_k exp(t F_k) / sum_{j in mask} prior_j exp(t F_j) (log-sum-exp).
 
     Parameters
@@ -54,26 +50,24 @@ def term_weights(losses, prior, mask, tilt: float):
         p_k >= 0 (n_k for the thesis form, ones for the reference code).
     mask : bool array [K]
         Rows to weight; the rest get 0.
-    tilt : float
+    tilt : float or traced scalar
         t; t = 0 returns ``prior`` normalised over the mask.
     """
     return exponentiated_gradient(tilt * jnp.asarray(losses, jnp.float32), prior, mask)
 
 
-def term_mixing(tilt: float = 0.1, *, weight_by_size: bool = True) -> MixingRule:
+def term_mixing(tilt=0.1, *, weight_by_size: bool = True) -> MixingRule:
     """TERM's client-level tilt as a stateless ``MixingRule`` (see the module doc)."""
-    tilt = _check_tilt(tilt)
+    H.check(HPARAMS, tilt=tilt)
     return loss_rule(lambda out, mask: term_weights(
         out.loss_before, size_prior(out, weight_by_size), mask, tilt))
 
 
-def term(model, *, tilt: float = 0.1, weight_by_size: bool = True,
-         **fedavg_kwargs) -> FederatedAlgorithm:
-    """FedAvg local training with TERM's tilted aggregation weights; other arguments
-    are FedAvg's (``client_lr``, ``batch_size``, ``num_epochs``, ...)."""
-    require_losses(fedavg_kwargs)
+def term(model, *, tilt: float = 0.1, weight_by_size: bool = True, client_lr: Rate = 0.1,
+         batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
+         client_optimizer=None, server_optimizer=None) -> FederatedAlgorithm:
+    """FedAvg local training with TERM's tilted aggregation weights."""
     return fedavg(model, mixing=term_mixing(tilt, weight_by_size=weight_by_size),
-                  **fedavg_kwargs)
-
-
-term.forwards_to = fedavg
+                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  max_steps=max_steps, client_optimizer=client_optimizer,
+                  server_optimizer=server_optimizer)

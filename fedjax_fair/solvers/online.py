@@ -22,10 +22,7 @@ with fixed iteration counts (spec/aaggff.md §2-§3):
   argmin_{p in Delta} <s, p> + zeta sum_i p_i log p_i = softmax(-s / zeta)
   (thesis eq. 3.12).
 
-The Euclidean simplex projection used inside is the sort-based one (Held, Wolfe,
-Crowder 1974; Duchi et al., ICML 2008): u = v sorted in decreasing order,
-rho = max{j : u_j > (sum_{i<=j} u_i - 1) / j}, theta = (sum_{i<=rho} u_i - 1) / rho,
-Pi(v) = max(v - theta, 0).
+The Euclidean simplex projection used inside is ``solvers.simplex.project_simplex``.
 """
 from __future__ import annotations
 
@@ -33,23 +30,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_fair.solvers.simplex import project_simplex
+
 _TINY = 1e-30
-
-
-def _project_simplex(v):
-    """Euclidean projection of ``v`` [K] onto the probability simplex (sort-based).
-
-    Private to this module (fedjax_fair.simplex has the shared one); exact up to
-    rounding, O(K log K), jittable.
-    """
-    k = v.shape[-1]
-    u = jnp.sort(v)[::-1]
-    excess = jnp.cumsum(u) - 1.0
-    j = jnp.arange(1, k + 1, dtype=v.dtype)
-    # u_1 - (u_1 - 1) / 1 = 1 > 0, so the first index always qualifies.
-    rho = jnp.max(jnp.where(u - excess / j > 0, jnp.arange(k), 0))
-    theta = excess[rho] / (rho + 1).astype(v.dtype)
-    return jnp.maximum(v - theta, 0.0)
 
 
 def psd_lipschitz_bound(B):
@@ -79,14 +62,14 @@ def simplex_qp(B, b, init=None, *, num_iters: int = 300, strong_convexity=0.0,
     -------
     p : [K] on the simplex (every iterate is a Euclidean projection).
     """
-    if num_iters < 1:
+    if num_iters < 1:  # a static count, never traced
         raise ValueError(f"num_iters: must be >= 1, got {num_iters}")
     b = jnp.asarray(b)
     dtype = b.dtype
     k = b.shape[0]
     B = jnp.asarray(B, dtype)
     x0 = (jnp.full((k,), 1.0 / k, dtype) if init is None
-          else _project_simplex(jnp.asarray(init, dtype)))
+          else project_simplex(jnp.asarray(init, dtype)))
     lip = psd_lipschitz_bound(B) if lipschitz is None else jnp.asarray(lipschitz, dtype)
     lip = jnp.maximum(lip, _TINY)
     mu = jnp.clip(jnp.asarray(strong_convexity, dtype), 0.0, lip)
@@ -96,7 +79,7 @@ def simplex_qp(B, b, init=None, *, num_iters: int = 300, strong_convexity=0.0,
     def body(_, carry):
         x, y, t = carry
         grad = B @ y + b
-        x_new = _project_simplex(y - grad / lip)
+        x_new = project_simplex(y - grad / lip)
         t_new = 0.5 * (1.0 + jnp.sqrt(1.0 + 4.0 * t * t))
         # Restart when the step goes against the momentum direction.
         restart = jnp.vdot(y - x_new, x_new - x) > 0

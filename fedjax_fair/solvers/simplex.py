@@ -1,4 +1,4 @@
-"""Probability-simplex helpers shared by the loss-driven fair mixing rules.
+"""The probability simplex: projection, masked softmax, exponentiated gradient.
 
 * ``project_simplex(v)``: the Euclidean projection onto
   Delta = {p : p_i >= 0, sum_i p_i = r} by the sort-and-threshold algorithm
@@ -18,16 +18,11 @@
 * ``exponentiated_gradient(response, prior, mask, zeta)``: one exponentiated-gradient
   step from the prior, p_i ∝ prior_i exp(r_i / zeta) (spec/aaggff.md §1 Remark 3.1,
   §5 "Generic EG rule"); FedAvg, q-FFL, TERM and PropFair are instances of it.
-* ``active_clients(outputs, client_mask)``: the cohort rows a loss-driven rule
-  weights (participating and holding data).
-* ``size_prior(outputs, weight_by_size)``: n_k or 1 per client.
-* ``require_losses(fedavg_kwargs)``: refuses ``track_loss=False`` for loss-driven rules.
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedjax_fair.mixing import MixingRule
 
 
 def project_simplex(v, radius: float = 1.0):
@@ -63,8 +58,6 @@ def project_simplex_masked(v, mask, radius: float = 1.0):
     radius : float
         r > 0, the total mass of the projected coordinates.
     """
-    if radius <= 0:
-        raise ValueError(f"radius: must be > 0, got {radius}")
     v = jnp.asarray(v)
     if v.ndim != 1:
         raise ValueError(f"v: must be a vector, got shape {v.shape}")
@@ -131,48 +124,6 @@ def exponentiated_gradient(response, prior, mask, zeta: float = 1.0):
     zeta : float
         The step-size denominator zeta > 0.
     """
-    if not zeta > 0:
-        raise ValueError(f"zeta: must be > 0, got {zeta}")
     prior = jnp.asarray(prior, jnp.float32)
     log_prior = jnp.where(prior > 0, jnp.log(jnp.where(prior > 0, prior, 1.0)), -jnp.inf)
     return masked_softmax(log_prior + jnp.asarray(response, jnp.float32) / zeta, mask)
-
-
-def active_clients(outputs, client_mask):
-    """Rows weighted by loss-driven rules: ``client_mask`` and n_k > 0.
-
-    An empty client has no loss (its ``loss_before`` is 0 by convention) and a zero
-    delta, so it is left out. If no participating client holds data, the mask
-    itself is returned (the weights then stay on the simplex; every delta is 0).
-    """
-    client_mask = jnp.asarray(client_mask, bool)
-    with_data = client_mask & (outputs.num_examples > 0)
-    return jnp.where(jnp.any(with_data), with_data, client_mask)
-
-
-def loss_rule(weights_fn):
-    """A stateless ``MixingRule`` from ``weights_fn(outputs, active) -> weights [K]``,
-    ``active`` being ``active_clients`` (participating clients that hold data)."""
-
-    def init(num_clients):
-        del num_clients
-        return ()
-
-    def update(state, outputs, client_ids, client_mask):
-        del client_ids
-        return weights_fn(outputs, active_clients(outputs, client_mask)), state
-
-    return MixingRule(init, update)
-
-
-def size_prior(outputs, weight_by_size: bool):
-    """n_k as float32 (FedAvg's prior p_k ∝ n_k) if ``weight_by_size``, else ones."""
-    n = jnp.asarray(outputs.num_examples, jnp.float32)
-    return n if weight_by_size else jnp.ones_like(n)
-
-
-def require_losses(fedavg_kwargs: dict) -> None:
-    """Loss-driven rules read ``loss_before``: refuse ``track_loss=False``."""
-    if fedavg_kwargs.get("track_loss", True) is False:
-        raise ValueError("track_loss: this rule weights clients by loss_before, "
-                         "which track_loss=False does not compute")

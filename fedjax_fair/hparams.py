@@ -1,0 +1,107 @@
+"""Hyper-parameter ranges: stated once per method, checked outside traced code.
+
+Every algorithm module declares ``HPARAMS = {name: Range(...)}`` for the arguments
+of its factory that take numbers. The same table serves two callers:
+
+* the factory itself (a Python-facing builder) calls ``check(HPARAMS, q=q, ...)``,
+  which validates concrete Python / NumPy numbers and lets JAX arrays through
+  unchecked, so ``jax.vmap`` / ``jax.grad`` over a continuous hyper-parameter (whose
+  value is then a tracer) never meets a Python comparison;
+* the config layer (``fedjax_fair.config``) checks command-line and YAML values
+  against the same ranges before any data is built, and ``fedjax-fair list`` prints
+  them.
+
+``Range.continuous`` marks the arguments a whole run is differentiable in and can be
+vmapped over (learning rates, q, tilt, temperature, ...); integer counts and
+categorical choices are static.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple, Optional
+
+import jax
+import numpy as np
+
+
+class Range(NamedTuple):
+    """Allowed values of one numeric hyper-parameter.
+
+    low / high: bounds (None: unbounded); low_open / high_open: exclude the bound.
+    integer: a count (static; never traced). static: a real number used in Python
+    (e.g. a fraction that picks a count); never traced. Any other Range is
+    ``continuous``: the value may be a traced array (vmap / grad). nullable: None is
+    allowed (a documented default derived from other arguments).
+    """
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    nullable: bool = False
+    static: bool = False
+
+    @property
+    def continuous(self) -> bool:
+        """A real number the run may be vmapped over and differentiated in."""
+        return not (self.integer or self.static)
+
+    def describe(self) -> str:
+        if self.integer:
+            lo = "-inf" if self.low is None else str(int(self.low) + int(self.low_open))
+            hi = "inf" if self.high is None else str(int(self.high) - int(self.high_open))
+            text = f"integer {lo}..{hi}"
+        else:
+            lo = "-inf" if self.low is None else f"{self.low:g}"
+            hi = "inf" if self.high is None else f"{self.high:g}"
+            text = (("(" if self.low_open or self.low is None else "[") + f"{lo}, {hi}"
+                    + (")" if self.high_open or self.high is None else "]"))
+        return text + (" or None" if self.nullable else "")
+
+    def contains(self, value) -> bool:
+        if self.integer and not float(value).is_integer():
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        if self.high is not None and (value > self.high
+                                      or (self.high_open and value == self.high)):
+            return False
+        return True
+
+    def check(self, name: str, value):
+        """``value`` if allowed; JAX arrays (tracers included) pass unchecked."""
+        if value is None and self.nullable:
+            return value
+        if isinstance(value, jax.Array):
+            return value
+        if isinstance(value, np.ndarray) and value.ndim > 0:
+            return value  # a grid of values for a sweep: each is checked by its caller
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real,
+                                                                         np.ndarray)):
+            raise ValueError(f"{name}: must be {'an integer' if self.integer else 'a number'}"
+                             f" in {self.describe()}, got {value!r}")
+        if not self.contains(float(value)):
+            raise ValueError(f"{name}: must be in {self.describe()}, got {value!r}")
+        return value
+
+
+POSITIVE = Range(0.0, None, low_open=True)
+NONNEGATIVE = Range(0.0, None)
+REAL = Range()
+COUNT = Range(1, None, integer=True)
+UNIT_INTERVAL = Range(0.0, 1.0)
+
+
+def check(ranges: dict, **values) -> None:
+    """Checks every ``name=value`` whose name has a Range in ``ranges``."""
+    for name, value in values.items():
+        ranges[name].check(name, value)
+
+
+def is_concrete(value) -> bool:
+    """True for Python / NumPy numbers; False for JAX arrays (possibly traced)."""
+    return not isinstance(value, jax.Array)

@@ -1,0 +1,294 @@
+"""The runner: a whole simulation in chunks of rounds, around the pure core.
+
+``run`` is a Python loop over chunks of ``eval_every`` rounds of
+``simulate.simulate`` (one compiled program per chunk length). It owns what a pure
+function cannot: the memory plan and the data's placement, evaluation of every
+client between chunks (of the global model, or of each client's own model for a
+personalised algorithm), checkpoints and resume, the NaN guard, progress, and the
+per-round diagnostics handed to ``on_rounds``.
+
+Placement (memory.py): the federation stays on the device if the plan fits, else it
+stays on the host and each chunk's cohorts are gathered there, padded to their size
+bucket, and streamed in; a plan that cannot fit stops with a clear error before
+any data moves.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_fair import checkpoint as ckpt
+from fedjax_fair import memory as mem
+from fedjax_fair import metrics as fairness
+from fedjax_fair import sampling
+from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.client_states import table_memory
+from fedjax_fair.evaluation import make_state_evaluator, to_numpy
+from fedjax_fair.execution import as_execution
+from fedjax_fair.heterogeneity import StepBudgets
+from fedjax_fair.simulate import (budget_tables, gather_cohorts, sample_client_ids, simulate,
+                                  simulate_cohorts)
+from fedjax_fair.types import ClientData, Cohort, FederatedData
+
+
+class NonFiniteError(FloatingPointError):
+    """A run produced NaN/inf. ``round`` is the first bad round (1-based count of
+    rounds completed when it appeared); ``last_good_state`` is the state kept."""
+
+    def __init__(self, round_: int, last_good_round: int, last_good_state, where: str):
+        super().__init__(f"non-finite parameters at round {round_}; stopped. Last good state: "
+                         f"round {last_good_round}{where}")
+        self.round = round_
+        self.last_good_round = last_good_round
+        self.last_good_state = last_good_state
+
+
+@dataclasses.dataclass
+class RunResult:
+    state: ServerState
+    history: list  # one dict per evaluation: round, summary metrics, timings
+    client_metrics: dict  # final per-client test metrics, numpy arrays [N]
+    round_metrics: dict  # per-round scalars, numpy arrays [R]
+    compile_seconds: float
+    run_seconds: float
+    memory: Optional[mem.MemoryPlan] = None  # the plan the run used
+    evaluated: str = "global"  # "global": state.params; "personal": each client's own model
+    client_table: Optional[dict] = None  # the client-state table's memory report
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+
+
+def _host(tree):
+    return jax.tree.map(np.asarray, tree)
+
+
+def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: int) -> dict:
+    """``evaluate`` over a host split, ``clients_per_call`` clients at a time (the last
+    call padded with empty clients, so one compiled program serves every call)."""
+    n = split.mask.shape[0]
+    parts = []
+    for start in range(0, n, clients_per_call):
+        rows = np.minimum(np.arange(start, start + clients_per_call), n - 1)
+        part = jax.tree.map(lambda v: v[rows], split)
+        empty = np.arange(start, start + clients_per_call) >= n
+        part = part._replace(mask=part.mask & ~empty[:, None],
+                             num_examples=np.where(empty, 0, part.num_examples))
+        parts.append(to_numpy(evaluate(state, jax.device_put(part),
+                                       jnp.asarray(rows, jnp.int32))))
+    return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
+
+
+def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, model,
+        num_rounds: int, cohort_size: int, eval_every: int = 10,
+        sampler: Callable = sampling.uniform, step_budgets=None,
+        checkpoint_dir: Optional[str] = None, resume: bool = False, progress: bool = True,
+        on_eval: Optional[Callable[[dict], None]] = None, description: str = "",
+        placement: str = "auto", memory_limit: Optional[int] = None,
+        log: Optional[Callable[[str], None]] = None, execution="auto",
+        on_rounds: Optional[Callable[[int, dict], None]] = None) -> RunResult:
+    """Runs a whole simulation in chunks of ``eval_every`` rounds.
+
+    After every chunk all clients are evaluated on their test split — the global
+    model, or each client's own model when ``algorithm.personal`` is set — and the
+    fairness summary is appended to ``history`` (and passed to ``on_eval``).
+    ``on_rounds(first_round, metrics)`` receives every chunk's per-round metrics
+    (host arrays with a leading round axis: weights, losses, the server pieces'
+    ``server/...`` diagnostics). ``execution``: how rounds map their clients. With
+    ``checkpoint_dir`` the state is saved after every chunk; ``resume=True``
+    continues from it and gives the same result as an uninterrupted run. If the
+    parameters become NaN/inf, ``NonFiniteError`` is raised with the round number;
+    the last good state stays in the checkpoint (and on the exception).
+
+    Placement (memory.py): ``"device"`` moves the federation to the device;
+    ``"host"`` keeps it in host memory and, per chunk, gathers the sampled cohorts
+    there, pads them to the size bucket of the chunk's largest client and streams
+    them in; ``"auto"`` uses the device when the plan fits and the host otherwise.
+    The plan (XLA's accounting of the compiled chunk program plus the resident
+    evaluation split) is checked against ``memory_limit`` bytes (default: the
+    device's free memory) before any data moves; ``log`` receives its one-line
+    description. A plan that cannot fit raises ``memory.MemoryBudgetError``.
+
+    Compiles one program per distinct chunk length (and, streamed, per size bucket).
+    """
+    if placement not in mem.PLACEMENTS:
+        raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
+    execution = as_execution(execution)
+    num_clients = data.num_clients
+    state = algorithm.init(params, num_clients)
+    history: list = []
+    round_log: dict = {}
+    compile_s = run_s = 0.0
+    if resume:
+        if checkpoint_dir is None or not ckpt.exists(checkpoint_dir):
+            raise FileNotFoundError(f"resume: no checkpoint in checkpoint_dir={checkpoint_dir!r}")
+        state, meta = ckpt.restore(checkpoint_dir, state)
+        history, round_log = meta["history"], meta["round_metrics"]
+        compile_s, run_s = meta.get("compile_seconds", 0.0), meta.get("run_seconds", 0.0)
+
+    def save(state):
+        ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
+                                          "compile_seconds": compile_s, "run_seconds": run_s})
+
+    compiled: dict = {}
+    drawn = step_budgets if isinstance(step_budgets, StepBudgets) else None
+    if drawn is not None:  # a function, closed over; tables are the arguments otherwise
+        step_budgets = None
+
+    def program(length: int, padded_size: Optional[int] = None):
+        """The compiled chunk program: resident data (padded_size None) or streamed."""
+        nonlocal compile_s
+        name = (length, padded_size)
+        if name not in compiled:
+            t = time.perf_counter()
+            if padded_size is None:
+                fn = jax.jit(lambda s, d, k, b: simulate(
+                    algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
+                    sampler=sampler, step_budgets=drawn or b, execution=execution))
+                args = (state, _abstract(data), key, step_budgets)
+            else:
+                fn = jax.jit(lambda s, c, k: simulate_cohorts(algorithm, s, c, k,
+                                                               execution=execution))
+                args = (state, _cohort_shapes(data.train, length, cohort_size, padded_size), key)
+            compiled[name] = fn.lower(*args).compile()
+            compile_s += time.perf_counter() - t
+        return compiled[name]
+
+    # ---- memory plan, before any data moves to the device
+    capacity = mem.device_capacity() if memory_limit is None else int(memory_limit)
+    first = max(1, min(eval_every, num_rounds - int(state.round)))
+    plan = None
+    if placement in ("auto", "device"):
+        plan = mem.MemoryPlan("device", mem.tree_bytes(data.test),
+                              mem.program_bytes(program(first)), capacity)
+        if not plan.fits and placement == "device":
+            raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
+                                    "memory and stream each chunk's cohorts, or a smaller "
+                                    "cohort_size / chunk_size.")
+    if plan is None or not plan.fits:
+        # Planned at the worst case, every cohort padded to the federation's M; the
+        # chunks then compile per size bucket actually sampled (at most M).
+        plan = mem.MemoryPlan("host", 0, mem.program_bytes(
+            program(first, data.train.mask.shape[1])), capacity)
+        if not plan.fits:
+            raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower "
+                                    "eval_every (rounds per chunk), cohort_size, or use "
+                                    "execution='chunked' with a smaller chunk_size.")
+    if log:
+        log(plan.describe())
+
+    if plan.placement == "device":
+        data = jax.device_put(data)
+        step_budgets = None if step_budgets is None else jax.device_put(step_budgets)
+        test = data.test
+    else:
+        data, test = _host(data), None
+        step_budgets = None if step_budgets is None else np.asarray(step_budgets)
+        sizes = data.train.num_examples
+
+    evaluate = make_state_evaluator(model, algorithm.personal)
+    all_ids = jnp.arange(num_clients, dtype=jnp.int32)
+    bar = _progress(progress, num_rounds, int(state.round), description)
+
+    def evaluate_now(state):
+        per_client = to_numpy(evaluate(state, test, all_ids) if test is not None
+                              else _evaluate_in_chunks(evaluate, state, data.test, 256))
+        has_test = per_client["num_examples"] > 0
+        acc = per_client["accuracy"][has_test]
+        summary = fairness.fairness_summary(acc, weights=per_client["num_examples"][has_test])
+        summary["test_loss"] = float(np.average(per_client["loss"][has_test],
+                                                weights=per_client["num_examples"][has_test]))
+        return per_client, summary
+
+    if not history:
+        _, summary = evaluate_now(state)
+        history.append({"round": 0, **summary})
+        if on_eval:
+            on_eval(history[-1])
+        if checkpoint_dir:
+            save(state)
+
+    per_client = None
+    while int(state.round) < num_rounds:
+        r0 = int(state.round)
+        length = min(eval_every, num_rounds - r0)
+        if plan.placement == "device":
+            fn = program(length)
+            t = time.perf_counter()
+            new_state, metrics = fn(state, data, key, step_budgets)
+        else:  # sampling, gathering and the transfer count as run time
+            t = time.perf_counter()
+            ids = sample_client_ids(key, r0, length, num_clients, cohort_size, sampler)
+            m = mem.size_bucket(sizes[ids].max(), data.train.mask.shape[1])
+            tables = (budget_tables(drawn, key, r0, length, sizes) if drawn is not None
+                      else step_budgets)
+            cohorts = jax.device_put(gather_cohorts(data.train, ids, tables, m))
+            t_compile = time.perf_counter()
+            fn = program(length, m)
+            t += time.perf_counter() - t_compile  # a first compile is not run time
+            new_state, metrics = fn(state, cohorts, key)
+        finite = np.asarray(metrics["finite"])
+        run_s += time.perf_counter() - t
+        if not finite.all():
+            bad = r0 + int(np.argmin(finite)) + 1
+            bar.close()
+            where = f", saved in {checkpoint_dir}" if checkpoint_dir else ""
+            raise NonFiniteError(bad, r0, state, where)
+        _check_table(new_state)
+        state = new_state
+        for name in ("train_loss", "update_norm", "improved_fraction"):
+            if name in metrics:
+                round_log.setdefault(name, []).extend(np.asarray(metrics[name]).tolist())
+        if on_rounds:
+            on_rounds(r0, {k: np.asarray(v) for k, v in metrics.items()})
+        per_client, summary = evaluate_now(state)
+        entry = {"round": int(state.round), **summary, "seconds": run_s,
+                 "train_loss": round_log["train_loss"][-1]}
+        history.append(entry)
+        if on_eval:
+            on_eval(entry)
+        if checkpoint_dir:
+            save(state)
+        bar.update(length)
+        bar.set_postfix(acc=f"{summary['mean']:.3f}", worst10=f"{summary['worst_10%']:.3f}")
+    bar.close()
+    if per_client is None:
+        per_client, _ = evaluate_now(state)
+    table = (table_memory(algorithm.client_table, state.client_states)
+             if algorithm.client_table is not None else None)
+    return RunResult(state=state, history=history, client_metrics=per_client,
+                     round_metrics={k: np.asarray(v) for k, v in round_log.items()},
+                     compile_seconds=compile_s, run_seconds=run_s, memory=plan,
+                     evaluated=algorithm.evaluates, client_table=table)
+
+
+def _check_table(state: ServerState) -> None:
+    """A lazy client table that ran out of slots dropped rows: stop with the fix."""
+    overflow = getattr(state.client_states, "overflow", None)
+    if overflow is not None and bool(overflow):
+        raise ValueError("client_table: the lazy table ran out of slots and dropped client "
+                         "rows; give lazy(capacity=...) at least min(N, cohort_size x "
+                         "num_rounds) slots, or use the dense table")
+
+
+def _cohort_shapes(train: ClientData, num_rounds: int, cohort_size: int,
+                   padded_size: int) -> Cohort:
+    """Shapes of ``gather_cohorts``' output (nothing allocated)."""
+    lead = (num_rounds, cohort_size)
+    sds = jax.ShapeDtypeStruct
+    data = jax.tree.map(lambda v: sds((*lead, padded_size, *v.shape[2:]) if v.ndim > 1 else lead,
+                                      v.dtype), train)
+    return Cohort(sds(lead, jnp.int32), data, sds(lead, jnp.bool_), sds(lead, jnp.int32))
+
+
+def _progress(enabled: bool, total: int, initial: int, description: str):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, desc=description or "rounds", unit="round",
+                disable=not enabled, leave=False, dynamic_ncols=True)
+
