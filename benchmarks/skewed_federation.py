@@ -14,7 +14,7 @@ Part 1 (one round, side by side in one process): cohort strategies
 * vmap: vmap whose steps past the cohort's busiest client are skipped (group bound);
 * bucketed: the cohort sorted by size into buckets, each skipping past its own
   busiest client; chunked: fixed chunks of 8 in sampling order; sequential.
-Part 2 (whole runs): ``simulate.run`` with the federation on the device versus in
+Part 2 (whole runs): ``runner.run`` with the federation on the device versus in
 host memory with every chunk's cohorts gathered, padded to their size bucket and
 streamed in; per-round seconds and the memory plans, and the padding report.
 """
@@ -31,7 +31,8 @@ from fedjax_fair import execution, memory
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import federate
 from fedjax_fair.models import mlp
-from fedjax_fair.simulate import make_cohort, run
+from fedjax_fair.runner import run
+from fedjax_fair.simulate import make_cohort
 from timing import timeit
 
 BATCH = 20

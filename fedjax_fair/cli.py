@@ -225,35 +225,48 @@ def build_model(cfg, ds):
 
 
 def build_algorithm(name: str, model, cfg, hparams: dict):
-    from fedjax_fair.algorithms import ALGORITHMS
-    factory = ALGORITHMS[name]
-    accepted, is_open = C.algorithm_hparams(factory, include_managed=True)
-    managed = {"client_lr": cfg.client_lr, "batch_size": cfg.batch_size,
-               "num_epochs": cfg.num_epochs, "execution": cfg.execution,
-               "chunk_size": cfg.chunk_size, "track_improvement": True}
-    kwargs = {k: v for k, v in managed.items() if k in accepted or is_open}
+    """The registered factory called with the config fields its signature names
+    (client_lr, batch_size, num_epochs), the hyper-parameters, and the round-indexed
+    schedules; wrapped to log the per-round improved fraction."""
+    from fedjax_fair.algorithm import with_improvement
+    from fedjax_fair.algorithms import REGISTRY, method_hparams
+    from fedjax_fair.schedules import parse as parse_schedule
+    accepted = method_hparams(name)
+    kwargs = {k: getattr(cfg, k) for k in accepted if k in C.config_fields() and hasattr(cfg, k)}
+    kwargs.update(hparams)
+    client_schedule = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
+    if client_schedule is not None and "client_lr" in kwargs:
+        kwargs["client_lr"] = client_schedule(kwargs["client_lr"])
+    server_schedule = parse_schedule(cfg.server_lr_schedule, "server_lr_schedule")
+    if server_schedule is not None:
+        rate = C.server_rate_name(name)
+        kwargs[rate] = server_schedule(kwargs.get(rate, accepted[rate].default))
     try:
-        return factory(model, **kwargs, **hparams)
+        algorithm = REGISTRY[name].factory(model, **kwargs)
     except (TypeError, ValueError) as e:
         raise C.error_from_message(str(e), "hparams") from None
+    return with_improvement(algorithm, model)
 
 
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
-                 progress=True, description="", on_eval=None):
-    """``simulate.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
+                 progress=True, description="", on_eval=None, on_rounds=None):
+    """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
     import jax
-    from fedjax_fair import simulate
+    from fedjax_fair import runner
+    from fedjax_fair.execution import Execution
     from fedjax_fair.heterogeneity import parse as parse_budgets
     from fedjax_fair.sampling import SAMPLERS
     params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
     try:
-        return simulate.run(alg, params, ds.host_data, jax.random.key(seed), model=model,
+        return runner.run(alg, params, ds.host_data, jax.random.key(seed), model=model,
                             num_rounds=cfg.num_rounds, cohort_size=cfg.cohort_size,
                             eval_every=cfg.eval_every, sampler=SAMPLERS[cfg.sampler],
                             step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
                             checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                             on_eval=on_eval, description=description,
-                            placement=cfg.placement, log=print)
+                            placement=cfg.placement, log=print,
+                            execution=Execution(cfg.execution, cfg.chunk_size),
+                            on_rounds=on_rounds)
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:")):  # another config's checkpoint,
             raise C.error_from_message(str(e), "checkpoint") from None  # or no memory plan fits
@@ -280,28 +293,35 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
     """metrics.jsonl, clients.csv, summary.json (+ plots) of one finished run."""
     os.makedirs(out, exist_ok=True)
     report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
-    report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics)
+    report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics,
+                            evaluated=result.evaluated)
     imp = result.round_metrics.get("improved_fraction")
     summary = {
         "status": "ok",
         "config": cfg_dict,
         "dataset": dataset_description(ds),
         "model": {"name": model.name, "num_params": _num_params(model)},
+        "evaluated": result.evaluated,
         "final": final_summary(result),
         "improved_fraction_mean": None if imp is None or not len(imp) else float(np.mean(imp)),
         "timings": {"compile_seconds": result.compile_seconds,
                     "run_seconds": result.run_seconds,
                     "run_seconds_cumulative": result.history[-1].get("seconds", 0.0)},
+        "client_table": result.client_table,
         **(extra or {}),
     }
     report.write_json(os.path.join(out, "summary.json"), summary)
     if plots:
-        report.save_figure(report.plot_accuracy(result.history),
+        which = report.EVALUATED[result.evaluated]
+        report.save_figure(report.plot_accuracy(result.history,
+                                                title=f"Test accuracy ({which})"),
                            os.path.join(out, "accuracy.png"))
-        report.save_figure(report.plot_loss(result.history), os.path.join(out, "loss.png"))
+        report.save_figure(report.plot_loss(result.history, title=f"Loss ({which})"),
+                           os.path.join(out, "loss.png"))
         acc = np.asarray(result.client_metrics["accuracy"])[_has_test(result.client_metrics)]
-        report.save_figure(report.plot_client_histogram(acc),
-                           os.path.join(out, "client_accuracy_hist.png"))
+        report.save_figure(report.plot_client_histogram(
+            acc, title=f"Final per-client test accuracy ({which})"),
+            os.path.join(out, "client_accuracy_hist.png"))
     return summary
 
 
@@ -350,11 +370,21 @@ def cmd_run(args) -> int:
         with open(metrics_path, "a") as f:
             f.write(report.to_json(entry) + "\n")
 
-    from fedjax_fair.simulate import NonFiniteError
+    rounds_path = os.path.join(out, "rounds.jsonl")
+    if not cfg.resume:
+        open(rounds_path, "w").close()
+
+    def on_rounds(first_round, metrics):  # per-round weights, losses, server diagnostics
+        with open(rounds_path, "a") as f:
+            for row in report.round_rows(first_round, metrics):
+                f.write(report.to_json(row) + "\n")
+
+    from fedjax_fair.runner import NonFiniteError
     try:
         result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                               resume=cfg.resume, progress=cfg.progress,
-                              description=f"{cfg.algorithm}", on_eval=on_eval)
+                              description=f"{cfg.algorithm}", on_eval=on_eval,
+                              on_rounds=on_rounds)
     except NonFiniteError as e:
         where = f"kept in {ckdir}" if ckdir else "not saved (checkpoints are off)"
         report.write_json(os.path.join(out, "summary.json"), {
@@ -373,7 +403,8 @@ def cmd_run(args) -> int:
     summary = write_run_outputs(out, cfg_dict, ds, model, result, plots=cfg.plots,
                                 extra=extra)
     fin = summary["final"]
-    print(f"{cfg.algorithm} on {ds.name} ({ds.num_clients} clients), round {fin['round']}: "
+    print(f"{cfg.algorithm} on {ds.name} ({ds.num_clients} clients, "
+          f"{report.EVALUATED[result.evaluated]}), round {fin['round']}: "
           f"average {fin['mean']:.4f}, worst 10% {fin['worst_10%']:.4f}, "
           f"best 10% {fin['best_10%']:.4f}, gini {fin['gini']:.4f}; "
           f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
@@ -427,7 +458,7 @@ def cmd_compare(args) -> int:
     algs = {a: build_algorithm(a, model, cfg, hparams[a]) for a in cfg.algorithms}
 
     from tqdm.auto import tqdm
-    from fedjax_fair.simulate import NonFiniteError
+    from fedjax_fair.runner import NonFiniteError
     os.makedirs(out, exist_ok=True)
     histories = {a: [] for a in algs}
     accuracies = {a: [] for a in algs}
@@ -530,18 +561,32 @@ def _doc_line(obj) -> str:
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
+def _hparam_text(h) -> str:
+    kind = f": {h.annotation}" if h.annotation else ""
+    rng = f" in {h.range.describe()}" if h.range is not None else ""
+    diff = ", differentiable" if h.continuous else ""
+    return f"{h.name}{kind} = {_fmt_default(h.default)}{rng}{diff}"
+
+
 def _list_algorithms() -> list[str]:
-    from fedjax_fair.algorithms import ALGORITHMS
-    lines = [f"algorithms (all take {', '.join(C.MANAGED_HPARAMS[:5])} from their flags; "
-             f"set the hyper-parameters shown with --hp NAME=VALUE):"]
-    for name, factory in ALGORITHMS.items():
-        params, is_open = C.algorithm_hparams(factory)
-        objects = C.python_only_hparams(factory)
-        shown = {k: v for k, v in params.items() if k not in objects}
-        line = f"  {name:<14} {_params_line(shown)}{' (+ **kwargs)' if is_open else ''}"
+    from fedjax_fair.algorithms import REGISTRY, method_hparams
+    lines = ["algorithms (client_lr, batch_size, num_epochs come from their flags; set the "
+             "others with --hp NAME=VALUE; 'differentiable' ones may be traced arrays for "
+             "jax.vmap / jax.grad in Python):"]
+    for name, method in REGISTRY.items():
+        every = method_hparams(name)
+        settable = C.algorithm_hparams(name)
+        objects = [k for k, h in every.items() if h.python_only]
+        head = f"  {name}" + ("  [full participation: --sampler full]"
+                              if method.participation == "full" else "")
+        lines.append(head + f"  — {_doc_line(method.factory)}")
+        for h in settable.values():
+            lines.append(f"      {_hparam_text(h)}")
+        managed = [_hparam_text(every[k]) for k in every if k in C.config_fields()]
+        if managed:
+            lines.append(f"      from flags: {'; '.join(managed)}")
         if objects:
-            line += f"  [Python API only: {', '.join(k for k in params if k in objects)}]"
-        lines.append(line)
+            lines.append(f"      Python API only: {', '.join(objects)}")
     return lines
 
 

@@ -107,7 +107,9 @@ def dense() -> ClientTable:
         return DenseTable(scatter(table.rows, client_ids, new_rows, client_mask), last)
 
     def drift(table: DenseTable, delta) -> DenseTable:
-        rows = jax.tree.map(lambda t, d: t + d.astype(t.dtype), table.rows, delta)
+        # delta is row-shaped: add it to every row with an explicit leading axis (an
+        # implicit rank promotion fails under jax_numpy_rank_promotion="raise").
+        rows = jax.tree.map(lambda t, d: t + jnp.asarray(d, t.dtype)[None], table.rows, delta)
         return table._replace(rows=rows)
 
     def memory(table: DenseTable) -> dict:

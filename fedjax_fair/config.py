@@ -33,10 +33,6 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-# Hyper-parameters that every FedAvg-style factory takes and the CLI sets from
-# RunConfig fields; they are not accepted in ``hparams``.
-MANAGED_HPARAMS = ("client_lr", "batch_size", "num_epochs", "execution", "chunk_size",
-                   "track_improvement")
 REQUIRED = "<required>"
 
 
@@ -69,6 +65,11 @@ class _Common:
     augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
                       "(flip + padded crop) or tinyimagenet (rotation + flip)")
     client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
+    client_lr_schedule: str = _f("none", "str", "client learning rate by round: none, "
+                                 "exponential:GAMMA (lr * GAMMA^t) or step:FACTOR@R1,R2 "
+                                 "(lr * FACTOR at each listed round)")
+    server_lr_schedule: str = _f("none", "str", "the same for the server rate (server_lr / "
+                                 "global_lr) of algorithms that have one")
     batch_size: int = _f(10, "int", "client batch size (> 0)")
     num_epochs: int = _f(1, "int", "local epochs per round (> 0)")
     num_rounds: int = _f(150, "int", "number of rounds (> 0)")
@@ -342,91 +343,56 @@ def to_dict(cfg) -> dict:
 # ------------------------------------------------------------------ introspection
 
 
-def _signature_params(fn: Callable):
-    """(keyword parameters after the first positional one, has **kwargs)."""
-    sig = inspect.signature(fn)
-    params, var_kw, skipped_first = {}, False, False
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            var_kw = True
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            continue
-        if not skipped_first and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            skipped_first = True  # the model
-            continue
-        params[p.name] = REQUIRED if p.default is p.empty else p.default
-    return params, var_kw
+def config_fields() -> set:
+    """Names of RunConfig fields; a factory argument with such a name (client_lr,
+    batch_size, num_epochs) is set from the field, not from ``hparams``."""
+    return {f.name for f in dataclasses.fields(RunConfig)}
 
 
-def _forward_targets(factory: Callable, registry: dict) -> list:
-    """Factories that ``factory``'s ``**kwargs`` are forwarded to.
-
-    An explicit ``factory.forwards_to`` (a factory or a list of them) wins; otherwise
-    the registry factories that ``factory``'s code refers to by name (e.g. fedadam
-    calls fedavg). Returns [] when nothing is known.
-    """
-    explicit = getattr(factory, "forwards_to", None)
-    if explicit is not None:
-        return list(explicit) if isinstance(explicit, (list, tuple)) else [explicit]
-    fn = inspect.unwrap(getattr(factory, "func", factory))
-    code, glb = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
-    if code is None:
-        return []
-    known = {id(f) for f in registry.values()}
-    return [glb[n] for n in code.co_names
-            if n in glb and id(glb[n]) in known and glb[n] is not fn]
+def algorithm_hparams(name: str) -> dict:
+    """``{name: HParam}`` that ``hparams`` may set for a registered algorithm: the
+    factory's keyword arguments that are neither Python objects nor config fields."""
+    from fedjax_fair.algorithms import method_hparams
+    managed = config_fields()
+    return {k: h for k, h in method_hparams(name).items()
+            if not h.python_only and k not in managed}
 
 
-def algorithm_hparams(factory: Callable, registry: Optional[dict] = None,
-                      include_managed: bool = False) -> tuple[dict, bool]:
-    """(``{name: default}``, open) of an algorithm factory's keyword hyper-parameters.
-
-    Parameters forwarded through ``**kwargs`` to another registered factory are
-    included. ``open`` is True when the factory takes ``**kwargs`` whose target is
-    unknown (names can then only be checked by calling it).
-    """
-    if registry is None:
-        from fedjax_fair.algorithms import ALGORITHMS as registry
-    params, var_kw = _signature_params(factory)
-    is_open = False
-    if var_kw:
-        targets = _forward_targets(factory, registry)
-        is_open = not targets
-        for t in targets:
-            sub, sub_open = algorithm_hparams(t, registry, include_managed=True)
-            is_open |= sub_open
-            for k, v in sub.items():
-                params.setdefault(k, v)
-    if not include_managed:
-        params = {k: v for k, v in params.items() if k not in MANAGED_HPARAMS}
-    return params, is_open
+def accepts(name: str, key: str) -> bool:
+    """Whether algorithm ``name``'s factory has a keyword argument ``key``."""
+    from fedjax_fair.algorithms import method_hparams
+    return key in method_hparams(name)
 
 
-def python_only_hparams(factory: Callable, registry: Optional[dict] = None) -> set:
-    """Names whose default is None with no annotation (objects such as an optax
-    optimizer or a mixing rule): listed apart, since a flag cannot build them."""
-    if registry is None:
-        from fedjax_fair.algorithms import ALGORITHMS as registry
-    out = set()
-    fns = [factory]
-    seen = set()
-    while fns:
-        fn = fns.pop()
-        if id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        for p in inspect.signature(fn).parameters.values():
-            if p.default is None and p.annotation is p.empty:
-                out.add(p.name)
-        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
-            fns.extend(_forward_targets(fn, registry))
-    return out
+def needs_full_participation(name: str) -> bool:
+    from fedjax_fair.algorithms import REGISTRY
+    return REGISTRY[name].participation == "full"
 
 
-def accepts(factory: Callable, name: str, registry: Optional[dict] = None) -> bool:
-    params, is_open = algorithm_hparams(factory, registry, include_managed=True)
-    return name in params or is_open
+_SCALAR_TYPES = (("bool", bool), ("int", int), ("float", float), ("Rate", float),
+                 ("str", str))
+
+
+def coerce_hparam(hp, value, field: str):
+    """``value`` converted to the hyper-parameter's type (from its default, else its
+    annotation) and checked against its range."""
+    if value is None:
+        if hp.default is None or (hp.range is not None and hp.range.nullable):
+            return None
+        raise ConfigError(field, "may not be null")
+    default = hp.default
+    if default is None:  # Optional[...]: the annotation says the type
+        for word, kind in _SCALAR_TYPES:
+            if re.search(rf"\b{word}\b", hp.annotation):
+                default = kind()
+                break
+    value = coerce_like(value, default, field)
+    if hp.range is not None:
+        try:
+            hp.range.check(field, value)
+        except ValueError as e:
+            raise ConfigError(field, str(e).split(": ", 1)[-1]) from None
+    return value
 
 
 def dataset_params(builder: Callable) -> dict:
@@ -474,6 +440,12 @@ def _validate_common(cfg: _Common) -> None:
     _choice("sampler", cfg.sampler, SAMPLERS)
     _choice("placement", cfg.placement, PLACEMENTS)
     _choice("augment", cfg.augment, STANDARD_AUGMENTATIONS)
+    from fedjax_fair.schedules import parse as parse_schedule
+    for name in ("client_lr_schedule", "server_lr_schedule"):
+        try:
+            parse_schedule(getattr(cfg, name), name)
+        except ValueError as e:
+            raise error_from_message(str(e), name) from None
     try:
         parse_budgets(cfg.step_budgets, cfg.batch_size)
     except ValueError as e:
@@ -512,24 +484,27 @@ def validate_model_args(name: str, args: dict, models: dict) -> dict:
     return _validate_builder_args("model", name, args, model_params(models[name]))
 
 
-def validate_hparams(algorithm: str, hparams: dict, registry: dict,
-                     field: str = "hparams") -> dict:
-    """Checks names against the factory signature; returns coerced values."""
-    allowed, is_open = algorithm_hparams(registry[algorithm], registry)
+def validate_hparams(algorithm: str, hparams: dict, field: str = "hparams") -> dict:
+    """Checks names against the factory signature and values against the registry's
+    ranges; returns coerced values."""
+    from fedjax_fair.algorithms import method_hparams
+    every = method_hparams(algorithm)
+    allowed = algorithm_hparams(algorithm)
     out = {}
     for key, value in hparams.items():
-        if key in MANAGED_HPARAMS:
+        if key in every and key in config_fields():
             raise ConfigError(f"{field}.{key}", f"set it with the config field / flag "
                                                 f"{key} (--{key.replace('_', '-')}), not as a "
                                                 f"hyper-parameter")
+        if key in every and every[key].python_only:
+            raise ConfigError(f"{field}.{key}", f"an object for the Python API "
+                                                f"({algorithm}({key}=...)); no value from a "
+                                                f"config can build it")
         if key not in allowed:
-            if is_open:
-                out[key] = value
-                continue
             raise ConfigError(f"{field}.{key}",
                               f"not a hyper-parameter of {algorithm!r}; allowed: "
-                              f"{', '.join(sorted(allowed)) or '(none)'}")
-        out[key] = coerce_like(value, allowed[key], f"{field}.{key}")
+                              f"{', '.join(allowed) or '(none)'}")
+        out[key] = coerce_hparam(allowed[key], value, f"{field}.{key}")
     return out
 
 
@@ -555,8 +530,9 @@ def validate_run(cfg: RunConfig) -> RunConfig:
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     if cfg.seed < 0:
         raise ConfigError("seed", f"must be an integer >= 0, got {cfg.seed}")
-    cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams, ALGORITHMS)
+    cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
     _validate_common(cfg)
+    check_server_schedule(cfg.algorithm, cfg.server_lr_schedule)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     if cfg.resolved_checkpoint_dir():
         check_directory(cfg.resolved_checkpoint_dir(), "checkpoint_dir")
@@ -590,22 +566,20 @@ def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]
                                                     f"compared: {', '.join(cfg.algorithms)}")
             per_alg[alg][name] = value
         else:
-            takers = [a for a in cfg.algorithms if accepts(registry[a], key, registry)]
-            if not takers and key not in MANAGED_HPARAMS:
+            takers = [a for a in cfg.algorithms if accepts(a, key)]
+            if not takers:
                 raise ConfigError(f"hparams.{key}", f"no compared algorithm takes it; compared: "
                                                     f"{', '.join(cfg.algorithms)}")
-            for a in takers or cfg.algorithms:
+            for a in takers:
                 per_alg[a][key] = value
-    return {a: validate_hparams(a, hp, registry, field=f"hparams[{a}]")
-            for a, hp in per_alg.items()}
+    return {a: validate_hparams(a, hp, field=f"hparams[{a}]") for a, hp in per_alg.items()}
 
 
 def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     """Static checks of a CompareConfig; returns the hyper-parameters of each algorithm."""
     from fedjax_fair.algorithms import ALGORITHMS
     if not cfg.algorithms:  # every algorithm that runs with partial participation
-        cfg.algorithms = [a for a, f in ALGORITHMS.items()
-                          if not getattr(f, "full_participation", False)]
+        cfg.algorithms = [a for a in ALGORITHMS if not needs_full_participation(a)]
     for a in cfg.algorithms:
         _choice("algorithms", a, ALGORITHMS)
     if len(set(cfg.algorithms)) != len(cfg.algorithms):
@@ -619,6 +593,9 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)
     _validate_common(cfg)
+    if cfg.server_lr_schedule != "none":
+        for a in cfg.algorithms:
+            check_server_schedule(a, cfg.server_lr_schedule)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     return hparams
 
@@ -631,7 +608,7 @@ def validate_against_data(cfg: _Common, num_clients: int) -> None:
     from fedjax_fair.algorithms import ALGORITHMS
     names = getattr(cfg, "algorithms", None) or [getattr(cfg, "algorithm", None)]
     for name in names:
-        if getattr(ALGORITHMS.get(name), "full_participation", False) and (
+        if name in ALGORITHMS and needs_full_participation(name) and (
                 cfg.cohort_size != num_clients):
             raise ConfigError("cohort_size", f"{name} needs every client every round: use "
                                              f"--cohort-size {num_clients} --sampler full")
@@ -642,6 +619,20 @@ def validate_against_data(cfg: _Common, num_clients: int) -> None:
                        jax.random.key(0))
     except ValueError as e:
         raise error_from_message(str(e), "sampler") from None
+
+
+SERVER_RATES = ("server_lr", "global_lr")
+
+
+def server_rate_name(algorithm: str) -> Optional[str]:
+    """The factory argument holding the server learning rate, if any."""
+    return next((n for n in SERVER_RATES if accepts(algorithm, n)), None)
+
+
+def check_server_schedule(algorithm: str, schedule: str) -> None:
+    if schedule != "none" and server_rate_name(algorithm) is None:
+        raise ConfigError("server_lr_schedule", f"{algorithm!r} has no server learning rate "
+                                                f"({' or '.join(SERVER_RATES)}); use none")
 
 
 def error_from_message(message: str, default_field: str) -> ConfigError:

@@ -10,7 +10,7 @@ Two tools cut that cost:
   layout. The streamed runner pads every chunk's cohorts to the bucket of the chunk's
   largest sampled client, and the ``"bucketed"`` execution strategy groups a cohort
   by size so each vmapped group runs only its own busiest client's steps.
-* **Placement.** ``simulate.run`` keeps the federation on the device
+* **Placement.** ``runner.run`` keeps the federation on the device
   (``"device"``), or on the host and streams each chunk's cohorts
   (``"host"``) when the device cannot hold it. Before anything is allocated it
   builds a ``MemoryPlan`` from XLA's own accounting of the compiled chunk program

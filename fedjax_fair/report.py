@@ -86,11 +86,14 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-CLIENT_COLUMNS = ("client_id", "num_test_examples", "accuracy", "loss")
+CLIENT_COLUMNS = ("client_id", "num_test_examples", "accuracy", "loss", "model")
+EVALUATED = {"global": "global model", "personal": "personal models"}
 
 
-def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray]) -> None:
-    """Per-client final test metrics: client_id, num_test_examples, accuracy, loss.
+def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray],
+                     evaluated: str = "global") -> None:
+    """Per-client final test metrics: client_id, num_test_examples, accuracy, loss,
+    model ("global": the global model; "personal": the client's own model).
 
     ``client_metrics`` holds arrays [N] "num_examples", "accuracy", "loss" (as
     ``RunResult.client_metrics``). Floats are written with ``repr`` precision so the
@@ -103,7 +106,25 @@ def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray]) -> Non
         w = csv.writer(f)
         w.writerow(CLIENT_COLUMNS)
         for i in range(n.shape[0]):
-            w.writerow([i, int(n[i]), repr(float(acc[i])), repr(float(loss[i]))])
+            w.writerow([i, int(n[i]), repr(float(acc[i])), repr(float(loss[i])), evaluated])
+
+
+def round_rows(first_round: int, metrics: Mapping[str, np.ndarray]) -> list[dict]:
+    """One JSON-ready dict per round of a chunk's metrics (leading round axis): the
+    round number (1-based), the cohort's ids (masked rows dropped), and every other
+    metric; per-client [K] values become lists aligned with ``client_ids``."""
+    mask = np.asarray(metrics["client_mask"], bool)
+    rows = []
+    for r in range(mask.shape[0]):
+        keep = mask[r]
+        row = {"round": first_round + r + 1}
+        for name, value in metrics.items():
+            if name in ("client_mask", "finite"):
+                continue
+            v = np.asarray(value[r])
+            row[name] = v[keep].tolist() if v.shape == keep.shape else v.tolist()
+        rows.append(row)
+    return rows
 
 
 def read_client_csv(path: str) -> dict[str, np.ndarray]:
@@ -112,7 +133,8 @@ def read_client_csv(path: str) -> dict[str, np.ndarray]:
     return {"client_id": np.array([int(r["client_id"]) for r in rows]),
             "num_test_examples": np.array([int(r["num_test_examples"]) for r in rows]),
             "accuracy": np.array([float(r["accuracy"]) for r in rows]),
-            "loss": np.array([float(r["loss"]) for r in rows])}
+            "loss": np.array([float(r["loss"]) for r in rows]),
+            "model": np.array([r.get("model", "global") for r in rows])}
 
 
 # ----------------------------------------------------------------------------- tables

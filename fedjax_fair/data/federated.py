@@ -3,7 +3,7 @@
 A federation's split is stored as one padded block (``ClientData`` with a leading
 client axis): client ``k``'s ``n_k`` real rows come first, then ``M - n_k`` zero rows,
 where ``M = max_k n_k``. Everything here runs once on the host in NumPy, and a
-``Dataset`` keeps its arrays there: ``simulate.run`` plans memory and then either
+``Dataset`` keeps its arrays there: ``runner.run`` plans memory and then either
 moves the federation to the device or streams cohorts from the host (memory.py).
 ``info["padding"]`` records the padding bill of both splits, as one block and in
 power-of-two size buckets.
@@ -29,7 +29,7 @@ class Dataset:
     host_data: FederatedData of NumPy arrays in host memory; train and test are
       ClientData [N, M, ...], ``examples = {"x": [N, M, *input_shape], "y": int32
       [N, M]}`` (x float32, or int32 for token inputs such as Shakespeare's
-      characters). Pass it to ``simulate.run``, which plans memory before anything
+      characters). Pass it to ``runner.run``, which plans memory before anything
       moves to the device (and streams cohorts from the host if it must).
     num_classes: labels lie in [0, num_classes).
     input_shape: per-example input shape, e.g. (60,) or (8, 8, 1).
@@ -259,7 +259,7 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
     splits must follow the layout of ``stack_clients``: examples {"x", "y"} with
     leading axes [N, M], real rows first. Checks labels and shapes and records the
     padding reports in ``info["padding"]``. The arrays stay in host memory:
-    ``simulate.run`` places them (on the device, or streamed from the host when the
+    ``runner.run`` places them (on the device, or streamed from the host when the
     device cannot hold them; memory.py).
     """
     num_classes = _check_positive_int(num_classes, "num_classes")

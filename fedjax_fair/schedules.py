@@ -1,0 +1,59 @@
+"""Round-indexed schedules for learning rates (and any other decayed hyper-parameter).
+
+A schedule is a function of the round t (``Broadcast.round`` on the clients, optax's
+step count on the server, which counts one step per round). Any optax schedule is
+one (``optax.exponential_decay(0.1, 1, 0.99)``). The command line's
+``--client-lr-schedule`` / ``--server-lr-schedule`` take text:
+
+* ``none``: constant;
+* ``exponential:GAMMA``: rate_t = rate_0 * GAMMA^t (the computational-heterogeneity
+  code's 0.99^t);
+* ``step:FACTOR@R1,R2,...``: rate_t = rate_0 * FACTOR^(number of R_i <= t) (AAggFF's
+  step decay, e.g. ``step:0.1@100,200``).
+
+``parse(text)`` checks the text (errors name the field) and returns ``scale(rate_0)
+-> schedule`` or None for ``none``; rate_0 may be a traced array.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax.numpy as jnp
+
+KINDS = ("none", "exponential", "step")
+
+
+def exponential(rate, gamma: float) -> Callable:
+    """rate_t = rate * gamma^t."""
+    return lambda t: rate * jnp.power(gamma, jnp.asarray(t, jnp.float32))
+
+
+def step(rate, factor: float, boundaries) -> Callable:
+    """rate_t = rate * factor^(number of boundaries <= t)."""
+    bounds = jnp.asarray(sorted(boundaries), jnp.int32)
+    return lambda t: rate * jnp.power(factor, jnp.sum(bounds <= t).astype(jnp.float32))
+
+
+def parse(text: str, field: str = "schedule") -> Optional[Callable]:
+    """``none`` -> None; else ``rate_0 -> schedule`` (see the module doc)."""
+    text = str(text).strip()
+    kind, _, arg = text.partition(":")
+    if kind == "none" and not arg:
+        return None
+    try:
+        if kind == "exponential":
+            gamma = float(arg)
+            if not 0 < gamma <= 1:
+                raise ValueError
+            return lambda rate: exponential(rate, gamma)
+        if kind == "step":
+            factor, at, rounds = arg.partition("@")
+            factor = float(factor)
+            bounds = [int(r) for r in rounds.split(",") if r.strip()]
+            if not at or not bounds or factor <= 0 or min(bounds) < 1:
+                raise ValueError
+            return lambda rate: step(rate, factor, bounds)
+    except ValueError:
+        pass
+    raise ValueError(f"{field}: expected none, exponential:GAMMA (0 < GAMMA <= 1) or "
+                     f"step:FACTOR@R1,R2,... (FACTOR > 0, rounds >= 1), got {text!r}")
