@@ -243,3 +243,21 @@ def write_leaf(path, users, data, num_samples=None, extra_user_data=None):
     path.write_text(json.dumps({"users": users, "num_samples": num_samples,
                                 "user_data": user_data}))
     return path
+
+
+def bind_execution(algorithm, execution):
+    """``algorithm`` whose ``apply`` uses ``execution`` (a strategy name or an
+    ``Execution``) unless told otherwise."""
+    def apply(state, cohort, key, execution_=None):
+        return algorithm.apply(state, cohort, key, execution_ or execution)
+    return algorithm._replace(apply=apply)
+
+
+def with_params(client_update):
+    """A client update called with plain server parameters (round 0, no extra)."""
+    from fedjax_fair.types import Broadcast
+
+    def call(params, client_state, data, local_steps, key):
+        return client_update(Broadcast(params, jnp.zeros((), jnp.int32)), client_state, data,
+                             local_steps, key)
+    return call

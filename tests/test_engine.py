@@ -24,10 +24,12 @@ from fedjax_fair import client_states as tables
 from fedjax_fair import client as client_lib
 from fedjax_fair import execution, sampling
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
-from fedjax_fair.algorithms import ALGORITHMS, fedavg
+from fedjax_fair.algorithms import ALGORITHMS, REGISTRY, fedavg
 from fedjax_fair.client import (batch_at, local_training, masked_mean, max_local_steps,
                                 steps_per_epoch)
-from fedjax_fair.simulate import NonFiniteError, make_cohort, run, simulate
+from fedjax_fair.execution import Execution
+from fedjax_fair.runner import NonFiniteError, run
+from fedjax_fair.simulate import make_cohort, simulate
 from fedjax_fair.types import ClientData
 
 MODEL = helpers.logreg()
@@ -47,10 +49,10 @@ def _steps(n, b=B, e=E):
     return e * math.ceil(n / b)
 
 
-def _fedavg(**kwargs):
-    kw = dict(client_lr=LR, batch_size=B, num_epochs=E, execution="vmap")
+def _fedavg(execution="vmap", chunk_size=None, **kwargs):
+    kw = dict(client_lr=LR, batch_size=B, num_epochs=E)
     kw.update(kwargs)
-    return fedavg(MODEL, **kw)
+    return helpers.bind_execution(fedavg(MODEL, **kw), Execution(execution, chunk_size))
 
 
 def _one_round(alg, cohort, key=KEY, params=PARAMS):
@@ -84,7 +86,7 @@ def _vmap_round():
 def _single_client(**kwargs):
     kw = dict(batch_size=B, num_epochs=E)
     kw.update(kwargs)
-    return jax.jit(local_training(MODEL, optax.sgd(LR), **kw))
+    return jax.jit(helpers.with_params(local_training(MODEL, optimizer=optax.sgd(LR), **kw)))
 
 
 # --------------------------------------------------------------------------------------
@@ -144,11 +146,11 @@ def test_map_clients_chunked_matches_vmap_on_a_plain_function():
     ref = execution.map_clients(fn, "vmap", 7)(jnp.float32(2.0), xs)
     for strategy, c in (("chunked", 3), ("chunked", 7), ("sequential", None),
                         ("bucketed", 3), ("bucketed", None)):
-        out = jax.jit(execution.map_clients(fn, strategy, 7, c))(jnp.float32(2.0), xs)
+        out = jax.jit(execution.map_clients(fn, Execution(strategy, c), 7))(jnp.float32(2.0), xs)
         chex.assert_trees_all_close(out, ref)
     # Buckets sort the clients by size; the outputs come back in cohort order.
     sizes = jnp.array([5, 1, 4, 1, 9, 2, 6])
-    out = jax.jit(execution.map_clients(fn, "bucketed", 7, 2))(jnp.float32(2.0), xs, sizes)
+    out = jax.jit(execution.map_clients(fn, Execution("bucketed", 2), 7))(jnp.float32(2.0), xs, sizes)
     chex.assert_trees_all_close(out, ref)
 
 
@@ -158,7 +160,7 @@ def _count_steps(strategy, counts, chunk_size=None):
         def body(c, t):
             return client_lib.skip_past(count, lambda c, t: c + 1, c, t), None
         return jax.lax.scan(body, shared, jnp.arange(10))[0]
-    mapped = execution.map_clients(fn, strategy, len(counts), chunk_size)
+    mapped = execution.map_clients(fn, Execution(strategy, chunk_size), len(counts))
     counts = jnp.asarray(counts)
     return (jax.jit(mapped)(jnp.int32(0), counts, counts),
             str(jax.make_jaxpr(mapped)(jnp.int32(0), counts, counts)))
@@ -379,10 +381,10 @@ def _shape_structs(tree):
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_round_carry_shape_stability(name):
-    alg = ALGORITHMS[name](MODEL, batch_size=B, num_epochs=E, execution="vmap")
+    alg = helpers.bind_execution(ALGORITHMS[name](MODEL, batch_size=B, num_epochs=E), "vmap")
     state = alg.init(PARAMS, N)
     # Full-participation rules (AAggFF-S) see every client; the others a cohort of 3.
-    k = N if getattr(ALGORITHMS[name], "full_participation", False) else 3
+    k = N if REGISTRY[name].participation == "full" else 3
     ids = list(range(N)) if k == N else [0, 1, 3]
     cohort = helpers.cohort(TRAIN, ids)
     new_state, metrics = jax.eval_shape(alg.apply, state, cohort, KEY)
@@ -415,16 +417,16 @@ def test_simulate_determinism():
 
 
 # --------------------------------------------------------------------------------------
-# simulate.run: evaluation, compilation, resume, non-finite stop.
+# runner.run: evaluation, compilation, resume, non-finite stop.
 
 
 def _counting(alg):
     """The same algorithm, counting how often its round function is traced."""
     count = [0]
 
-    def apply(state, cohort, key):
+    def apply(state, cohort, key, execution="auto"):
         count[0] += 1
-        return alg.apply(state, cohort, key)
+        return alg.apply(state, cohort, key, execution)
 
     return FederatedAlgorithm(alg.init, apply), count
 
@@ -514,8 +516,8 @@ def test_run_resume_without_checkpoint_raises(tmp_path):
 def _nan_after(alg, good_rounds):
     """Makes the parameters NaN once more than ``good_rounds`` rounds are done."""
 
-    def apply(state, cohort, key):
-        new, metrics = alg.apply(state, cohort, key)
+    def apply(state, cohort, key, execution="auto"):
+        new, metrics = alg.apply(state, cohort, key, execution)
         bad = new.round > good_rounds
         params = jax.tree.map(lambda p: jnp.where(bad, jnp.nan, p), new.params)
         return new._replace(params=params), metrics
@@ -645,7 +647,7 @@ def test_checkpoint_roundtrip_with_bfloat16_leaf(tmp_path):
 
 
 def test_checkpoint_roundtrip_of_server_state(tmp_path):
-    alg = ALGORITHMS["fedadam"](MODEL, batch_size=B, execution="vmap")
+    alg = helpers.bind_execution(ALGORITHMS["fedadam"](MODEL, batch_size=B), "vmap")
     template = alg.init(PARAMS, N)
     # A state with non-trivial values in every leaf (params, adam count / moments).
     state = jax.tree.map(lambda x: x + jnp.ones_like(x), template)
