@@ -61,7 +61,8 @@ def test_run_writes_all_outputs(tmp_path, capsys):
 
     with open(out / "clients.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert list(table[0]) == ["client_id", "num_test_examples", "accuracy", "loss"]
+    assert list(table[0]) == ["client_id", "num_test_examples", "accuracy", "loss", "model"]
+    assert {row["model"] for row in table} == {"global"}
     assert [int(r["client_id"]) for r in table] == list(range(6))
     assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in table)
 
@@ -170,8 +171,10 @@ def test_list_prints_every_registry_entry(capsys):
     for names in (ALGORITHMS, DATASETS, MODELS, STRATEGIES, SAMPLERS, METRICS):
         for name in names:
             assert name in out
-    assert "mu=0.01" in out  # FedProx's hyper-parameter and default
-    assert "server_lr=" in out  # forwarded **kwargs factories show FedAvg's too
+    assert "mu: float = 0.01 in [0, inf), differentiable" in out  # type, default, range
+    assert "server_lr: Rate = 0.01 in (0, inf)" in out  # FedAdam's own
+    assert "qp_iters: int = 200 in integer 0..inf" in out  # a static count
+    assert "full participation" in out  # AAggFF-S
     assert "num_clients=" in out  # dataset arguments
 
 
@@ -324,11 +327,49 @@ def test_compare_hparams_per_algorithm(tmp_path):
                   "fedadam": {"server_lr": 0.03, "b1": 0.8}}
 
 
-def test_hparams_follow_forwarded_kwargs():
-    params, is_open = C.algorithm_hparams(ALGORITHMS["fedadam"])
-    assert not is_open
+def test_hparams_come_from_the_factory_signature():
+    import inspect
+    params = C.algorithm_hparams("fedadam")
     assert {"server_lr", "b1", "b2", "tau", "max_steps"} <= set(params)
-    assert not set(C.MANAGED_HPARAMS) & set(params)
+    # config fields (client_lr, batch_size, num_epochs) and Python objects are not hparams
+    assert not {"client_lr", "batch_size", "num_epochs", "client_optimizer"} & set(params)
+    for name in ALGORITHMS:  # every settable name is a keyword of the factory itself
+        keywords = {p.name for p in inspect.signature(ALGORITHMS[name]).parameters.values()
+                    if p.kind is p.KEYWORD_ONLY}
+        assert set(C.algorithm_hparams(name)) <= keywords
+        assert {"client_lr", "batch_size", "num_epochs"} <= keywords
+
+
+def test_hparam_ranges_and_objects_are_refused_before_compute(tmp_path):
+    for bad in (["--hp", "q=-1"], ["--hp", "client_optimizer=adam"], ["--hp", "tilt=1"],
+                ["--client-lr-schedule", "exponential:2"],
+                ["--server-lr-schedule", "step:0.1@10"]):
+        with pytest.raises(C.ConfigError):
+            C.validate_run(_cfg(["run", "--algorithm", "qffl", *bad,
+                                 "-o", str(tmp_path / "x")], C.RunConfig))
+    cfg = _cfg(["run", "--algorithm", "fedadam", "--server-lr-schedule", "step:0.1@10",
+                "--client-lr-schedule", "exponential:0.99", "-o", str(tmp_path / "y")],
+               C.RunConfig)
+    C.validate_run(cfg)  # fedadam has a server rate
+
+
+def test_personal_run_and_round_diagnostics(tmp_path):
+    out = tmp_path / "ditto"
+    assert cli.main(["run", *TINY, "--algorithm", "ditto", "--num-rounds", "2",
+                     "--eval-every", "1", "--no-plots", "-o", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["evaluated"] == "personal"
+    assert summary["client_table"]["rows_stored"] == summary["dataset"]["num_clients"]
+    with open(out / "clients.csv", newline="") as f:
+        assert {row["model"] for row in csv.DictReader(f)} == {"personal"}
+    out = tmp_path / "qffl"
+    assert cli.main(["run", *TINY, "--algorithm", "qffl", "--num-rounds", "2",
+                     "--client-lr-schedule", "step:0.5@1", "--no-plots", "-o", str(out)]) == 0
+    rounds = report.read_jsonl(out / "rounds.jsonl")
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:  # q-FFL's effective coefficients, one per participant
+        assert len(r["server/coefficients"]) == len(r["client_ids"]) == len(r["weights"])
+        assert 0 < sum(r["server/coefficients"]) <= 1 + 1e-6
 
 
 # ----------------------------------------------------------------------------- report

@@ -55,6 +55,7 @@ from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, stateless, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.client import round_value
 from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
@@ -155,13 +156,17 @@ def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
 
     ``aggregate`` returns sum_k c_k Delta_k (``qffl_coefficients``), so the default
     server step sgd(1.0) gives w^{t+1} = w^t - sum_k F_k^q Delta w_k / sum_k h_k;
-    ``info["coefficients"]`` holds c_k [K]."""
-    H.check(HPARAMS, q=q, lipschitz=lipschitz)
+    ``info["coefficients"]`` holds c_k [K]. ``lipschitz`` may be a schedule of the
+    round (L_t = 1 / eta_t under a decaying client rate)."""
+    H.check(HPARAMS, q=q)
+    if not callable(lipschitz):
+        H.check(HPARAMS, lipschitz=lipschitz)
 
     def direction(outputs, weights, ctx):
         keep = weights > 0
         sq = _per_client_sq_norms(outputs.delta, keep)
-        coef = qffl_coefficients(outputs.loss_before, sq, weights, q, lipschitz)
+        coef = qffl_coefficients(outputs.loss_before, sq, weights, q,
+                                 round_value(lipschitz, ctx.round))
         # One dot product, like weighted_sum (a NaN-safe select would copy all K
         # deltas: 10x slower at K = 1000, benchmarks/server_step.py).
         return weighted_sum(outputs.delta, coef), {"coefficients": coef}
@@ -180,8 +185,8 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
 
     ``weight_by_size`` (pi ∝ n_k) defaults to False for ``"faithful"`` (Li et al.'s
     reference code: uniform) and True for ``"mixing"`` (the thesis's n_k F_k^q).
-    ``lipschitz`` defaults to 1 / ``client_lr`` (which then must be a number or a
-    traced scalar, not a schedule)."""
+    ``lipschitz`` defaults to 1 / ``client_lr`` (round by round when the client rate
+    is a schedule)."""
     H.check(HPARAMS, q=q, lipschitz=lipschitz)
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
@@ -198,9 +203,8 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
         by_size = True if weight_by_size is None else weight_by_size
         return fedavg(model, mixing=qffl_mixing(q, weight_by_size=by_size), **client)
     if lipschitz is None:
-        if callable(client_lr):
-            raise ValueError("lipschitz: give it explicitly when client_lr is a schedule")
-        lipschitz = 1.0 / client_lr
+        lipschitz = ((lambda t: 1.0 / client_lr(t)) if callable(client_lr)
+                     else 1.0 / client_lr)
     by_size = False if weight_by_size is None else weight_by_size
     return fedavg(model, aggregator=qffl_aggregator(q, lipschitz),
                   mixing=mixing or prior_mixing(by_size), **client)
