@@ -22,3 +22,6 @@ def test_readme_python_examples_run():
     _, metrics = simulate(algorithm, state, ds.data, jax.random.key(1), num_rounds=2,
                           cohort_size=5)
     assert abs(float(metrics["weights"][-1].sum()) - 1.0) < 1e-5
+    # The sweep over q runs as one program, one result per value.
+    sweep = namespace["sweep"]
+    assert all(leaf.shape[0] == 4 for leaf in jax.tree.leaves(sweep))
