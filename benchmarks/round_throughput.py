@@ -27,6 +27,7 @@ Ratios are computed within this run, so they are comparable across noisy machine
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -37,10 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair.algorithms import fedavg
-from fedjax_fair.client import masked_mean
+from fedjax_fair.algorithm import compose
+from fedjax_fair.client import local_training, masked_mean
 from fedjax_fair.data import get_dataset
-from fedjax_fair.execution import resolve
+from fedjax_fair.execution import Execution, resolve
 from fedjax_fair.models import cnn, mlp
 from fedjax_fair.simulate import make_cohort
 from timing import timeit
@@ -144,10 +145,10 @@ def bench_model(name, model, data, data_np, cohorts, strategies, rates, reps, ro
         state = None
         for strategy in strategies:
             chunk = 8 if strategy == "chunked" else None
-            alg = fedavg(model, client_lr=0.05, batch_size=BATCH, execution=strategy, chunk_size=chunk,
-                         unroll=UNROLL, track_loss=TRACK_LOSS)
+            alg = compose(local_training(model, client_lr=0.05, batch_size=BATCH,
+                                         unroll=UNROLL, track_loss=TRACK_LOSS))  # FedAvg
             state = alg.init(params, data.num_clients)
-            fn = jax.jit(alg.apply)
+            fn = jax.jit(functools.partial(alg.apply, execution=Execution(strategy, chunk)))
             t = time.perf_counter()
             compiled = fn.lower(state, cohort, jax.random.key(0)).compile()
             compile_s = time.perf_counter() - t

@@ -29,7 +29,7 @@ from fedjax_fair.algorithms.propfair import propfair_mixing
 from fedjax_fair.algorithms.qffl import prior_mixing, qffl_aggregator
 from fedjax_fair.algorithms.term import term_mixing
 from fedjax_fair.memory import tree_bytes
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.types import ClientOutput, ServerContext
 from timing import timeit
 
 RULES = {
@@ -75,11 +75,13 @@ def main():
         ids, mask = jnp.arange(k, dtype=jnp.int32), jnp.ones((k,), bool)
         for name, build in RULES.items():
             mix, agg = build()
-            state = (mix.init(k), agg.init({"w": jnp.zeros((d,))}))
+            params = {"w": jnp.zeros((d,))}
+            state = (mix.init(k), agg.init(params, k))
+            ctx = ServerContext(params, jnp.zeros((), jnp.int32), jax.random.key(0), ids, mask)
 
             def step(state, out):
-                w, ms = mix.update(state[0], out, ids, mask)
-                direction, ags = agg.aggregate(state[1], out.delta, w, out)
+                w, ms = mix.update(state[0], out, ctx)
+                direction, ags, _ = agg.aggregate(state[1], out, w, ctx)
                 return direction, (ms, ags)
 
             t = time.perf_counter()
