@@ -17,7 +17,7 @@ import pytest
 from fedjax_fair import client
 from fedjax_fair.data import augment as A
 from fedjax_fair.models import mlp
-from fedjax_fair.types import ClientData
+from fedjax_fair.types import Broadcast, ClientData
 
 
 def _images(b=4, h=6, w=5, c=3, seed=0, dtype=np.float32):
@@ -357,10 +357,11 @@ def test_with_augmentation_inside_local_training_vmapped_over_clients():
                       mask=jnp.ones((k, m), bool), num_examples=jnp.full((k,), m, jnp.int32))
     keys = jax.random.split(jax.random.key(0), k)
     augmented = A.with_augmentation(model, A.random_flip)
-    update = client.local_training(augmented, optax.sgd(0.5), batch_size=m, num_epochs=1,
-                                   track_loss=False)
+    update = client.local_training(augmented, optimizer=optax.sgd(0.5), batch_size=m,
+                                   num_epochs=1, track_loss=False)
+    broadcast = Broadcast(params, jnp.zeros((), jnp.int32))
     out, _ = jax.jit(jax.vmap(update, in_axes=(None, None, 0, None, 0)))(
-        params, (), data, jnp.int32(1), keys)
+        broadcast, (), data, jnp.int32(1), keys)
     assert np.all(np.asarray(out.num_steps) == 1)
     leaves = jax.tree.leaves(out.delta)
     assert all(np.all(np.isfinite(leaf)) for leaf in leaves)
