@@ -511,26 +511,34 @@ def cmd_compare(args) -> int:
              f"test accuracy (mean ± std over seeds)" if len(cfg.seeds) > 1 else
              f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
              f"cohort {cfg.cohort_size}, seed {cfg.seeds[0]}: final per-client test accuracy")
+    evaluated = {a: alg.evaluates for a, alg in algs.items()}
+    personal = [a for a, e in evaluated.items() if e == "personal"]
+    table_note = report.TABLE_NOTE + (f" Evaluated on each client's own (personal) model: "
+                                      f"{', '.join(personal)}; the others on the global "
+                                      f"model." if personal else "")
+    label = {a: f"{a} (personal)" if e == "personal" else a for a, e in evaluated.items()}
     with open(os.path.join(out, "comparison.md"), "w") as f:
-        f.write(f"{title}\n\n{table}\n{report.TABLE_NOTE}\n")
+        f.write(f"{title}\n\n{table}\n{table_note}\n")
     report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(cfg.seeds))
     if cfg.plots:
-        report.save_figure(report.plot_compare_accuracy(histories),
-                           os.path.join(out, "accuracy.png"))
+        report.save_figure(report.plot_compare_accuracy(
+            {label[a]: h for a, h in histories.items()}), os.path.join(out, "accuracy.png"))
         hist_title = ("Final per-client test accuracy"
                       + (" (all seeds)" if len(cfg.seeds) > 1 else ""))
         report.save_figure(report.plot_compare_histograms(
-            {a: np.concatenate(v) for a, v in accuracies.items() if v}, title=hist_title),
+            {label[a]: np.concatenate(v) for a, v in accuracies.items() if v}, title=hist_title),
             os.path.join(out, "client_accuracy_hist.png"))
     total = time.perf_counter() - t_start
     report.write_json(os.path.join(out, "summary.json"), {
         "config": cfg_dict, "dataset": dataset_description(ds),
         "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}
                   for a, agg in rows.items()},
-        "notes": notes, "total_seconds": total})
+        "evaluated": evaluated, "notes": notes, "total_seconds": total})
     print(title)
     print()
     print(table, end="")
+    if personal:
+        print(f"(personal models: {', '.join(personal)})")
     print(f"\n{len(algs) * len(cfg.seeds)} runs in {total:.1f}s -> {out}")
     if notes:
         _err("non-finite parameters (NaN/inf) in " + "; ".join(f"{a}: {n}"

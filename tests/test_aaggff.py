@@ -15,12 +15,15 @@ import pytest
 
 import helpers
 from fedjax_fair import mixing as mixing_lib
-from fedjax_fair import online, sampling
+from fedjax_fair import sampling
+from fedjax_fair.solvers import online
+from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms import aaggff as ag
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.algorithms.fedprox import fedprox
+from fedjax_fair.client import proximal_term
 from fedjax_fair.simulate import simulate
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.solvers.simplex import project_simplex
+from fedjax_fair.types import ClientOutput, ServerContext
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 1)
@@ -136,6 +139,13 @@ def np_ftrl_run(rounds, n, variant="thesis"):
     return np.array(out)
 
 
+def ctx_of(client_ids, client_mask):
+    """The round's ServerContext for a cohort (what mixing rules read: ids and mask)."""
+    return ServerContext(params=(), round=jnp.zeros((), jnp.int32), key=KEY,
+                         client_ids=jnp.asarray(client_ids, jnp.int32),
+                         client_mask=jnp.asarray(client_mask, bool))
+
+
 def outputs_of(losses):
     k = len(losses)
     return ClientOutput(delta=(), loss_before=jnp.asarray(losses, jnp.float32),
@@ -155,7 +165,7 @@ def run_rule(rule, n, losses, ids=None, masks=None):
 
     def body(state, xs):
         loss, i, msk = xs
-        w, state = rule.update(state, outputs_of(loss), i, msk)
+        w, state = rule.update(state, outputs_of(loss), ctx_of(i, msk))
         return state, (w, state.decision)
 
     def run(xs):
@@ -212,10 +222,12 @@ def test_transform_ignores_masked_rows():
 # ------------------------------------------------------------------ online solvers
 
 
-def test_private_simplex_projection_matches_numpy():
+def test_simplex_projection_matches_numpy():
+    # online.py projects with solvers.simplex.project_simplex (its private copy is gone).
+    assert online.project_simplex is project_simplex
     rng = np.random.default_rng(1)
     v = rng.normal(size=(20, 9)) * rng.choice([0.1, 1.0, 10.0], size=(20, 1))
-    p = np.asarray(jax.jit(jax.vmap(online._project_simplex))(jnp.asarray(v, jnp.float32)))
+    p = np.asarray(jax.jit(jax.vmap(project_simplex))(jnp.asarray(v, jnp.float32)))
     np.testing.assert_allclose(p, np.stack([np_project_simplex(x) for x in v]), atol=2e-6)
 
 
@@ -526,16 +538,16 @@ def test_masked_rows_do_not_write():
     state = rule.init(n)
     loss = jnp.array([1.0, 2.0, 0.5])
     ids = jnp.array([1, 4, 6], jnp.int32)
-    w_ref, s_ref = rule.update(state, outputs_of(loss), ids, jnp.ones(3, bool))
+    w_ref, s_ref = rule.update(state, outputs_of(loss), ctx_of(ids, jnp.ones(3, bool)))
     # The same cohort padded with masked rows that repeat ids and carry wild losses.
     w_pad, s_pad = rule.update(state, outputs_of(jnp.array([1.0, 9e9, 2.0, 0.5, 7.0])),
-                               jnp.array([1, 1, 4, 6, 4], jnp.int32),
-                               jnp.array([True, False, True, True, False]))
+                               ctx_of(jnp.array([1, 1, 4, 6, 4], jnp.int32),
+                                      jnp.array([True, False, True, True, False])))
     np.testing.assert_allclose(np.asarray(s_pad.grad_sum), np.asarray(s_ref.grad_sum), atol=1e-7)
     np.testing.assert_allclose(np.asarray(w_pad)[[0, 2, 3]], np.asarray(w_ref), atol=1e-7)
     assert np.asarray(w_pad)[[1, 4]].tolist() == [0.0, 0.0]
     # A round with nobody leaves the state as it was.
-    w0, s0 = rule.update(s_ref, outputs_of(loss), ids, jnp.zeros(3, bool))
+    w0, s0 = rule.update(s_ref, outputs_of(loss), ctx_of(ids, jnp.zeros(3, bool)))
     assert np.all(np.asarray(w0) == 0)
     for a, b in zip(s0, s_ref):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -652,7 +664,7 @@ def test_collapsed_response_range_gives_fedavg_weights():
         w, dec, _ = run_rule(rule, n, losses)
         np.testing.assert_allclose(dec, 1.0 / n, atol=1e-6)
         uniform, _ = mixing_lib.uniform().update((), outputs_of(losses[0, 0]),
-                                                 jnp.arange(n), jnp.ones(n, bool))
+                                                 ctx_of(jnp.arange(n), jnp.ones(n, bool)))
         np.testing.assert_allclose(w[0], np.broadcast_to(np.asarray(uniform), (30, n)),
                                    atol=1e-6)
 
@@ -660,11 +672,12 @@ def test_collapsed_response_range_gives_fedavg_weights():
 @pytest.mark.slow
 def test_collapsed_response_range_is_fedavg_end_to_end():
     data = helpers.tiny_federation(train_sizes=(6, 6, 6, 6), test_sizes=(2, 2, 2, 2))
-    kw = dict(client_lr=0.3, batch_size=6, num_epochs=1, execution="sequential")
+    kw = dict(client_lr=0.3, batch_size=6, num_epochs=1)
 
     def final(alg):
         state, _ = jax.jit(lambda s, key: simulate(
-            alg, s, data, key, num_rounds=2, cohort_size=4, sampler=sampling.full))(
+            alg, s, data, key, num_rounds=2, cohort_size=4, sampler=sampling.full,
+            execution="sequential"))(
                 alg.init(PARAMS, 4), KEY)
         return state.params
 
@@ -681,10 +694,10 @@ def test_collapsed_response_range_is_fedavg_end_to_end():
 def test_aaggff_s_end_to_end_matches_reference_weights():
     data = helpers.tiny_federation()
     n = data.num_clients
-    alg = ag.aaggff_s(MODEL, cdf="normal", client_lr=0.3, batch_size=12, num_epochs=1,
-                      execution="sequential")
+    alg = ag.aaggff_s(MODEL, cdf="normal", client_lr=0.3, batch_size=12, num_epochs=1)
     state, metrics = jax.jit(lambda s, key: simulate(
-        alg, s, data, key, num_rounds=4, cohort_size=n, sampler=sampling.full))(
+        alg, s, data, key, num_rounds=4, cohort_size=n, sampler=sampling.full,
+        execution="sequential"))(
             alg.init(PARAMS, n), KEY)
     assert helpers.tree_all_finite(state.params)
     losses = np.asarray(metrics["loss_before"], np.float64)
@@ -701,10 +714,14 @@ def test_aaggff_d_end_to_end_plug_and_play_with_fedprox():
     """AAggFF-D's rule on FedProx clients (one line), partial participation."""
     data = helpers.tiny_federation()
     n, rounds = data.num_clients, 5
-    kw = dict(client_lr=0.3, batch_size=12, num_epochs=1, execution="sequential")
-    alg = fedprox(MODEL, mu=0.01, mixing=ag.aaggff_d_mixing(cdf="exponential"), **kw)
+    kw = dict(client_lr=0.3, batch_size=12, num_epochs=1)
+    # FedProx clients = FedAvg's local training with the proximal regulariser (the
+    # fedprox factory fixes the mixing rule, so the pieces are plugged in directly).
+    alg = fedavg(MODEL, regularizer=proximal_term(0.01),
+                 mixing=ag.aaggff_d_mixing(cdf="exponential"), **kw)
     state, metrics = jax.jit(lambda s, key: simulate(
-        alg, s, data, key, num_rounds=rounds, cohort_size=3, sampler=sampling.uniform))(
+        alg, s, data, key, num_rounds=rounds, cohort_size=3, sampler=sampling.uniform,
+        execution="sequential"))(
             alg.init(PARAMS, n), KEY)
     assert helpers.tree_all_finite(state.params)
     ids = np.asarray(metrics["client_ids"])
@@ -743,25 +760,38 @@ def test_argument_validation():
     for bad in [(0.5, 0.1), (0.0, 0.0), (-0.1, 1.0), "x"]:
         with pytest.raises(ValueError, match="^response_range:"):
             ag.aaggff_d_mixing(response_range=bad)
-    with pytest.raises(ValueError, match="^mixing:"):
+    # The factory sets the mixing rule itself: its signature takes no ``mixing``.
+    assert "mixing" not in method_hparams("aaggff_s")
+    with pytest.raises(TypeError, match="mixing"):
         ag.aaggff_s(MODEL, mixing=mixing_lib.uniform())
     rule = ag.aaggff_s_mixing()
     with pytest.raises(ValueError, match="^cohort_size:"):
-        rule.update(rule.init(6), outputs_of(jnp.ones(3)), jnp.arange(3), jnp.ones(3, bool))
-    assert ag.aaggff_s.forwards_to is fedavg and ag.aaggff_d.forwards_to is fedavg
+        rule.update(rule.init(6), outputs_of(jnp.ones(3)),
+                    ctx_of(jnp.arange(3), jnp.ones(3, bool)))
+    # Both factories state FedAvg's local-training arguments (with FedAvg's ranges).
+    fedavg_hparams = method_hparams("fedavg")
+    for name in ("aaggff_s", "aaggff_d"):
+        hparams = method_hparams(name)
+        for arg in ("client_lr", "batch_size", "num_epochs", "max_steps", "client_optimizer",
+                    "server_optimizer"):
+            assert arg in hparams, (name, arg)
+            assert hparams[arg].range == fedavg_hparams[arg].range, (name, arg)
+    assert REGISTRY["aaggff_s"].participation == "full"
+    assert REGISTRY["aaggff_d"].participation == "partial"
     assert ag.cdf_name(3) == "normal" and set(ag.REFERENCE_CDFS.values()) <= set(ag.CDFS)
 
 
 @pytest.mark.parametrize("mode", ["s", "d"])
 def test_server_step_helper(mode):
     n = 40 if mode == "s" else 300
-    step, (state, outputs, ids, mask) = ag.aaggff_server_step(n, mode=mode)
+    step, (state, outputs, ctx) = ag.aaggff_server_step(n, mode=mode)
+    ids = ctx.client_ids
     assert ids.shape == ((n,) if mode == "s" else (3,))
     losses = jnp.asarray(np.random.default_rng(20).gamma(2.0, 1.0, (25, ids.shape[0])),
                          jnp.float32)
 
     def body(st, loss):
-        w, st = step(st, outputs._replace(loss_before=loss), ids, mask)
+        w, st = step(st, outputs._replace(loss_before=loss), ctx)
         return st, w
 
     state, w = jax.jit(lambda st, ls: jax.lax.scan(body, st, ls))(state, losses)

@@ -26,7 +26,7 @@ from fedjax_fair.algorithms import (fedadagrad, fedadam, fedavg, fedavgm, fedpro
                                     fedyogi)
 from fedjax_fair.client import local_training
 from fedjax_fair.mixing import MixingRule
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.types import ClientOutput, ServerContext
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 1)
@@ -43,10 +43,21 @@ KEY = jax.random.key(3)
 
 
 def _kwargs(**extra):
-    # Sequential execution compiles faster than vmap; test_engine ties them together.
-    kw = dict(client_lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS, execution="sequential")
+    kw = dict(client_lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS)
     kw.update(extra)
     return kw
+
+
+def _seq(alg):
+    # Sequential execution compiles faster than vmap; test_engine ties them together.
+    return helpers.bind_execution(alg, "sequential")
+
+
+def _ctx(client_ids, client_mask):
+    """The ServerContext of a round with these cohort ids and mask (round 0)."""
+    client_ids = jnp.asarray(client_ids, jnp.int32)
+    return ServerContext(params=(), round=jnp.zeros((), jnp.int32), key=jax.random.key(0),
+                         client_ids=client_ids, client_mask=jnp.asarray(client_mask, bool))
 
 
 @functools.cache
@@ -57,7 +68,7 @@ def _jitted(name: str):
         "fedprox0": lambda: fedprox(MODEL, mu=0.0, **_kwargs()),
         "fedprox": lambda: fedprox(MODEL, mu=MU, **_kwargs()),
     }
-    alg = factories[name]()
+    alg = _seq(factories[name]())
     return alg, jax.jit(alg.apply)
 
 
@@ -210,7 +221,7 @@ ROUND_IDS = ((0, 1, 3, 4, 5, 2), (5, 4, 3, 1, 0, 2), (1, 0, 5, 3, 4, 2))
 @functools.cache
 def _fedopt_rounds(name):
     """Three rounds of a FedOpt method: [state_0, state_1, state_2, state_3]."""
-    alg = FEDOPT[name][0]()
+    alg = _seq(FEDOPT[name][0]())
     apply = jax.jit(alg.apply)
     states = [alg.init(PARAMS, N)]
     for ids, key in zip(ROUND_IDS, ROUND_KEYS):
@@ -275,7 +286,7 @@ def test_server_optimizer_matches_the_paper_formula(name):
 
 
 def test_fedavgm_without_momentum_and_unit_rate_equals_fedavg():
-    alg = fedavgm(MODEL, server_lr=1.0, momentum=0.0, **_kwargs())
+    alg = _seq(fedavgm(MODEL, server_lr=1.0, momentum=0.0, **_kwargs()))
     state, _ = jax.jit(alg.apply)(alg.init(PARAMS, N), helpers.cohort(TRAIN, IDS), KEY)
     ref, _ = _round("fedavg")
     helpers.assert_trees_close(state.params, ref.params, rtol=1e-6, atol=1e-7)
@@ -289,11 +300,12 @@ def test_uniform_mixing_weights():
     rule = mixing_lib.uniform()
     out = ClientOutput(delta=(), loss_before=jnp.array([3.0, 1.0, 2.0, 5.0]),
                        num_examples=jnp.array([1, 2, 3, 4]), num_steps=jnp.zeros(4, jnp.int32))
-    w, _ = rule.update(rule.init(7), out, jnp.arange(4), jnp.ones(4, bool))
+    w, _ = rule.update(rule.init(7), out, _ctx(jnp.arange(4), jnp.ones(4, bool)))
     np.testing.assert_allclose(w, np.full(4, 0.25))
-    w, _ = rule.update(rule.init(7), out, jnp.arange(4), jnp.array([True, False, True, True]))
+    w, _ = rule.update(rule.init(7), out,
+                       _ctx(jnp.arange(4), jnp.array([True, False, True, True])))
     np.testing.assert_allclose(w, [1 / 3, 0.0, 1 / 3, 1 / 3], rtol=1e-6)
-    w, _ = mixing_lib.by_num_examples().update((), out, jnp.arange(4), jnp.ones(4, bool))
+    w, _ = mixing_lib.by_num_examples().update((), out, _ctx(jnp.arange(4), jnp.ones(4, bool)))
     np.testing.assert_allclose(w, np.array([1, 2, 3, 4]) / 10, rtol=1e-6)
 
 
@@ -301,42 +313,42 @@ def test_compose_with_custom_pieces():
     """Custom client update (with a per-client state table and extras), a stateful
     mixing rule over all N clients (uniform weights), a stateful aggregator and an
     optax server optimizer, wired by compose; checked against NumPy."""
-    base = local_training(MODEL, optax.sgd(LR), batch_size=FULL_BATCH, num_epochs=1)
+    base = local_training(MODEL, optimizer=optax.sgd(LR), batch_size=FULL_BATCH, num_epochs=1)
 
-    def client_update(server_params, client_state, data, local_steps, key):
-        out, _ = base(server_params, (), data, local_steps, key)
+    def client_update(broadcast, client_state, data, local_steps, key):
+        out, _ = base(broadcast, (), data, local_steps, key)
         out = out._replace(extra={"n_twice": 2 * out.num_examples})
         return out, client_state + 1  # times this client has trained
 
     def mixing_init(num_clients):
         return jnp.zeros((num_clients,), jnp.float32)  # participation counts
 
-    def mixing_update(state, outputs, client_ids, client_mask):
-        weights, _ = mixing_lib.uniform().update((), outputs, client_ids, client_mask)
-        state = state.at[jnp.where(client_mask, client_ids, state.shape[0])].add(
+    def mixing_update(state, outputs, ctx):
+        weights, _ = mixing_lib.uniform().update((), outputs, ctx)
+        state = state.at[jnp.where(ctx.client_mask, ctx.client_ids, state.shape[0])].add(
             1.0, mode="drop")
         return weights, state
 
-    def agg_init(params):
+    def agg_init(params, num_clients):
         return jnp.zeros((), jnp.int32)
 
-    def agg_aggregate(state, deltas, weights, outputs):
+    def agg_aggregate(state, outputs, weights, ctx):
         chex.assert_equal(outputs.extra["n_twice"].shape, weights.shape)
-        return weighted_sum(deltas, weights), state + 1
+        return weighted_sum(outputs.delta, weights), state + 1, {}
 
     server_lr = 0.5
     alg = compose(client_update, mixing=MixingRule(mixing_init, mixing_update),
                   aggregator=Aggregator(agg_init, agg_aggregate),
                   server_optimizer=optax.sgd(server_lr),
-                  client_state_init=lambda params: jnp.zeros((), jnp.int32),
-                  execution="sequential")
+                  client_state_init=lambda params: jnp.zeros((), jnp.int32))
+    alg = _seq(alg)
     ids = [4, 0, 1, 0]  # slot 3 repeats client 0 but is masked out
     mask = [True, True, True, False]
     state, metrics = jax.jit(alg.apply)(alg.init(PARAMS, N),
                                         helpers.cohort(TRAIN, ids, mask=mask), KEY)
 
     np.testing.assert_allclose(metrics["weights"], [1 / 3, 1 / 3, 1 / 3, 0.0], rtol=1e-6)
-    np.testing.assert_array_equal(state.client_states, [1, 1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(state.client_states.rows, [1, 1, 0, 0, 1, 0])
     np.testing.assert_array_equal(state.mixing_state, [1, 1, 0, 0, 1, 0])
     assert int(state.aggregator_state) == 1 and int(state.round) == 1
 

@@ -12,6 +12,7 @@ run on a skewed federation where the fair rules lower the worst client's loss.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -21,21 +22,23 @@ import pytest
 import helpers
 from fedjax_fair import config as config_lib
 from fedjax_fair.aggregators import weighted_mean
+from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms.afl import AFLState, afl, afl_ascent, afl_mixing
-from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, fedavg
 from fedjax_fair.algorithms.fedmax import (effective_k, fedmax, fedmax_k, fedmax_k_mixing,
                                            fedmax_k_weights, fedmax_mixing, fedmax_weights,
                                            fedsoftmax, fedsoftmax_mixing, fedsoftmax_weights)
-from fedjax_fair.algorithms.propfair import propfair, propfair_mixing, propfair_weights
+from fedjax_fair.algorithms.propfair import propfair, propfair_mixing
 from fedjax_fair.algorithms.qffl import (prior_mixing, qffl,
                                          qffl_aggregator, qffl_coefficients, qffl_mixing,
                                          qffl_weights)
 from fedjax_fair.algorithms.term import term, term_mixing, term_weights
 from fedjax_fair.client import data_loss
 from fedjax_fair.mixing import by_num_examples
-from fedjax_fair.simplex import (active_clients, exponentiated_gradient, masked_softmax,
-                                 project_simplex, project_simplex_masked)
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.mixing import active_clients
+from fedjax_fair.solvers.simplex import (exponentiated_gradient, masked_softmax, project_simplex,
+                                         project_simplex_masked)
+from fedjax_fair.types import ClientOutput, ServerContext
 
 
 @pytest.fixture
@@ -50,11 +53,22 @@ def _out(losses, n=None, delta=()):
                         num_steps=jnp.zeros(losses.shape, jnp.int32), train_loss=losses)
 
 
+def _ctx(client_ids, client_mask):
+    """The round's ServerContext for a cohort (what mixing rules and aggregators read
+    here: the ids and the mask)."""
+    return ServerContext(params=(), round=jnp.zeros((), jnp.int32), key=jax.random.key(0),
+                         client_ids=jnp.asarray(client_ids, jnp.int32),
+                         client_mask=jnp.asarray(client_mask, bool))
+
+
+def _full_ctx(k):
+    return _ctx(jnp.arange(k, dtype=jnp.int32), jnp.ones((k,), bool))
+
+
 def _weights(rule, losses, n=None):
     """(weights float64 [K], new state) of one round of ``rule`` over rows 0..K-1."""
     k = len(losses)
-    w, state = rule.update(rule.init(k), _out(losses, n), jnp.arange(k, dtype=jnp.int32),
-                           jnp.ones((k,), bool))
+    w, state = rule.update(rule.init(k), _out(losses, n), _full_ctx(k))
     return np.asarray(w, np.float64), state
 
 
@@ -172,8 +186,8 @@ def test_project_simplex_masked_projects_only_the_masked_coordinates(rng):
     w[~mask] = [np.inf, np.nan]
     np.testing.assert_array_equal(_PROJECT_MASKED(w, mask), p)
     np.testing.assert_array_equal(_PROJECT_MASKED(v, np.zeros(5, bool)), 0.0)
-    with pytest.raises(ValueError, match=r"^radius: "):
-        project_simplex_masked(v, mask, radius=0.0)
+    # (radius is no longer validated here: the low-level solver may get traced values,
+    # and no Python-facing builder takes a radius.)
 
 
 def test_masked_softmax_is_stable_and_handles_empty_support():
@@ -203,8 +217,8 @@ def test_exponentiated_gradient_unifies_the_rules(rng):
         for r, zeta, ref in cases:
             np.testing.assert_allclose(exponentiated_gradient(r, nj, mask, zeta), ref,
                                        rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match=r"^zeta: "):
-        exponentiated_gradient(jnp.zeros(2), jnp.ones(2), jnp.ones(2, bool), zeta=0.0)
+    # (zeta is no longer validated here: the low-level step may get traced values, and
+    # no Python-facing builder takes a zeta; the rules check their own arguments.)
 
 
 def test_active_clients_drops_empty_clients_unless_none_has_data():
@@ -239,7 +253,7 @@ RULES = {
 @jax.jit
 def _all_rules(losses, n, mask, ids):
     """{rule: weights [K]} of one round from each rule's initial state."""
-    return {name: rule.update(rule.init(N_CLIENTS), _out(losses, n), ids, mask)[0]
+    return {name: rule.update(rule.init(N_CLIENTS), _out(losses, n), _ctx(ids, mask))[0]
             for name, rule in RULES.items()}
 
 
@@ -273,7 +287,8 @@ def _scan_of_vmaps(losses, n, mask, ids):
     (jax.vmap) run for R consecutive rounds each (lax.scan, state carried)."""
     out = {}
     for name, rule in RULES.items():
-        update = jax.vmap(lambda st, f, nn, m, i, rule=rule: rule.update(st, _out(f, nn), i, m))
+        update = jax.vmap(lambda st, f, nn, m, i, rule=rule: rule.update(st, _out(f, nn),
+                                                                          _ctx(i, m)))
 
         def one(states, xs, update=update):
             weights, states = update(states, *xs)
@@ -325,8 +340,10 @@ def test_identical_client_models_are_returned_unchanged():
     delta = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(4, np.float32)}
     stacked = jax.tree.map(lambda x: np.broadcast_to(x, (K, *x.shape)), delta)
     mask = np.array([True, True, False, True, True, True])
+    outputs = _out(np.ones(K), delta=stacked)
     for name, w in _all(np.linspace(0.1, 2.0, K), np.arange(1, K + 1), mask).items():
-        out, _ = weighted_mean().aggregate((), stacked, jnp.asarray(w, jnp.float32))
+        out, _, _ = weighted_mean().aggregate((), outputs, jnp.asarray(w, jnp.float32),
+                                              _ctx(jnp.arange(K), mask))
         helpers.assert_trees_close(out, delta, rtol=1e-6, atol=1e-6)
 
 
@@ -418,8 +435,12 @@ def test_propfair_matches_reference_and_clips_losses_above_baseline(rng):
     np.testing.assert_allclose(w, n[:3] / n[:3].sum(), rtol=1e-5)
     with pytest.raises(ValueError, match=r"^baseline: "):
         propfair_mixing(0.0)
+    # eps is checked by the Python-facing builders (propfair_weights may get traced
+    # values and no longer validates).
     with pytest.raises(ValueError, match=r"^eps: "):
-        propfair_weights(f, n, jnp.ones(5, bool), baseline=2.0, eps=0.0)
+        propfair_mixing(2.0, eps=0.0)
+    with pytest.raises(ValueError, match=r"^eps: "):
+        propfair(helpers.logreg(), baseline=2.0, eps=0.0)
 
 
 # ---------------------------------------------------------------------------- q-FFL
@@ -469,8 +490,8 @@ def test_qffl_aggregator_matches_li_et_al_literally(rng):
             deltas = _tree_deltas(k, seed=int(10 * q + lipschitz))
             losses = rng.uniform(0.2, 2.5, size=k).astype(np.float32)
             agg = qffl_aggregator(q, lipschitz)
-            direction, _ = agg.aggregate(agg.init(None), deltas, jnp.full((k,), 1.0 / k),
-                                         _out(losses))
+            direction, _, _ = agg.aggregate(agg.init(None, k), _out(losses, delta=deltas),
+                                            jnp.full((k,), 1.0 / k), _full_ctx(k))
             ref = _unflat(np_qfedavg(losses, _flat(deltas), q, lipschitz))
             helpers.assert_trees_close(direction, jax.tree.map(np.float32, ref), rtol=2e-5,
                                        atol=1e-7)
@@ -483,8 +504,9 @@ def test_qffl_with_q_zero_is_the_prior_weighted_mean():
     deltas = _tree_deltas(k, seed=3)
     losses = jnp.array([0.0, 1.0, 2.0, 0.3, 0.0, 9.0])
     for prior in (jnp.full((k,), 1.0 / k), jnp.array([0.1, 0.2, 0.0, 0.3, 0.15, 0.25])):
-        direction, _ = qffl_aggregator(0.0, 7.0).aggregate((), deltas, prior, _out(losses))
-        ref, _ = weighted_mean().aggregate((), deltas, prior)
+        outputs = _out(losses, delta=deltas)
+        direction, _, _ = qffl_aggregator(0.0, 7.0).aggregate((), outputs, prior, _full_ctx(k))
+        ref, _, _ = weighted_mean().aggregate((), outputs, prior, _full_ctx(k))
         helpers.assert_trees_close(direction, ref, rtol=1e-6, atol=1e-7)
 
 
@@ -502,9 +524,11 @@ def test_qffl_coefficients_guards_and_float32_range(rng):
     np.testing.assert_array_equal(qffl_coefficients(jnp.zeros(3), jnp.ones(3), jnp.ones(3) / 3,
                                                     0.5, 1.0), 0.0)
     deltas = _tree_deltas(4, seed=5)
-    clean, _ = qffl_aggregator(1.0, 10.0).aggregate((), deltas, prior, _out(losses))
+    clean, _, _ = qffl_aggregator(1.0, 10.0).aggregate((), _out(losses, delta=deltas), prior,
+                                                       _full_ctx(4))
     deltas = jax.tree.map(lambda x: x.at[3].set(1e30), deltas)
-    direction, _ = qffl_aggregator(1.0, 10.0).aggregate((), deltas, prior, _out(losses))
+    direction, _, _ = qffl_aggregator(1.0, 10.0).aggregate((), _out(losses, delta=deltas),
+                                                           prior, _full_ctx(4))
     helpers.assert_trees_close(direction, clean, rtol=0, atol=0)
     # Large q, losses and L: float32 F^q (120^20 ~ 4e41) would overflow, the shifted
     # form does not.
@@ -538,7 +562,7 @@ def test_afl_ascent_matches_reference_over_rounds(rng):
         mask = np.array([True, True, r % 3 != 0, True])
         f = rng.uniform(0, 2, size=k).astype(np.float32)
         n = rng.integers(1, 9, size=k)
-        w, state = update(state, _out(f, n), jnp.asarray(ids, jnp.int32), jnp.asarray(mask))
+        w, state = update(state, _out(f, n), _ctx(ids, mask))
         lam = np_afl(lam, f, ids, mask, 0.3)
         np.testing.assert_allclose(state.lambdas, lam, atol=2e-6)
         sub = np.where(mask, lam[ids], 0.0)
@@ -554,17 +578,17 @@ def test_afl_full_participation_symmetry_and_monotone_response():
     np.testing.assert_allclose(state.lambdas, np.full(5, 0.2))
     update = jax.jit(rule.update)
     for _ in range(50):  # equal losses: lambda stays uniform
-        w, state = update(state, _out(np.full(5, 1.7)), ids, jnp.ones(5, bool))
+        w, state = update(state, _out(np.full(5, 1.7)), _ctx(ids, jnp.ones(5, bool)))
     np.testing.assert_allclose(state.lambdas, np.full(5, 0.2), atol=1e-6)
     np.testing.assert_allclose(w, np.full(5, 0.2), atol=1e-6)
     # One round where client 3 has the strictly largest loss: it gets the strict max.
     f = np.array([0.5, 0.7, 0.6, 0.9, 0.2], np.float32)
-    _, state = rule.update(rule.init(num_clients), _out(f), ids, jnp.ones(5, bool))
+    _, state = rule.update(rule.init(num_clients), _out(f), _ctx(ids, jnp.ones(5, bool)))
     lam = np.asarray(state.lambdas)
     assert np.argmax(lam) == 3 and np.sum(lam == lam.max()) == 1
     # gamma = 0: lambda never moves, the weights are uniform over the cohort.
-    w, state = afl_mixing(0.0).update(rule.init(num_clients), _out(f[:3]), ids[:3],
-                                      jnp.ones(3, bool))
+    w, state = afl_mixing(0.0).update(rule.init(num_clients), _out(f[:3]),
+                                      _ctx(ids[:3], jnp.ones(3, bool)))
     np.testing.assert_allclose(w, np.full(3, 1 / 3), rtol=1e-6)
     np.testing.assert_allclose(state.lambdas, np.full(5, 0.2))
 
@@ -573,10 +597,11 @@ def test_afl_masked_rows_do_not_change_the_state():
     rule = afl_mixing(0.2)
     state = rule.init(6)
     f = jnp.array([0.4, 1.5, 0.9])
-    w, s1 = rule.update(state, _out(f), jnp.array([4, 1, 2]), jnp.ones(3, bool))
+    w, s1 = rule.update(state, _out(f), _ctx(jnp.array([4, 1, 2]), jnp.ones(3, bool)))
     # The same cohort padded with masked repeats of client 4 carrying huge losses.
     w2, s2 = rule.update(state, _out(jnp.array([0.4, 1.5, 0.9, 1e6, jnp.nan])),
-                         jnp.array([4, 1, 2, 4, 4]), jnp.array([True, True, True, False, False]))
+                         _ctx(jnp.array([4, 1, 2, 4, 4]),
+                              jnp.array([True, True, True, False, False])))
     np.testing.assert_allclose(s2.lambdas, s1.lambdas, atol=1e-7)
     np.testing.assert_allclose(w2[:3], w, atol=1e-7)
     np.testing.assert_array_equal(w2[3:], 0.0)
@@ -688,23 +713,33 @@ def test_invalid_arguments_name_their_field():
         fedsoftmax(model, beta=float("nan"))
     with pytest.raises(ValueError, match=r"^k: "):
         fedmax_k(model, k=-1)
-    for factory in (qffl, afl, term, propfair, fedmax, fedmax_k, fedsoftmax):
-        with pytest.raises(ValueError, match=r"^track_loss: "):
+    # Loss-driven rules always track the pre-round loss: loss tracking cannot be
+    # switched off (no factory takes a track_loss argument any more).
+    for name, factory in (("qffl", qffl), ("afl", afl), ("term", term), ("propfair", propfair),
+                          ("fedmax", fedmax), ("fedmax_k", fedmax_k),
+                          ("fedsoftmax", fedsoftmax)):
+        assert "track_loss" not in method_hparams(name), name
+        with pytest.raises(TypeError, match="track_loss"):
             factory(model, track_loss=False)
 
 
-def test_factories_forward_to_fedavg_for_the_cli():
-    registry = {"fedavg": fedavg, "qffl": qffl, "afl": afl, "term": term,
-                "propfair": propfair, "fedmax": fedmax, "fedmax_k": fedmax_k,
-                "fedsoftmax": fedsoftmax}
+def test_factories_state_fedavg_arguments_for_the_cli():
+    """Every registered method's signature states FedAvg's local-training arguments
+    (with FedAvg's ranges) and takes no **kwargs; the fair rules' own
+    hyper-parameters are settable from the command line."""
     expected = {"qffl": {"q", "mode", "lipschitz"}, "afl": {"lambda_lr"},
                 "term": {"tilt", "weight_by_size"}, "propfair": {"baseline", "eps"},
                 "fedmax": set(), "fedmax_k": {"k"}, "fedsoftmax": {"beta", "weight_by_size"}}
+    for name, method in REGISTRY.items():
+        params = inspect.signature(method.factory).parameters.values()
+        assert not any(p.kind is p.VAR_KEYWORD for p in params), name
+        hparams = method_hparams(name)
+        for arg, value_range in CLIENT_HPARAMS.items():
+            assert arg in hparams, (name, arg)
+            assert hparams[arg].range == value_range, (name, arg)
     for name, own in expected.items():
-        params, is_open = config_lib.algorithm_hparams(registry[name], registry,
-                                                       include_managed=True)
-        assert not is_open, name
-        assert own | {"client_lr", "batch_size", "num_epochs"} <= set(params), name
+        assert own <= set(config_lib.algorithm_hparams(name)), name
+        assert own | {"client_lr", "batch_size", "num_epochs"} <= set(method_hparams(name)), name
 
 
 # ------------------------------------------------------------------- whole rounds
@@ -718,7 +753,7 @@ def test_factories_forward_to_fedavg_for_the_cli():
 
 MODEL = helpers.logreg()
 LR, EPOCHS = 0.3, 2
-KW = dict(client_lr=LR, batch_size=12, num_epochs=EPOCHS, execution="sequential")
+KW = dict(client_lr=LR, batch_size=12, num_epochs=EPOCHS)
 KEY = jax.random.key(7)
 ALL_IDS = tuple(range(6))
 
@@ -751,7 +786,7 @@ FACTORIES = {
 
 @functools.cache
 def _compiled(name):
-    alg = FACTORIES[name]()
+    alg = helpers.bind_execution(FACTORIES[name](), "sequential")
     return alg, jax.jit(alg.apply)
 
 
@@ -864,13 +899,12 @@ def test_fedmax_family_reads_the_chosen_loss_statistic():
     """Spec A2: the default reads the last-epoch running loss (train_loss), the
     theory option the server model's pre-round loss (loss_before)."""
     out = _out([0.1, 0.9, 0.5])._replace(train_loss=jnp.array([0.8, 0.2, 0.1]))
-    mask = jnp.ones(3, bool)
-    ids = jnp.arange(3)
+    ctx = _full_ctx(3)
     for rule, default_top, pre_top in ((fedmax_mixing, 0, 1),
                                        (lambda **kw: fedsoftmax_mixing(50.0, **kw), 0, 1),
                                        (lambda **kw: fedmax_k_mixing(1, **kw), 0, 1)):
-        w_default, _ = rule().update(rule().init(3), out, ids, mask)
-        w_pre, _ = rule(loss_source="pre_round").update((), out, ids, mask)
+        w_default, _ = rule().update(rule().init(3), out, ctx)
+        w_pre, _ = rule(loss_source="pre_round").update((), out, ctx)
         assert int(jnp.argmax(w_default)) == default_top
         assert int(jnp.argmax(w_pre)) == pre_top
     with pytest.raises(ValueError, match="^loss_source"):

@@ -19,11 +19,14 @@ import pytest
 
 import helpers
 from fedjax_fair import mixing as mixing_lib
-from fedjax_fair import qp
+from fedjax_fair.solvers import qp
+from fedjax_fair.algorithms import method_hparams
+from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedmgda import (fedmgda_plus, fedmgda_plus_aggregator,
                                             fedmgda_plus_direction, fedmgda_plus_lambdas,
-                                            mgda_box, normalized_gram)
+                                            mgda_box, normalized_gram, server_schedule)
 from fedjax_fair.client import proximal_term
+from fedjax_fair.types import ClientOutput, ServerContext
 
 K = 5  # problem size of the QP tests (one compile per solver configuration)
 BATCH = 16
@@ -425,14 +428,31 @@ def _numpy_round(params, ids, mask, lr, epochs, mu):
     return np.stack(flat), sizes / sizes.sum()
 
 
-def test_end_to_end_rounds_and_server_schedule():
-    """A few rounds on the tiny federation (FedProx clients, a padded cohort with a
-    masked row, the empty client 2): round 0 against the literal NumPy FedMGDA+,
-    eta_t = eta phi^floor(t / s) times ||d|| <= 1, finite params, loss goes down."""
-    lr, epochs, mu, eps, eta = 0.3, 2, 0.05, 0.5, 0.8
-    alg = fedmgda_plus(MODEL, epsilon=eps, global_lr=eta, global_lr_decay=0.5, decay_every=2,
-                       qp_iters=QP_ITERS, client_lr=lr, batch_size=12, num_epochs=epochs,
-                       regularizer=proximal_term(mu), execution="sequential")
+def _fedmgda_with_proximal_clients(mu, *, epsilon, global_lr, global_lr_decay, decay_every,
+                                   qp_iters, client_lr, batch_size, num_epochs):
+    """FedMGDA+ with FedProx clients: the factory's pieces (data-weight centre, the
+    FedMGDA+ aggregator, the sgd(eta_t) server step) on FedAvg clients that add
+    (mu / 2) ||w - w^t||^2 (the factory takes no regularizer)."""
+    return fedavg(MODEL, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                  regularizer=proximal_term(mu), mixing=mixing_lib.by_num_examples(),
+                  aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
+                  server_optimizer=optax.sgd(server_schedule(global_lr, global_lr_decay,
+                                                             decay_every)))
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.05])
+def test_end_to_end_rounds_and_server_schedule(mu):
+    """A few rounds on the tiny federation (a padded cohort with a masked row, the
+    empty client 2): round 0 against the literal NumPy FedMGDA+,
+    eta_t = eta phi^floor(t / s) times ||d|| <= 1, finite params, loss goes down.
+    mu = 0: the ``fedmgda_plus`` factory (FedAvg clients); mu > 0: the same pieces
+    with FedProx clients."""
+    lr, epochs, eps, eta = 0.3, 2, 0.5, 0.8
+    kw = dict(epsilon=eps, global_lr=eta, global_lr_decay=0.5, decay_every=2,
+              qp_iters=QP_ITERS, client_lr=lr, batch_size=12, num_epochs=epochs)
+    alg = (fedmgda_plus(MODEL, **kw) if mu == 0.0
+           else _fedmgda_with_proximal_clients(mu, **kw))
+    alg = helpers.bind_execution(alg, "sequential")
     apply = jax.jit(alg.apply)
     state = alg.init(PARAMS, DATA.num_clients)
     ids = [(0, 1, 2, 3), (4, 5, 1, 0), (3, 0, 4, 5), (1, 5, 3, 4), (0, 1, 4, 5)]
@@ -464,12 +484,19 @@ def test_aggregator_interface_with_uniform_center():
     rng = np.random.default_rng(13)
     deltas, flat = _deltas(rng)
     agg = fedmgda_plus_aggregator(0.0, qp_iters=5)
-    state = agg.init(PARAMS)
-    direction, new_state = jax.jit(agg.aggregate)(state, deltas,
-                                                  jnp.full((K,), 1.0 / K, jnp.float32), None)
+    state = agg.init(PARAMS, K)
+    outputs = ClientOutput(delta=deltas, loss_before=jnp.zeros(K), num_examples=jnp.ones(K),
+                           num_steps=jnp.ones(K, jnp.int32))
+    ctx = ServerContext(params=PARAMS, round=jnp.zeros((), jnp.int32), key=jax.random.key(0),
+                        client_ids=jnp.arange(K, dtype=jnp.int32),
+                        client_mask=jnp.ones((K,), bool))
+    direction, new_state, info = jax.jit(agg.aggregate)(
+        state, outputs, jnp.full((K,), 1.0 / K, jnp.float32), ctx)
     g = flat / np.linalg.norm(flat, axis=1, keepdims=True)
     np.testing.assert_allclose(_flatten(direction), g.mean(0), atol=1e-6)
     assert new_state == state
+    # eps = 0 pins lambda* at the centre, logged as info["lambdas"].
+    np.testing.assert_allclose(np.asarray(info["lambdas"]), np.full(K, 1.0 / K), rtol=1e-6)
 
 
 def test_factory_argument_errors():
@@ -493,5 +520,9 @@ def test_factory_argument_errors():
         fedmgda_plus(MODEL, global_lr=0.5, server_optimizer=optax.adam(0.1))
     with pytest.raises(TypeError):
         fedmgda_plus(MODEL, tilt=1.0)
-    assert fedmgda_plus.forwards_to.__name__ == "fedavg"
+    # The factory states FedAvg's local-training arguments (with FedAvg's ranges).
+    hparams = method_hparams("fedmgda_plus")
+    for name in ("client_lr", "batch_size", "num_epochs", "max_steps", "client_optimizer"):
+        assert name in hparams, name
+        assert hparams[name].range == method_hparams("fedavg")[name].range
     fedmgda_plus(MODEL, server_optimizer=optax.adam(0.1), center="uniform")  # accepted

@@ -10,8 +10,9 @@ import helpers
 from fedjax_fair import heterogeneity as het
 from fedjax_fair.aggregators import step_normalized, weighted_mean
 from fedjax_fair.algorithms import fedavg
-from fedjax_fair.simulate import run, simulate
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.runner import run
+from fedjax_fair.simulate import simulate
+from fedjax_fair.types import ClientOutput, ServerContext
 
 SIZES = jnp.array([7, 12, 0, 3, 9, 5])
 
@@ -43,8 +44,8 @@ def test_bad_budgets_name_the_field(call, field):
 
 
 def _alg(**kw):
-    return fedavg(helpers.logreg(), client_lr=0.3, batch_size=2, num_epochs=2,
-                  execution="vmap", **kw)
+    return helpers.bind_execution(
+        fedavg(helpers.logreg(), client_lr=0.3, batch_size=2, num_epochs=2, **kw), "vmap")
 
 
 def test_budgets_are_redrawn_every_round_inside_one_program():
@@ -54,7 +55,7 @@ def test_budgets_are_redrawn_every_round_inside_one_program():
     state = alg.init(params, data.num_clients)
     budgets = het.uniform(0, 3)
     sim = jax.jit(lambda s, k: simulate(alg, s, data, k, num_rounds=6, cohort_size=6,
-                                        step_budgets=budgets))
+                                        step_budgets=budgets, execution="vmap"))
     _, metrics = sim(state, jax.random.key(0))
     steps = np.asarray(metrics["num_steps"])  # [rounds, K]
     full = 2 * np.ceil(np.asarray(data.train.num_examples)[np.asarray(metrics["client_ids"])]
@@ -63,9 +64,10 @@ def test_budgets_are_redrawn_every_round_inside_one_program():
     assert len({tuple(r) for r in steps}) > 1  # not the same budgets every round
     # fixed(b) as a draw == the same fixed table.
     s1, _ = jax.jit(lambda s, k: simulate(alg, s, data, k, num_rounds=2, cohort_size=6,
-                                          step_budgets=het.fixed(1)))(state, jax.random.key(0))
+                                          step_budgets=het.fixed(1), execution="vmap"))(state, jax.random.key(0))
     s2, _ = jax.jit(lambda s, k: simulate(alg, s, data, k, num_rounds=2, cohort_size=6,
-                                          step_budgets=jnp.ones(6, jnp.int32)))(
+                                          step_budgets=jnp.ones(6, jnp.int32),
+                                          execution="vmap"))(
         state, jax.random.key(0))
     helpers.assert_trees_close(s1.params, s2.params)
 
@@ -74,11 +76,18 @@ def test_streamed_placement_draws_the_same_budgets():
     data = jax.tree.map(np.asarray, helpers.tiny_federation())
     model = helpers.logreg()
     kw = dict(model=model, num_rounds=4, cohort_size=3, eval_every=2, progress=False,
-              step_budgets=het.stragglers(0.5, 1))
+              step_budgets=het.stragglers(0.5, 1), execution="vmap")
     params = helpers.init_params(model)
     device = run(_alg(), params, data, jax.random.key(2), placement="device", **kw)
     host = run(_alg(), params, data, jax.random.key(2), placement="host", **kw)
     helpers.assert_trees_close(host.state.params, device.state.params, rtol=1e-5, atol=1e-6)
+
+
+def _ctx(k):
+    """A ServerContext for a cohort of k clients (ids 0..k-1, all participating)."""
+    return ServerContext(params=(), round=jnp.zeros((), jnp.int32), key=jax.random.key(0),
+                         client_ids=jnp.arange(k, dtype=jnp.int32),
+                         client_mask=jnp.ones((k,), bool))
 
 
 def test_step_normalized_is_fednova_averaging():
@@ -87,14 +96,15 @@ def test_step_normalized_is_fednova_averaging():
     steps = jnp.array([2, 6, 0])
     out = ClientOutput(delta=deltas, loss_before=jnp.zeros(3), num_examples=jnp.ones(3),
                        num_steps=steps)
-    d, _ = step_normalized().aggregate((), deltas, weights, out)
+    ctx = _ctx(3)
+    d, _, _ = step_normalized().aggregate((), out, weights, ctx)
     tau_eff = 0.5 * 2 + 0.3 * 6
     expected = tau_eff * (0.5 * np.array([1, 2]) / 2 + 0.3 * np.array([3, -1]) / 6)
     np.testing.assert_allclose(d["w"], expected, rtol=1e-6)
     # Equal step counts: the plain weighted mean.
     same = out._replace(num_steps=jnp.array([4, 4, 4]))
-    d_same, _ = step_normalized().aggregate((), deltas, weights, same)
-    d_mean, _ = weighted_mean().aggregate((), deltas, weights, same)
+    d_same, _, _ = step_normalized().aggregate((), same, weights, ctx)
+    d_mean, _, _ = weighted_mean().aggregate((), same, weights, ctx)
     np.testing.assert_allclose(d_same["w"], d_mean["w"], rtol=1e-6)
 
 

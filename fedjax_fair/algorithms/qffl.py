@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, stateless, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client, fedavg
 from fedjax_fair.client import round_value
 from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
@@ -70,9 +70,16 @@ def _safe_log(x):
     return jnp.where(positive, jnp.log(jnp.where(positive, x, 1.0)), 0.0)
 
 
+def _floats(x):
+    """``x`` as a float array of at least float32 precision: float64 losses and
+    deltas (x64 runs, e.g. meta-gradients checked by finite differences) stay float64."""
+    x = jnp.asarray(x)
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
 def _q_log_loss(losses, q):
     """q log F_k, with 0 for q = 0 (F^0 = 1, also at F = 0) and -inf for F_k = 0 < q."""
-    losses = jnp.asarray(losses, jnp.float32)
+    losses = _floats(losses)
     at_zero = jnp.where(q == 0, 0.0, -jnp.inf)  # F^q at F = 0: 1 if q = 0, else 0
     return jnp.where(losses > 0, q * _safe_log(losses), at_zero)
 
@@ -112,7 +119,7 @@ def _per_client_sq_norms(deltas, keep):
     on the [K] norms, so NaN on such a row stays out without copying the deltas)."""
     total = 0.0
     for x in jax.tree.leaves(deltas):
-        x2 = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+        x2 = _floats(jnp.reshape(x, (x.shape[0], -1)))
         total = total + jnp.sum(jnp.square(x2), axis=1)
     return jnp.where(keep, total, 0.0)
 
@@ -134,8 +141,8 @@ def qffl_coefficients(losses, sq_norms, prior, q, lipschitz):
     q, lipschitz : float or traced scalars
         q >= 0 and L > 0.
     """
-    losses = jnp.asarray(losses, jnp.float32)
-    prior = jnp.asarray(prior, jnp.float32)
+    losses = _floats(losses)
+    prior = _floats(prior)
     keep = prior > 0
     qlog = jnp.where(keep, _q_log_loss(losses, q), -jnp.inf)
     top = jnp.max(qlog)
@@ -188,6 +195,7 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
     ``lipschitz`` defaults to 1 / ``client_lr`` (round by round when the client rate
     is a schedule)."""
     H.check(HPARAMS, q=q, lipschitz=lipschitz)
+    check_client(client_lr, batch_size, num_epochs, max_steps)  # before 1 / client_lr
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
     if weight_by_size is not None and not isinstance(weight_by_size, bool):
