@@ -12,7 +12,8 @@ import helpers
 from fedjax_fair import memory as mem
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import padding_report
-from fedjax_fair.simulate import gather_cohorts, run, sample_client_ids
+from fedjax_fair.runner import run
+from fedjax_fair.simulate import gather_cohorts, sample_client_ids
 from fedjax_fair.types import FederatedData
 
 # A skewed federation: one big client, many small ones, one empty.
