@@ -13,7 +13,8 @@ of its factory that take numbers. The same table serves two callers:
 
 ``Range.continuous`` marks the arguments a whole run is differentiable in and can be
 vmapped over (learning rates, q, tilt, temperature, ...); integer counts and
-categorical choices are static.
+categorical choices are static. ``probability`` checks the Python-level fractions of
+the data and heterogeneity settings.
 """
 from __future__ import annotations
 
@@ -93,7 +94,6 @@ POSITIVE = Range(0.0, None, low_open=True)
 NONNEGATIVE = Range(0.0, None)
 REAL = Range()
 COUNT = Range(1, None, integer=True)
-UNIT_INTERVAL = Range(0.0, 1.0)
 
 
 def check(ranges: dict, **values) -> None:
@@ -105,3 +105,17 @@ def check(ranges: dict, **values) -> None:
 def is_concrete(value) -> bool:
     """True for Python / NumPy numbers; False for JAX arrays (possibly traced)."""
     return not isinstance(value, jax.Array)
+
+
+def probability(value, field: str) -> float:
+    """``value`` as a float in [0, 1] (booleans refused), else ``ValueError("field: ...")``
+    (for Python-level settings: augmentation, label-noise and straggler fractions)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field}: must be a number in [0, 1], got {value!r}")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: must be a number in [0, 1], got {value!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{field}: must lie in [0, 1], got {value}")
+    return value

@@ -53,8 +53,6 @@ def by_num_examples() -> MixingRule:
                                                 ctx.client_mask))
 
 
-MIXING_RULES = {"uniform": uniform, "num_examples": by_num_examples}
-
 
 def active_clients(outputs, client_mask):
     """Rows weighted by loss-driven rules: ``client_mask`` and n_k > 0.
