@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 
+import chex
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -402,3 +404,37 @@ def test_tables_work_inside_one_jitted_round():
     lazy_table, lazy_rows = rounds("lazy")
     _assert_rows_close(_np(lazy_rows), _np(dense_rows), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(lazy_table.last_round, dense_table.last_round)
+
+
+# Plain stacked-row helpers (gather / scatter of a pytree with a leading client axis).
+
+
+def test_client_table_gather_scatter():
+    row = {"a": jnp.zeros((2,), jnp.float32), "b": jnp.zeros((), jnp.int32)}
+    start = {"a": jnp.asarray(np.repeat(np.arange(5.0, dtype=np.float32)[:, None], 2, 1)),
+             "b": jnp.arange(5, dtype=jnp.int32)}
+    rows = {"a": jnp.asarray(100.0 + np.repeat(np.arange(4.0, dtype=np.float32)[:, None], 2, 1)),
+            "b": jnp.array([10, 30, 11, 40], jnp.int32)}
+
+    @jax.jit
+    def run(start, rows):
+        table = cs.init_table(row, 5)
+        fresh = table
+        table = jax.tree.map(jnp.add, table, start)
+        ids = jnp.array([1, 3, 1, 4], jnp.int32)
+        got = cs.gather(table, ids)
+        # Slot 2 repeats client 1 but is masked; slot 3 (client 4) is masked.
+        new = cs.scatter(table, ids, rows, jnp.array([True, True, False, False]))
+        # A masked duplicate placed BEFORE the real write must not clobber it either.
+        dup = cs.scatter(table, jnp.array([2, 2]),
+                        jax.tree.map(lambda r: r[2:], rows), jnp.array([False, True]))
+        none = cs.scatter(table, ids, rows, jnp.zeros((4,), bool))
+        return fresh, table, got, new, dup, none
+
+    fresh, table, got, new, dup, none = run(start, rows)
+    assert fresh["a"].shape == (5, 2) and fresh["b"].shape == (5,)
+    np.testing.assert_array_equal(got["b"], [1, 3, 1, 4])
+    np.testing.assert_array_equal(new["b"], [0, 10, 2, 30, 4])
+    np.testing.assert_array_equal(new["a"], [[0, 0], [100, 100], [2, 2], [101, 101], [4, 4]])
+    np.testing.assert_array_equal(dup["b"], [0, 1, 40, 3, 4])
+    chex.assert_trees_all_equal(none, table)

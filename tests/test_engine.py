@@ -1,4 +1,4 @@
-"""Engine tests: local training, execution strategies, rounds, the driver, tables,
+"""Engine tests: local training, execution strategies, rounds, the driver,
 samplers, checkpoints (DESIGN.md §3-§6, §9).
 
 The federation is helpers.tiny_federation(): 6 clients, 10 features, 3 classes,
@@ -20,7 +20,6 @@ import pytest
 
 import helpers
 from fedjax_fair import checkpoint as ckpt
-from fedjax_fair import client_states as tables
 from fedjax_fair import client as client_lib
 from fedjax_fair import execution, sampling
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
@@ -543,41 +542,6 @@ def test_run_stops_on_nan_at_first_bad_round_and_keeps_last_good_state(tmp_path)
     assert helpers.tree_all_finite(restored.params)
     chex.assert_trees_all_equal(restored, err.last_good_state)
     assert [h["round"] for h in meta["history"]] == [0, 2]
-
-
-# --------------------------------------------------------------------------------------
-# Per-client tables.
-
-
-def test_client_table_gather_scatter():
-    row = {"a": jnp.zeros((2,), jnp.float32), "b": jnp.zeros((), jnp.int32)}
-    start = {"a": jnp.asarray(np.repeat(np.arange(5.0, dtype=np.float32)[:, None], 2, 1)),
-             "b": jnp.arange(5, dtype=jnp.int32)}
-    rows = {"a": jnp.asarray(100.0 + np.repeat(np.arange(4.0, dtype=np.float32)[:, None], 2, 1)),
-            "b": jnp.array([10, 30, 11, 40], jnp.int32)}
-
-    @jax.jit
-    def run(start, rows):
-        table = tables.init_table(row, 5)
-        fresh = table
-        table = jax.tree.map(jnp.add, table, start)
-        ids = jnp.array([1, 3, 1, 4], jnp.int32)
-        got = tables.gather(table, ids)
-        # Slot 2 repeats client 1 but is masked; slot 3 (client 4) is masked.
-        new = tables.scatter(table, ids, rows, jnp.array([True, True, False, False]))
-        # A masked duplicate placed BEFORE the real write must not clobber it either.
-        dup = tables.scatter(table, jnp.array([2, 2]),
-                             jax.tree.map(lambda r: r[2:], rows), jnp.array([False, True]))
-        none = tables.scatter(table, ids, rows, jnp.zeros((4,), bool))
-        return fresh, table, got, new, dup, none
-
-    fresh, table, got, new, dup, none = run(start, rows)
-    assert fresh["a"].shape == (5, 2) and fresh["b"].shape == (5,)
-    np.testing.assert_array_equal(got["b"], [1, 3, 1, 4])
-    np.testing.assert_array_equal(new["b"], [0, 10, 2, 30, 4])
-    np.testing.assert_array_equal(new["a"], [[0, 0], [100, 100], [2, 2], [101, 101], [4, 4]])
-    np.testing.assert_array_equal(dup["b"], [0, 1, 40, 3, 4])
-    chex.assert_trees_all_equal(none, table)
 
 
 # --------------------------------------------------------------------------------------
