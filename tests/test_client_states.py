@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 
 import chex
-
 import jax
 import jax.numpy as jnp
 import numpy as np
