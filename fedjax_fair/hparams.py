@@ -7,7 +7,7 @@ of its factory that take numbers. The same table serves two callers:
   which validates concrete Python / NumPy numbers and lets JAX arrays through
   unchecked, so ``jax.vmap`` / ``jax.grad`` over a continuous hyper-parameter (whose
   value is then a tracer) never meets a Python comparison;
-* the config layer (``fedjax_fair.config``) checks command-line and YAML values
+* the config layer (``fedjax_fair.cli.config``) checks command-line and YAML values
   against the same ranges before any data is built, and ``fedjax-fair list`` prints
   them.
 

@@ -10,8 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_fair import cli, report
-from fedjax_fair import config as C
+from fedjax_fair import cli
+from fedjax_fair.cli import report
+from fedjax_fair.cli import config as C
 from fedjax_fair.algorithms import ALGORITHMS
 from fedjax_fair.data import DATASETS
 from fedjax_fair.execution import STRATEGIES

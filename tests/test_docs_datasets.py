@@ -30,7 +30,7 @@ import optax
 import pytest
 
 from fedjax_fair import cli
-from fedjax_fair import config as C
+from fedjax_fair.cli import config as C
 from fedjax_fair.data import PARTITIONERS, builders, client_test, get_dataset, tfds_source
 from fedjax_fair.models import get_model
 

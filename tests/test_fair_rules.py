@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair import config as config_lib
+from fedjax_fair.cli import config as config_lib
 from fedjax_fair.aggregators import weighted_mean
 from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms.afl import AFLState, afl, afl_ascent, afl_mixing

@@ -32,8 +32,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from fedjax_fair import config as C
-from fedjax_fair import report
+from fedjax_fair.cli import config as C
+from fedjax_fair.cli import report
 
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
