@@ -213,7 +213,8 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
             grads, batch_loss_sum = grad_fn(params, batch, batch_mask,
                                             jax.random.fold_in(dropout_key, t), reg_args)
             updates, opt_state = optimizer.update(grads, opt_state, params)
-            loss_sum = loss_sum + jnp.where(t >= last_epoch_start, batch_loss_sum, 0.0)
+            loss_sum = loss_sum + jnp.where(t >= last_epoch_start, batch_loss_sum,
+                                            0.0).astype(loss_sum.dtype)
             return optax.apply_updates(params, updates), opt_state, loss_sum
 
         def step(carry, t):

@@ -10,8 +10,10 @@ file's run time, so every check shares as few compiled programs as it can:
 * a sweep is ONE ``jit(vmap(run))`` over 8 values, compared with one ``jit(run)``
   called with each value as an array argument, and once with a factory built from a
   plain Python float (the concrete-value code path) for one of the values;
-* the gradient checks compare ``jax.grad`` with central differences of the same
-  compiled forward run.
+* the gradient checks compare ``jax.grad`` with central differences of the loss,
+  all values from one compiled ``value_and_grad``; they run in float32 (loose
+  tolerances) and in float64 (``jax.enable_x64`` for that test only, tight ones);
+* every program here is compiled with LLVM's cheap pipeline (``_jit``).
 """
 from __future__ import annotations
 
@@ -239,20 +241,7 @@ def _check_gradient(loss, args, dtype):
         np.testing.assert_allclose(float(g), fd, rtol=rtol, atol=atol)
 
 
-_X64_XFAIL = pytest.mark.xfail(
-    strict=True, raises=TypeError,
-    reason="client.local_sgd starts its train-loss accumulator at float32 "
-           "(client.py: jnp.zeros((), jnp.float32) in the scan carry), so float64 "
-           "local training fails to trace (cond branch dtypes differ)")
-
-
-def _mark_x64(request, dtype):
-    if dtype == jnp.float64:
-        request.applymarker(_X64_XFAIL)
-
-
-def test_grad_client_lr_matches_finite_differences(dtype, request):
-    _mark_x64(request, dtype)
+def test_grad_client_lr_matches_finite_differences(dtype):
     params, data = _cast(PARAMS, dtype), _cast(DATA, dtype)
 
     def loss(lr):
@@ -262,8 +251,7 @@ def test_grad_client_lr_matches_finite_differences(dtype, request):
     _check_gradient(loss, (LR,), dtype)
 
 
-def test_grad_qffl_q_and_client_lr_match_finite_differences_with_remat(dtype, request):
-    _mark_x64(request, dtype)
+def test_grad_qffl_q_and_client_lr_match_finite_differences_with_remat(dtype):
     params, data = _cast(PARAMS, dtype), _cast(DATA, dtype)
 
     def loss(q, lr):
