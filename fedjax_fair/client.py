@@ -151,6 +151,9 @@ def data_metrics(model: Model, params, data: ClientData, chunk_size: int = 256) 
     return {k: masked_mean(v, data.mask) for k, v in per_row.items()}
 
 
+FINISH_KEY_ID = 1  # finish's key: fold_in(client key, 1); training splits the client key
+
+
 class LocalResult(NamedTuple):
     """What ``finish`` receives about the local run.
 
@@ -280,10 +283,10 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
     def client_update(broadcast: Broadcast, client_state, data: ClientData, local_steps, key):
         lr = round_value(client_lr, broadcast.round)
         init = broadcast.params if start is None else start(broadcast, client_state)
-        train_key, finish_key = jax.random.split(key)
+        # The training loop uses the client's key itself (as before the hooks
+        # existed, so FedAvg-style iterates are unchanged); ``finish`` gets its own.
         params, num_steps, train_loss = train(init, make_optimizer(optimizer, lr), data,
-                                              local_steps, train_key,
-                                              (broadcast, client_state))
+                                              local_steps, key, (broadcast, client_state))
         delta = jax.tree.map(jnp.subtract, broadcast.params, params)
         chunk = execution.loss_chunk_size_here() if loss_chunk_size is None else loss_chunk_size
         loss_before = (data_loss(model, broadcast.params, data, chunk) if track_loss
@@ -294,7 +297,8 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
             result = LocalResult(params, num_steps,
                                  None if isinstance(optimizer, optax.GradientTransformation)
                                  else lr, train_loss, local_steps)
-            new_state, extra = finish(result, broadcast, client_state, data, finish_key)
+            new_state, extra = finish(result, broadcast, client_state, data,
+                                      jax.random.fold_in(key, FINISH_KEY_ID))
         output = ClientOutput(delta=delta, loss_before=loss_before,
                               num_examples=data.num_examples, num_steps=num_steps,
                               extra=extra, train_loss=train_loss)

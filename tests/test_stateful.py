@@ -6,7 +6,7 @@
   minibatches with a partial last batch, partial participation, padded cohorts
   whose masked rows repeat a client id. The reference reproduces each client's
   batch order from its key exactly as ``client.local_training`` splits it:
-  client key = fold_in(round key, id); (train key, finish key) = split(client key);
+  client key = fold_in(round key, id) trains; finish key = fold_in(client key, 1);
   inside ``local_sgd``, (shuffle key, dropout key) = split(its key) and epoch e's
   row order is ``client.epoch_order(data, shuffle key, e, B)``.
 * A heterogeneous quadratic federation where SCAFFOLD and FedDyn reach the global
@@ -142,7 +142,8 @@ def _batches(k: int, key, epochs: int):
 
 def _client_keys(round_key, k):
     """(train key, finish key) of client k in a round."""
-    return jax.random.split(jax.random.fold_in(round_key, k))
+    key = jax.random.fold_in(round_key, k)
+    return key, jax.random.fold_in(key, client.FINISH_KEY_ID)
 
 
 def _zeros():
