@@ -36,10 +36,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_fair.algorithm import compose
-from fedjax_fair.client import local_training, masked_mean
+from fedjax_fair.client import local_training
 from fedjax_fair.data import get_dataset
 from fedjax_fair.execution import Execution, resolve
 from fedjax_fair.models import cnn, mlp

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import execution, memory
+from fedjax_fair import execution
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import federate
 from fedjax_fair.models import mlp

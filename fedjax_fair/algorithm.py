@@ -161,13 +161,12 @@ def compose(client_update: ClientUpdate, *,
                                 state.round + 1)
         return new_state, metrics
 
-    personal = None
-    if personal_params is not None:
-        def personal(state: ServerState, client_ids):
-            rows = table.gather(state.client_states, client_ids)
-            return jax.vmap(personal_params, in_axes=(None, 0))(state.params, rows)
+    def personal(state: ServerState, client_ids):
+        rows = table.gather(state.client_states, client_ids)
+        return jax.vmap(personal_params, in_axes=(None, 0))(state.params, rows)
 
-    return FederatedAlgorithm(init, apply, personal, table if stateful else None)
+    return FederatedAlgorithm(init, apply, personal if personal_params is not None else None,
+                              table if stateful else None)
 
 
 def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:

@@ -186,7 +186,9 @@ def test_vmap_sweep_equals_separate_runs(sweep):
 
     separate = [single(_row(args, i), PARAMS, DATA) for i in range(8)]
     for i, one in enumerate(separate):
-        helpers.assert_trees_close(_row(swept, i), one, rtol=1e-5, atol=1e-6)
+        # vmap reorders float reductions; AAggFF-S's 300-iteration QP carries that
+        # rounding to ~1e-6 in the parameters (magnitudes ~0.1-0.5).
+        helpers.assert_trees_close(_row(swept, i), one, rtol=1e-5, atol=1e-5)
 
     # The value reaches the computation: the 8 runs are not all the same.
     spread = max(helpers.tree_norm(helpers.tree_sub(one, separate[0])) for one in separate)
@@ -265,15 +267,13 @@ def test_grad_qffl_q_and_client_lr_match_finite_differences_with_remat(dtype):
 
 
 def test_client_lr_schedule_equals_per_round_rebuilt_fedavg():
-    params = PARAMS
+    state = algorithms.fedavg(MODEL, batch_size=B).init(PARAMS, N)
     for r in range(NUM_ROUNDS):  # one round at a time, the rate fixed for the round
         alg = algorithms.fedavg(MODEL, client_lr=0.1 * 0.9 ** r, batch_size=B)
-        state = alg.init(PARAMS, N) if r == 0 else state
         state, _ = simulate(alg, state, DATA, KEY, num_rounds=1, cohort_size=COHORT,
                             execution=EXECUTION)
         assert int(state.round) == r + 1
-        params = state.params
-    literal = params
+    literal = state.params
 
     run = _jit(lambda sched, p, d: _final_params(
         algorithms.fedavg(MODEL, client_lr=sched, batch_size=B), p, d), static_argnums=0)

@@ -10,6 +10,7 @@ differentiable — or static), and whether the method needs every client every r
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Callable, NamedTuple, Optional
 
 from fedjax_fair.algorithms import aaggff as _aaggff
@@ -104,19 +105,24 @@ def _annotation(p: inspect.Parameter) -> str:
     return a if isinstance(a, str) else getattr(a, "__name__", str(a))
 
 
+_VALUE_TYPES = re.compile(r"\b(bool|int|float|str|tuple|Rate)\b")
+
+
 def method_hparams(name: str) -> dict:
     """``{name: HParam}`` of a registered method's keyword hyper-parameters, in
     signature order: default and type from the factory's signature, range from the
-    registry. Parameters without a type and with default None are Python objects
-    (optimizers, rules)."""
+    registry. Parameters whose type names no value type (bool, int, float, str,
+    tuple, Rate) are Python objects: optimizers, mixing rules, aggregators."""
     method = REGISTRY[name]
     out = {}
     for p in inspect.signature(method.factory).parameters.values():
         if p.kind is not p.KEYWORD_ONLY:
             continue
         annotation = _annotation(p)
+        python_only = (not _VALUE_TYPES.search(annotation) if annotation
+                       else p.default is None)
         out[p.name] = HParam(p.name, p.default, annotation, method.hparams.get(p.name),
-                             python_only=p.default is None and not annotation)
+                             python_only)
     return out
 
 

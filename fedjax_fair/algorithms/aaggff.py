@@ -58,7 +58,7 @@ from jax.scipy.special import ndtr
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
 from fedjax_fair.mixing import MixingRule, normalize
 from fedjax_fair.solvers.online import (diagonal_simplex_qp, entropic_ftrl, psd_lipschitz_bound,
                                 simplex_qp)
@@ -498,12 +498,12 @@ def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
 # Algorithm factories.
 
 
-def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range=None,
+def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range: Optional[tuple] = None,
              alpha: Optional[float] = None, beta: Optional[float] = None,
              variant: str = "thesis", num_iters: int = 300, solver: str = "fista",
              client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer=None,
-             server_optimizer=None) -> FederatedAlgorithm:
+             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-S: FedAvg clients, ONS mixing (``aaggff_s_mixing``); run it with full
     participation (sampler ``full``)."""
     return fedavg(model, mixing=aaggff_s_mixing(cdf=cdf, response_range=response_range,
@@ -514,10 +514,11 @@ def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range=None,
                   server_optimizer=server_optimizer)
 
 
-def aaggff_d(model, *, cdf: Union[str, int] = "normal", response_range=None,
+def aaggff_d(model, *, cdf: Union[str, int] = "normal", response_range: Optional[tuple] = None,
              variant: str = "thesis", client_lr: Rate = 0.1, batch_size: int = 20,
-             num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
-             server_optimizer=None) -> FederatedAlgorithm:
+             num_epochs: int = 1, max_steps: Optional[int] = None,
+             client_optimizer: Optional[Optimizer] = None,
+             server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-D: FedAvg clients, linearised-FTRL mixing (``aaggff_d_mixing``) for
     partial participation."""
     return fedavg(model, mixing=aaggff_d_mixing(cdf=cdf, response_range=response_range,

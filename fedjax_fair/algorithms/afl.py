@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
 from fedjax_fair.mixing import MixingRule, active_clients, normalize
 from fedjax_fair.solvers.simplex import project_simplex
 
@@ -100,8 +100,9 @@ def afl_mixing(lambda_lr=0.01) -> MixingRule:
 
 
 def afl(model, *, lambda_lr: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
-        num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
-        server_optimizer=None) -> FederatedAlgorithm:
+        num_epochs: int = 1, max_steps: Optional[int] = None,
+        client_optimizer: Optional[Optimizer] = None,
+        server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with AFL's minimax client weights. Meant for full
     participation (the ``full`` sampler)."""
     return fedavg(model, mixing=afl_mixing(lambda_lr), client_lr=client_lr,

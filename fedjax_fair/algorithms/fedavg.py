@@ -22,11 +22,14 @@ from typing import Callable, Optional, Union
 import optax
 
 from fedjax_fair import hparams as H
+from fedjax_fair.aggregators import Aggregator
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.client import local_training
-from fedjax_fair.mixing import by_num_examples
+from fedjax_fair.mixing import MixingRule, by_num_examples
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
+Transform = optax.GradientTransformation
+Optimizer = Union[Transform, Callable]  # fixed, or rate -> transformation (optax.sgd)
 
 CLIENT_HPARAMS = {"client_lr": H.POSITIVE, "batch_size": H.COUNT, "num_epochs": H.COUNT,
                   "max_steps": H.Range(1, None, integer=True, nullable=True)}
@@ -41,7 +44,9 @@ def check_client(client_lr, batch_size, num_epochs, max_steps) -> None:
 
 
 def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-                    max_steps: Optional[int] = None, client_optimizer=None, regularizer=None,
+                    max_steps: Optional[int] = None,
+                    client_optimizer: Optional[Optimizer] = None,
+                    regularizer: Optional[Callable] = None,
                     start=None, finish=None, track_loss: bool = True):
     """Local SGD shared by FedAvg-style methods (masked steps, optax optimizer).
 
@@ -55,8 +60,10 @@ def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_e
 
 
 def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-           max_steps: Optional[int] = None, client_optimizer=None, server_optimizer=None,
-           mixing=None, aggregator=None, regularizer=None) -> FederatedAlgorithm:
+           max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+           server_optimizer: Optional[Transform] = None,
+           mixing: Optional[MixingRule] = None, aggregator: Optional[Aggregator] = None,
+           regularizer: Optional[Callable] = None) -> FederatedAlgorithm:
     """FedAvg with data-size weights; ``server_optimizer`` defaults to sgd(1.0).
 
     Pieces for composing: ``regularizer(params, broadcast, client_state)`` is added

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, client_training
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, client_training
 from fedjax_fair.client import inner, sq_distance
 from fedjax_fair.mixing import uniform
 
@@ -49,7 +49,8 @@ class FedDynState(NamedTuple):
 
 
 def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
-           num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
+           num_epochs: int = 1, max_steps: Optional[int] = None,
+           client_optimizer: Optional[Optimizer] = None,
            client_table: str = "dense") -> FederatedAlgorithm:
     """FedDyn; ``client_table``: "dense" or "lazy" storage of the clients' g_i."""
     H.check(HPARAMS, alpha=alpha)

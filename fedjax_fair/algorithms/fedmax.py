@@ -54,7 +54,7 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
 from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
@@ -176,7 +176,8 @@ def fedsoftmax_mixing(beta=5.0, *, weight_by_size: bool = True,
 
 def fedmax(model, *, loss_source: str = "last_epoch", client_lr: Rate = 0.1,
            batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-           client_optimizer=None, server_optimizer=None) -> FederatedAlgorithm:
+           client_optimizer: Optional[Optimizer] = None,
+           server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training; the new model is the highest-loss client's (ties
     averaged)."""
     return fedavg(model, mixing=fedmax_mixing(loss_source=loss_source), client_lr=client_lr,
@@ -186,8 +187,8 @@ def fedmax(model, *, loss_source: str = "last_epoch", client_lr: Rate = 0.1,
 
 def fedmax_k(model, *, k: float = 0.1, loss_source: str = "last_epoch",
              client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer=None,
-             server_optimizer=None) -> FederatedAlgorithm:
+             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training averaged uniformly over the k highest-loss clients."""
     return fedavg(model, mixing=fedmax_k_mixing(k, loss_source=loss_source),
                   client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
@@ -197,8 +198,9 @@ def fedmax_k(model, *, k: float = 0.1, loss_source: str = "last_epoch",
 
 def fedsoftmax(model, *, beta: float = 5.0, weight_by_size: bool = True,
                loss_source: str = "last_epoch", client_lr: Rate = 0.1, batch_size: int = 20,
-               num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
-               server_optimizer=None) -> FederatedAlgorithm:
+               num_epochs: int = 1, max_steps: Optional[int] = None,
+               client_optimizer: Optional[Optimizer] = None,
+               server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with FedSoftMax's loss-tilted weights."""
     return fedavg(model, mixing=fedsoftmax_mixing(beta, weight_by_size=weight_by_size,
                                                   loss_source=loss_source),

@@ -50,8 +50,8 @@ from jax import lax
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
-from fedjax_fair.mixing import by_num_examples, uniform
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
+from fedjax_fair.mixing import MixingRule, by_num_examples, uniform
 from fedjax_fair.solvers import qp
 
 CENTERS = {"num_examples": by_num_examples, "uniform": uniform}
@@ -190,8 +190,10 @@ def server_schedule(global_lr, global_lr_decay=1.0, decay_every: int = 1):
 def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
                  global_lr_decay: float = 1.0, decay_every: int = 1, qp_iters: int = 200,
                  center: str = "num_examples", client_lr: Rate = 0.1, batch_size: int = 20,
-                 num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
-                 mixing=None, server_optimizer=None) -> FederatedAlgorithm:
+                 num_epochs: int = 1, max_steps: Optional[int] = None,
+                 client_optimizer: Optional[Optimizer] = None,
+                 mixing: Optional[MixingRule] = None,
+                 server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with FedMGDA+ aggregation and server step eta_t d.
 
     Parameters

@@ -28,7 +28,7 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, fedavg
 
 HPARAMS = {"server_lr": H.POSITIVE, "momentum": H.Range(0.0, 1.0, high_open=True),
            "b1": H.Range(0.0, 1.0, high_open=True), "b2": H.Range(0.0, 1.0, high_open=True),
@@ -43,7 +43,8 @@ def _check(**values):
 
 def fedavgm(model, *, server_lr: Rate = 1.0, momentum: float = 0.9, client_lr: Rate = 0.1,
             batch_size: int = 20, num_epochs: int = 1,
-            max_steps: Optional[int] = None, client_optimizer=None) -> FederatedAlgorithm:
+            max_steps: Optional[int] = None,
+            client_optimizer: Optional[Optimizer] = None) -> FederatedAlgorithm:
     """FedAvg clients; server SGD with momentum on the averaged delta."""
     _check(server_lr=server_lr, momentum=momentum)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
@@ -54,7 +55,7 @@ def fedavgm(model, *, server_lr: Rate = 1.0, momentum: float = 0.9, client_lr: R
 def fedadam(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
             tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
             num_epochs: int = 1, max_steps: Optional[int] = None,
-            client_optimizer=None) -> FederatedAlgorithm:
+            client_optimizer: Optional[Optimizer] = None) -> FederatedAlgorithm:
     """FedAvg clients; server Adam on the averaged delta."""
     _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
@@ -65,7 +66,7 @@ def fedadam(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
 def fedyogi(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
             tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
             num_epochs: int = 1, max_steps: Optional[int] = None,
-            client_optimizer=None) -> FederatedAlgorithm:
+            client_optimizer: Optional[Optimizer] = None) -> FederatedAlgorithm:
     """FedAvg clients; server Yogi on the averaged delta."""
     _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
@@ -75,7 +76,7 @@ def fedyogi(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
 
 def fedadagrad(model, *, server_lr: Rate = 0.1, tau: float = 1e-3, client_lr: Rate = 0.1,
                batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-               client_optimizer=None) -> FederatedAlgorithm:
+               client_optimizer: Optional[Optimizer] = None) -> FederatedAlgorithm:
     """FedAvg clients; server Adagrad (Reddi et al.'s form) on the averaged delta."""
     _check(server_lr=server_lr, tau=tau)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,

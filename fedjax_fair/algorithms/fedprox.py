@@ -16,15 +16,16 @@ from typing import Optional
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
 from fedjax_fair.client import proximal_term
 
 HPARAMS = {"mu": H.NONNEGATIVE, **CLIENT_HPARAMS}
 
 
 def fedprox(model, *, mu: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
-            num_epochs: int = 1, max_steps: Optional[int] = None, client_optimizer=None,
-            server_optimizer=None) -> FederatedAlgorithm:
+            num_epochs: int = 1, max_steps: Optional[int] = None,
+            client_optimizer: Optional[Optimizer] = None,
+            server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg whose clients add (mu / 2) ||w - w^t||^2 to their batch loss."""
     H.check(HPARAMS, mu=mu)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,

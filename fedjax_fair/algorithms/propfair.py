@@ -1,5 +1,6 @@
 """PropFair — Zhang, Malekmohammadi, Chen, Yu, "Proportional Fairness in Federated
-Learning", TMLR 2023, arXiv:2202.01666 (aggregation form of spec/aaggff.md §5, thesis eq. 3.21-3.23).
+Learning", TMLR 2023, arXiv:2202.01666 (aggregation form of spec/aaggff.md §5, thesis
+eq. 3.21-3.23).
 
 PropFair maximises the Nash social welfare of the clients' utilities M - F_k:
 
@@ -35,7 +36,7 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
 from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
@@ -76,8 +77,8 @@ def propfair_mixing(baseline=2.0, *, eps=0.2, weight_by_size: bool = True) -> Mi
 
 def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: bool = True,
              client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer=None,
-             server_optimizer=None) -> FederatedAlgorithm:
+             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with PropFair's aggregation weights."""
     return fedavg(model, mixing=propfair_mixing(baseline, eps=eps,
                                                 weight_by_size=weight_by_size),

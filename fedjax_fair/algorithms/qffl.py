@@ -1,5 +1,6 @@
 """q-FFL / q-FedAvg — Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in
-Federated Learning", ICLR 2020, arXiv:1905.10497 (Algorithm 2; spec/aaggff.md §5, spec/dqn_fed.md §4).
+Federated Learning", ICLR 2020, arXiv:1905.10497 (Algorithm 2; spec/aaggff.md §5,
+spec/dqn_fed.md §4).
 
 q-FFL minimises f_q(w) = sum_k p_k F_k(w)^{q+1} / (q + 1): larger q puts more
 weight on clients with a high loss (q = 0 is FedAvg's objective, q -> inf AFL's).
@@ -54,7 +55,8 @@ import jax.numpy as jnp
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, stateless, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client, fedavg
+from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, Transform, check_client,
+                                           fedavg)
 from fedjax_fair.client import round_value
 from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
@@ -184,8 +186,9 @@ def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
 def qffl(model, *, q: float = 0.1, mode: str = "faithful",
          weight_by_size: Optional[bool] = None, lipschitz: Optional[float] = None,
          client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-         max_steps: Optional[int] = None, client_optimizer=None, server_optimizer=None,
-         mixing=None) -> FederatedAlgorithm:
+         max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+         server_optimizer: Optional[Transform] = None,
+         mixing: Optional[MixingRule] = None) -> FederatedAlgorithm:
     """q-FedAvg: FedAvg's local SGD with the q-FFL server step (see the module doc).
 
     In ``"faithful"`` mode a ``mixing`` rule, if given, replaces the prior pi.

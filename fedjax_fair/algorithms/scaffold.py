@@ -42,7 +42,7 @@ from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, client_training
 from fedjax_fair.client import inner
-from fedjax_fair.mixing import uniform
+from fedjax_fair.mixing import MixingRule, uniform
 
 HPARAMS = {"server_lr": H.POSITIVE, **CLIENT_HPARAMS}
 
@@ -91,7 +91,8 @@ def scaffold_aggregator() -> Aggregator:
 
 def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size: int = 20,
              num_epochs: int = 1, max_steps: Optional[int] = None,
-             client_table: str = "dense", mixing=None) -> FederatedAlgorithm:
+             client_table: str = "dense",
+             mixing: Optional[MixingRule] = None) -> FederatedAlgorithm:
     """SCAFFOLD (option II) with plain local SGD; ``mixing`` defaults to 1 / |S|.
 
     ``client_table``: "dense" or "lazy" storage of the clients' c_i."""

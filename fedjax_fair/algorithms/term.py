@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, fedavg
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
 from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
@@ -65,7 +65,8 @@ def term_mixing(tilt=0.1, *, weight_by_size: bool = True) -> MixingRule:
 
 def term(model, *, tilt: float = 0.1, weight_by_size: bool = True, client_lr: Rate = 0.1,
          batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-         client_optimizer=None, server_optimizer=None) -> FederatedAlgorithm:
+         client_optimizer: Optional[Optimizer] = None,
+         server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with TERM's tilted aggregation weights."""
     return fedavg(model, mixing=term_mixing(tilt, weight_by_size=weight_by_size),
                   client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
