@@ -35,6 +35,12 @@ def exists(directory: str) -> bool:
     return all(os.path.exists(os.path.join(directory, n)) for n in ("state.npz", "meta.json"))
 
 
+def read_meta(directory: str) -> dict:
+    """The checkpoint's meta (round history, timings) without its arrays."""
+    with open(os.path.join(directory, "meta.json")) as f:
+        return json.load(f)
+
+
 def restore(directory: str, template: Any) -> tuple[Any, dict]:
     """Returns (state shaped like ``template``, meta)."""
     if not exists(directory):
@@ -54,9 +60,7 @@ def restore(directory: str, template: Any) -> tuple[Any, dict]:
             raise ValueError(f"checkpoint: leaf {i} is {x.dtype}{x.shape}, expected "
                              f"{t_np.dtype}{t_np.shape}; was it made by another config?")
         restored.append(_from_numpy(x, t))
-    with open(os.path.join(directory, "meta.json")) as f:
-        meta = json.load(f)
-    return jax.tree.unflatten(treedef, restored), meta
+    return jax.tree.unflatten(treedef, restored), read_meta(directory)
 
 
 def _to_numpy(x):

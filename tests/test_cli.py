@@ -89,8 +89,15 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
     args = TINY + ["--eval-every", "2", "--seed", "3", "--no-plots"]
     assert cli.main(["run", *args, "--num-rounds", "4", "-o", full]) == 0
     assert cli.main(["run", *args, "--num-rounds", "2", "-o", part]) == 0  # "interrupted"
+    with open(os.path.join(part, "rounds.jsonl"), "a") as f:  # a chunk cut off mid-way
+        f.write(json.dumps({"round": 3, "client_ids": [0]}) + "\n")
     assert cli.main(["run", *args, "--num-rounds", "4", "-o", part, "--resume"]) == 0
     assert "warning" not in capsys.readouterr().err
+    # Per-round diagnostics continue without the rows of the cut-off chunk.
+    assert (report.read_jsonl(os.path.join(part, "rounds.jsonl"))
+            == report.read_jsonl(os.path.join(full, "rounds.jsonl")))
+    assert [r["round"] for r in report.read_jsonl(os.path.join(full, "rounds.jsonl"))] == [
+        1, 2, 3, 4]
 
     with open(os.path.join(full, "clients.csv")) as a, open(os.path.join(part, "clients.csv")) as b:
         assert a.read() == b.read()

@@ -373,6 +373,12 @@ def cmd_run(args) -> int:
     rounds_path = os.path.join(out, "rounds.jsonl")
     if not cfg.resume:
         open(rounds_path, "w").close()
+    else:  # rounds past the checkpoint (an interrupted chunk) are run again: drop them
+        from fedjax_fair import checkpoint as ckpt
+        done = ckpt.read_meta(ckdir)["history"][-1]["round"]
+        kept = [r for r in report.read_jsonl(rounds_path) if r["round"] <= done] \
+            if os.path.isfile(rounds_path) else []
+        report.write_jsonl(rounds_path, kept)
 
     def on_rounds(first_round, metrics):  # per-round weights, losses, server diagnostics
         with open(rounds_path, "a") as f:
