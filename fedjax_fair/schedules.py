@@ -7,7 +7,8 @@ one (``optax.exponential_decay(0.1, 1, 0.99)``). The command line's
 
 * ``none``: constant;
 * ``exponential:GAMMA``: rate_t = rate_0 * GAMMA^t (the computational-heterogeneity
-  code's 0.99^t);
+  code's 0.99^t); ``exponential:GAMMA@S``: rate_0 * GAMMA^floor(t / S), a decay every
+  S rounds (AAggFF's phi every s rounds, FedEvg's 0.9 every 50);
 * ``step:FACTOR@R1,R2,...``: rate_t = rate_0 * FACTOR^(number of R_i <= t) (AAggFF's
   step decay, e.g. ``step:0.1@100,200``).
 
@@ -23,9 +24,9 @@ import jax.numpy as jnp
 KINDS = ("none", "exponential", "step")
 
 
-def exponential(rate, gamma: float) -> Callable:
-    """rate_t = rate * gamma^t."""
-    return lambda t: rate * jnp.power(gamma, jnp.asarray(t, jnp.float32))
+def exponential(rate, gamma: float, every: int = 1) -> Callable:
+    """rate_t = rate * gamma^floor(t / every)."""
+    return lambda t: rate * jnp.power(gamma, (jnp.asarray(t) // every).astype(jnp.float32))
 
 
 def step(rate, factor: float, boundaries) -> Callable:
@@ -42,10 +43,11 @@ def parse(text: str, field: str = "schedule") -> Optional[Callable]:
         return None
     try:
         if kind == "exponential":
-            gamma = float(arg)
-            if not 0 < gamma <= 1:
+            gamma, at, every = arg.partition("@")
+            gamma, every = float(gamma), int(every) if at else 1
+            if not 0 < gamma <= 1 or every < 1:
                 raise ValueError
-            return lambda rate: exponential(rate, gamma)
+            return lambda rate: exponential(rate, gamma, every)
         if kind == "step":
             factor, at, rounds = arg.partition("@")
             factor = float(factor)
@@ -55,5 +57,6 @@ def parse(text: str, field: str = "schedule") -> Optional[Callable]:
             return lambda rate: step(rate, factor, bounds)
     except ValueError:
         pass
-    raise ValueError(f"{field}: expected none, exponential:GAMMA (0 < GAMMA <= 1) or "
-                     f"step:FACTOR@R1,R2,... (FACTOR > 0, rounds >= 1), got {text!r}")
+    raise ValueError(f"{field}: expected none, exponential:GAMMA[@EVERY] (0 < GAMMA <= 1, "
+                     f"EVERY >= 1 rounds) or step:FACTOR@R1,R2,... (FACTOR > 0, rounds >= 1), "
+                     f"got {text!r}")

@@ -65,9 +65,10 @@ class _Common:
     augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
                       "(flip + padded crop) or tinyimagenet (rotation + flip)")
     client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
-    client_lr_schedule: str = _f("none", "str", "client learning rate by round: none, "
-                                 "exponential:GAMMA (lr * GAMMA^t) or step:FACTOR@R1,R2 "
-                                 "(lr * FACTOR at each listed round)")
+    client_lr_schedule: str = _f("none", "str", "client learning rate by round t: none, "
+                                 "exponential:GAMMA (lr * GAMMA^t), exponential:GAMMA@S "
+                                 "(lr * GAMMA^floor(t/S)) or step:FACTOR@R1,R2 (lr * FACTOR "
+                                 "at each listed round)")
     server_lr_schedule: str = _f("none", "str", "the same for the server rate (server_lr / "
                                  "global_lr) of algorithms that have one")
     batch_size: int = _f(10, "int", "client batch size (> 0)")
