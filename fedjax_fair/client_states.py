@@ -41,7 +41,8 @@ import numpy as np
 class ClientTable(NamedTuple):
     """init(row, num_clients) -> table; gather(table, client_ids) -> rows [K, ...];
     scatter(table, client_ids, rows, client_mask, round) -> table;
-    drift(table, delta) -> table; memory(table) -> dict (host-side)."""
+    drift(table, delta) -> table; memory(table) -> dict (host-side).
+    capacity: the most clients it can hold (None: every client)."""
 
     init: Callable
     gather: Callable
@@ -49,6 +50,7 @@ class ClientTable(NamedTuple):
     drift: Callable
     memory: Callable
     name: str
+    capacity: Optional[int] = None
 
 
 def init_table(row, num_clients: int):
@@ -139,8 +141,9 @@ def lazy(capacity: Optional[int] = None) -> ClientTable:
 
     ``capacity`` None: one slot per client (same memory as ``dense`` plus 8 N bytes,
     but no work for unwritten rows). A run that samples cohorts of K clients for R
-    rounds needs at most min(N, K R) slots. A write past the capacity is dropped and
-    sets ``overflow``, which ``fedjax_fair.runner.run`` turns into an error.
+    rounds needs at most min(N, K R) slots; ``fedjax_fair.runner.run`` refuses a smaller
+    capacity before compute. A write past the capacity is dropped and sets
+    ``overflow``, which the runner also turns into an error.
     """
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity < 1):
@@ -202,7 +205,7 @@ def lazy(capacity: Optional[int] = None) -> ClientTable:
                 "bytes": _tree_bytes(table)}
 
     return ClientTable(init, gather_, scatter_, drift, memory,
-                       "lazy" if capacity is None else f"lazy({capacity})")
+                       "lazy" if capacity is None else f"lazy({capacity})", capacity)
 
 
 def _first_occurrence(client_ids, client_mask):
@@ -217,13 +220,20 @@ TABLES = {"dense": dense, "lazy": lazy}
 
 
 def get_table(table) -> ClientTable:
-    """A ``ClientTable`` from itself, or a name of ``TABLES`` ("dense", "lazy")."""
+    """A ``ClientTable`` from itself, or text: "dense", "lazy", or "lazy:CAPACITY"."""
     if isinstance(table, ClientTable):
         return table
-    if table not in TABLES:
-        raise ValueError(f"client_table: must be one of {sorted(TABLES)} or a ClientTable, "
+    name, _, capacity = str(table).partition(":")
+    if name not in TABLES or (capacity and name != "lazy"):
+        raise ValueError(f"client_table: must be dense, lazy, lazy:CAPACITY or a ClientTable, "
                          f"got {table!r}")
-    return TABLES[table]()
+    if not capacity:
+        return TABLES[name]()
+    try:
+        return lazy(int(capacity))
+    except ValueError:
+        raise ValueError(f"client_table: the capacity of lazy:CAPACITY must be a positive "
+                         f"integer, got {table!r}") from None
 
 
 def table_memory(table_fn: ClientTable, table) -> Optional[dict]:

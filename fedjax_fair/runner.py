@@ -121,6 +121,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
     execution = as_execution(execution)
     num_clients = data.num_clients
+    _check_capacity(algorithm, num_clients, cohort_size, num_rounds)
     state = algorithm.init(params, num_clients)
     history: list = []
     round_log: dict = {}
@@ -266,6 +267,17 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                      round_metrics={k: np.asarray(v) for k, v in round_log.items()},
                      compile_seconds=compile_s, run_seconds=run_s, memory=plan,
                      evaluated=algorithm.evaluates, client_table=table)
+
+
+def _check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size: int,
+                    num_rounds: int) -> None:
+    """Before compute: a lazy client table must hold every client the run can write."""
+    capacity = algorithm.client_table.capacity if algorithm.client_table else None
+    needed = min(num_clients, cohort_size * num_rounds)
+    if capacity is not None and capacity < needed:
+        raise ValueError(f"client_table: the lazy table holds {capacity} clients but this run "
+                         f"can write {needed} (min(N, cohort_size x num_rounds)); give a "
+                         f"capacity of at least {needed}")
 
 
 def _check_table(state: ServerState) -> None:

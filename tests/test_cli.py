@@ -361,6 +361,13 @@ def test_hparam_ranges_and_objects_are_refused_before_compute(tmp_path):
     C.validate_run(cfg)  # fedadam has a server rate
 
 
+def test_lazy_table_too_small_is_a_config_error(tmp_path, capsys):
+    code = cli.main(["run", *TINY, "--algorithm", "feddyn", "--hp", "client_table=lazy:2",
+                     "--num-rounds", "2", "-o", str(tmp_path / "lazy")])
+    assert code == cli.EXIT_CONFIG
+    assert capsys.readouterr().err.startswith("error: client_table: ")
+
+
 def test_personal_run_and_round_diagnostics(tmp_path):
     out = tmp_path / "ditto"
     assert cli.main(["run", *TINY, "--algorithm", "ditto", "--num-rounds", "2",

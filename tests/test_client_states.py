@@ -368,10 +368,12 @@ def test_lazy_rejects_a_capacity_that_is_not_a_positive_integer(capacity):
 def test_get_table_resolves_names_and_rejects_unknown_ones():
     assert cs.get_table("dense").name == "dense"
     assert cs.get_table("lazy").name == "lazy"
+    assert cs.get_table("lazy:7").name == "lazy(7)"
     table = cs.lazy(5)
     assert cs.get_table(table) is table
-    with pytest.raises(ValueError):
-        cs.get_table("sparse")
+    for bad in ("sparse", "lazy:0", "lazy:x", "dense:3"):
+        with pytest.raises(ValueError):
+            cs.get_table(bad)
 
 
 def test_tables_work_inside_one_jitted_round():

@@ -711,3 +711,15 @@ def test_batch_at_covers_real_rows_once_per_epoch(batch, sizes):
             orders.append(seen)
         if n >= 5:
             assert orders[0] != orders[1] or orders[1] != orders[2]  # epochs reshuffle
+
+
+def test_run_refuses_a_lazy_table_too_small_before_compute():
+    from fedjax_fair.algorithms import feddyn
+    alg = feddyn(MODEL, batch_size=B, client_table="lazy:2")
+    with pytest.raises(ValueError, match="^client_table: "):
+        run(alg, PARAMS, DATA, KEY, model=MODEL, num_rounds=2, cohort_size=3,
+            progress=False)
+    # min(N, K R) = min(6, 3 x 1) = 3 slots suffice for one round of 3 clients.
+    result = run(feddyn(MODEL, batch_size=B, client_table="lazy:3"), PARAMS, DATA, KEY,
+                 model=MODEL, num_rounds=1, cohort_size=3, progress=False)
+    assert result.client_table["rows_stored"] == 3

@@ -95,7 +95,7 @@ def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size:
              mixing: Optional[MixingRule] = None) -> FederatedAlgorithm:
     """SCAFFOLD (option II) with plain local SGD; ``mixing`` defaults to 1 / |S|.
 
-    ``client_table``: "dense" or "lazy" storage of the clients' c_i."""
+    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' c_i."""
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,

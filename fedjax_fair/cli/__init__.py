@@ -268,7 +268,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             execution=Execution(cfg.execution, cfg.chunk_size),
                             on_rounds=on_rounds)
     except ValueError as e:
-        if str(e).startswith(("checkpoint:", "placement:")):  # another config's checkpoint,
+        if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
             raise C.error_from_message(str(e), "checkpoint") from None  # or no memory plan fits
         raise
 
