@@ -46,8 +46,10 @@ def ditto(model, *, lam: float = 0.1, personal_lr: Optional[Rate] = None,
           personal_epochs: Optional[int] = None, client_lr: Rate = 0.1, batch_size: int = 20,
           num_epochs: int = 1, max_steps: Optional[int] = None,
           client_table: str = "dense") -> FederatedAlgorithm:
-    """Ditto with FedAvg as the global solver; ``client_table``: "dense", "lazy" or
-    "lazy:CAPACITY" storage of the personal models."""
+    """Ditto: FedAvg for the global model and a personal model per client, evaluated
+    personally.
+
+    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the personal models."""
     H.check(HPARAMS, lam=lam, personal_epochs=personal_epochs)
     if personal_lr is not None and not callable(personal_lr):
         HPARAMS["personal_lr"].check("personal_lr", personal_lr)

@@ -52,8 +52,9 @@ def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int
            num_epochs: int = 1, max_steps: Optional[int] = None,
            client_optimizer: Optional[Optimizer] = None,
            client_table: str = "dense") -> FederatedAlgorithm:
-    """FedDyn; ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the
-    clients' g_i."""
+    """FedDyn: local SGD on the dynamically regularised objective, server state h.
+
+    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' g_i."""
     H.check(HPARAMS, alpha=alpha)
 
     def regularizer(params, broadcast, grad_i):

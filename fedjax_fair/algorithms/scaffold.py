@@ -93,7 +93,9 @@ def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size:
              num_epochs: int = 1, max_steps: Optional[int] = None,
              client_table: str = "dense",
              mixing: Optional[MixingRule] = None) -> FederatedAlgorithm:
-    """SCAFFOLD (option II) with plain local SGD; ``mixing`` defaults to 1 / |S|.
+    """SCAFFOLD (option II): drift-corrected local SGD with control variates.
+
+    ``mixing`` defaults to 1 / |S|.
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' c_i."""
     if not callable(server_lr):

@@ -569,10 +569,12 @@ def _params_line(params: dict) -> str:
 
 
 def _doc_line(obj) -> str:
+    """The first sentence of ``obj``'s docstring (its module's if it has none)."""
     doc = inspect.getdoc(obj) or ""
     if not doc and hasattr(obj, "__module__"):
         doc = inspect.getdoc(sys.modules.get(obj.__module__)) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s", paragraph, maxsplit=1)[0]
 
 
 def _hparam_text(h) -> str:
