@@ -1,5 +1,5 @@
 """AAggFF — Hahn, Kim, Lee, "Pursuing Overall Welfare in Federated Learning via
-Sequential Decision Making", ICML 2024; S.-J. Hahn, PhD thesis "Algorithms for
+Sequential Decision Making", ICML 2024 (arXiv:2405.20821); S.-J. Hahn, PhD thesis "Algorithms for
 Collaborative Machine Learning under Statistical Heterogeneity", UNIST 2024, Ch. III
 (spec/aaggff.md).
 
