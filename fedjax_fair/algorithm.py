@@ -95,7 +95,7 @@ def compose(client_update: ClientUpdate, *,
         ``optax.sgd(1.0)`` (theta <- theta - Delta, i.e. FedAvg).
       client_state_init: ``params -> row`` for methods with per-client state; the
         table has one row per client. None: stateless clients.
-      client_table: "dense", "lazy" or a ``client_states.ClientTable``.
+      client_table: "dense", "lazy", "lazy:CAPACITY" or a ``client_states.ClientTable``.
       broadcast: ``state -> extra``, the payload sent with theta^t; default ().
       drift: ``(state, new_params, outputs, weights, ctx) -> delta`` added to every
         client's row before the cohort's new rows are written (A-FedPD's virtual

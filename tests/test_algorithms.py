@@ -360,3 +360,42 @@ def test_compose_with_custom_pieces():
         dw += LR * gw / 3
         db += LR * gb / 3
     _assert_logreg_close(state.params, (w0 - server_lr * dw, b0 - server_lr * db))
+
+
+@pytest.mark.parametrize("table", ["dense", "lazy"])
+def test_compose_broadcast_drift_and_personal_wiring(table):
+    """A minimal stateful method: the server broadcasts its round-count payload, each
+    client's row counts its participations plus the payload, every row drifts by the
+    round's mean loss before the cohort writes, and the personal model is the global
+    one scaled by the row. Checked against the same recursion by hand."""
+    base = local_training(MODEL, optimizer=optax.sgd(LR), batch_size=FULL_BATCH, num_epochs=1)
+
+    def client_update(broadcast, row, data, local_steps, key):
+        out, _ = base(broadcast, (), data, local_steps, key)
+        return out, row + 1.0 + broadcast.extra
+
+    def drift(state, new_params, outputs, weights, ctx):
+        return jnp.sum(weights * outputs.loss_before)
+
+    alg = _seq(compose(client_update, client_state_init=lambda p: jnp.zeros((), jnp.float32),
+                       client_table=table,
+                       broadcast=lambda state: 10.0 * state.round.astype(jnp.float32),
+                       drift=drift,
+                       personal_params=lambda params, row: jax.tree.map(
+                           lambda x: x * row, params)))
+    assert alg.evaluates == "personal"
+    apply = jax.jit(alg.apply)
+    # Literally: every row drifts by the round's weighted loss, then the cohort writes
+    # the row it saw (before the drift) + 1 + the broadcast 10 t.
+    expected = np.zeros(N)
+    state2 = alg.init(PARAMS, N)
+    for r, ids in enumerate(([0, 1, 3], [1, 4, 5])):
+        state2, m = apply(state2, helpers.cohort(TRAIN, ids), jax.random.fold_in(KEY, r))
+        written = expected[ids] + 1.0 + 10.0 * r
+        expected += float(np.sum(np.asarray(m["weights"]) * np.asarray(m["loss_before"])))
+        expected[ids] = written
+    got = np.asarray(alg.personal(state2, jnp.arange(N))["params"]["Dense_0"]["bias"])
+    bias = np.asarray(state2.params["params"]["Dense_0"]["bias"])  # the global model
+    np.testing.assert_allclose(got, expected[:, None] * bias[None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(state2.client_states.last_round),
+                                  [0, 1, -1, 0, 1, 1])
