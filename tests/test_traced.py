@@ -46,8 +46,9 @@ LR, B = 0.2, 4
 # XLA:CPU compiles dominate this file's run time. LLVM's cheap pipeline compiles
 # about 30% faster; results are IEEE arithmetic either way (no fast-math), and every
 # comparison is between programs compiled alike or made at a float tolerance.
-_jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0,
-                                                    "xla_llvm_disable_expensive_passes": True})
+_jit = (functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0,
+                                                     "xla_llvm_disable_expensive_passes": True})
+        if jax.default_backend() == "cpu" else jax.jit)  # CPU (LLVM) options only
 
 
 def _final_params(algorithm, params, data, *, cohort_size=COHORT, sampler=sampling.uniform,
