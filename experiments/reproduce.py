@@ -36,7 +36,7 @@ LEVEL = 0.9
 def run_compare(name: str, out: str, seeds) -> None:
     from fedjax_fair import cli
     argv = ["compare", "--config", os.path.join(HERE, f"{name}.yaml"), "-o", out,
-            "--no-progress", "--no-plots"]
+            "--no-progress", "--no-plots", "--overwrite"]  # reruns replace the old ones
     if seeds:
         argv += ["--seeds", seeds]
     code = cli.main(argv)

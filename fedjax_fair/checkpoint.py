@@ -35,6 +35,35 @@ def exists(directory: str) -> bool:
     return all(os.path.exists(os.path.join(directory, n)) for n in ("state.npz", "meta.json"))
 
 
+def verify(directory: str, template: Any) -> None:
+    """Checks, from the file headers only (no array is loaded), that the checkpoint in
+    ``directory`` has the leaves of ``template`` (arrays or ``jax.ShapeDtypeStruct``):
+    the same count, shapes and dtypes. Raises ``ValueError("checkpoint: ...")``."""
+    import zipfile
+    leaves = jax.tree.leaves(template)
+    with zipfile.ZipFile(os.path.join(directory, "state.npz")) as z:
+        names = sorted(n for n in z.namelist() if n.startswith("leaf_"))
+        if len(names) != len(leaves):
+            raise ValueError(f"checkpoint: {directory!r} holds {len(names)} arrays, this run's "
+                             f"state has {len(leaves)}; was it made by another config?")
+        for i, (name, t) in enumerate(zip(names, leaves)):
+            with z.open(name) as f:
+                major, _ = np.lib.format.read_magic(f)
+                read = (np.lib.format.read_array_header_1_0 if major == 1
+                        else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read(f)
+            t = jax.eval_shape(jax.random.key_data, t) if _is_key(t) else t
+            t_dtype, t_shape = np.dtype(t.dtype), tuple(np.shape(t))
+            raw = dtype.kind == "V" and dtype.itemsize == t_dtype.itemsize  # bf16 as bytes
+            if shape != t_shape or (dtype != t_dtype and not raw):
+                raise ValueError(f"checkpoint: leaf {i} is {dtype}{shape}, this run expects "
+                                 f"{t_dtype}{t_shape}; was it made by another config?")
+
+
+def _is_key(x) -> bool:
+    return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def read_meta(directory: str) -> dict:
     """The checkpoint's meta (round history, timings) without its arrays."""
     with open(os.path.join(directory, "meta.json")) as f:

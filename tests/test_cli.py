@@ -403,3 +403,97 @@ def test_comparison_table_mean_std():
     assert body[0][1] == "80.00"
     md = report.markdown_table(header, body)
     assert md.splitlines()[0].startswith("| Algorithm")
+
+
+# ------------------------------------------------------------- resume and overwrite
+
+
+def _files(directory) -> dict:
+    """{relative path: bytes} of every file below ``directory``."""
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = f.read()
+    return out
+
+
+def test_resume_reads_the_saved_config(tmp_path, capsys):
+    """``run -o DIR --resume`` continues the saved run (FedProx, 10 clients, its mu), not
+    the defaults, and equals the uninterrupted run."""
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    args = ["--algorithm", "fedprox", "--hp", "mu=0.5", "--num-clients", "10",
+            "--cohort-size", "4", "--eval-every", "2", "--seed", "2", "--no-plots",
+            "--no-progress"]
+    assert cli.main(["run", *args, "--num-rounds", "4", "-o", full]) == 0
+    assert cli.main(["run", *args, "--num-rounds", "2", "-o", part]) == 0
+    assert cli.main(["run", "-o", part, "--resume", "--num-rounds", "4", "--no-plots",
+                     "--no-progress"]) == 0
+    with open(os.path.join(full, "clients.csv")) as a, open(os.path.join(part, "clients.csv")) as b:
+        assert a.read() == b.read()
+    saved = json.loads(open(os.path.join(part, "config.json")).read())
+    assert saved["algorithm"] == "fedprox" and saved["hparams"] == {"mu": 0.5}
+    assert saved["dataset_args"]["num_clients"] == 10 and saved["num_rounds"] == 4
+
+
+@pytest.mark.parametrize("change", [["--hp", "mu=0.1"], ["--num-clients", "30"],
+                                    ["--client-lr", "0.5"], ["--algorithm", "fedavg"],
+                                    ["--seed", "3"]])
+def test_resume_refuses_changes_and_writes_nothing(tmp_path, capsys, change):
+    part = str(tmp_path / "part")
+    args = ["--algorithm", "fedprox", "--hp", "mu=0.5", "--num-clients", "10",
+            "--cohort-size", "4", "--eval-every", "2", "--seed", "2", "--no-plots",
+            "--no-progress"]
+    assert cli.main(["run", *args, "--num-rounds", "2", "-o", part]) == 0
+    before = _files(part)
+    capsys.readouterr()
+    code = cli.main(["run", "-o", part, "--resume", "--num-rounds", "4", *change])
+    assert code == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("error: resume: ")
+    assert change[0].lstrip("-").replace("-", "_") in err or "hparams" in err \
+        or "dataset_args" in err
+    assert _files(part) == before
+
+
+def test_resume_with_fewer_rounds_than_done_says_so(tmp_path, capsys):
+    part = str(tmp_path / "part")
+    assert cli.main(["run", *TINY, "--num-rounds", "4", "--eval-every", "2", "--no-plots",
+                     "-o", part]) == 0
+    before = _files(part)
+    capsys.readouterr()
+    assert cli.main(["run", "-o", part, "--resume", "--num-rounds", "2"]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("error: num_rounds: ") and "4" in err
+    assert _files(part) == before
+
+
+def test_resume_refuses_a_checkpoint_of_another_shape_and_writes_nothing(tmp_path, capsys):
+    import shutil
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert cli.main(["run", *TINY, "--num-rounds", "2", "--no-plots", "-o", a]) == 0
+    assert cli.main(["run", *TINY, "--algorithm", "scaffold", "--num-rounds", "2",
+                     "--no-plots", "-o", b]) == 0
+    shutil.copy(os.path.join(b, "checkpoint", "state.npz"),
+                os.path.join(a, "checkpoint", "state.npz"))
+    before = _files(a)
+    capsys.readouterr()
+    assert cli.main(["run", "-o", a, "--resume", "--num-rounds", "4"]) == cli.EXIT_CONFIG
+    assert capsys.readouterr().err.startswith("error: resume: ")
+    assert _files(a) == before
+
+
+def test_non_empty_output_directory_needs_resume_or_overwrite(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert cli.main(["run", *TINY, "--num-rounds", "1", "--no-plots", "-o", out]) == 0
+    before = _files(out)
+    capsys.readouterr()
+    assert cli.main(["run", *TINY, "--num-rounds", "1", "-o", out]) == cli.EXIT_CONFIG
+    assert capsys.readouterr().err.startswith("error: output_dir: ")
+    assert _files(out) == before
+    assert cli.main(["compare", *TINY, "--algorithms", "fedavg", "--num-rounds", "1",
+                     "-o", out]) == cli.EXIT_CONFIG
+    assert cli.main(["run", *TINY, "--algorithm", "fedprox", "--num-rounds", "1",
+                     "--no-plots", "--overwrite", "-o", out]) == 0
+    assert json.loads(open(os.path.join(out, "config.json")).read())["algorithm"] == "fedprox"

@@ -597,6 +597,19 @@ def test_checkpoint_roundtrip_with_typed_key(tmp_path):
         chex.assert_trees_all_equal_dtypes(restored[name], state[name])
 
 
+def test_checkpoint_verify_reads_shapes_from_headers(tmp_path):
+    state = {"w": jnp.arange(6.0).reshape(2, 3), "key": jax.random.key(3),
+             "h": jnp.ones((4,), jnp.bfloat16), "n": jnp.int32(2)}
+    directory = str(tmp_path / "c")
+    ckpt.save(directory, state, {"history": []})
+    ckpt.verify(directory, jax.eval_shape(lambda: state))  # abstract template: passes
+    ckpt.verify(directory, state)
+    for bad in ({**state, "w": jnp.zeros((3, 2))}, {**state, "n": jnp.float32(2)},
+                {**state, "extra": jnp.zeros(())}):
+        with pytest.raises(ValueError, match="^checkpoint: "):
+            ckpt.verify(directory, jax.eval_shape(lambda b=bad: b))
+
+
 def test_checkpoint_roundtrip_with_bfloat16_leaf(tmp_path):
     """bf16 is the documented memory-aware form of per-client tables (DESIGN.md §5),
     so a checkpoint must restore it. NumPy has no bfloat16: np.savez writes such a

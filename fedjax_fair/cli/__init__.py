@@ -4,7 +4,7 @@
     fedjax-fair run --algorithm fedprox --hp mu=0.01 --dataset digits --num-clients 20 \\
         --dataset-arg partition=dirichlet --alpha 0.3 --model mlp -o runs/prox
     fedjax-fair run --config job.yaml --num-rounds 400   # flags override the file
-    fedjax-fair run -o runs/prox --resume --num-rounds 800   # continue a run
+    fedjax-fair run -o runs/prox --resume --num-rounds 800   # continue a run (saved settings)
     fedjax-fair list                          # algorithms (+ hyper-parameters), datasets, ...
 
 ``run`` writes to its output directory: ``metrics.jsonl`` (one JSON line per
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import os
 import re
 import sys
@@ -115,6 +116,8 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
                    help="no progress bars")
     p.add_argument("--no-plots", dest="plots", action="store_false", default=S,
                    help="do not write PNG plots")
+    p.add_argument("--overwrite", dest="overwrite", action="store_true", default=S,
+                   help="write into an output directory that already holds results")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace, cls):
     """defaults <- --config file <- flags, as a validated-type ``cls`` instance."""
+    return C.build(cls, *config_layers(args, cls))
+
+
+def config_layers(args: argparse.Namespace, cls) -> tuple[dict, dict, str]:
+    """(config-file values, flag values, the file's name) given on the command line."""
     ns = vars(args)
     file_values = C.load_file(ns["config"]) if "config" in ns else {}
     overrides = {}
@@ -180,7 +188,25 @@ def config_from_args(args: argparse.Namespace, cls):
     if margs:
         overrides["model_args"] = margs
     source = os.path.basename(ns["config"]) if "config" in ns else "config"
-    return C.build(cls, file_values, overrides, source=f"config[{source}]")
+    return file_values, overrides, f"config[{source}]"
+
+
+def run_config(args: argparse.Namespace):
+    """The RunConfig of ``run``: with ``--resume``, the saved run's config.json in the
+    output directory <- the config file <- flags, which may only extend the run
+    (``config.RESUMABLE``)."""
+    layers = config_layers(args, C.RunConfig)
+    cfg = C.build(C.RunConfig, *layers)
+    if not cfg.resume:
+        return cfg
+    out = cfg.resolved_output_dir()
+    path = os.path.join(out, "config.json")
+    if not os.path.isfile(path):
+        raise C.ConfigError("resume", f"no saved run in {out!r} (config.json); give its "
+                                      f"directory with -o")
+    with open(path) as f:
+        saved = json.load(f)
+    return C.resumed(C.RunConfig, saved, *layers)
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -345,18 +371,19 @@ def _ordered_config(cfg) -> dict:
 
 
 def cmd_run(args) -> int:
-    cfg = config_from_args(args, C.RunConfig)
+    cfg = run_config(args)
     C.validate_run(cfg)
     out = cfg.resolved_output_dir()
     ckdir = cfg.resolved_checkpoint_dir()
     cfg_dict = _ordered_config(cfg)
     cfg_dict["output_dir"], cfg_dict["checkpoint_dir"] = out, ckdir
-    _check_resume_config(out, cfg_dict, cfg.resume)
 
     ds = build_dataset(cfg)
     C.validate_against_data(cfg, ds.num_clients)
     model = build_model(cfg, ds)
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams)
+    if cfg.resume:  # nothing in the directory is written before the checkpoint fits
+        _verify_checkpoint(ckdir, alg, model, ds.num_clients)
 
     os.makedirs(out, exist_ok=True)
     report.write_json(os.path.join(out, "config.json"), cfg_dict)
@@ -429,23 +456,16 @@ def _fix_resumed_seconds(history: list, new_entries: list) -> int:
     return int(history[restored - 1]["round"])
 
 
-# Fields that may change between an interrupted run and its --resume without a warning.
-_RESUMABLE = {"num_rounds", "resume", "progress", "plots", "eval_every"}
-
-
-def _check_resume_config(out: str, cfg_dict: dict, resume: bool) -> None:
-    path = os.path.join(out, "config.json")
-    if not resume or not os.path.isfile(path):
-        return
-    import json
-    with open(path) as f:
-        old = json.load(f)
-    changed = [k for k in cfg_dict if k not in _RESUMABLE and old.get(k) != cfg_dict[k]
-               and not (isinstance(cfg_dict[k], list) and old.get(k) == list(cfg_dict[k]))]
-    if changed:
-        print("warning: resuming with a config that differs from the checkpointed run in "
-              + ", ".join(f"{k} ({old.get(k)!r} -> {cfg_dict[k]!r})" for k in changed)
-              + "; the result will differ from an uninterrupted run", file=sys.stderr)
+def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
+    """The checkpoint's arrays have this run's state shapes (read from file headers)."""
+    import jax
+    from fedjax_fair import checkpoint as ckpt
+    template = jax.eval_shape(lambda k: alg.init(model.init(k), num_clients),
+                              jax.random.key(0))
+    try:
+        ckpt.verify(directory, template)
+    except ValueError as e:
+        raise C.ConfigError("resume", str(e).split(": ", 1)[-1]) from None
 
 
 # ---------------------------------------------------------------------------- compare

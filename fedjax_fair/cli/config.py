@@ -87,6 +87,8 @@ class _Common:
     placement: str = _f("auto", "str", "federation on the device, or on the host with cohorts "
                         "streamed per chunk (auto: device if the memory plan fits)")
     output_dir: Optional[str] = _f(None, "str?", "output directory")  # default: per command
+    overwrite: bool = _f(False, "bool", "write into an output directory that already holds "
+                         "results, replacing them", flag=False)
     progress: bool = _f(True, "bool", "show progress bars", flag=False)
     plots: bool = _f(True, "bool", "write PNG plots", flag=False)
 
@@ -315,8 +317,9 @@ def load_file(path: str) -> dict:
 
 
 def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = None,
-          source: str = "config"):
-    """``cls`` from defaults <- ``file_values`` <- ``overrides`` (all flat dicts).
+          source: str = "config", base: Optional[dict] = None):
+    """``cls`` from defaults <- ``base`` <- ``file_values`` <- ``overrides`` (flat dicts;
+    ``base`` is a saved run's config when resuming).
 
     Unknown keys in ``file_values`` are errors naming the allowed keys. Dict fields
     (``hparams``, ``dataset_args``) are merged key by key, so a flag overrides one
@@ -324,7 +327,8 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
     """
     known = fields(cls)
     values: dict = {}
-    for layer, where in ((file_values or {}, source), (overrides or {}, "flags")):
+    for layer, where in ((base or {}, "saved"), (file_values or {}, source),
+                         (overrides or {}, "flags")):
         for key, value in layer.items():
             if key not in known:
                 raise ConfigError(f"{where}.{key}" if where != "flags" else key,
@@ -335,6 +339,40 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
                 value = {**values[key], **value}
             values[key] = value
     return cls(**values)
+
+
+# Fields a resumed run may change: they extend it or do not alter its iterates.
+RESUMABLE = ("num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
+             "output_dir")
+
+
+def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[dict],
+            source: str = "config"):
+    """The config of a resumed run: the ``saved`` run's config.json <- the config file
+    <- flags. Flags may only change ``RESUMABLE`` fields; any other difference is a
+    ``ConfigError("resume", ...)`` listing every changed field."""
+    known = fields(cls)
+    saved_fields = {k: v for k, v in saved.items() if k in known}
+    before = build(cls, base=saved_fields)
+    cfg = build(cls, file_values, overrides, source, base=saved_fields)
+    changed = [k for k in known if k not in RESUMABLE
+               and _canonical(getattr(before, k)) != _canonical(getattr(cfg, k))]
+    if changed:
+        raise ConfigError("resume", "these settings differ from the saved run and would change "
+                                    "its results: " + ", ".join(
+                                        f"{k} ({getattr(before, k)!r} -> {getattr(cfg, k)!r})"
+                                        for k in changed)
+                          + "; resume with the saved settings, or start a new run")
+    return cfg
+
+
+def _canonical(value):
+    """Values compared across a resume: tuples as lists, nested dicts recursively."""
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    return value
 
 
 def to_dict(cfg) -> dict:
@@ -509,6 +547,14 @@ def validate_hparams(algorithm: str, hparams: dict, field: str = "hparams") -> d
     return out
 
 
+def check_fresh_output(path: str, overwrite: bool) -> None:
+    """A directory that already holds files is not written into without ``--overwrite``
+    (or ``--resume`` for ``run``)."""
+    if not overwrite and os.path.isdir(path) and os.listdir(path):
+        raise ConfigError("output_dir", f"{path!r} already holds results; continue that run "
+                                        f"with --resume, or replace it with --overwrite")
+
+
 def check_directory(path: str, field: str) -> None:
     """``path`` is a directory or can be created as one (nothing is created here)."""
     if os.path.exists(path):
@@ -537,7 +583,9 @@ def validate_run(cfg: RunConfig) -> RunConfig:
     check_directory(cfg.resolved_output_dir(), "output_dir")
     if cfg.resolved_checkpoint_dir():
         check_directory(cfg.resolved_checkpoint_dir(), "checkpoint_dir")
-    if cfg.resume:
+    if not cfg.resume:
+        check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
+    else:
         from fedjax_fair import checkpoint as ckpt
         directory = cfg.resolved_checkpoint_dir()
         if directory is None:
@@ -545,6 +593,11 @@ def validate_run(cfg: RunConfig) -> RunConfig:
         if not ckpt.exists(directory):
             raise ConfigError("resume", f"no checkpoint found in {directory!r} "
                                         f"(state.npz + meta.json)")
+        done = ckpt.read_meta(directory)["history"][-1]["round"]
+        if cfg.num_rounds < done:
+            raise ConfigError("num_rounds", f"the run in {cfg.resolved_output_dir()!r} has "
+                                            f"done {done} rounds; --num-rounds {cfg.num_rounds}"
+                                            f" is fewer (give at least {done})")
     return cfg
 
 
@@ -594,6 +647,7 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)
     _validate_common(cfg)
+    check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
     if cfg.server_lr_schedule != "none":
         for a in cfg.algorithms:
             check_server_schedule(a, cfg.server_lr_schedule)
