@@ -14,7 +14,10 @@ any data moves.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import threading
 import time
 from typing import Callable, Optional
 
@@ -34,6 +37,49 @@ from fedjax_fair.heterogeneity import StepBudgets
 from fedjax_fair.simulate import (budget_tables, gather_cohorts, sample_client_ids, simulate,
                                   simulate_cohorts)
 from fedjax_fair.types import ClientData, Cohort, FederatedData
+
+
+_STOP = threading.Event()
+
+
+class Interrupted(Exception):
+    """A run stopped on request (SIGINT / SIGTERM under ``stop_on_signals``) at a chunk
+    boundary: ``round`` rounds are done, and saved if ``checkpoint_dir`` is set."""
+
+    def __init__(self, round_: int, checkpoint_dir: Optional[str] = None):
+        super().__init__(f"interrupted after round {round_}")
+        self.round = round_
+        self.checkpoint_dir = checkpoint_dir
+
+
+def request_stop() -> None:
+    """Asks every ``run`` to stop at its next chunk boundary (after its checkpoint)."""
+    _STOP.set()
+
+
+def stop_requested() -> bool:
+    return _STOP.is_set()
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
+    """While active, the first SIGINT or SIGTERM only requests a stop: ``run`` finishes
+    the chunk on the device, saves its checkpoint and raises ``Interrupted``, so no
+    signal ever lands inside XLA (where a ``KeyboardInterrupt`` could crash the
+    process). A second signal interrupts at once (``KeyboardInterrupt``). Main
+    thread only; the previous handlers and a clear stop flag are restored on exit."""
+    def handler(signum, frame):
+        if _STOP.is_set():
+            raise KeyboardInterrupt
+        _STOP.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        _STOP.clear()
 
 
 class NonFiniteError(FloatingPointError):
@@ -258,6 +304,9 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
             save(state)
         bar.update(length)
         bar.set_postfix(acc=f"{summary['mean']:.3f}", worst10=f"{summary['worst_10%']:.3f}")
+        if stop_requested() and int(state.round) < num_rounds:
+            bar.close()
+            raise Interrupted(int(state.round), checkpoint_dir)
     bar.close()
     if per_client is None:
         per_client, _ = evaluate_now(state)

@@ -497,3 +497,89 @@ def test_non_empty_output_directory_needs_resume_or_overwrite(tmp_path, capsys):
     assert cli.main(["run", *TINY, "--algorithm", "fedprox", "--num-rounds", "1",
                      "--no-plots", "--overwrite", "-o", out]) == 0
     assert json.loads(open(os.path.join(out, "config.json")).read())["algorithm"] == "fedprox"
+
+
+# ---------------------------------------------------------------------- interrupts
+
+
+def test_sigint_stops_run_cleanly_and_resume_finishes_it(tmp_path):
+    """A real SIGINT (Ctrl-C) mid-run: exit 130 with one line, the checkpoint of the
+    last finished chunk kept; --resume then gives the uninterrupted result."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    out, full = str(tmp_path / "run"), str(tmp_path / "full")
+    args = ["run", *TINY, "--num-rounds", "400", "--eval-every", "1", "--no-plots"]
+    proc = subprocess.Popen([sys.executable, "-m", "fedjax_fair.cli", *args, "-o", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    meta = os.path.join(out, "checkpoint", "meta.json")
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.isfile(meta) and json.loads(open(meta).read())["history"][-1]["round"] >= 2:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == cli.EXIT_INTERRUPTED
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: interrupted after round ") and "--resume" in err
+    done = json.loads(open(meta).read())["history"][-1]["round"]
+    assert 2 <= done < 400
+    # Finishing it: a short target keeps the test fast, compared with a fresh run.
+    target = str(done + 2)
+    assert cli.main(["run", "-o", out, "--resume", "--num-rounds", target, "--no-progress"]) == 0
+    assert cli.main(["run", *TINY, "--num-rounds", target, "--eval-every", "1", "--no-plots",
+                     "-o", full]) == 0
+    with open(os.path.join(full, "clients.csv")) as a, open(os.path.join(out, "clients.csv")) as b:
+        assert a.read() == b.read()
+
+
+def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, monkeypatch):
+    from fedjax_fair import runner
+    out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")
+    args = [*TINY, "--algorithms", "fedavg,fedprox,scaffold", "--num-rounds", "2",
+            "--no-plots"]
+    real = cli._compare_one
+    calls = []
+
+    def stop_after_first(*a, **k):  # as if Ctrl-C came during the second run
+        calls.append(a[0])
+        if len(calls) == 2:
+            runner.request_stop()
+        return real(*a, **k)
+
+    monkeypatch.setattr(cli, "_compare_one", stop_after_first)
+    assert cli.main(["compare", *args, "-o", out]) == cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "2 of 3 runs finished" in err and "--resume" in err  # the second one ends its chunk
+    assert os.path.isfile(os.path.join(out, "fedavg", "seed0", "summary.json"))
+    assert not os.path.exists(os.path.join(out, "scaffold"))
+    md = open(os.path.join(out, "comparison.md")).read()
+    assert "| fedprox" in md and "| scaffold" not in md and "2 of 3 runs" in md
+
+    calls.clear()
+    monkeypatch.setattr(cli, "_compare_one", real)
+    assert cli.main(["compare", "-o", out, "--resume", "--no-progress"]) == 0
+    assert cli.main(["compare", *args, "-o", fresh]) == 0
+    strip = lambda path: [l.split("|")[1:7] for l in open(path).read().splitlines()
+                          if l.startswith("| fed") or l.startswith("| sca")]
+    assert strip(os.path.join(out, "comparison.md")) == strip(
+        os.path.join(fresh, "comparison.md"))
+    # --resume keeps the saved settings
+    assert cli.main(["compare", "-o", out, "--resume", "--num-rounds", "3"]) == cli.EXIT_CONFIG
+
+
+def test_diverged_compare_run_keeps_its_metrics_and_is_marked(tmp_path, capsys):
+    out = tmp_path / "div"
+    code = cli.main(["compare", *TINY, "--algorithms", "fedavg,fedprox",
+                     "--hp", "fedprox.mu=1e38", "--num-rounds", "2", "--eval-every",
+                     "1", "-o", str(out)])
+    assert code == cli.EXIT_NONFINITE
+    rows = report.read_jsonl(out / "fedprox" / "seed0" / "metrics.jsonl")
+    assert [r["round"] for r in rows][:1] == [0]  # the evaluations before it diverged
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["labels"]["fedprox"] == "fedprox (diverged)"
+    assert summary["labels"]["fedavg"] == "fedavg"
+    assert "diverged" in summary["notes"]["fedprox"]
+    _png_ok(out / "accuracy.png")

@@ -17,7 +17,9 @@ sub-directory per algorithm and seed with that run's metrics.
 
 Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
 stderr, checked before any compute where possible); 3 the parameters became
-NaN/inf (the last good checkpoint is kept); 130 interrupted.
+NaN/inf (the last good checkpoint is kept); 130 interrupted (SIGINT / SIGTERM stop at
+the next chunk boundary: ``run`` keeps its checkpoint, ``compare`` its finished runs and
+their table; ``--resume`` continues either).
 """
 from __future__ import annotations
 
@@ -146,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "per-client accuracy statistics and timings, and save it "
                                    "with overlaid plots.")
     _add_common(p, C.CompareConfig)
+    p.add_argument("--resume", dest="resume", action="store_true", default=S,
+                   help="continue an interrupted comparison: finished runs are kept")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("list", help="algorithms, datasets, models, strategies, samplers, metrics")
@@ -412,12 +416,13 @@ def cmd_run(args) -> int:
             for row in report.round_rows(first_round, metrics):
                 f.write(report.to_json(row) + "\n")
 
-    from fedjax_fair.runner import NonFiniteError
+    from fedjax_fair.runner import Interrupted, NonFiniteError, stop_on_signals
     try:
-        result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
-                              resume=cfg.resume, progress=cfg.progress,
-                              description=f"{cfg.algorithm}", on_eval=on_eval,
-                              on_rounds=on_rounds)
+        with stop_on_signals():
+            result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
+                                  resume=cfg.resume, progress=cfg.progress,
+                                  description=f"{cfg.algorithm}", on_eval=on_eval,
+                                  on_rounds=on_rounds)
     except NonFiniteError as e:
         where = f"kept in {ckdir}" if ckdir else "not saved (checkpoints are off)"
         report.write_json(os.path.join(out, "summary.json"), {
@@ -427,8 +432,14 @@ def cmd_run(args) -> int:
              f"checkpoint (round {e.last_good_round}) is {where}; lower client_lr or change "
              f"the config, then continue with --resume")
         return EXIT_NONFINITE
+    except Interrupted as e:
+        where = (f"saved in {ckdir}; continue with: fedjax-fair run -o {out} --resume"
+                 if ckdir else "not saved (checkpoints are off)")
+        _err(f"interrupted after round {e.round}, {where}")
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
-        _err(f"interrupted; continue with: fedjax-fair run ... -o {out} --resume")
+        _err(f"interrupted at once; the last checkpoint is in {ckdir}; continue with: "
+             f"fedjax-fair run -o {out} --resume" if ckdir else "interrupted at once")
         return EXIT_INTERRUPTED
 
     resumed_from = _fix_resumed_seconds(result.history, new_entries) if cfg.resume else None
@@ -471,8 +482,42 @@ def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
 # ---------------------------------------------------------------------------- compare
 
 
+def compare_config(args: argparse.Namespace):
+    """The CompareConfig of ``compare``: with ``--resume``, the interrupted comparison's
+    config.json <- the config file <- flags (which may only change progress / plots)."""
+    layers = config_layers(args, C.CompareConfig)
+    cfg = C.build(C.CompareConfig, *layers)
+    if not cfg.resume:
+        return cfg
+    out = cfg.resolved_output_dir()
+    path = os.path.join(out, "config.json")
+    if not os.path.isfile(path):
+        raise C.ConfigError("resume", f"no saved comparison in {out!r} (config.json); give "
+                                      f"its directory with -o")
+    with open(path) as f:
+        saved = json.load(f)
+    return C.resumed(C.CompareConfig, saved, *layers, allowed=C.COMPARE_RESUMABLE)
+
+
+def _finished_run(run_dir: str):
+    """(summary, history, accuracies) of a run a comparison already wrote, or None."""
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        summary = json.load(f)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    history = report.read_jsonl(metrics) if os.path.isfile(metrics) else []
+    clients = os.path.join(run_dir, "clients.csv")
+    acc = None
+    if os.path.isfile(clients):
+        table = report.read_client_csv(clients)
+        acc = table["accuracy"][table["num_test_examples"] > 0]
+    return summary, history, acc
+
+
 def cmd_compare(args) -> int:
-    cfg = config_from_args(args, C.CompareConfig)
+    cfg = compare_config(args)
     hparams = C.validate_compare(cfg)
     out = cfg.resolved_output_dir()
     cfg_dict = _ordered_config(cfg)
@@ -484,52 +529,90 @@ def cmd_compare(args) -> int:
     algs = {a: build_algorithm(a, model, cfg, hparams[a]) for a in cfg.algorithms}
 
     from tqdm.auto import tqdm
-    from fedjax_fair.runner import NonFiniteError
+    from fedjax_fair.runner import Interrupted, NonFiniteError, stop_on_signals, stop_requested
     os.makedirs(out, exist_ok=True)
+    if not cfg.resume:
+        report.write_json(os.path.join(out, "config.json"), cfg_dict)
     histories = {a: [] for a in algs}
     accuracies = {a: [] for a in algs}
     summaries = {a: [] for a in algs}
     notes: dict = {}
     t_start = time.perf_counter()
-    bar = tqdm(total=len(algs) * len(cfg.seeds), desc="compare", unit="run",
-               disable=not cfg.progress, dynamic_ncols=True)
-    try:
-        for name, alg in algs.items():
-            for seed in cfg.seeds:
-                bar.set_postfix(algorithm=name, seed=seed)
-                run_dir = os.path.join(out, name, f"seed{seed}")
-                run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams[name],
-                           "seed": seed, "output_dir": run_dir}
-                for k in ("algorithms", "seeds"):
-                    run_cfg.pop(k)
-                try:
-                    res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
-                                       description=f"{name} seed {seed}")
-                except NonFiniteError as e:
-                    note = f"diverged at round {e.round}"
-                    if len(cfg.seeds) > 1:
-                        note = f"seed {seed} {note}"
-                    notes[name] = f"{notes[name]}; {note}" if name in notes else note
-                    os.makedirs(run_dir, exist_ok=True)
-                    report.write_json(os.path.join(run_dir, "summary.json"), {
-                        "status": "non_finite", "config": run_cfg,
-                        "non_finite_round": e.round, "last_good_round": e.last_good_round})
-                    summaries[name].append({})
-                    bar.update(1)
-                    continue
-                s = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False)
-                summaries[name].append({**s["final"], **s["timings"]})
-                histories[name].append(res.history)
-                accuracies[name].append(
-                    np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)])
-                bar.update(1)
-    except KeyboardInterrupt:
-        bar.close()
-        _err("interrupted")
-        return EXIT_INTERRUPTED
-    bar.close()
+    total_runs = len(algs) * len(cfg.seeds)
+    bar = tqdm(total=total_runs, desc="compare", unit="run", disable=not cfg.progress,
+               dynamic_ncols=True)
 
-    rows = {a: report.aggregate_runs(s) for a, s in summaries.items()}
+    def diverged(name, seed, round_):
+        note = f"diverged at round {round_}"
+        note = f"seed {seed} {note}" if len(cfg.seeds) > 1 else note
+        notes[name] = f"{notes[name]}; {note}" if name in notes else note
+
+    interrupted = False
+    try:
+        with stop_on_signals():
+            for name, alg in algs.items():
+                for seed in cfg.seeds:
+                    run_dir = os.path.join(out, name, f"seed{seed}")
+                    done = _finished_run(run_dir) if cfg.resume else None
+                    if done is None:
+                        if stop_requested():
+                            raise Interrupted(0)
+                        bar.set_postfix(algorithm=name, seed=seed)
+                        done = _compare_one(name, alg, seed, run_dir, cfg, cfg_dict,
+                                            hparams[name], model, ds, NonFiniteError)
+                    summary, history, acc = done
+                    if summary.get("status") == "non_finite":
+                        diverged(name, seed, summary["non_finite_round"])
+                        summaries[name].append({})
+                    else:
+                        summaries[name].append({**summary["final"], **summary["timings"]})
+                        accuracies[name].append(acc)
+                    if history:
+                        histories[name].append(history)
+                    bar.update(1)
+    except (Interrupted, KeyboardInterrupt):
+        interrupted = True
+    bar.close()
+    finished = sum(len(v) for v in summaries.values())
+    code = _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies,
+                             notes, time.perf_counter() - t_start,
+                             print_table=not interrupted)
+    if interrupted:
+        _err(f"interrupted: {finished} of {total_runs} runs finished and saved in {out} "
+             f"(comparison.md holds them); continue with: fedjax-fair compare -o {out} "
+             f"--resume")
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, NonFiniteError):
+    """One run of a comparison, written to ``run_dir`` as soon as it ends (diverged runs
+    keep their metrics.jsonl); returns what ``_finished_run`` would read back."""
+    run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams, "seed": seed,
+               "output_dir": run_dir}
+    for k in ("algorithms", "seeds"):
+        run_cfg.pop(k)
+    entries: list = []
+    try:
+        res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
+                           description=f"{name} seed {seed}", on_eval=entries.append)
+    except NonFiniteError as e:
+        os.makedirs(run_dir, exist_ok=True)
+        report.write_jsonl(os.path.join(run_dir, "metrics.jsonl"), entries)
+        summary = {"status": "non_finite", "config": run_cfg, "non_finite_round": e.round,
+                   "last_good_round": e.last_good_round}
+        report.write_json(os.path.join(run_dir, "summary.json"), summary)
+        return summary, entries, None
+    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False)
+    acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]
+    return summary, res.history, acc
+
+
+def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies, notes,
+                      seconds, print_table=True) -> int:
+    """comparison.md / .csv, summary.json and plots of the runs finished so far."""
+    done = {a: s for a, s in summaries.items() if s}
+    rows = {a: report.aggregate_runs(s) for a, s in done.items()}
     header, body = report.comparison_table(rows, len(cfg.seeds), notes)
     table = report.markdown_table(header, body)
     title = (f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
@@ -537,12 +620,17 @@ def cmd_compare(args) -> int:
              f"test accuracy (mean ± std over seeds)" if len(cfg.seeds) > 1 else
              f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
              f"cohort {cfg.cohort_size}, seed {cfg.seeds[0]}: final per-client test accuracy")
+    finished = sum(len(s) for s in summaries.values())
+    total_runs = len(algs) * len(cfg.seeds)
+    if finished < total_runs:
+        title += f" ({finished} of {total_runs} runs finished)"
     evaluated = {a: alg.evaluates for a, alg in algs.items()}
     personal = [a for a, e in evaluated.items() if e == "personal"]
     table_note = report.TABLE_NOTE + (f" Evaluated on each client's own (personal) model: "
                                       f"{', '.join(personal)}; the others on the global "
                                       f"model." if personal else "")
-    label = {a: f"{a} (personal)" if e == "personal" else a for a, e in evaluated.items()}
+    label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
+             + (" (diverged)" if a in notes else "") for a in algs}
     with open(os.path.join(out, "comparison.md"), "w") as f:
         f.write(f"{title}\n\n{table}\n{table_note}\n")
     report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(cfg.seeds))
@@ -554,18 +642,20 @@ def cmd_compare(args) -> int:
         report.save_figure(report.plot_compare_histograms(
             {label[a]: np.concatenate(v) for a, v in accuracies.items() if v}, title=hist_title),
             os.path.join(out, "client_accuracy_hist.png"))
-    total = time.perf_counter() - t_start
     report.write_json(os.path.join(out, "summary.json"), {
         "config": cfg_dict, "dataset": dataset_description(ds),
         "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}
                   for a, agg in rows.items()},
-        "evaluated": evaluated, "notes": notes, "total_seconds": total})
+        "evaluated": evaluated, "notes": notes, "labels": label, "total_seconds": seconds,
+        "runs_finished": finished, "runs": total_runs})
+    if not print_table:
+        return 0
     print(title)
     print()
     print(table, end="")
     if personal:
         print(f"(personal models: {', '.join(personal)})")
-    print(f"\n{len(algs) * len(cfg.seeds)} runs in {total:.1f}s -> {out}")
+    print(f"\n{total_runs} runs in {seconds:.1f}s -> {out}")
     if notes:
         _err("non-finite parameters (NaN/inf) in " + "; ".join(f"{a}: {n}"
                                                                 for a, n in notes.items()))
@@ -705,6 +795,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _err(str(e))
         return EXIT_CONFIG
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -127,6 +127,7 @@ class CompareConfig(_Common):
     """
 
     algorithms: list = _f([], "list[str]", "comma-separated algorithms")
+    resume: bool = _f(False, "bool", "continue an interrupted comparison", flag=False)
     hparams: dict = _f({}, "dict", "hyper-parameters, NAME or ALGORITHM.NAME", flag=False)
     seeds: list = _f([0], "list[int]", "comma-separated seeds")
 
@@ -344,18 +345,20 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
 # Fields a resumed run may change: they extend it or do not alter its iterates.
 RESUMABLE = ("num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
              "output_dir")
+# A resumed comparison keeps every run's settings (finished runs are reused as they are).
+COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir")
 
 
 def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[dict],
-            source: str = "config"):
+            source: str = "config", allowed=RESUMABLE):
     """The config of a resumed run: the ``saved`` run's config.json <- the config file
-    <- flags. Flags may only change ``RESUMABLE`` fields; any other difference is a
+    <- flags. Flags may only change the ``allowed`` fields; any other difference is a
     ``ConfigError("resume", ...)`` listing every changed field."""
     known = fields(cls)
     saved_fields = {k: v for k, v in saved.items() if k in known}
     before = build(cls, base=saved_fields)
     cfg = build(cls, file_values, overrides, source, base=saved_fields)
-    changed = [k for k in known if k not in RESUMABLE
+    changed = [k for k in known if k not in allowed
                and _canonical(getattr(before, k)) != _canonical(getattr(cfg, k))]
     if changed:
         raise ConfigError("resume", "these settings differ from the saved run and would change "
@@ -647,7 +650,8 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)
     _validate_common(cfg)
-    check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
+    if not cfg.resume:
+        check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
     if cfg.server_lr_schedule != "none":
         for a in cfg.algorithms:
             check_server_schedule(a, cfg.server_lr_schedule)

@@ -300,7 +300,8 @@ def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], 
         n = min(len(r) for r, _ in series)
         rounds = series[0][0][:n]
         vals = np.stack([v[:n] for _, v in series])
-        line, = ax.plot(rounds, vals.mean(0), label=name)
+        # A run cut short (diverged) may have a single point: draw it as a marker.
+        line, = ax.plot(rounds, vals.mean(0), label=name, marker="o" if n <= 2 else None)
         if len(series) > 1:
             ax.fill_between(rounds, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
