@@ -583,3 +583,12 @@ def test_diverged_compare_run_keeps_its_metrics_and_is_marked(tmp_path, capsys):
     assert summary["labels"]["fedavg"] == "fedavg"
     assert "diverged" in summary["notes"]["fedprox"]
     _png_ok(out / "accuracy.png")
+
+
+def test_model_that_cannot_read_the_inputs_is_a_config_error(tmp_path, capsys):
+    code = cli.main(["run", *TINY, "--model", "char_lstm", "--num-rounds", "1",
+                     "-o", str(tmp_path / "lstm")])
+    assert code == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("error: model: ") and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "lstm")  # refused before anything is written

@@ -28,7 +28,8 @@ Choices (spec §7):
   a common ``loss_star`` would change none of the three rules (they are invariant
   to adding a constant to every loss), so there is no such argument.
 * A3 temperature: one multiplier ``beta`` (default 5, swept over {5, 10, 15, 20,
-  30}); larger is sharper. Never divided by.
+  30}); larger is sharper. Never divided by. beta = 1 / T with T > 0, so beta >= 0
+  (0 is FedAvg); a negative beta, which would favour the lowest losses, is refused.
 * A4 the p_i factor: ``weight_by_size=True`` (paper) or False (the authors' code,
   uniform prior); identical on balanced splits.
 * A11 ties: FedMax splits the weight across ties; FedMax(k) breaks ties by the
@@ -58,7 +59,7 @@ from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Trans
 from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
-HPARAMS = {"beta": H.REAL, "k": H.Range(0.0, None, low_open=True, static=True), **CLIENT_HPARAMS}
+HPARAMS = {"beta": H.NONNEGATIVE, "k": H.Range(0.0, None, low_open=True, static=True), **CLIENT_HPARAMS}
 
 
 def _check_k(k):

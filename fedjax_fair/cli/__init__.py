@@ -244,13 +244,21 @@ def build_model(cfg, ds):
     from fedjax_fair.models import get_model
     try:
         model = get_model(cfg.model, ds.input_shape, ds.num_classes, **cfg.model_args)
-        jax.eval_shape(model.init, jax.random.key(0))  # shape check, no compute
+        params = jax.eval_shape(model.init, jax.random.key(0))  # shape check, no compute
+        # The loss on one real example of the data (shapes and dtypes only): a model
+        # that cannot read these inputs (token ids vs floats) fails here, not in XLA.
+        one = {k: jax.ShapeDtypeStruct((1, *v.shape[2:]), v.dtype)
+               for k, v in ds.host_data.train.examples.items()}
+        jax.eval_shape(lambda p, b: model.per_example_loss(p, b, jax.random.key(0)),
+                       params, one)
     except Exception as e:  # flax raises several types for a wrong input shape
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         if isinstance(e, ValueError) and re.match(r"^\w+: ", first):  # a model argument
             raise C.error_from_message(first, "model_args") from None
-        raise C.ConfigError("model", f"{cfg.model!r} cannot take the {ds.name!r} inputs of "
-                                     f"shape {tuple(ds.input_shape)}: {first}") from None
+        inputs = ", ".join(f"{k} {v.dtype}{tuple(v.shape[2:])}"
+                           for k, v in ds.host_data.train.examples.items())
+        raise C.ConfigError("model", f"{cfg.model!r} cannot take the {ds.name!r} inputs "
+                                     f"({inputs}): {first}") from None
     return with_augmentation(model, standard_augmentation(cfg.augment))
 
 
