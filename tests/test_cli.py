@@ -592,3 +592,15 @@ def test_model_that_cannot_read_the_inputs_is_a_config_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: model: ") and "Traceback" not in err
     assert not os.path.exists(tmp_path / "lstm")  # refused before anything is written
+
+
+def test_client_without_test_rows_is_empty_in_clients_csv(tmp_path):
+    path = str(tmp_path / "clients.csv")
+    report.write_client_csv(path, {"num_examples": np.array([3, 0]),
+                                   "accuracy": np.array([0.5, 0.0]),
+                                   "loss": np.array([1.2, 0.0])})
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["accuracy"] == "0.5" and rows[1]["accuracy"] == "" and rows[1]["loss"] == ""
+    back = report.read_client_csv(path)
+    assert back["accuracy"][0] == 0.5 and np.isnan(back["accuracy"][1])

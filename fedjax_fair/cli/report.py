@@ -93,7 +93,8 @@ EVALUATED = {"global": "global model", "personal": "personal models"}
 def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray],
                      evaluated: str = "global") -> None:
     """Per-client final test metrics: client_id, num_test_examples, accuracy, loss,
-    model ("global": the global model; "personal": the client's own model).
+    model ("global": the global model; "personal": the client's own model). A client
+    without test rows has empty accuracy and loss (read back as NaN).
 
     ``client_metrics`` holds arrays [N] "num_examples", "accuracy", "loss" (as
     ``RunResult.client_metrics``). Floats are written with ``repr`` precision so the
@@ -106,7 +107,11 @@ def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray],
         w = csv.writer(f)
         w.writerow(CLIENT_COLUMNS)
         for i in range(n.shape[0]):
-            w.writerow([i, int(n[i]), repr(float(acc[i])), repr(float(loss[i])), evaluated])
+            if n[i] == 0:  # no test rows: no accuracy, not 0.0
+                w.writerow([i, 0, "", "", evaluated])
+            else:
+                w.writerow([i, int(n[i]), repr(float(acc[i])), repr(float(loss[i])),
+                            evaluated])
 
 
 def round_rows(first_round: int, metrics: Mapping[str, np.ndarray]) -> list[dict]:
@@ -132,8 +137,8 @@ def read_client_csv(path: str) -> dict[str, np.ndarray]:
         rows = list(csv.DictReader(f))
     return {"client_id": np.array([int(r["client_id"]) for r in rows]),
             "num_test_examples": np.array([int(r["num_test_examples"]) for r in rows]),
-            "accuracy": np.array([float(r["accuracy"]) for r in rows]),
-            "loss": np.array([float(r["loss"]) for r in rows]),
+            "accuracy": np.array([float(r["accuracy"] or "nan") for r in rows]),
+            "loss": np.array([float(r["loss"] or "nan") for r in rows]),
             "model": np.array([r.get("model", "global") for r in rows])}
 
 
