@@ -604,3 +604,13 @@ def test_client_without_test_rows_is_empty_in_clients_csv(tmp_path):
     assert rows[0]["accuracy"] == "0.5" and rows[1]["accuracy"] == "" and rows[1]["loss"] == ""
     back = report.read_client_csv(path)
     assert back["accuracy"][0] == 0.5 and np.isnan(back["accuracy"][1])
+
+
+def test_unprepared_tfds_dataset_prints_the_whole_instruction(tmp_path, capsys):
+    code = cli.main(["run", "--dataset", "mnist", "--dataset-arg", f"data_dir={tmp_path}",
+                     "-o", str(tmp_path / "out")])
+    assert code == cli.EXIT_CONFIG
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: dataset: ")
+    assert f"tfds build mnist --data_dir {tmp_path} --file_format array_record" in err
+    assert err.endswith("(or set $TFDS_DATA_DIR)")

@@ -92,15 +92,13 @@ def _base_name(tfds_name: str) -> str:
 
 
 def _prepare_hint(tfds_name: str, data_dir: str) -> str:
+    """One line (the CLI prints errors as one line): how to prepare the data offline."""
     return (f"prepare it on a machine with internet access (building most datasets "
-            f"needs TensorFlow there) with\n"
-            f"    tfds build {tfds_name} --data_dir {data_dir} --file_format array_record\n"
-            f"or\n"
-            f"    python -c \"import tensorflow_datasets as tfds; tfds.builder("
-            f"'{tfds_name}', data_dir='{data_dir}', file_format='array_record')"
-            f".download_and_prepare()\"\n"
-            f"then copy {data_dir}/{_base_name(tfds_name).split('/')[0]} to this "
-            f"machine's data_dir (or set $TFDS_DATA_DIR)")
+            f"needs TensorFlow there) with `tfds build {tfds_name} --data_dir {data_dir} "
+            f"--file_format array_record` (or in Python: `tfds.builder('{tfds_name}', "
+            f"data_dir='{data_dir}', file_format='array_record').download_and_prepare()`), "
+            f"then copy {data_dir}/{_base_name(tfds_name).split('/')[0]} to this machine's "
+            f"data_dir (or set $TFDS_DATA_DIR)")
 
 
 # --------------------------------------------------------------------------- opening
