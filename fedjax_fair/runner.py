@@ -184,6 +184,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                                           "compile_seconds": compile_s, "run_seconds": run_s})
 
     compiled: dict = {}
+    bar = _progress(progress, num_rounds, int(state.round), description)
     drawn = step_budgets if isinstance(step_budgets, StepBudgets) else None
     if drawn is not None:  # a function, closed over; tables are the arguments otherwise
         step_budgets = None
@@ -193,6 +194,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         nonlocal compile_s
         name = (length, padded_size)
         if name not in compiled:
+            bar.set_postfix_str("compiling")
             t = time.perf_counter()
             if padded_size is None:
                 fn = jax.jit(lambda s, d, k, b: simulate(
@@ -205,6 +207,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 args = (state, _cohort_shapes(data.train, length, cohort_size, padded_size), key)
             compiled[name] = fn.lower(*args).compile()
             compile_s += time.perf_counter() - t
+            bar.set_postfix_str("")
         return compiled[name]
 
     # ---- memory plan, before any data moves to the device
@@ -215,6 +218,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         plan = mem.MemoryPlan("device", mem.tree_bytes(data.test),
                               mem.program_bytes(program(first)), capacity)
         if not plan.fits and placement == "device":
+            bar.close()
             raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
                                     "memory and stream each chunk's cohorts, or a smaller "
                                     "cohort_size / chunk_size.")
@@ -224,6 +228,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         plan = mem.MemoryPlan("host", 0, mem.program_bytes(
             program(first, data.train.mask.shape[1])), capacity)
         if not plan.fits:
+            bar.close()
             raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower "
                                     "eval_every (rounds per chunk), cohort_size, or use "
                                     "execution='chunked' with a smaller chunk_size.")
@@ -241,7 +246,6 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
 
     evaluate = make_state_evaluator(model, algorithm.personal)
     all_ids = jnp.arange(num_clients, dtype=jnp.int32)
-    bar = _progress(progress, num_rounds, int(state.round), description)
 
     def evaluate_now(state):
         per_client = to_numpy(evaluate(state, test, all_ids) if test is not None
@@ -349,7 +353,10 @@ def _cohort_shapes(train: ClientData, num_rounds: int, cohort_size: int,
 
 
 def _progress(enabled: bool, total: int, initial: int, description: str):
+    """A round progress bar on stderr, only when stderr is a terminal (a log file or a
+    pipe gets no carriage-return updates); it says "compiling" while XLA compiles."""
+    import sys
     from tqdm.auto import tqdm
+    enabled = enabled and sys.stderr.isatty()
     return tqdm(total=total, initial=initial, desc=description or "rounds", unit="round",
                 disable=not enabled, leave=False, dynamic_ncols=True)
-

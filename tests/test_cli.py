@@ -614,3 +614,28 @@ def test_unprepared_tfds_dataset_prints_the_whole_instruction(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and err.startswith("error: dataset: ")
     assert f"tfds build mnist --data_dir {tmp_path} --file_format array_record" in err
     assert err.endswith("(or set $TFDS_DATA_DIR)")
+
+
+def test_memory_plan_prints_once_per_compare_and_no_progress_floods_in_logs(tmp_path,
+                                                                             capsys):
+    # capsys's stderr is not a terminal: no progress bars, hence no carriage returns.
+    assert cli.main(["compare", *TINY[:-1], "--algorithms", "fedavg,fedprox,scaffold",
+                     "--num-rounds", "2", "--no-plots", "-o", str(tmp_path / "cmp")]) == 0
+    captured = capsys.readouterr()
+    assert sum(line.startswith("memory:") for line in captured.out.splitlines()) == 1
+    assert "\r" not in captured.err and "\r" not in captured.out
+
+
+def test_progress_bar_on_a_terminal_says_compiling(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert cli.main(["run", *TINY[:-1], "--num-rounds", "2", "--no-plots",
+                     "-o", str(tmp_path / "run")]) == 0
+    assert "compiling" in term.getvalue() and "\r" in term.getvalue()

@@ -287,7 +287,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
 
 
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
-                 progress=True, description="", on_eval=None, on_rounds=None):
+                 progress=True, description="", on_eval=None, on_rounds=None, log=print):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
     import jax
     from fedjax_fair import runner
@@ -302,7 +302,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
                             checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                             on_eval=on_eval, description=description,
-                            placement=cfg.placement, log=print,
+                            placement=cfg.placement, log=log,
                             execution=Execution(cfg.execution, cfg.chunk_size),
                             on_rounds=on_rounds)
     except ValueError as e:
@@ -547,13 +547,20 @@ def cmd_compare(args) -> int:
     notes: dict = {}
     t_start = time.perf_counter()
     total_runs = len(algs) * len(cfg.seeds)
-    bar = tqdm(total=total_runs, desc="compare", unit="run", disable=not cfg.progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=total_runs, desc="compare", unit="run", dynamic_ncols=True,
+               disable=not (cfg.progress and sys.stderr.isatty()))  # no \r floods in logs
 
     def diverged(name, seed, round_):
         note = f"diverged at round {round_}"
         note = f"seed {seed} {note}" if len(cfg.seeds) > 1 else note
         notes[name] = f"{notes[name]}; {note}" if name in notes else note
+
+    planned: list = []
+
+    def log_first(line):  # the memory plan of the first run stands for all of them
+        if not planned:
+            planned.append(line)
+            print(line)
 
     interrupted = False
     try:
@@ -567,7 +574,8 @@ def cmd_compare(args) -> int:
                             raise Interrupted(0)
                         bar.set_postfix(algorithm=name, seed=seed)
                         done = _compare_one(name, alg, seed, run_dir, cfg, cfg_dict,
-                                            hparams[name], model, ds, NonFiniteError)
+                                            hparams[name], model, ds, NonFiniteError,
+                                            log=log_first)
                     summary, history, acc = done
                     if summary.get("status") == "non_finite":
                         diverged(name, seed, summary["non_finite_round"])
@@ -593,7 +601,8 @@ def cmd_compare(args) -> int:
     return code
 
 
-def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, NonFiniteError):
+def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, NonFiniteError,
+                 log=print):
     """One run of a comparison, written to ``run_dir`` as soon as it ends (diverged runs
     keep their metrics.jsonl); returns what ``_finished_run`` would read back."""
     run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams, "seed": seed,
@@ -603,7 +612,8 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
     entries: list = []
     try:
         res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
-                           description=f"{name} seed {seed}", on_eval=entries.append)
+                           description=f"{name} seed {seed}", on_eval=entries.append,
+                           log=log)
     except NonFiniteError as e:
         os.makedirs(run_dir, exist_ok=True)
         report.write_jsonl(os.path.join(run_dir, "metrics.jsonl"), entries)
