@@ -356,6 +356,25 @@ def test_leaf_synthetic_vectors_and_num_classes(tmp_path):
         leaf.load_leaf(tmp_path, kind="text")
 
 
+def test_leaf_stray_label_is_an_error_naming_file_and_user(tmp_path):
+    rng = np.random.default_rng(2)
+    def user(n):
+        return rng.normal(size=(n, 5)).tolist(), (np.arange(n) % 10).tolist()
+    train = {"u0": user(20), "u1": user(20)}
+    test = {"u0": user(5), "u1": user(5)}
+    train["u1"][1][3] = 999  # one stray label among classes 0..9
+    helpers.write_leaf(tmp_path / "train" / "part_a.json", ["u0"], {"u0": train["u0"]})
+    helpers.write_leaf(tmp_path / "train" / "part_b.json", ["u1"], {"u1": train["u1"]})
+    helpers.write_leaf(tmp_path / "test" / "t.json", list(test), test)
+    with pytest.raises(ValueError, match="^num_classes: ") as info:
+        leaf.load_leaf(tmp_path)
+    assert "999" in str(info.value) and "part_b.json" in str(info.value)
+    assert "'u1'" in str(info.value)
+    with pytest.raises(ValueError, match="part_b.json"):  # a declared count, too
+        leaf.load_leaf(tmp_path, num_classes=10)
+    assert leaf.load_leaf(tmp_path, num_classes=1000).num_classes == 1000  # if intended
+
+
 def test_leaf_rows_of_different_width_name_the_user(tmp_path):
     helpers.write_leaf(tmp_path / "train" / "a.json", ["u1", "u2"],
            {"u1": ([[0.0, 1.0, 2.0]], [0]), "u2": ([[0.0, 1.0]], [1])})

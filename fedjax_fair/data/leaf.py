@@ -418,15 +418,23 @@ def load_leaf(path, test_dir=None, *, kind: str = "auto", num_classes: int | Non
     return LeafFederation(user_ids=users, train_xs=arrays["train"][0],
                           train_ys=arrays["train"][1], test_xs=arrays["test"][0],
                           test_ys=arrays["test"][1],
-                          num_classes=_num_classes(kind, num_classes, oov, arrays),
+                          num_classes=_num_classes(kind, num_classes, oov, arrays, users,
+                                                   dirs),
                           input_shape=tuple(shape),
                           vocab=LEAF_CHARS if kind == "shakespeare" else None, kind=kind)
 
 
-def _num_classes(kind: str, num_classes, oov: str, arrays: dict) -> int:
-    """Default or checked number of classes (every label must lie below it)."""
+def _num_classes(kind: str, num_classes, oov: str, arrays: dict, users=None,
+                 dirs=None) -> int:
+    """Default or checked number of classes (every label must lie below it).
+
+    Inferred for vectors as max label + 1, which must be plausible: at least half of
+    the classes 0..max appear, so one stray label (999 among 0..9) is an error that
+    names the file and user holding it instead of a silent 1000-class model.
+    """
     top = max((int(y.max()) for _, ys in arrays.values() for y in ys if y.size), default=-1)
-    if num_classes is None:
+    inferred = num_classes is None
+    if inferred:
         if kind == "images":
             num_classes = FEMNIST_CLASSES
         elif kind == "shakespeare":
@@ -434,7 +442,36 @@ def _num_classes(kind: str, num_classes, oov: str, arrays: dict) -> int:
         else:
             num_classes = top + 1
     num_classes = _check_positive_int(num_classes, "num_classes")
-    if top >= num_classes:
-        raise ValueError(f"num_classes: label {top} does not fit num_classes="
-                         f"{num_classes}")
+    distinct = np.unique(np.concatenate([y for _, ys in arrays.values() for y in ys]
+                                        or [np.zeros((0,), np.int32)]))
+    stray = top >= num_classes or (inferred and kind == "vectors"
+                                   and 2 * distinct.size < num_classes)
+    if stray:
+        where = _holder(arrays, users, dirs, top)
+        if top >= num_classes:
+            raise ValueError(f"num_classes: label {top} does not fit num_classes="
+                             f"{num_classes}{where}")
+        raise ValueError(f"num_classes: labels run up to {top}{where} but only "
+                         f"{distinct.size} distinct labels appear; pass num_classes="
+                         f"{top + 1} if that many classes are intended")
     return num_classes
+
+
+def _holder(arrays: dict, users, dirs, label: int) -> str:
+    """" (file F, user U)" of the first example with ``label``, for error messages."""
+    if users is None:
+        return ""
+    for split, (_, ys) in arrays.items():
+        for user, y in zip(users, ys):
+            if y.size and int(y.max()) == label:
+                return f" (file {_file_of(dirs[split], user)}, user {user!r})"
+    return ""
+
+
+def _file_of(directory, user: str):
+    """The JSON file of ``directory`` that lists ``user`` (error paths only)."""
+    for file in sorted(Path(os.fspath(directory)).glob("*.json")):
+        with open(file) as f:
+            if user in map(str, json.load(f).get("users", [])):
+                return file
+    return directory
