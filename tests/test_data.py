@@ -118,6 +118,18 @@ def test_from_client_arrays_reports_and_validates_labels():
         fd.from_client_arrays(xs, ys, xs[:2], ys[:2], name="toy", num_classes=3)
 
 
+def test_non_finite_inputs_are_a_data_error_naming_the_client():
+    xs, ys = _toy([1, 2, 7])
+    bad = [x.astype(np.float32).copy() for x in xs]
+    bad[2][4, 1] = np.nan
+    with pytest.raises(ValueError, match="^train_xs: client 2 ") as info:
+        fd.from_client_arrays(bad, ys, xs, ys, name="toy", num_classes=3)
+    assert "example 4" in str(info.value)
+    bad[2][4, 1] = np.inf
+    with pytest.raises(ValueError, match="^test_xs: client 2 "):
+        fd.from_client_arrays(xs, ys, bad, ys, name="toy", num_classes=3)
+
+
 # ------------------------------------------------------------------ partitioners
 
 LABELS = np.repeat(np.arange(10), 50)[np.random.default_rng(1).permutation(500)]

@@ -105,6 +105,18 @@ def _check_label_range(y: np.ndarray, mask: np.ndarray, num_classes: int, field:
                          f"outside [0, num_classes={num_classes})")
 
 
+def _check_finite_inputs(x: np.ndarray, mask: np.ndarray, field: str) -> None:
+    """Real rows of float inputs x [N, M, ...] hold no NaN or inf: bad data is a data
+    error naming the client, not a divergence found rounds later."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return
+    bad = mask & ~np.isfinite(x.reshape(*x.shape[:2], -1)).all(axis=-1)
+    if bad.any():
+        k, i = (int(v[0]) for v in np.nonzero(bad))
+        raise ValueError(f"{field}: client {k} has NaN or inf in its inputs (example {i} "
+                         f"of {int(mask[k].sum())}); the data is at fault, not the training")
+
+
 # --------------------------------------------------------------------------- stacking
 
 
@@ -275,6 +287,7 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
         if not np.array_equal(split.mask.sum(axis=1), split.num_examples):
             raise ValueError(f"{field}: num_examples differs from the mask's row counts")
         _check_label_range(np.asarray(y), np.asarray(split.mask), num_classes, f"{field}_ys")
+        _check_finite_inputs(np.asarray(x), np.asarray(split.mask), f"{field}_xs")
     if train.examples["x"].shape[2:] != test.examples["x"].shape[2:]:
         raise ValueError(f"test_xs: input shape {test.examples['x'].shape[2:]} differs "
                          f"from train_xs {train.examples['x'].shape[2:]}")
