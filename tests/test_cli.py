@@ -639,3 +639,16 @@ def test_progress_bar_on_a_terminal_says_compiling(tmp_path, monkeypatch):
     assert cli.main(["run", *TINY[:-1], "--num-rounds", "2", "--no-plots",
                      "-o", str(tmp_path / "run")]) == 0
     assert "compiling" in term.getvalue() and "\r" in term.getvalue()
+
+
+@pytest.mark.parametrize("algorithm,hp", [("fedprox", "mu=-1"), ("fedadam", "server_lr=0"),
+                                          ("fedavgm", "server_lr=-0.5"),
+                                          ("fedavgm", "momentum=1.5"),
+                                          ("fedsoftmax", "beta=-5"), ("qffl", "q=-0.1"),
+                                          ("feddyn", "alpha=0"), ("ditto", "lam=-1")])
+def test_out_of_range_hyper_parameters_are_refused_by_name(tmp_path, algorithm, hp):
+    name = hp.split("=")[0]
+    with pytest.raises(C.ConfigError) as info:
+        C.validate_run(_cfg(["run", "--algorithm", algorithm, "--hp", hp,
+                             "-o", str(tmp_path / "x")], C.RunConfig))
+    assert info.value.field == f"hparams.{name}"
