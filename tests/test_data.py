@@ -247,6 +247,20 @@ def test_synthetic_alpha_beta_as_variance():
     assert spread(4.0, False, "v") == pytest.approx(2.0, rel=0.15)  # B_k for beta
 
 
+def test_synthetic_alpha_cancels_in_the_labels_unless_per_class():
+    def labels(alpha, per_class):
+        clients = _generate_clients(alpha, 1.0, 6, False, 200, seed=3,
+                                    alpha_beta_as_std=False, alpha_per_class=per_class)
+        return [c["y"] for c in clients]
+
+    # The reference's shared shift u_k adds the same to every logit: alpha changes W
+    # and b but not one label.
+    assert all(np.array_equal(a, b) for a, b in zip(labels(0.0, False), labels(5.0, False)))
+    # One shift per class moves the class boundaries.
+    changed = [np.mean(a != b) for a, b in zip(labels(0.0, True), labels(5.0, True))]
+    assert np.mean(changed) > 0.2
+
+
 def test_synthetic_iid_shares_one_model():
     clients = _generate_clients(1.0, 1.0, 5, True, 100, seed=0, alpha_beta_as_std=False)
     for c in clients[1:]:

@@ -14,7 +14,13 @@ Client k (symbols -> variables):
   x ~ N(v_k, Sigma), Sigma_jj = j^(-1.2), j = 1..60     x
   y = argmax softmax(W_k x + b_k) = argmax (W_k x + b_k)
 
-alpha controls how much the local models differ, beta how much the local inputs do.
+alpha is meant to control how much the local models differ, beta how much the local
+inputs do. But u_k is one shift shared by every weight and bias entry of client k, so
+it adds the same amount, u_k (1 + sum_j x_j), to all ten logits and cancels in the
+argmax: in the reference generator (and here, by default) alpha has no effect on the
+labels; only the N(0, 1) entries make the client models differ. ``alpha_per_class=True``
+is a variant in which it does matter: one shift per class, u_kc ~ N(0, alpha), with
+W_k[c, :] and b_k[c] ~ N(u_kc, 1), so alpha moves the class boundaries of each client.
 The paper writes N(0, alpha) with alpha a *variance*, so by default u_k and B_k have
 standard deviation sqrt(alpha) and sqrt(beta). The reference script passes alpha and
 beta to ``np.random.normal`` as the standard deviation instead; ``alpha_beta_as_std=True``
@@ -56,8 +62,8 @@ def _check_scale(value, field: str) -> float:
 
 
 def _generate_clients(alpha: float, beta: float, num_clients: int, iid: bool,
-                      max_examples: int | None, seed: int, alpha_beta_as_std: bool
-                      ) -> list[dict]:
+                      max_examples: int | None, seed: int, alpha_beta_as_std: bool,
+                      alpha_per_class: bool = False) -> list[dict]:
     """Draws every client's generating model and examples (see the module docstring).
 
     Returns one dict per client: x float32 [n_k, 60], y int32 [n_k], and the
@@ -70,7 +76,10 @@ def _generate_clients(alpha: float, beta: float, num_clients: int, iid: bool,
         sizes = np.minimum(sizes, max_examples)
     std = np.sqrt(np.arange(1, NUM_FEATURES + 1, dtype=np.float64) ** -1.2)  # sqrt(Sigma_jj)
     scale_u, scale_b = (alpha, beta) if alpha_beta_as_std else (np.sqrt(alpha), np.sqrt(beta))
-    u = rng.normal(0.0, scale_u, num_clients)
+    # shared (reference): one u_k per client, which cancels in the argmax; per class:
+    # u_kc, which does not.
+    u = rng.normal(0.0, scale_u, (num_clients, NUM_CLASSES) if alpha_per_class
+                   else num_clients)
     big_b = rng.normal(0.0, scale_b, num_clients)
     if iid:
         shared_w = rng.normal(0.0, 1.0, (NUM_CLASSES, NUM_FEATURES))
@@ -81,7 +90,8 @@ def _generate_clients(alpha: float, beta: float, num_clients: int, iid: bool,
             w, b, v = shared_w, shared_b, np.zeros(NUM_FEATURES)
         else:
             v = rng.normal(big_b[k], 1.0, NUM_FEATURES)
-            w = rng.normal(u[k], 1.0, (NUM_CLASSES, NUM_FEATURES))
+            shift = u[k][:, None] if alpha_per_class else u[k]
+            w = rng.normal(shift, 1.0, (NUM_CLASSES, NUM_FEATURES))
             b = rng.normal(u[k], 1.0, NUM_CLASSES)
         x = (v + std * rng.standard_normal((sizes[k], NUM_FEATURES))).astype(np.float32)
         y = np.argmax(x.astype(np.float64) @ w.T + b, axis=1).astype(np.int32)
@@ -91,11 +101,14 @@ def _generate_clients(alpha: float, beta: float, num_clients: int, iid: bool,
 
 def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
               iid: bool = False, test_fraction: float = 0.1, max_examples: int | None = 1000,
-              seed: int = 0, alpha_beta_as_std: bool = False) -> Dataset:
+              seed: int = 0, alpha_beta_as_std: bool = False,
+              alpha_per_class: bool = False) -> Dataset:
     """Synthetic(alpha, beta) of FedProx / q-FFL: 60 features, 10 classes.
 
     Args:
-      alpha: variance of the per-client model mean u_k (>= 0).
+      alpha: variance of the per-client model mean u_k (>= 0). With the reference
+        generator's shared shift it does not change the labels (it cancels in the
+        argmax; module doc); ``alpha_per_class=True`` makes it matter.
       beta: variance of the per-client input mean B_k (>= 0).
       num_clients: 30 in FedProx, 100 in q-FFL.
       iid: Synthetic-IID (shared W, b; v = 0; alpha and beta unused).
@@ -104,6 +117,8 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
       seed: everything is a function of the seed.
       alpha_beta_as_std: treat alpha and beta as standard deviations, as the
         reference script does.
+      alpha_per_class: one model shift per class, u_kc ~ N(0, alpha), instead of the
+        reference's one per client (a variant; not the published data).
 
     Returns a Dataset named "synthetic" with input_shape (60,).
     """
@@ -113,12 +128,13 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
     if max_examples is not None:
         max_examples = _check_positive_int(max_examples, "max_examples")
     clients = _generate_clients(alpha, beta, num_clients, bool(iid), max_examples, seed,
-                                bool(alpha_beta_as_std))
+                                bool(alpha_beta_as_std), bool(alpha_per_class))
     split = split_per_client(np.random.default_rng([seed, 1]), [c["x"] for c in clients],
                              [c["y"] for c in clients], test_fraction)
     info = {"alpha": alpha, "beta": beta, "num_clients": num_clients, "iid": bool(iid),
             "test_fraction": float(test_fraction), "max_examples": max_examples,
             "seed": int(seed), "alpha_beta_as_std": bool(alpha_beta_as_std),
+            "alpha_per_class": bool(alpha_per_class),
             "client_sizes": [int(len(c["y"])) for c in clients],
             "source": "FedProx (Li et al. 2020) Synthetic(alpha, beta)"}
     return from_client_arrays(*split, name="synthetic", num_classes=NUM_CLASSES, info=info)
