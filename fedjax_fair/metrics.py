@@ -388,7 +388,8 @@ def fairness_summary(
     ``"worst_x%"``, ``"best_x%"``, ``"parity_gap_x%"``; then ``"gini"``, ``"angle"``
     (degrees) and ``"kl_to_uniform"``. With ``weights`` (test sizes ``n_i``) the
     worst/best groups are averaged with weights ``n_i`` (AAggFF), otherwise unweighted
-    (DQN-Fed). If ``mask`` is given, only clients with ``mask`` True are summarised (see
+    (DQN-Fed, q-FFL); with weights, the unweighted group means are given too, as
+    ``"worst_x%_unweighted"`` and ``"best_x%_unweighted"``. If ``mask`` is given, only clients with ``mask`` True are summarised (see
     :func:`apply_mask`). Raises ``ValueError`` if no client is left.
     """
     if mask is not None:
@@ -410,6 +411,9 @@ def fairness_summary(
         out[f"worst_{tag}"] = float(lo)
         out[f"best_{tag}"] = float(hi)
         out[f"parity_gap_{tag}"] = float(hi - lo)
+        if weights is not None:
+            out[f"worst_{tag}_unweighted"] = float(worst_k(a, f))
+            out[f"best_{tag}_unweighted"] = float(best_k(a, f))
     out["gini"] = float(gini(a))
     out["angle"] = float(angle_to_uniform(a))
     out["kl_to_uniform"] = float(kl_to_uniform(a))

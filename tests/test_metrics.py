@@ -200,6 +200,10 @@ def test_summary_keys_and_values():
     assert close(sw["best_50%"], (70 + 240) / 4)
     assert close(sw["worst_25%"], 50.0)
     assert "worst_25%" in sw and "parity_gap_50%" in sw
+    # Both forms with weights: the unweighted group means of q-FFL / DQN-Fed.
+    assert close(sw["best_50%_unweighted"], (70 + 80) / 2)
+    assert close(sw["worst_50%_unweighted"], (50 + 60) / 2)
+    assert "worst_50%_unweighted" not in s and "worst_10%_unweighted" not in s
 
 
 def test_mask():
