@@ -31,6 +31,25 @@ def save(directory: str, state: Any, meta: dict) -> None:
     os.replace(tmp, os.path.join(directory, "meta.json"))
 
 
+def save_arrays(directory: str, name: str, arrays: dict) -> None:
+    """Named host arrays beside a checkpoint (``name``, e.g. "client_history.npz"),
+    written to a temporary file and renamed, like the state."""
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f"tmp.{name}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+    os.replace(tmp, os.path.join(directory, name))
+
+
+def load_arrays(directory: str, name: str) -> dict:
+    """The arrays ``save_arrays`` wrote, or {} if there are none."""
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        return {}
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
 def exists(directory: str) -> bool:
     return all(os.path.exists(os.path.join(directory, n)) for n in ("state.npz", "meta.json"))
 

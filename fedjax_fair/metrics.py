@@ -48,6 +48,7 @@ __all__ = [
     "fairness_summary",
     "rounds_to_reach",
     "smoothness",
+    "tail_mean",
     "confidence_interval",
     "weight_drift",
 ]
@@ -71,6 +72,7 @@ METRICS: dict[str, str] = {
     "R90": "rounds to reach 90% accuracy: min{r : a_r >= 0.9}, a_0 the initial model; inf if never",
     "smoothness": "stability of a curve: std(diff(a)) / |mean(diff(a))| (ddof 0); higher = less smooth",
     "weight_drift": "mean_i |alpha_i^r - p_i| per round (aggregation weights vs data weights)",
+    "tail_mean": "mean of a curve over its last k evaluations (the papers' tail averages)",
 }
 
 
@@ -442,6 +444,19 @@ def smoothness(curve) -> float:
         raise ValueError("curve: needs at least two points")
     m = abs(d.mean())
     return float(d.std() / m) if m > 0 else (0.0 if d.std() == 0 else math.inf)
+
+
+def tail_mean(curve, k: int) -> float:
+    """Mean of the last ``k`` points of a curve (all of it if shorter): the "final"
+    numbers of papers that average the last evaluations instead of taking the last
+    one. ``curve`` may be values or a run's history with ``key`` picked by the caller,
+    e.g. ``tail_mean([h["worst_10%"] for h in result.history], 5)``."""
+    a = np.asarray(curve, np.float64)
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"curve: must be a non-empty 1-D sequence, got shape {a.shape}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k: must be a positive integer, got {k!r}")
+    return float(a[-k:].mean())
 
 
 def confidence_interval(samples, z: float = 1.96) -> tuple[float, float]:

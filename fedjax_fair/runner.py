@@ -105,6 +105,8 @@ class RunResult:
     memory: Optional[mem.MemoryPlan] = None  # the plan the run used
     evaluated: str = "global"  # "global": state.params; "personal": each client's own model
     client_table: Optional[dict] = None  # the client-state table's memory report
+    # per-client test metrics at every evaluation: "round" [E] and each metric [E, N]
+    client_history: Optional[dict] = None
 
 
 def _abstract(tree):
@@ -179,9 +181,20 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         history, round_log = meta["history"], meta["round_metrics"]
         compile_s, run_s = meta.get("compile_seconds", 0.0), meta.get("run_seconds", 0.0)
 
+    client_log: dict = {}  # metric -> [E] list of per-client arrays [N]
+    if resume:
+        client_log = _load_client_history(checkpoint_dir, len(history), num_clients)
+
     def save(state):
         ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
                                           "compile_seconds": compile_s, "run_seconds": run_s})
+        ckpt.save_arrays(checkpoint_dir, CLIENT_HISTORY,
+                         {k: np.stack(v) for k, v in client_log.items()})
+
+    def log_clients(per_client):
+        for k, v in per_client.items():
+            if k != "num_examples":
+                client_log.setdefault(k, []).append(np.asarray(v, np.float32))
 
     compiled: dict = {}
     bar = _progress(progress, num_rounds, int(state.round), description)
@@ -258,7 +271,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         return per_client, summary
 
     if not history:
-        _, summary = evaluate_now(state)
+        first_clients, summary = evaluate_now(state)
+        log_clients(first_clients)
         history.append({"round": 0, **summary})
         if on_eval:
             on_eval(history[-1])
@@ -299,6 +313,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         if on_rounds:
             on_rounds(r0, {k: np.asarray(v) for k, v in metrics.items()})
         per_client, summary = evaluate_now(state)
+        log_clients(per_client)
         entry = {"round": int(state.round), **summary, "seconds": run_s,
                  "train_loss": round_log["train_loss"][-1]}
         history.append(entry)
@@ -319,7 +334,26 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     return RunResult(state=state, history=history, client_metrics=per_client,
                      round_metrics={k: np.asarray(v) for k, v in round_log.items()},
                      compile_seconds=compile_s, run_seconds=run_s, memory=plan,
-                     evaluated=algorithm.evaluates, client_table=table)
+                     evaluated=algorithm.evaluates, client_table=table,
+                     client_history={"round": np.asarray([h["round"] for h in history]),
+                                     **{k: np.stack(v) for k, v in client_log.items()}})
+
+
+CLIENT_HISTORY = "client_history.npz"
+
+
+def _load_client_history(directory: str, evaluations: int, num_clients: int) -> dict:
+    """The per-client metrics of the first ``evaluations`` evaluations saved with a
+    checkpoint (rows a checkpoint without them lacks are NaN)."""
+    stored = ckpt.load_arrays(directory, CLIENT_HISTORY)
+    out = {}
+    for k, v in stored.items():
+        v = v[:evaluations]
+        if v.shape[0] < evaluations:
+            v = np.concatenate([np.full((evaluations - v.shape[0], num_clients), np.nan,
+                                        np.float32), v])
+        out[k] = list(v)
+    return out
 
 
 def _check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size: int,

@@ -652,3 +652,18 @@ def test_out_of_range_hyper_parameters_are_refused_by_name(tmp_path, algorithm, 
         C.validate_run(_cfg(["run", "--algorithm", algorithm, "--hp", hp,
                              "-o", str(tmp_path / "x")], C.RunConfig))
     assert info.value.field == f"hparams.{name}"
+
+
+def test_per_client_metrics_at_every_evaluation_survive_a_resume(tmp_path):
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    args = [*TINY, "--eval-every", "1", "--no-plots"]
+    assert cli.main(["run", *args, "--num-rounds", "3", "-o", full]) == 0
+    assert cli.main(["run", *args, "--num-rounds", "2", "-o", part]) == 0
+    assert cli.main(["run", "-o", part, "--resume", "--num-rounds", "3"]) == 0
+    with np.load(os.path.join(full, "clients_over_time.npz")) as a, \
+            np.load(os.path.join(part, "clients_over_time.npz")) as b:
+        assert list(a["round"]) == [0, 1, 2, 3] and a["accuracy"].shape == (4, 6)
+        for k in ("round", "accuracy", "loss", "num_test_examples"):
+            np.testing.assert_array_equal(a[k], b[k])
+        final = report.read_client_csv(os.path.join(full, "clients.csv"))
+        np.testing.assert_allclose(a["accuracy"][-1], final["accuracy"], rtol=1e-6)

@@ -292,3 +292,13 @@ def test_weight_drift_is_the_mean_absolute_gap():
     alpha = np.array([[0.5, 0.5], [0.9, 0.1]])
     p = np.array([[0.5, 0.5], [0.5, 0.5]])
     np.testing.assert_allclose(weight_drift(alpha, p), [0.0, 0.4])
+
+
+def test_tail_mean_averages_the_last_k_evaluations():
+    assert close(M.tail_mean([0.1, 0.2, 0.5, 0.7, 0.9], 2), 0.8)
+    assert close(M.tail_mean([0.4, 0.6], 10), 0.5)  # shorter than k: all of it
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            M.tail_mean([1.0, 2.0], bad)
+    with pytest.raises(ValueError):
+        M.tail_mean([], 1)
