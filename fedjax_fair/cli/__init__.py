@@ -351,15 +351,22 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
     report.write_json(os.path.join(out, "summary.json"), summary)
     if plots:
         which = report.EVALUATED[result.evaluated]
-        report.save_figure(report.plot_accuracy(result.history,
-                                                title=f"Test accuracy ({which})"),
+        ctx = ", ".join(str(x) for x in (
+            ds.name, model.name, cfg_dict.get("algorithm"),
+            f"{cfg_dict.get('num_rounds', result.history[-1]['round'])} rounds",
+            f"seed {cfg_dict.get('seed')}") if x is not None)
+        report.save_figure(report.plot_accuracy(result.history, context=ctx,
+                                                title=f"Per-client test accuracy ({which})"),
                            os.path.join(out, "accuracy.png"))
-        report.save_figure(report.plot_loss(result.history, title=f"Loss ({which})"),
+        report.save_figure(report.plot_loss(result.history, title=f"Loss ({which})",
+                                            context=ctx),
                            os.path.join(out, "loss.png"))
         acc = np.asarray(result.client_metrics["accuracy"])[_has_test(result.client_metrics)]
         report.save_figure(report.plot_client_histogram(
-            acc, title=f"Final per-client test accuracy ({which})"),
+            acc, title=f"Final per-client test accuracy ({which})", context=ctx),
             os.path.join(out, "client_accuracy_hist.png"))
+        report.save_figure(report.plot_lorenz(acc, context=ctx),
+                           os.path.join(out, "lorenz.png"))
     return summary
 
 
@@ -454,6 +461,7 @@ def cmd_run(args) -> int:
     extra = {"resumed_from_round": resumed_from} if cfg.resume else {}
     summary = write_run_outputs(out, cfg_dict, ds, model, result, plots=cfg.plots,
                                 extra=extra)
+    _write_client_history(out, result)
     fin = summary["final"]
     print(f"{cfg.algorithm} on {ds.name} ({ds.num_clients} clients, "
           f"{report.EVALUATED[result.evaluated]}), round {fin['round']}: "
@@ -601,6 +609,13 @@ def cmd_compare(args) -> int:
     return code
 
 
+def _write_client_history(out: str, result) -> None:
+    """clients_over_time.npz: "round" [E] and each per-client test metric [E, N] at
+    every evaluation (``np.load``), plus "num_test_examples" [N]."""
+    np.savez(os.path.join(out, "clients_over_time.npz"), **result.client_history,
+             num_test_examples=np.asarray(result.client_metrics["num_examples"]))
+
+
 def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, NonFiniteError,
                  log=print):
     """One run of a comparison, written to ``run_dir`` as soon as it ends (diverged runs
@@ -622,6 +637,7 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
         report.write_json(os.path.join(run_dir, "summary.json"), summary)
         return summary, entries, None
     summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False)
+    _write_client_history(run_dir, res)
     acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]
     return summary, res.history, acc
 
@@ -653,13 +669,25 @@ def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accura
         f.write(f"{title}\n\n{table}\n{table_note}\n")
     report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(cfg.seeds))
     if cfg.plots:
+        ctx = (f"{ds.name}, {cfg.model}, {cfg.num_rounds} rounds, "
+               f"seed{'s' if len(cfg.seeds) > 1 else ''} {','.join(map(str, cfg.seeds))}"
+               + (f" ({finished} of {total_runs} runs finished)"
+                  if finished < total_runs else ""))
         report.save_figure(report.plot_compare_accuracy(
-            {label[a]: h for a, h in histories.items()}), os.path.join(out, "accuracy.png"))
+            {label[a]: h for a, h in histories.items()}, context=ctx),
+            os.path.join(out, "accuracy.png"))
         hist_title = ("Final per-client test accuracy"
                       + (" (all seeds)" if len(cfg.seeds) > 1 else ""))
-        report.save_figure(report.plot_compare_histograms(
-            {label[a]: np.concatenate(v) for a, v in accuracies.items() if v}, title=hist_title),
-            os.path.join(out, "client_accuracy_hist.png"))
+        final = {label[a]: np.concatenate(v) for a, v in accuracies.items() if v}
+        report.save_figure(report.plot_compare_boxplots(final, title=hist_title, context=ctx),
+                           os.path.join(out, "client_accuracy_hist.png"))
+        report.save_figure(report.plot_compare_ecdf(final, title=hist_title + ", ECDF",
+                                                    context=ctx),
+                           os.path.join(out, "client_accuracy_ecdf.png"))
+        report.save_figure(report.plot_lorenz(
+            final, title="Lorenz curve of final per-client accuracy"
+            + (" (all seeds)" if len(cfg.seeds) > 1 else ""), context=ctx),
+            os.path.join(out, "lorenz.png"))
     report.write_json(os.path.join(out, "summary.json"), {
         "config": cfg_dict, "dataset": dataset_description(ds),
         "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}

@@ -214,14 +214,37 @@ def write_comparison_csv(path: str, rows: Mapping[str, Mapping[str, tuple[float,
 
 # ------------------------------------------------------------------------------ plots
 
+# Per-client accuracy over rounds: (history key, panel title, y label).
+ACCURACY_PANELS = (("mean", "Average", "average accuracy"),
+                   ("worst_10%", "Worst 10% of clients", "worst-10% accuracy"),
+                   ("std", "Std across clients", "std of accuracy"))
+LINESTYLES = ("-", "--", ":", "-.")
 
-def _new_axes(ax, ncols: int = 1, figsize=(6.0, 4.0)):
-    if ax is not None:
-        return ax.figure, ax
+
+def algorithm_styles(names: Sequence[str]) -> dict[str, dict]:
+    """A (colour, line style) per name, deterministic by order and distinct for up to
+    40 names: tab10 colours, with the line style shifted each time the colours wrap."""
+    from matplotlib import colormaps
+    colors = colormaps["tab10"].colors
+    out = {}
+    for i, name in enumerate(names):
+        out[name] = {"color": colors[i % 10],
+                     "linestyle": LINESTYLES[(i + i // 10) % len(LINESTYLES)]}
+    return out
+
+
+def _new_figure(figsize=(6.0, 4.0)):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
+    return fig
+
+
+def _new_axes(ax, ncols: int = 1, figsize=(6.0, 4.0)):
+    if ax is not None:
+        return ax.figure, ax
+    fig = _new_figure(figsize)
     return fig, fig.add_subplot(1, ncols, 1)
 
 
@@ -230,9 +253,19 @@ def save_figure(fig, path: str, dpi: int = 110) -> None:
     fig.savefig(path, dpi=dpi)
 
 
-def _legend(ax) -> None:
+def _legend(ax, **kwargs) -> None:
     if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+        ax.legend(**kwargs)
+
+
+def _title(title: str, context: str = "") -> str:
+    return f"{title}\n{context}" if context else title
+
+
+def _round_axis(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    ax.set_xlabel("round")
 
 
 def _series(history: Sequence[Mapping], key: str):
@@ -241,32 +274,99 @@ def _series(history: Sequence[Mapping], key: str):
     return rounds, values
 
 
-def plot_accuracy(history: Sequence[Mapping], ax=None, title: str = "Test accuracy"):
-    """Mean, worst-10% and best-10% per-client test accuracy vs round."""
-    fig, ax = _new_axes(ax)
+def _seed_lines(runs: Sequence[Sequence[Mapping]], key: str):
+    """(rounds, values [seeds, T]) of ``key``, cut to the shortest history, or None."""
+    series = [_series(h, key) for h in runs if h]
+    series = [(r, v) for r, v in series if len(r)]
+    if not series:
+        return None
+    n = min(len(r) for r, _ in series)
+    return series[0][0][:n], np.stack([v[:n] for _, v in series])
+
+
+def _draw_algorithm(ax, rounds, vals, label, style, markers: bool = False):
+    # A run cut short (diverged) may have a single point: a marker keeps it visible.
+    marker = "o" if markers or len(rounds) <= 2 else None
+    line, = ax.plot(rounds, vals.mean(0), label=label, marker=marker, markersize=4,
+                    linewidth=1.6, **style)
+    if vals.shape[0] > 1:
+        ax.fill_between(rounds, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.12,
+                        linewidth=0)
+    return line
+
+
+def plot_accuracy_panels(histories: Mapping[str, Sequence[Sequence[Mapping]]],
+                         context: str = "", title: str = "Per-client test accuracy",
+                         panels=ACCURACY_PANELS, legend: bool = True,
+                         markers: bool = False):
+    """Small multiples over rounds, one panel per ``panels`` key (average, worst 10%,
+    std of per-client accuracy), one line per algorithm (mean over seeds, band =
+    min..max over seeds), one shared legend below the panels.
+
+    ``histories`` maps an algorithm to a list (over seeds) of histories.
+    """
+    n = len(histories)
+    ncol = max(1, min(n, 4))
+    fig = _new_figure((5.0 * len(panels), 4.2 + (0.28 * math.ceil(n / ncol) if legend else 0)))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    styles = algorithm_styles(list(histories))
+    for ax, (key, panel_title, ylabel) in zip(axes, panels):
+        for name, runs in histories.items():
+            lines = _seed_lines(runs, key)
+            if lines is not None:
+                _draw_algorithm(ax, *lines, name, styles[name], markers)
+        _round_axis(ax)
+        if ax.has_data():  # accuracies and their std are >= 0: no negative axis range
+            ax.set_ylim(bottom=max(ax.get_ylim()[0], -0.02))
+        ax.set_ylabel(ylabel)
+        ax.set_title(panel_title)
+        ax.grid(alpha=0.3)
+    fig.suptitle(_title(title, context))
+    handles, labels = axes[0].get_legend_handles_labels()
+    if not handles:  # e.g. no "mean" anywhere: take the first panel that has lines
+        for ax in axes:
+            handles, labels = ax.get_legend_handles_labels()
+            if handles:
+                break
+    if legend and handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=ncol, frameon=False)
+    return fig
+
+
+def plot_accuracy(history: Sequence[Mapping], ax=None, title: str = "Test accuracy",
+                  context: str = ""):
+    """Per-client test accuracy of one run vs round.
+
+    Without ``ax``: three panels (average, worst 10%, std of per-client accuracy).
+    With ``ax``: average, worst-10% and best-10% accuracy on that axes.
+    """
+    if ax is None:
+        return plot_accuracy_panels({"run": [history]}, context=context, title=title,
+                                    legend=False, markers=True)
+    fig = ax.figure
     for key, label, style in (("mean", "average", "-"), ("worst_10%", "worst 10%", "--"),
                               ("best_10%", "best 10%", ":")):
         r, v = _series(history, key)
         if len(r):
             ax.plot(r, v, style, label=label, marker="o", markersize=3)
-    ax.set_xlabel("round")
+    _round_axis(ax)
     ax.set_ylabel("accuracy")
-    ax.set_title(title)
+    ax.set_title(_title(title, context))
     ax.grid(alpha=0.3)
     _legend(ax)
     return fig
 
 
-def plot_loss(history: Sequence[Mapping], ax=None, title: str = "Loss"):
+def plot_loss(history: Sequence[Mapping], ax=None, title: str = "Loss", context: str = ""):
     """Test loss (all clients, example-weighted) and cohort training loss vs round."""
-    fig, ax = _new_axes(ax)
+    fig, ax = _new_axes(ax, figsize=(6.5, 4.2))
     for key, label in (("test_loss", "test loss"), ("train_loss", "train loss (cohort)")):
         r, v = _series(history, key)
         if len(r):
             ax.plot(r, v, label=label, marker="o", markersize=3)
-    ax.set_xlabel("round")
+    _round_axis(ax)
     ax.set_ylabel("cross-entropy")
-    ax.set_title(title)
+    ax.set_title(_title(title, context))
     ax.grid(alpha=0.3)
     _legend(ax)
     return fig
@@ -279,54 +379,180 @@ def _bins(values: Sequence[np.ndarray], num_bins: int = 20):
     return np.linspace(lo, hi, num_bins + 1)
 
 
+def _clean(acc) -> np.ndarray:
+    acc = np.asarray(acc, np.float64).ravel()
+    return acc[np.isfinite(acc)]
+
+
 def plot_client_histogram(accuracy, ax=None, title: str = "Final per-client test accuracy",
-                          num_bins: int = 20):
+                          num_bins: int = 20, context: str = ""):
     """Histogram of per-client accuracy (clients without test data already removed)."""
-    fig, ax = _new_axes(ax)
+    fig, ax = _new_axes(ax, figsize=(6.5, 4.2))
     acc = np.asarray(accuracy, np.float64)
     ax.hist(acc[np.isfinite(acc)], bins=_bins([acc], num_bins), edgecolor="black", alpha=0.8)
     ax.set_xlabel("accuracy")
     ax.set_ylabel("clients")
-    ax.set_title(title)
+    ax.set_title(_title(title, context))
     return fig
 
 
 def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], ax=None,
-                          key: str = "mean", title: str = "Average test accuracy"):
-    """One line per algorithm: ``key`` vs round, mean over seeds, band = min..max.
+                          key: str = "mean", title: str = "Per-client test accuracy",
+                          context: str = ""):
+    """One line per algorithm vs round, mean over seeds, band = min..max.
 
+    Without ``ax``: three panels (average, worst 10%, std; see
+    :func:`plot_accuracy_panels`). With ``ax``: only ``key`` on that axes.
     ``histories`` maps an algorithm to a list (over seeds) of histories.
     """
-    fig, ax = _new_axes(ax, figsize=(7.0, 4.5))
+    if ax is None:
+        return plot_accuracy_panels(histories, context=context, title=title)
+    fig = ax.figure
+    styles = algorithm_styles(list(histories))
     for name, runs in histories.items():
-        series = [_series(h, key) for h in runs if h]
-        if not series:
-            continue
-        n = min(len(r) for r, _ in series)
-        rounds = series[0][0][:n]
-        vals = np.stack([v[:n] for _, v in series])
-        # A run cut short (diverged) may have a single point: draw it as a marker.
-        line, = ax.plot(rounds, vals.mean(0), label=name, marker="o" if n <= 2 else None)
-        if len(series) > 1:
-            ax.fill_between(rounds, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("round")
+        lines = _seed_lines(runs, key)
+        if lines is not None:
+            _draw_algorithm(ax, *lines, name, styles[name])
+    _round_axis(ax)
     ax.set_ylabel(key if key != "mean" else "average accuracy")
-    ax.set_title(title)
+    ax.set_title(_title(title, context))
     ax.grid(alpha=0.3)
-    _legend(ax)
+    _legend(ax, fontsize="small")
     return fig
 
 
 def plot_compare_histograms(accuracies: Mapping[str, np.ndarray], ax=None,
-                            title: str = "Final per-client test accuracy", num_bins: int = 20):
-    """Overlaid step histograms of per-client accuracy, one per algorithm."""
+                            title: str = "Final per-client test accuracy", num_bins: int = 20,
+                            context: str = ""):
+    """Overlaid step histograms of per-client accuracy, one per algorithm (readable for
+    a few algorithms; see :func:`plot_compare_boxplots` for many)."""
     fig, ax = _new_axes(ax, figsize=(7.0, 4.5))
     bins = _bins(list(accuracies.values()), num_bins)
+    styles = algorithm_styles(list(accuracies))
     for name, acc in accuracies.items():
-        acc = np.asarray(acc, np.float64)
-        ax.hist(acc[np.isfinite(acc)], bins=bins, histtype="step", linewidth=1.5, label=name)
+        ax.hist(_clean(acc), bins=bins, histtype="step", linewidth=1.5, label=name,
+                **styles[name])
     ax.set_xlabel("accuracy")
     ax.set_ylabel("clients")
-    ax.set_title(title)
-    _legend(ax)
+    ax.set_title(_title(title, context))
+    _legend(ax, fontsize="small")
+    return fig
+
+
+def plot_compare_boxplots(accuracies: Mapping[str, np.ndarray], ax=None,
+                          title: str = "Final per-client test accuracy", context: str = ""):
+    """One horizontal box per algorithm (first algorithm on top): median, quartiles,
+    whiskers at 1.5 IQR, outlying clients as points; the mean as a white diamond."""
+    names = list(accuracies)
+    fig, ax = _new_axes(ax, figsize=(7.5, 1.6 + 0.38 * max(len(names), 1)))
+    styles = algorithm_styles(names)
+    data = [_clean(accuracies[n]) for n in names]
+    keep = [i for i, d in enumerate(data) if d.size]
+    if keep:
+        pos = [len(names) - i for i in keep]
+        bp = ax.boxplot([data[i] for i in keep], positions=pos, orientation="horizontal",
+                        widths=0.6, patch_artist=True, showmeans=True,
+                        meanprops=dict(marker="D", markerfacecolor="white",
+                                       markeredgecolor="black", markersize=4),
+                        flierprops=dict(marker=".", markersize=3, alpha=0.5),
+                        medianprops=dict(color="black"))
+        for box, i in zip(bp["boxes"], keep):
+            box.set_facecolor(styles[names[i]]["color"])
+            box.set_alpha(0.75)
+    ax.set_yticks(range(len(names), 0, -1), names)
+    ax.set_ylim(0.4, len(names) + 0.6)
+    ax.set_xlabel("accuracy")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(_title(title, context))
+    return fig
+
+
+def plot_compare_ecdf(accuracies: Mapping[str, np.ndarray], ax=None,
+                      title: str = "Final per-client test accuracy (ECDF)", context: str = ""):
+    """Empirical CDF of per-client accuracy, one step curve per algorithm: the fraction
+    of clients at or below each accuracy (curves further right are better; the left
+    tail shows the worst clients)."""
+    names = list(accuracies)
+    ncol = 1 if len(names) <= 20 else 2
+    fig, ax = _new_axes(ax, figsize=(6.5 + 2.2 * ncol, 5.0))
+    styles = algorithm_styles(names)
+    for name in names:
+        acc = np.sort(_clean(accuracies[name]))
+        if not acc.size:
+            continue
+        frac = np.arange(1, acc.size + 1) / acc.size
+        ax.step(np.concatenate([[acc[0]], acc]), np.concatenate([[0.0], frac]), where="post",
+                label=name, linewidth=1.6, marker="o" if acc.size <= 2 else None,
+                **styles[name])
+    ax.set_xlabel("accuracy")
+    ax.set_ylabel("fraction of clients ≤ accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(_title(title, context))
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
+                  ncols=ncol, frameon=False)
+    return fig
+
+
+def lorenz_curve(values) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of the Lorenz curve of non-negative values: x = fraction of clients
+    (ascending by value), y = their share of the total; starts at (0, 0), ends at (1, 1).
+    All-zero values give the curve of total inequality."""
+    v = np.sort(_clean(values))
+    n = v.size
+    x = np.arange(n + 1) / max(n, 1)
+    total = v.sum()
+    if n == 0 or total <= 0:
+        y = np.zeros(n + 1)
+        y[-1] = 1.0
+        return x, y
+    return x, np.concatenate([[0.0], np.cumsum(v) / total])
+
+
+def gini_coefficient(values) -> float:
+    """Gini of non-negative values (as :func:`fedjax_fair.metrics.gini`; 1 if all zero)."""
+    v = np.sort(_clean(values))
+    n = v.size
+    if n == 0:
+        return math.nan
+    total = v.sum()
+    if total == 0:
+        return 1.0
+    return float(np.sum((2 * np.arange(1, n + 1) - n - 1) * v) / (n * total))
+
+
+def plot_lorenz(accuracies, ax=None, title: str = "Lorenz curve of final per-client accuracy",
+                context: str = ""):
+    """Lorenz curve(s) of per-client accuracy, with the Gini coefficient in the legend and
+    the line of equality dashed. ``accuracies``: one array, or a mapping from an
+    algorithm to an array (one curve each)."""
+    single = not isinstance(accuracies, Mapping)
+    data = {"clients": accuracies} if single else dict(accuracies)
+    names = list(data)
+    ncol = 1 if len(names) <= 20 else 2
+    fig, ax = _new_axes(ax, figsize=(5.2 if single else 4.8 + 2.8 * ncol, 5.0))
+    styles = algorithm_styles(names)
+    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="equality")
+    for name in names:
+        acc = _clean(data[name])
+        if not acc.size:
+            continue
+        x, y = lorenz_curve(acc)
+        g = gini_coefficient(acc)
+        style = {"color": "C0", "linestyle": "-"} if single else styles[name]
+        ax.plot(x, y, label=f"{name} (Gini {g:.3f})" if not single else f"Gini {g:.3f}",
+                linewidth=1.6, marker="o" if acc.size <= 2 else None, **style)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
+    ax.set_xlabel("fraction of clients (lowest accuracy first)")
+    ax.set_ylabel("share of total accuracy")
+    ax.grid(alpha=0.3)
+    ax.set_title(_title(title, context))
+    if single:
+        ax.legend(loc="upper left")
+    else:
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
+                  ncols=ncol, frameon=False)
     return fig

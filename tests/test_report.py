@@ -1,0 +1,160 @@
+"""Plot functions of ``fedjax_fair.cli.report`` on small synthetic data (no simulation)."""
+import numpy as np
+import pytest
+
+from fedjax_fair.cli import report
+
+CONTEXT = "synthetic, logreg, 20 rounds, seeds 0,1"
+
+
+def _history(rounds=(0, 5, 10, 15, 20), shift=0.0):
+    return [{"round": r, "mean": 0.5 + shift + 0.01 * r, "worst_10%": 0.1 + 0.01 * r,
+             "best_10%": 0.9, "std": 0.3 - 0.005 * r, "test_loss": 2.0 - 0.05 * r,
+             "train_loss": 1.5 - 0.03 * r} for r in rounds]
+
+
+def _names(n):
+    return [f"alg{i}" for i in range(n)]
+
+
+def _data_lines(ax):
+    return [l for l in ax.get_lines() if l.get_label() and not l.get_label().startswith("_")]
+
+
+def _all_text(fig):
+    parts = [fig.get_suptitle()] + [ax.get_title() for ax in fig.axes]
+    return "\n".join(parts)
+
+
+def _assert_integer_round_ticks(ax):
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_styles_distinct_for_many_algorithms_and_deterministic():
+    names = _names(16)
+    styles = report.algorithm_styles(names)
+    pairs = {(tuple(s["color"]), s["linestyle"]) for s in styles.values()}
+    assert len(pairs) == 16
+    assert report.algorithm_styles(names) == styles
+    assert len({(tuple(s["color"]), s["linestyle"])
+                for s in report.algorithm_styles(_names(40)).values()}) == 40
+
+
+def test_compare_accuracy_panels_lines_styles_ticks_and_title():
+    names = _names(16)
+    histories = {n: [_history(shift=0.01 * i), _history(shift=0.02 * i)]
+                 for i, n in enumerate(names)}
+    fig = report.plot_compare_accuracy(histories, context=CONTEXT)
+    assert len(fig.axes) == 3
+    for ax in fig.axes:
+        lines = _data_lines(ax)
+        assert len(lines) == 16
+        assert len({(l.get_color(), l.get_linestyle()) for l in lines}) == 16
+        _assert_integer_round_ticks(ax)
+    assert len(fig.legends) == 1
+    assert CONTEXT in _all_text(fig)
+    # The three panels plot mean, worst 10% and std (values of the first algorithm).
+    first = [_data_lines(ax)[0].get_ydata() for ax in fig.axes]
+    h = _history()
+    for ydata, key in zip(first, ("mean", "worst_10%", "std")):
+        assert ydata[-1] == pytest.approx(h[-1][key])
+
+
+def test_compare_accuracy_on_given_axes_stays_single_panel():
+    fig = report.plot_compare_accuracy({"a": [_history()], "b": [_history()]},
+                                       context=CONTEXT)
+    ax = fig.axes[0]
+    fig2 = report.plot_compare_accuracy({"a": [_history()]}, ax=ax, key="worst_10%")
+    assert fig2 is fig
+
+
+def test_one_point_history_drawn_with_marker():
+    histories = {"fedavg": [_history()], "fedprox (diverged)": [_history(rounds=(0,))]}
+    fig = report.plot_compare_accuracy(histories, context=CONTEXT)
+    for ax in fig.axes:
+        line = next(l for l in _data_lines(ax) if l.get_label() == "fedprox (diverged)")
+        assert len(line.get_xdata()) == 1
+        assert line.get_marker() not in (None, "None", "", " ")
+    fig = report.plot_accuracy(_history(rounds=(3,)), context=CONTEXT)
+    for ax in fig.axes:
+        assert _data_lines(ax)[0].get_marker() not in (None, "None", "", " ")
+
+
+def test_run_accuracy_loss_histogram():
+    fig = report.plot_accuracy(_history(), context=CONTEXT)
+    assert len(fig.axes) == 3
+    for ax in fig.axes:
+        assert len(_data_lines(ax)) == 1
+        _assert_integer_round_ticks(ax)
+    assert CONTEXT in _all_text(fig)
+    fig = report.plot_loss(_history(), context=CONTEXT)
+    assert len(_data_lines(fig.axes[0])) == 2
+    _assert_integer_round_ticks(fig.axes[0])
+    assert CONTEXT in _all_text(fig)
+    fig = report.plot_client_histogram(np.linspace(0, 1, 30), context=CONTEXT)
+    assert CONTEXT in _all_text(fig)
+    assert len(fig.axes[0].patches) > 0
+
+
+def test_lorenz_curve_and_gini():
+    acc = np.array([0.0, 0.2, 0.5, 0.9, 1.0, np.nan])
+    x, y = report.lorenz_curve(acc)
+    assert (x[0], y[0]) == (0.0, 0.0)
+    assert x[-1] == pytest.approx(1.0) and y[-1] == pytest.approx(1.0)
+    assert np.all(y <= x + 1e-12) and np.all(np.diff(y) >= 0)
+    assert report.gini_coefficient(np.ones(5)) == pytest.approx(0.0)
+    assert report.gini_coefficient([0, 0, 0, 1]) == pytest.approx(0.75)
+    x, y = report.lorenz_curve(np.ones(4))
+    np.testing.assert_allclose(x, y)
+
+
+def test_plot_lorenz_single_and_many():
+    rng = np.random.default_rng(0)
+    fig = report.plot_lorenz(rng.uniform(size=40), context=CONTEXT)
+    ax = fig.axes[0]
+    lines = _data_lines(ax)
+    assert len(lines) == 2  # equality diagonal + the curve
+    diag = [l for l in lines if l.get_linestyle() == "--"]
+    assert len(diag) == 1
+    np.testing.assert_allclose(diag[0].get_xdata(), diag[0].get_ydata())
+    curve = [l for l in lines if l is not diag[0]][0]
+    assert curve.get_xdata()[-1] == pytest.approx(1.0)
+    assert curve.get_ydata()[-1] == pytest.approx(1.0)
+    assert np.all(curve.get_ydata() <= curve.get_xdata() + 1e-12)
+    assert "Gini" in curve.get_label() or "gini" in curve.get_label().lower()
+    assert CONTEXT in _all_text(fig)
+    accs = {n: rng.uniform(size=30) for n in _names(16)}
+    fig = report.plot_lorenz(accs, context=CONTEXT)
+    curves = [l for l in _data_lines(fig.axes[0]) if l.get_label().startswith("alg")]
+    assert len(curves) == 16
+    assert len({(l.get_color(), l.get_linestyle()) for l in curves}) == 16
+
+
+def test_compare_boxplots_and_ecdf():
+    rng = np.random.default_rng(1)
+    names = _names(16)
+    accs = {n: rng.uniform(size=25) for n in names}
+    accs["alg3"] = np.array([0.4])  # a single client
+    fig = report.plot_compare_boxplots(accs, context=CONTEXT)
+    ax = fig.axes[0]
+    pos = {t.get_text(): y for t, y in zip(ax.get_yticklabels(), ax.get_yticks())}
+    assert sorted(pos, key=pos.get, reverse=True) == names  # first algorithm on top
+    assert CONTEXT in _all_text(fig)
+    fig = report.plot_compare_ecdf(accs, context=CONTEXT)
+    lines = _data_lines(fig.axes[0])
+    assert len(lines) == 16
+    assert len({(l.get_color(), l.get_linestyle()) for l in lines}) == 16
+    for l in lines:
+        assert l.get_ydata()[-1] == pytest.approx(1.0)
+        assert np.all(np.diff(l.get_ydata()) >= 0)
+    assert CONTEXT in _all_text(fig)
+
+
+def test_save_figure_writes_png(tmp_path):
+    fig = report.plot_compare_accuracy({"a": [_history()], "b (personal)": [_history()]},
+                                       context=CONTEXT)
+    path = tmp_path / "sub" / "accuracy.png"
+    report.save_figure(fig, str(path))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
