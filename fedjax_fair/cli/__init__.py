@@ -7,13 +7,16 @@
     fedjax-fair run -o runs/prox --resume --num-rounds 800   # continue a run (saved settings)
     fedjax-fair list                          # algorithms (+ hyper-parameters), datasets, ...
 
-``run`` writes to its output directory: ``metrics.jsonl`` (one JSON line per
-evaluation), ``clients.csv`` (final per-client test metrics), ``summary.json``
-(config, final fairness summary, timings), ``accuracy.png``, ``loss.png``,
-``client_accuracy_hist.png`` and ``checkpoint/`` (state after every evaluation).
-``compare`` writes ``comparison.md`` / ``comparison.csv`` (the printed table),
-``summary.json``, overlaid ``accuracy.png`` and ``client_accuracy_hist.png``, and one
-sub-directory per algorithm and seed with that run's metrics.
+``run`` writes to its output directory: ``config.json``, ``metrics.jsonl`` (one JSON
+line per evaluation), ``rounds.jsonl`` (per-round weights, losses and server
+diagnostics), ``clients.csv`` (final per-client test metrics), ``clients_over_time.npz``
+(per-client metrics at every evaluation), ``summary.json`` (config, final fairness
+summary, timings), ``accuracy.png`` (mean / worst 10% / std over rounds), ``loss.png``,
+``client_accuracy_hist.png``, ``lorenz.png`` and ``checkpoint/`` (state after every
+evaluation). ``compare`` writes ``config.json``, ``comparison.md`` / ``comparison.csv``
+(the printed table), ``summary.json``, ``accuracy.png``, ``client_accuracy_hist.png``
+(box plots), ``client_accuracy_ecdf.png``, ``lorenz.png``, and one sub-directory per
+algorithm and seed with that run's metrics.
 
 Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
 stderr, checked before any compute where possible); 3 the parameters became
