@@ -62,7 +62,9 @@ def test_run_writes_all_outputs(tmp_path, capsys):
 
     with open(out / "clients.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert list(table[0]) == ["client_id", "num_test_examples", "accuracy", "loss", "model"]
+    assert list(table[0]) == ["client_id", "client", "num_test_examples", "accuracy", "loss",
+                              "model"]
+    assert [r["client"] for r in table] == [str(i) for i in range(6)]  # no own ids
     assert {row["model"] for row in table} == {"global"}
     assert [int(r["client_id"]) for r in table] == list(range(6))
     assert all(0.0 <= float(r["accuracy"]) <= 1.0 for r in table)
@@ -602,6 +604,10 @@ def test_client_without_test_rows_is_empty_in_clients_csv(tmp_path):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows[0]["accuracy"] == "0.5" and rows[1]["accuracy"] == "" and rows[1]["loss"] == ""
+    report.write_client_csv(path, {"num_examples": np.array([3, 0]),
+                                   "accuracy": np.array([0.5, 0.0]),
+                                   "loss": np.array([1.2, 0.0])}, names=["f_0007", "f_0123"])
+    assert list(report.read_client_csv(path)["client"]) == ["f_0007", "f_0123"]
     back = report.read_client_csv(path)
     assert back["accuracy"][0] == 0.5 and np.isnan(back["accuracy"][1])
 
@@ -667,3 +673,23 @@ def test_per_client_metrics_at_every_evaluation_survive_a_resume(tmp_path):
             np.testing.assert_array_equal(a[k], b[k])
         final = report.read_client_csv(os.path.join(full, "clients.csv"))
         np.testing.assert_allclose(a["accuracy"][-1], final["accuracy"], rtol=1e-6)
+
+
+def test_leaf_user_ids_reach_clients_csv(tmp_path):
+    import helpers
+    rng = np.random.default_rng(0)
+
+    def user(n):
+        return rng.normal(size=(n, 4)).tolist(), (np.arange(n) % 3).tolist()
+
+    users = ["writer_b", "writer_a", "writer_c"]
+    train = {u: user(12) for u in users}
+    test = {u: user(4) for u in users}
+    helpers.write_leaf(tmp_path / "leaf" / "train" / "t.json", users, train)
+    helpers.write_leaf(tmp_path / "leaf" / "test" / "t.json", users, test)
+    out = tmp_path / "out"
+    assert cli.main(["run", "--dataset", "leaf", "--dataset-arg",
+                     f"path={tmp_path / 'leaf'}", "--cohort-size", "2", "--num-rounds", "1",
+                     "--no-plots", "--no-progress", "-o", str(out)]) == 0
+    table = report.read_client_csv(out / "clients.csv")
+    assert sorted(table["client"]) == sorted(users)  # the users' own ids, row by row

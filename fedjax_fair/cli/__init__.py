@@ -335,7 +335,7 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
     os.makedirs(out, exist_ok=True)
     report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
     report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics,
-                            evaluated=result.evaluated)
+                            evaluated=result.evaluated, names=ds.info.get("users"))
     imp = result.round_metrics.get("improved_fraction")
     summary = {
         "status": "ok",

@@ -86,15 +86,17 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-CLIENT_COLUMNS = ("client_id", "num_test_examples", "accuracy", "loss", "model")
+CLIENT_COLUMNS = ("client_id", "client", "num_test_examples", "accuracy", "loss", "model")
 EVALUATED = {"global": "global model", "personal": "personal models"}
 
 
 def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray],
-                     evaluated: str = "global") -> None:
-    """Per-client final test metrics: client_id, num_test_examples, accuracy, loss,
-    model ("global": the global model; "personal": the client's own model). A client
-    without test rows has empty accuracy and loss (read back as NaN).
+                     evaluated: str = "global", names=None) -> None:
+    """Per-client final test metrics: client_id (the row), client (the dataset's own
+    identifier, e.g. the LEAF user id; the row number when it has none),
+    num_test_examples, accuracy, loss, model ("global": the global model; "personal":
+    the client's own model). A client without test rows has empty accuracy and loss
+    (read back as NaN).
 
     ``client_metrics`` holds arrays [N] "num_examples", "accuracy", "loss" (as
     ``RunResult.client_metrics``). Floats are written with ``repr`` precision so the
@@ -103,15 +105,16 @@ def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray],
     n = np.asarray(client_metrics["num_examples"])
     acc = np.asarray(client_metrics["accuracy"], np.float64)
     loss = np.asarray(client_metrics["loss"], np.float64)
+    names = [str(i) for i in range(n.shape[0])] if names is None else [str(u) for u in names]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(CLIENT_COLUMNS)
         for i in range(n.shape[0]):
             if n[i] == 0:  # no test rows: no accuracy, not 0.0
-                w.writerow([i, 0, "", "", evaluated])
+                w.writerow([i, names[i], 0, "", "", evaluated])
             else:
-                w.writerow([i, int(n[i]), repr(float(acc[i])), repr(float(loss[i])),
-                            evaluated])
+                w.writerow([i, names[i], int(n[i]), repr(float(acc[i])),
+                            repr(float(loss[i])), evaluated])
 
 
 def round_rows(first_round: int, metrics: Mapping[str, np.ndarray]) -> list[dict]:
@@ -136,6 +139,7 @@ def read_client_csv(path: str) -> dict[str, np.ndarray]:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     return {"client_id": np.array([int(r["client_id"]) for r in rows]),
+            "client": np.array([r.get("client", r["client_id"]) for r in rows]),
             "num_test_examples": np.array([int(r["num_test_examples"]) for r in rows]),
             "accuracy": np.array([float(r["accuracy"] or "nan") for r in rows]),
             "loss": np.array([float(r["loss"] or "nan") for r in rows]),
