@@ -202,18 +202,24 @@ def run_config(args: argparse.Namespace):
     """The RunConfig of ``run``: with ``--resume``, the saved run's config.json in the
     output directory <- the config file <- flags, which may only extend the run
     (``config.RESUMABLE``)."""
-    layers = config_layers(args, C.RunConfig)
-    cfg = C.build(C.RunConfig, *layers)
+    return _resumable_config(args, C.RunConfig, C.RESUMABLE, "run")
+
+
+def _resumable_config(args: argparse.Namespace, cls, allowed, what: str):
+    """``cls`` from the command line; with ``--resume``, layered on the config.json
+    saved in the output directory, changing only the ``allowed`` fields."""
+    layers = config_layers(args, cls)
+    cfg = C.build(cls, *layers)
     if not cfg.resume:
         return cfg
     out = cfg.resolved_output_dir()
     path = os.path.join(out, "config.json")
     if not os.path.isfile(path):
-        raise C.ConfigError("resume", f"no saved run in {out!r} (config.json); give its "
+        raise C.ConfigError("resume", f"no saved {what} in {out!r} (config.json); give its "
                                       f"directory with -o")
     with open(path) as f:
         saved = json.load(f)
-    return C.resumed(C.RunConfig, saved, *layers)
+    return C.resumed(cls, saved, *layers, allowed=allowed)
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -504,18 +510,7 @@ def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
 def compare_config(args: argparse.Namespace):
     """The CompareConfig of ``compare``: with ``--resume``, the interrupted comparison's
     config.json <- the config file <- flags (which may only change progress / plots)."""
-    layers = config_layers(args, C.CompareConfig)
-    cfg = C.build(C.CompareConfig, *layers)
-    if not cfg.resume:
-        return cfg
-    out = cfg.resolved_output_dir()
-    path = os.path.join(out, "config.json")
-    if not os.path.isfile(path):
-        raise C.ConfigError("resume", f"no saved comparison in {out!r} (config.json); give "
-                                      f"its directory with -o")
-    with open(path) as f:
-        saved = json.load(f)
-    return C.resumed(C.CompareConfig, saved, *layers, allowed=C.COMPARE_RESUMABLE)
+    return _resumable_config(args, C.CompareConfig, C.COMPARE_RESUMABLE, "comparison")
 
 
 def _finished_run(run_dir: str):
