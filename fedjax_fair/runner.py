@@ -42,6 +42,41 @@ from fedjax_fair.types import ClientData, Cohort, FederatedData
 _STOP = threading.Event()
 
 
+class _ProgramCache:
+    """Compiled chunk programs shared by the runs of one process (the seeds of a
+    ``compare``, a resume): keyed by the algorithm object, the chunk's static settings
+    and the shapes of the arguments, so a second run of the same algorithm on data of
+    the same shapes does not compile again. Keeps the ``size`` most recent."""
+
+    def __init__(self, size: int = 16):
+        self.size, self.items = size, {}
+
+    def get(self, key):
+        try:
+            value = self.items.pop(key)
+        except (KeyError, TypeError):  # TypeError: an unhashable piece, never cached
+            return None
+        self.items[key] = value
+        return value
+
+    def put(self, key, value) -> None:
+        try:
+            self.items[key] = value
+        except TypeError:
+            return
+        while len(self.items) > self.size:
+            self.items.pop(next(iter(self.items)))
+
+
+_PROGRAMS = _ProgramCache()
+
+
+def _signature(args):
+    """Tree structure, shapes and dtypes of a program's arguments (a hashable key)."""
+    leaves, tree = jax.tree.flatten(args)
+    return tree, tuple((tuple(np.shape(x)), str(x.dtype)) for x in leaves)
+
+
 class Interrupted(Exception):
     """A run stopped on request (SIGINT / SIGTERM under ``stop_on_signals``) at a chunk
     boundary: ``round`` rounds are done, and saved if ``checkpoint_dir`` is set."""
@@ -218,7 +253,12 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 fn = jax.jit(lambda s, c, k: simulate_cohorts(algorithm, s, c, k,
                                                                execution=execution))
                 args = (state, _cohort_shapes(data.train, length, cohort_size, padded_size), key)
-            compiled[name] = fn.lower(*args).compile()
+            signature = (algorithm, length, padded_size, cohort_size, sampler, drawn,
+                         execution, _signature(args))
+            compiled[name] = _PROGRAMS.get(signature)
+            if compiled[name] is None:  # not compiled by an earlier run of this process
+                compiled[name] = fn.lower(*args).compile()
+                _PROGRAMS.put(signature, compiled[name])
             compile_s += time.perf_counter() - t
             bar.set_postfix_str("")
         return compiled[name]

@@ -169,7 +169,7 @@ def test_compare_defaults_cover_every_algorithm():
     # Every algorithm but the full-participation ones (AAggFF-S), which need
     # --cohort-size N --sampler full.
     assert cfg.algorithms == [a for a in ALGORITHMS if a != "aaggff_s"]
-    assert cfg.dataset == "synthetic" and cfg.model == "logreg" and cfg.seeds == [0]
+    assert cfg.dataset == "synthetic" and cfg.model == "logreg" and cfg.seeds == [0, 1, 2]
 
 
 # ------------------------------------------------------------------------------- list

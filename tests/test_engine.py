@@ -491,6 +491,21 @@ def test_run_compiles_once_per_chunk_length(reference_run):
     assert result.compile_seconds > 0.0 and result.run_seconds > 0.0
 
 
+def test_a_second_run_of_the_same_algorithm_reuses_its_programs():
+    """Runs of one algorithm object on data of the same shapes (a compare's seeds)
+    compile each chunk program once per process; another seed still gives its own
+    result."""
+    alg, count = _counting(_seq_fedavg())
+    first = _run(alg, num_rounds=2, eval_every=2)
+    traced = count[0]
+    second = run(alg, PARAMS, DATA, jax.random.key(6), model=MODEL, num_rounds=2,
+                 cohort_size=3, eval_every=2, progress=False)
+    assert count[0] == traced  # no new trace, no new compile
+    assert second.compile_seconds < first.compile_seconds
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(first.state.params),
+                                                        jax.tree.leaves(second.state.params)))
+
+
 def test_run_resume_is_bitwise_identical(reference_run):
     full, _, snapshot = reference_run
     assert ckpt.exists(snapshot), "no round-4 checkpoint was written"

@@ -129,7 +129,7 @@ class CompareConfig(_Common):
     algorithms: list = _f([], "list[str]", "comma-separated algorithms")
     resume: bool = _f(False, "bool", "continue an interrupted comparison", flag=False)
     hparams: dict = _f({}, "dict", "hyper-parameters, NAME or ALGORITHM.NAME", flag=False)
-    seeds: list = _f([0], "list[int]", "comma-separated seeds")
+    seeds: list = _f([0, 1, 2], "list[int]", "comma-separated seeds")
 
     def resolved_output_dir(self) -> str:
         return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
