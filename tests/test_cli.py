@@ -541,7 +541,7 @@ def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, m
     from fedjax_fair import runner
     out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")
     args = [*TINY, "--algorithms", "fedavg,fedprox,scaffold", "--num-rounds", "2",
-            "--no-plots"]
+            "--seeds", "0", "--no-plots"]
     real = cli._compare_one
     calls = []
 
