@@ -53,6 +53,12 @@ def by_num_examples() -> MixingRule:
                                                 ctx.client_mask))
 
 
+def prior(weight_by_size: bool) -> MixingRule:
+    """The plain average a fair-FL protocol names: ``by_num_examples()`` (p_k ∝ n_k)
+    if ``weight_by_size``, else ``uniform()`` (simple averaging, the partner of
+    size-proportional sampling)."""
+    return by_num_examples() if weight_by_size else uniform()
+
 
 def active_clients(outputs, client_mask):
     """Rows weighted by loss-driven rules: ``client_mask`` and n_k > 0.

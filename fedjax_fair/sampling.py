@@ -1,11 +1,16 @@
 """Cohort samplers: ``sampler(key, num_clients, cohort_size) -> client_ids int32 [K]``.
 
-``num_clients`` and ``cohort_size`` are static Python ints.
+``num_clients`` and ``cohort_size`` are static Python ints. ``SAMPLERS`` names the
+samplers the command line offers (``--sampler``); ``get(name, num_examples)`` builds
+one for a federation (the ``"size"`` sampler needs every client's training size).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def uniform(key, num_clients: int, cohort_size: int):
@@ -22,16 +27,57 @@ def full(key, num_clients: int, cohort_size: int):
     return jnp.arange(num_clients, dtype=jnp.int32)
 
 
-def weighted(probabilities):
-    """K distinct clients drawn with probability proportional to ``probabilities`` [N]
-    (e.g. availability or data size), without replacement."""
-    probabilities = jnp.asarray(probabilities, jnp.float32)
+@dataclasses.dataclass(frozen=True)
+class Weighted:
+    """K distinct clients drawn successively with probability proportional to
+    ``weights`` [N] (renormalised over the clients not yet drawn), i.e. without
+    replacement. Two samplers with equal weights are equal, so runs of a comparison
+    share one compiled program."""
 
-    def sampler(key, num_clients: int, cohort_size: int):
+    weights: tuple
+
+    def __call__(self, key, num_clients: int, cohort_size: int):
+        if num_clients != len(self.weights):
+            raise ValueError(f"sampler: weights are given for {len(self.weights)} clients, "
+                             f"the federation has {num_clients}")
+        positive = sum(w > 0 for w in self.weights)
+        if cohort_size > positive:
+            raise ValueError(f"cohort_size: {cohort_size} exceeds the {positive} clients with "
+                             f"a positive sampling weight")
+        p = np.asarray(self.weights, np.float64)
         return jax.random.choice(key, num_clients, (cohort_size,), replace=False,
-                                 p=probabilities / probabilities.sum()).astype(jnp.int32)
-
-    return sampler
+                                 p=jnp.asarray(p / p.sum(), jnp.float32)).astype(jnp.int32)
 
 
-SAMPLERS = {"uniform": uniform, "full": full}
+def weighted(weights) -> Weighted:
+    """K distinct clients drawn with probability proportional to ``weights`` [N]
+    (e.g. availability or data size), without replacement."""
+    w = np.asarray(weights, np.float64)
+    if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) \
+            or not w.sum() > 0:
+        raise ValueError(f"sampler: weights must be a non-empty 1-D array of finite, "
+                         f"non-negative numbers with a positive sum, got {weights!r}")
+    return Weighted(tuple(float(v) for v in w))
+
+
+def by_size(num_examples) -> Weighted:
+    """Clients drawn with probability n_k / n, without replacement (the q-FFL and
+    FedProx protocol, ``sampling=2`` in their code, paired with simple averaging:
+    ``--mixing uniform``); clients without training examples are never drawn."""
+    return weighted(num_examples)
+
+
+SAMPLERS = {"uniform": uniform, "full": full, "size": by_size}
+"""Command-line samplers; ``"size"`` is a builder of the federation's sizes (``get``)."""
+
+
+def get(name: str, num_examples=None):
+    """The sampler called ``name`` for a federation whose clients hold
+    ``num_examples`` [N] training examples (needed by ``"size"`` only)."""
+    if name not in SAMPLERS:
+        raise ValueError(f"sampler: unknown name {name!r}; allowed: {', '.join(SAMPLERS)}")
+    if name == "size":
+        if num_examples is None:
+            raise ValueError("sampler: 'size' needs the clients' training sizes")
+        return by_size(np.asarray(num_examples))
+    return SAMPLERS[name]

@@ -693,3 +693,28 @@ def test_leaf_user_ids_reach_clients_csv(tmp_path):
                      "--no-plots", "--no-progress", "-o", str(out)]) == 0
     table = report.read_client_csv(out / "clients.csv")
     assert sorted(table["client"]) == sorted(users)  # the users' own ids, row by row
+
+
+@pytest.mark.parametrize("algorithm,mixing", [("fedavg", "uniform"), ("fedmgda_plus", "uniform"),
+                                              ("scaffold", "size")])
+def test_size_sampler_and_mixing_flags_reach_every_round(tmp_path, algorithm, mixing):
+    """q-FFL's protocol: clients drawn by size without replacement, averaged simply."""
+    out = tmp_path / "run"
+    code = cli.main(["run", "--algorithm", algorithm, "--sampler", "size", "--mixing", mixing,
+                     "--num-rounds", "3", "--eval-every", "3", "-o", str(out), *TINY])
+    assert code == 0
+    rows = report.read_jsonl(out / "rounds.jsonl")
+    for row in rows:
+        assert len(set(row["client_ids"])) == 3
+        if algorithm == "fedavg":  # exactly the simple average
+            np.testing.assert_allclose(row["weights"], 1 / 3, rtol=1e-6)
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["sampler"], saved["mixing"]) == ("size", mixing)
+
+
+def test_mixing_is_refused_for_learned_weights(tmp_path, capsys):
+    code = cli.main(["run", "--algorithm", "afl", "--mixing", "uniform", "-o",
+                     str(tmp_path / "x"), *TINY])
+    assert code == 2
+    _one_line_error(capsys.readouterr().err, "mixing")
+    assert not (tmp_path / "x").exists()

@@ -34,7 +34,7 @@ from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client, client_training
 from fedjax_fair.client import local_sgd, make_optimizer, proximal_term, round_value
-from fedjax_fair.mixing import by_num_examples
+from fedjax_fair.mixing import prior
 
 HPARAMS = {"lam": H.NONNEGATIVE,
            "personal_lr": H.Range(0.0, None, low_open=True, nullable=True),
@@ -45,9 +45,9 @@ HPARAMS = {"lam": H.NONNEGATIVE,
 def ditto(model, *, lam: float = 0.1, personal_lr: Optional[Rate] = None,
           personal_epochs: Optional[int] = None, client_lr: Rate = 0.1, batch_size: int = 20,
           num_epochs: int = 1, max_steps: Optional[int] = None,
-          client_table: str = "dense") -> FederatedAlgorithm:
-    """Ditto: FedAvg for the global model and a personal model per client, evaluated
-    personally.
+          client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
+    """Ditto: FedAvg for the global model (weights n_k, or 1 / |S| with
+    ``weight_by_size=False``) and a personal model per client, evaluated personally.
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the personal models."""
     H.check(HPARAMS, lam=lam, personal_epochs=personal_epochs)
@@ -69,6 +69,6 @@ def ditto(model, *, lam: float = 0.1, personal_lr: Optional[Rate] = None,
 
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps, finish=finish)
-    return compose(client, mixing=by_num_examples(), client_state_init=lambda params: params,
+    return compose(client, mixing=prior(weight_by_size), client_state_init=lambda params: params,
                    client_table=client_table,
                    personal_params=lambda server_params, personal: personal)

@@ -25,7 +25,7 @@ from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.client import local_training
-from fedjax_fair.mixing import MixingRule, by_num_examples
+from fedjax_fair.mixing import MixingRule, prior
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
 Transform = optax.GradientTransformation
@@ -63,8 +63,11 @@ def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: in
            max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
            server_optimizer: Optional[Transform] = None,
            mixing: Optional[MixingRule] = None, aggregator: Optional[Aggregator] = None,
-           regularizer: Optional[Callable] = None) -> FederatedAlgorithm:
-    """FedAvg with data-size weights; ``server_optimizer`` defaults to sgd(1.0).
+           regularizer: Optional[Callable] = None,
+           weight_by_size: bool = True) -> FederatedAlgorithm:
+    """FedAvg with data-size weights (``weight_by_size=False``: the simple average
+    1 / |S|, q-FFL's partner of size-proportional sampling); ``server_optimizer``
+    defaults to sgd(1.0).
 
     Pieces for composing: ``regularizer(params, broadcast, client_state)`` is added
     to every local batch loss (FedProx's proximal term); ``mixing`` (weights) and
@@ -74,5 +77,5 @@ def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: in
         client_training(model, client_lr=client_lr, batch_size=batch_size,
                         num_epochs=num_epochs, max_steps=max_steps,
                         client_optimizer=client_optimizer, regularizer=regularizer),
-        mixing=mixing or by_num_examples(), aggregator=aggregator,
+        mixing=mixing or prior(weight_by_size), aggregator=aggregator,
         server_optimizer=server_optimizer)

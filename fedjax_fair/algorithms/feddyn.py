@@ -38,7 +38,7 @@ from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, client_training
 from fedjax_fair.client import inner, sq_distance
-from fedjax_fair.mixing import uniform
+from fedjax_fair.mixing import prior
 
 HPARAMS = {"alpha": H.POSITIVE, **CLIENT_HPARAMS}
 
@@ -51,8 +51,10 @@ class FedDynState(NamedTuple):
 def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
            num_epochs: int = 1, max_steps: Optional[int] = None,
            client_optimizer: Optional[Optimizer] = None,
-           client_table: str = "dense") -> FederatedAlgorithm:
+           client_table: str = "dense", weight_by_size: bool = False) -> FederatedAlgorithm:
     """FedDyn: local SGD on the dynamically regularised objective, server state h.
+    The participants' models are averaged uniformly (the paper), or by n_k with
+    ``weight_by_size``.
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' g_i."""
     H.check(HPARAMS, alpha=alpha)
@@ -82,6 +84,6 @@ def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int
                              num_epochs=num_epochs, max_steps=max_steps,
                              client_optimizer=client_optimizer, regularizer=regularizer,
                              finish=finish)
-    return compose(client, mixing=uniform(), aggregator=Aggregator(init, aggregate),
+    return compose(client, mixing=prior(weight_by_size), aggregator=Aggregator(init, aggregate),
                    client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),
                    client_table=client_table)

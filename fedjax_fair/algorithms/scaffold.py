@@ -42,7 +42,7 @@ from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, client_training
 from fedjax_fair.client import inner
-from fedjax_fair.mixing import MixingRule, uniform
+from fedjax_fair.mixing import MixingRule, prior
 
 HPARAMS = {"server_lr": H.POSITIVE, **CLIENT_HPARAMS}
 
@@ -92,10 +92,11 @@ def scaffold_aggregator() -> Aggregator:
 def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size: int = 20,
              num_epochs: int = 1, max_steps: Optional[int] = None,
              client_table: str = "dense",
-             mixing: Optional[MixingRule] = None) -> FederatedAlgorithm:
+             mixing: Optional[MixingRule] = None,
+             weight_by_size: bool = False) -> FederatedAlgorithm:
     """SCAFFOLD (option II): drift-corrected local SGD with control variates.
 
-    ``mixing`` defaults to 1 / |S|.
+    ``mixing`` defaults to 1 / |S| (n_k / n with ``weight_by_size``).
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' c_i."""
     if not callable(server_lr):
@@ -103,7 +104,7 @@ def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size:
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
                              regularizer=correction, finish=option_two)
-    return compose(client, mixing=mixing or uniform(), aggregator=scaffold_aggregator(),
+    return compose(client, mixing=mixing or prior(weight_by_size), aggregator=scaffold_aggregator(),
                    server_optimizer=optax.sgd(server_lr),
                    client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),
                    client_table=client_table,

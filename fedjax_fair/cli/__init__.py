@@ -279,7 +279,9 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     from fedjax_fair.algorithms import REGISTRY, method_hparams
     from fedjax_fair.schedules import parse as parse_schedule
     accepted = method_hparams(name)
-    kwargs = {k: getattr(cfg, k) for k in accepted if k in C.config_fields() and hasattr(cfg, k)}
+    kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
+              if not h.python_only and k in C.config_fields() and hasattr(cfg, k)}
+    kwargs.update(C.mixing_kwargs(name, cfg.mixing) or {})  # an explicit --hp wins
     kwargs.update(hparams)
     client_schedule = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
     if client_schedule is not None and "client_lr" in kwargs:
@@ -302,12 +304,12 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
     from fedjax_fair import runner
     from fedjax_fair.execution import Execution
     from fedjax_fair.heterogeneity import parse as parse_budgets
-    from fedjax_fair.sampling import SAMPLERS
+    from fedjax_fair import sampling
     params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
     try:
         return runner.run(alg, params, ds.host_data, jax.random.key(seed), model=model,
                             num_rounds=cfg.num_rounds, cohort_size=cfg.cohort_size,
-                            eval_every=cfg.eval_every, sampler=SAMPLERS[cfg.sampler],
+                            eval_every=cfg.eval_every, sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
                             step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
                             checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                             on_eval=on_eval, description=description,
@@ -407,7 +409,7 @@ def cmd_run(args) -> int:
     cfg_dict["output_dir"], cfg_dict["checkpoint_dir"] = out, ckdir
 
     ds = build_dataset(cfg)
-    C.validate_against_data(cfg, ds.num_clients)
+    C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     model = build_model(cfg, ds)
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
@@ -538,7 +540,7 @@ def cmd_compare(args) -> int:
     cfg_dict["output_dir"] = out
 
     ds = build_dataset(cfg)
-    C.validate_against_data(cfg, ds.num_clients)
+    C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     model = build_model(cfg, ds)
     algs = {a: build_algorithm(a, model, cfg, hparams[a]) for a in cfg.algorithms}
 

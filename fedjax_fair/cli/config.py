@@ -80,7 +80,11 @@ class _Common:
     chunk_size: Optional[int] = _f(None, "int?", "clients per chunk (execution=chunked, "
                                    "default 8) or per bucket (execution=bucketed, default "
                                    "a quarter of the cohort)")
-    sampler: str = _f("uniform", "str", "cohort sampler")
+    sampler: str = _f("uniform", "str", "cohort sampler: uniform, full (every client) or "
+                      "size (probability n_k / n, without replacement)")
+    mixing: str = _f("default", "str", "the plain average an algorithm starts from: default "
+                     "(the algorithm's own), size (p_k ∝ n_k) or uniform (1 / |S|, the partner "
+                     "of --sampler size); for algorithms with a size prior")
     step_budgets: str = _f("none", "str", "local-step budgets redrawn every round: none, "
                            "fixed:B, uniform:LOW:HIGH, stragglers:FRACTION:B "
                            "(append :epochs to count epochs)")
@@ -480,6 +484,7 @@ def _validate_common(cfg: _Common) -> None:
     _choice("model", cfg.model, MODELS)
     _choice("execution", cfg.execution, STRATEGIES)
     _choice("sampler", cfg.sampler, SAMPLERS)
+    _choice("mixing", cfg.mixing, MIXINGS)
     _choice("placement", cfg.placement, PLACEMENTS)
     _choice("augment", cfg.augment, STANDARD_AUGMENTATIONS)
     from fedjax_fair.schedules import parse as parse_schedule
@@ -583,6 +588,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
     cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
     _validate_common(cfg)
     check_server_schedule(cfg.algorithm, cfg.server_lr_schedule)
+    check_mixing(cfg.algorithm, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     if cfg.resolved_checkpoint_dir():
         check_directory(cfg.resolved_checkpoint_dir(), "checkpoint_dir")
@@ -652,14 +658,14 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     _validate_common(cfg)
     if not cfg.resume:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
-    if cfg.server_lr_schedule != "none":
-        for a in cfg.algorithms:
-            check_server_schedule(a, cfg.server_lr_schedule)
+    for a in cfg.algorithms:
+        check_server_schedule(a, cfg.server_lr_schedule)
+        check_mixing(a, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     return hparams
 
 
-def validate_against_data(cfg: _Common, num_clients: int) -> None:
+def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> None:
     """Checks that need the federation's size (after building data, before compiling)."""
     if cfg.cohort_size > num_clients:
         raise ConfigError("cohort_size", f"{cfg.cohort_size} exceeds the {num_clients} clients "
@@ -672,12 +678,37 @@ def validate_against_data(cfg: _Common, num_clients: int) -> None:
             raise ConfigError("cohort_size", f"{name} needs every client every round: use "
                                              f"--cohort-size {num_clients} --sampler full")
     import jax
-    from fedjax_fair.sampling import SAMPLERS
+    from fedjax_fair import sampling
     try:  # samplers check their own constraints (e.g. "full" needs K == N)
-        jax.eval_shape(lambda k: SAMPLERS[cfg.sampler](k, num_clients, cfg.cohort_size),
-                       jax.random.key(0))
+        sampler = sampling.get(cfg.sampler, num_examples)
+        jax.eval_shape(lambda k: sampler(k, num_clients, cfg.cohort_size), jax.random.key(0))
     except ValueError as e:
         raise error_from_message(str(e), "sampler") from None
+
+
+MIXINGS = ("default", "size", "uniform")
+
+
+def mixing_kwargs(algorithm: str, mixing: str) -> Optional[dict]:
+    """The factory arguments that give ``algorithm`` the plain average ``mixing``
+    ("size": p_k ∝ n_k, "uniform": 1 / |S|); {} for "default"; None when the algorithm
+    has no such prior (its weights are learned or selected: AFL, AAggFF, FedMax)."""
+    if mixing == "default":
+        return {}
+    if accepts(algorithm, "weight_by_size"):
+        return {"weight_by_size": mixing == "size"}
+    if accepts(algorithm, "center"):  # FedMGDA+'s centre of the weight box
+        return {"center": "num_examples" if mixing == "size" else "uniform"}
+    return None
+
+
+def check_mixing(algorithm: str, mixing: str) -> None:
+    from fedjax_fair.algorithms import ALGORITHMS
+    if mixing_kwargs(algorithm, mixing) is None:
+        allowed = [a for a in ALGORITHMS if mixing_kwargs(a, mixing) is not None]
+        raise ConfigError("mixing", f"{algorithm!r} has no plain average to replace (its "
+                                    f"client weights are learned or selected); use default, "
+                                    f"or one of: {', '.join(allowed)}")
 
 
 SERVER_RATES = ("server_lr", "global_lr")
