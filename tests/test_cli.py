@@ -718,3 +718,13 @@ def test_mixing_is_refused_for_learned_weights(tmp_path, capsys):
     assert code == 2
     _one_line_error(capsys.readouterr().err, "mixing")
     assert not (tmp_path / "x").exists()
+
+
+def test_initializer_flag_sets_the_starting_model(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["run", "--initializer", "zeros", "--num-rounds", "1", "-o", str(out),
+                     *TINY]) == 0
+    first = report.read_jsonl(out / "metrics.jsonl")[0]
+    assert first["round"] == 0
+    assert first["test_loss"] == pytest.approx(np.log(10), rel=1e-5)  # all logits zero
+    assert json.loads((out / "config.json").read_text())["initializer"] == "zeros"

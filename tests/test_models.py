@@ -262,3 +262,37 @@ def test_models_vmap_over_client_params(name):
         for a, b in zip(jax.tree.leaves(jax.tree.map(lambda v: v[k], grads)),
                         jax.tree.leaves(grads_k)):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_with_initializer_draws_kernels_and_zeroes_biases():
+    from fedjax_fair.models import INITIALIZERS, with_initializer
+    base = logistic_regression((60,), 10)
+    model = with_initializer(base, "glorot_uniform")
+    params = model.init(jax.random.key(0))
+    (w,), (b,) = ([v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]
+                   if p[-1].key == name] for name in ("kernel", "bias"))
+    limit = np.sqrt(6.0 / (60 + 10))  # Glorot-uniform: U(-sqrt(6 / (fan_in + fan_out)), .)
+    assert w.shape == (60, 10) and np.abs(w).max() <= limit
+    assert np.abs(w).max() > 0.9 * limit and abs(float(w.mean())) < 0.05
+    np.testing.assert_allclose(np.var(w), limit ** 2 / 3, rtol=0.15)
+    assert not np.any(b)
+    assert with_initializer(base, "default") is base
+    zeros = with_initializer(base, "zeros").init(jax.random.key(1))
+    assert not any(np.any(v) for v in jax.tree.leaves(zeros))
+    with pytest.raises(ValueError, match="initializer"):
+        with_initializer(base, "orthogonal-ish")
+    assert set(INITIALIZERS) >= {"glorot_uniform", "lecun_normal", "he_normal"}
+
+
+def test_with_initializer_keeps_norm_scales_and_conv_fans():
+    from fedjax_fair.models import with_initializer
+    model = with_initializer(get_model("cnn", (8, 8, 1), 4, channels=(4, 8), dense=16),
+                             "he_normal")
+    params = model.init(jax.random.key(0))
+    flat = {"/".join(str(getattr(k, "key", k)) for k in p): v
+            for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    kernels = [v for k, v in flat.items() if k.endswith("kernel")]
+    assert kernels and all(np.std(v) > 0 for v in kernels)
+    assert all(not np.any(v) for k, v in flat.items() if k.endswith("bias"))
+    batch = {"x": np.zeros((2, 8, 8, 1), np.float32), "y": np.zeros(2, np.int32)}
+    assert np.isfinite(np.asarray(model.per_example_loss(params, batch))).all()

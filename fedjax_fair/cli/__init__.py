@@ -250,9 +250,10 @@ def build_dataset(cfg):
 def build_model(cfg, ds):
     import jax
     from fedjax_fair.data.augment import standard_augmentation, with_augmentation
-    from fedjax_fair.models import get_model
+    from fedjax_fair.models import get_model, with_initializer
     try:
-        model = get_model(cfg.model, ds.input_shape, ds.num_classes, **cfg.model_args)
+        model = with_initializer(get_model(cfg.model, ds.input_shape, ds.num_classes,
+                                           **cfg.model_args), cfg.initializer)
         params = jax.eval_shape(model.init, jax.random.key(0))  # shape check, no compute
         # The loss on one real example of the data (shapes and dtypes only): a model
         # that cannot read these inputs (token ids vs floats) fails here, not in XLA.

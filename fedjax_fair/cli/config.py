@@ -62,6 +62,9 @@ class _Common:
                             flag=False)
     model: str = _f("logreg", "str", "model name (see `fedjax-fair list models`)")
     model_args: dict = _f({}, "dict", "keyword arguments of the model builder", flag=False)
+    initializer: str = _f("default", "str", "weight initializer: default (the network's own) "
+                          "or glorot_uniform, glorot_normal, lecun_uniform, lecun_normal, "
+                          "he_uniform, he_normal, zeros for every kernel, with zero biases")
     augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
                       "(flip + padded crop) or tinyimagenet (rotation + flip)")
     client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
@@ -485,6 +488,8 @@ def _validate_common(cfg: _Common) -> None:
     _choice("execution", cfg.execution, STRATEGIES)
     _choice("sampler", cfg.sampler, SAMPLERS)
     _choice("mixing", cfg.mixing, MIXINGS)
+    from fedjax_fair.models import INITIALIZERS
+    _choice("initializer", cfg.initializer, ("default", *INITIALIZERS))
     _choice("placement", cfg.placement, PLACEMENTS)
     _choice("augment", cfg.augment, STANDARD_AUGMENTATIONS)
     from fedjax_fair.schedules import parse as parse_schedule

@@ -7,7 +7,7 @@ FedEvg's ResNet-10 with a spectral-normalised head, SuPerFed's ResNet9 and
 MobileNet. text.py: the Shakespeare character LSTM.
 """
 from fedjax_fair.models import resnet, text, zoo
-from fedjax_fair.models.base import Model, cross_entropy, from_flax
+from fedjax_fair.models.base import INITIALIZERS, Model, cross_entropy, from_flax, with_initializer
 from fedjax_fair.models.simple import cnn, logistic_regression, mlp
 
 MODELS = {"logreg": logistic_regression, "mlp": mlp, "cnn": cnn, **zoo.MODELS, **resnet.MODELS,
@@ -20,5 +20,5 @@ def get_model(name: str, input_shape, num_classes, **kwargs) -> Model:
     return MODELS[name](tuple(input_shape), int(num_classes), **kwargs)
 
 
-__all__ = ["Model", "MODELS", "cnn", "cross_entropy", "from_flax", "get_model",
+__all__ = ["INITIALIZERS", "Model", "MODELS", "with_initializer", "cnn", "cross_entropy", "from_flax", "get_model",
            "logistic_regression", "mlp"]

@@ -73,3 +73,47 @@ def from_flax(module: nn.Module, input_shape: tuple, num_classes: int, name: str
 
     return Model(init, apply, per_example_loss, per_example_metrics, name,
                  tuple(input_shape), int(num_classes), uses_xla_conv)
+
+
+INITIALIZERS = {
+    "glorot_uniform": nn.initializers.glorot_uniform(),
+    "glorot_normal": nn.initializers.glorot_normal(),
+    "lecun_uniform": nn.initializers.lecun_uniform(),
+    "lecun_normal": nn.initializers.lecun_normal(),
+    "he_uniform": nn.initializers.he_uniform(),
+    "he_normal": nn.initializers.he_normal(),
+    "zeros": nn.initializers.zeros_init(),
+}
+"""Weight initializers by name (flax's; fan-in / fan-out from the last two axes and
+the receptive field of the others, so convolution kernels [kh, kw, in, out] work)."""
+
+
+def with_initializer(model: Model, kernel: str = "glorot_uniform") -> Model:
+    """A Model whose ``init`` draws every weight matrix / kernel (a leaf named
+    ``kernel`` with at least 2 axes) from ``INITIALIZERS[kernel]`` and sets every
+    ``bias`` to zero; other leaves (embeddings, norm scales) keep the network's own
+    initialisation. q-FFL's logistic regression is ``with_initializer(logreg,
+    "glorot_uniform")`` (TensorFlow's dense default: Glorot-uniform, zero bias).
+    ``"default"`` returns the model unchanged."""
+    if kernel == "default":
+        return model
+    if kernel not in INITIALIZERS:
+        raise ValueError(f"initializer: unknown name {kernel!r}; allowed: default, "
+                         f"{', '.join(INITIALIZERS)}")
+    draw = INITIALIZERS[kernel]
+
+    def init(key):
+        params = model.init(key)
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+        keys = jax.random.split(jax.random.fold_in(key, 1), max(1, len(leaves)))
+        new = []
+        for (path, leaf), k in zip(leaves, keys):
+            name = getattr(path[-1], "key", None) if path else None
+            if name == "kernel" and leaf.ndim >= 2:
+                leaf = draw(k, leaf.shape, leaf.dtype)
+            elif name == "bias":
+                leaf = jnp.zeros_like(leaf)
+            new.append(leaf)
+        return jax.tree_util.tree_unflatten(treedef, new)
+
+    return model._replace(init=init, name=f"{model.name}+{kernel}")
