@@ -66,10 +66,10 @@ def fairness_table(out: str) -> str:
             "|---|---|---|---|---|"]
     for alg, hs in _histories(out).items():
         final = [h[-1] for h in hs]
-        rows.append(f"| {alg} | {_pm([f['mean'] for f in final])} | "
-                    f"{_pm([f['worst_10%'] for f in final])} | "
-                    f"{_pm([f['std'] for f in final])} | "
-                    f"{_pm([f['gini'] for f in final], 1.0, 4)} |")
+        rows.append(f"| {alg} | {_pm([f['accuracy_mean'] for f in final])} | "
+                    f"{_pm([f['accuracy_worst_10%'] for f in final])} | "
+                    f"{_pm([f['accuracy_std'] for f in final])} | "
+                    f"{_pm([f['accuracy_gini'] for f in final], 1.0, 4)} |")
     return "\n".join(rows)
 
 
@@ -78,7 +78,7 @@ def comphet_table(out: str) -> str:
     rows = ["| algorithm | R90 (rounds) | R90 95% CI | not reached | smoothness S | final acc (%) |",
             "|---|---|---|---|---|---|"]
     for alg, hs in _histories(out).items():
-        curves = [[e["weighted_mean"] for e in h] for h in hs]  # global-model accuracy
+        curves = [[e["accuracy_weighted_mean"] for e in h] for h in hs]  # global-model accuracy
         r = np.array([rounds_to_reach(c, LEVEL) for c in curves])
         hit = r[np.isfinite(r)]
         mean = f"{hit.mean():.1f}" if hit.size else "inf"

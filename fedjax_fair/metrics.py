@@ -49,6 +49,7 @@ __all__ = [
     "rounds_to_reach",
     "smoothness",
     "tail_mean",
+    "select_evaluation",
     "confidence_interval",
     "weight_drift",
 ]
@@ -73,6 +74,7 @@ METRICS: dict[str, str] = {
     "smoothness": "stability of a curve: std(diff(a)) / |mean(diff(a))| (ddof 0); higher = less smooth",
     "weight_drift": "mean_i |alpha_i^r - p_i| per round (aggregation weights vs data weights)",
     "tail_mean": "mean of a curve over its last k evaluations (the papers' tail averages)",
+    "select_evaluation": "the evaluation with the best validation metric (model selection)",
 }
 
 
@@ -450,13 +452,31 @@ def tail_mean(curve, k: int) -> float:
     """Mean of the last ``k`` points of a curve (all of it if shorter): the "final"
     numbers of papers that average the last evaluations instead of taking the last
     one. ``curve`` may be values or a run's history with ``key`` picked by the caller,
-    e.g. ``tail_mean([h["worst_10%"] for h in result.history], 5)``."""
+    e.g. ``tail_mean([h["accuracy_worst_10%"] for h in result.history], 5)``."""
     a = np.asarray(curve, np.float64)
     if a.ndim != 1 or a.size == 0:
         raise ValueError(f"curve: must be a non-empty 1-D sequence, got shape {a.shape}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k: must be a positive integer, got {k!r}")
     return float(a[-k:].mean())
+
+
+def select_evaluation(history, key: str = "validation_accuracy_mean",
+                      mode: str = "max") -> Optional[dict]:
+    """Model selection on a run's history: the first evaluation with the largest
+    (``mode="max"``) or smallest (``"min"``) finite ``key``, e.g. the round whose
+    validation accuracy is best, with its test metrics beside it. None when no
+    evaluation has a finite ``key`` (a run without a validation split)."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode: must be 'max' or 'min', got {mode!r}")
+    best = None
+    for entry in history:
+        v = entry.get(key)
+        if v is None or not math.isfinite(v):
+            continue
+        if best is None or (v > best[key] if mode == "max" else v < best[key]):
+            best = entry
+    return None if best is None else dict(best)
 
 
 def confidence_interval(samples, z: float = 1.96) -> tuple[float, float]:

@@ -268,7 +268,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     first = max(1, min(eval_every, num_rounds - int(state.round)))
     plan = None
     if placement in ("auto", "device"):
-        plan = mem.MemoryPlan("device", mem.tree_bytes(data.test),
+        plan = mem.MemoryPlan("device", mem.tree_bytes((data.test, data.validation)),
                               mem.program_bytes(program(first)), capacity)
         if not plan.fits and placement == "device":
             bar.close()
@@ -291,23 +291,26 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     if plan.placement == "device":
         data = jax.device_put(data)
         step_budgets = None if step_budgets is None else jax.device_put(step_budgets)
-        test = data.test
     else:
-        data, test = _host(data), None
+        data = _host(data)
         step_budgets = None if step_budgets is None else np.asarray(step_budgets)
         sizes = data.train.num_examples
 
     evaluate = make_state_evaluator(model, algorithm.personal)
     all_ids = jnp.arange(num_clients, dtype=jnp.int32)
 
+    def evaluate_split(state, split: ClientData) -> dict:
+        if plan.placement == "device":
+            return to_numpy(evaluate(state, split, all_ids))
+        return _evaluate_in_chunks(evaluate, state, split, 256)
+
     def evaluate_now(state):
-        per_client = to_numpy(evaluate(state, test, all_ids) if test is not None
-                              else _evaluate_in_chunks(evaluate, state, data.test, 256))
-        has_test = per_client["num_examples"] > 0
-        acc = per_client["accuracy"][has_test]
-        summary = fairness.fairness_summary(acc, weights=per_client["num_examples"][has_test])
-        summary["test_loss"] = float(np.average(per_client["loss"][has_test],
-                                                weights=per_client["num_examples"][has_test]))
+        """Per-client test metrics and the summary of test (and validation) accuracy."""
+        per_client = evaluate_split(state, data.test)
+        summary = split_summary(per_client, "test")
+        if data.validation is not None:
+            summary.update(split_summary(evaluate_split(state, data.validation),
+                                         "validation"))
         return per_client, summary
 
     if not history:
@@ -362,7 +365,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         if checkpoint_dir:
             save(state)
         bar.update(length)
-        bar.set_postfix(acc=f"{summary['mean']:.3f}", worst10=f"{summary['worst_10%']:.3f}")
+        bar.set_postfix(acc=f"{summary['accuracy_mean']:.3f}",
+                        worst10=f"{summary['accuracy_worst_10%']:.3f}")
         if stop_requested() and int(state.round) < num_rounds:
             bar.close()
             raise Interrupted(int(state.round), checkpoint_dir)
@@ -380,6 +384,27 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
 
 
 CLIENT_HISTORY = "client_history.npz"
+
+
+def split_summary(per_client: dict, split: str) -> dict:
+    """The fairness summary of one split's per-client accuracy, named for what it
+    measures: ``accuracy_mean``, ``accuracy_worst_10%`` (weighted by test size),
+    ``accuracy_worst_10%_unweighted``, ... (``metrics.fairness_summary``'s keys
+    prefixed ``accuracy_``) and ``loss`` (the example-weighted mean loss), over the
+    clients that have examples in the split. Test keys are returned as they are
+    (``loss`` as ``test_loss``); validation keys are prefixed ``validation_``. A split
+    in which no client has examples gives {}."""
+    has = per_client["num_examples"] > 0
+    if not has.any():
+        return {}
+    n = per_client["num_examples"][has]
+    out = {f"accuracy_{k}": v for k, v in
+           fairness.fairness_summary(per_client["accuracy"][has], weights=n).items()}
+    out["loss"] = float(np.average(per_client["loss"][has], weights=n))
+    if split == "test":
+        out["test_loss"] = out.pop("loss")
+        return out
+    return {f"{split}_{k}": v for k, v in out.items()}
 
 
 def _load_client_history(directory: str, evaluations: int, num_clients: int) -> dict:

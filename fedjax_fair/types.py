@@ -8,7 +8,7 @@ size, ``M`` for the padded number of examples per client and ``d`` for parameter
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import jax
 
@@ -36,10 +36,12 @@ class ClientData(NamedTuple):
 
 
 class FederatedData(NamedTuple):
-    """Stacked, padded train and test splits of every client ([N, M, ...])."""
+    """Stacked, padded train and test splits of every client ([N, M, ...]), and an
+    optional validation split (each split padded to its own M)."""
 
     train: ClientData
     test: ClientData
+    validation: Optional[ClientData] = None
 
     @property
     def num_clients(self) -> int:

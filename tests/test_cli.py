@@ -56,7 +56,8 @@ def test_run_writes_all_outputs(tmp_path, capsys):
 
     rows = report.read_jsonl(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [0, 1, 2, 3]
-    for key in ("mean", "std", "worst_10%", "best_10%", "gini", "test_loss"):
+    for key in ("accuracy_mean", "accuracy_std", "accuracy_worst_10%", "accuracy_best_10%",
+                "accuracy_gini", "test_loss"):
         assert all(np.isfinite(r[key]) for r in rows)
     assert all("train_loss" in r and "seconds" in r for r in rows[1:])
 
@@ -76,7 +77,7 @@ def test_run_writes_all_outputs(tmp_path, capsys):
     assert summary["config"]["num_rounds"] == 3  # flag over file
     assert summary["final"]["round"] == 3
     assert summary["final"] == {k: v for k, v in rows[-1].items() if k != "seconds"}
-    for key in ("mean", "worst_10%", "best_10%", "gini"):
+    for key in ("accuracy_mean", "accuracy_worst_10%", "accuracy_best_10%", "accuracy_gini"):
         assert key in summary["final"]
     assert summary["timings"]["compile_seconds"] > 0 and summary["timings"]["run_seconds"] > 0
     assert 0.0 <= summary["improved_fraction_mean"] <= 1.0
@@ -146,15 +147,21 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
     md = (out / "comparison.md").read_text()
     body = [l for l in md.splitlines() if l.startswith("| fed")]
     assert [l.split("|")[1].strip() for l in body] == ["fedavg", "fedprox"]
-    for header in ("Average", "Std", "Worst 10%", "Best 10%", "Gini", "Wall-clock", "Compile"):
+    for header in ("Average", "Std", "Worst 10%", "Best 10%", "Gini", "Run (s)", "Compile"):
         assert header in md
     with open(out / "comparison.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["algorithm"] for r in rows] == ["fedavg", "fedprox"]
-    for key in ("mean", "std", "worst_10", "best_10", "gini", "run_seconds",
-                "compile_seconds", "mean_std"):
+    for key in ("accuracy_mean_percent", "accuracy_std_percent", "accuracy_worst_10%_percent",
+                "accuracy_best_10%_percent", "accuracy_gini", "run_seconds", "compile_seconds",
+                "accuracy_mean_percent_seed_std"):
         assert all(np.isfinite(float(r[key])) for r in rows)
     assert all(r["num_seeds"] == "1" for r in rows)
+    # one unit in both tables: the Markdown cell is the CSV value rounded
+    for line, row in zip(body, rows):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[1] == f"{float(row['accuracy_mean_percent']):.2f}"
+        assert cells[3] == f"{float(row['accuracy_worst_10%_percent']):.2f}"
     _png_ok(out / "accuracy.png")
     _png_ok(out / "client_accuracy_hist.png")
     run_summary = json.loads((out / "fedprox" / "seed1" / "summary.json").read_text())
@@ -393,12 +400,14 @@ def test_personal_run_and_round_diagnostics(tmp_path):
 
 
 def test_comparison_table_mean_std():
-    runs = [{"mean": 0.8, "std": 0.1, "worst_10%": 0.5, "best_10%": 1.0, "gini": 0.1,
+    runs = [{"accuracy_mean": 0.8, "accuracy_std": 0.1, "accuracy_worst_10%": 0.5,
+             "accuracy_best_10%": 1.0, "accuracy_gini": 0.1,
              "run_seconds": 1.0, "compile_seconds": 2.0},
-            {"mean": 0.6, "std": 0.3, "worst_10%": 0.3, "best_10%": 0.9, "gini": 0.2,
+            {"accuracy_mean": 0.6, "accuracy_std": 0.3, "accuracy_worst_10%": 0.3,
+             "accuracy_best_10%": 0.9, "accuracy_gini": 0.2,
              "run_seconds": 3.0, "compile_seconds": 2.0}]
     agg = report.aggregate_runs(runs)
-    assert agg["mean"] == pytest.approx((0.7, 0.1))
+    assert agg["accuracy_mean"] == pytest.approx((0.7, 0.1))
     header, body = report.comparison_table({"a": agg}, num_seeds=2)
     assert body[0][:2] == ["a", "70.00 ± 10.00"]
     header, body = report.comparison_table({"a": report.aggregate_runs(runs[:1])}, num_seeds=1)
@@ -728,3 +737,22 @@ def test_initializer_flag_sets_the_starting_model(tmp_path):
     assert first["round"] == 0
     assert first["test_loss"] == pytest.approx(np.log(10), rel=1e-5)  # all logits zero
     assert json.loads((out / "config.json").read_text())["initializer"] == "zeros"
+
+
+def test_resplit_gives_validation_metrics_and_a_selected_round(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["run", "--resplit", "0.6,0.2,0.2", "--resplit-seed", "1",
+                     "--num-rounds", "4", "--eval-every", "2", "-o", str(out), *TINY]) == 0
+    assert "selected by validation" in capsys.readouterr().out
+    rows = report.read_jsonl(out / "metrics.jsonl")
+    assert all("validation_accuracy_mean" in r and "accuracy_mean" in r for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    best = max(rows, key=lambda r: r["validation_accuracy_mean"])
+    assert summary["selected"]["round"] == best["round"]
+    assert summary["selected"]["accuracy_mean"] == best["accuracy_mean"]
+    assert summary["dataset"]["info"]["resplit"] == {"fractions": [0.6, 0.2, 0.2], "seed": 1}
+    # a resumed run must keep the partition
+    code = cli.main(["run", "-o", str(out), "--resume", "--resplit", "0.8,0.1,0.1",
+                     "--num-rounds", "6"])
+    assert code == 2
+    assert "resplit" in capsys.readouterr().err

@@ -366,3 +366,78 @@ def test_masked_mean_under_jit_with_strict_rank_promotion():
     got = masked_label_mean(train)
     y, mask = np.asarray(train.examples["y"]), np.asarray(train.mask)
     np.testing.assert_allclose(got, [y[k][mask[k]].mean() for k in range(4)], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------- resplit
+
+
+def _pooled(ds, k):
+    """Client k's (x, y) rows over every split, as a sorted list of tuples."""
+    rows = []
+    for split in (ds.host_data.train, ds.host_data.validation, ds.host_data.test):
+        if split is None:
+            continue
+        m = np.asarray(split.mask[k])
+        xs, ys = np.asarray(split.examples["x"][k])[m], np.asarray(split.examples["y"][k])[m]
+        rows += [(tuple(x.ravel().round(6)), int(y)) for x, y in zip(xs, ys)]
+    return sorted(rows)
+
+
+def test_resplit_follows_the_qffl_cut_points_and_keeps_every_example():
+    ds = fd.get_dataset("synthetic", num_clients=8, max_examples=60, seed=3)
+    new = fd.resplit(ds, (0.8, 0.1, 0.1), seed=1)
+    for k in range(8):
+        n = int(ds.host_data.train.num_examples[k] + ds.host_data.test.num_examples[k])
+        # q-FFL's code: x[:int(0.8 n)], x[int(0.8 n):int(0.9 n)], x[int(0.9 n):]
+        expected = (int(0.8 * n), int(0.9 * n) - int(0.8 * n), n - int(0.9 * n))
+        got = tuple(int(s.num_examples[k]) for s in (new.host_data.train,
+                                                     new.host_data.validation,
+                                                     new.host_data.test))
+        assert got == expected
+        assert _pooled(new, k) == _pooled(ds, k)  # a re-partition, nothing lost or added
+    assert new.info["resplit"] == {"fractions": [0.8, 0.1, 0.1], "seed": 1}
+    assert set(new.info["padding"]) == {"train", "validation", "test"}
+
+
+def test_resplit_is_seeded():
+    ds = fd.get_dataset("synthetic", num_clients=4, max_examples=50)
+    a, b, c = (fd.resplit(ds, (0.6, 0.2, 0.2), seed=s) for s in (1, 1, 2))
+    leaves = lambda d: jax.tree.leaves(d.host_data)
+    assert all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(b)))
+    assert not all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(c))
+                   if x.shape == y.shape)
+
+
+def test_resplit_without_validation_and_of_a_split_with_validation():
+    ds = fd.get_dataset("synthetic", num_clients=4, max_examples=50)
+    two = fd.resplit(ds, (0.9, 0.0, 0.1), seed=0)
+    assert two.host_data.validation is None
+    three = fd.resplit(ds, (0.8, 0.1, 0.1), seed=0)
+    again = fd.resplit(three, (0.5, 0.25, 0.25), seed=4)  # validation rows are pooled too
+    for k in range(4):
+        assert _pooled(again, k) == _pooled(ds, k)
+
+
+@pytest.mark.parametrize("fractions", [(0.8, 0.1), (0.8, 0.3, 0.1), (0.0, 0.5, 0.5),
+                                       (0.9, -0.1, 0.2), ("a", 0, 1), (1.0, float("nan"), 0)])
+def test_resplit_refuses_bad_fractions(fractions):
+    ds = fd.get_dataset("synthetic", num_clients=3, max_examples=20)
+    with pytest.raises(ValueError, match="fractions"):
+        fd.resplit(ds, fractions)
+
+
+def test_resplit_of_leaf_data_keeps_user_ids(tmp_path):
+    import helpers
+    rng = np.random.default_rng(0)
+    user = lambda n: (rng.random((n, 784)).round(3).tolist(), rng.integers(0, 10, n).tolist())
+    train = {"u_b": user(9), "u_a": user(20)}
+    test = {"u_b": user(1), "u_a": user(5)}
+    helpers.write_leaf(tmp_path / "train" / "all.json", ["u_b", "u_a"], train)
+    helpers.write_leaf(tmp_path / "test" / "all.json", ["u_b", "u_a"], test)
+    ds = fd.get_dataset("femnist", path=str(tmp_path))
+    new = fd.resplit(ds, (0.8, 0.1, 0.1), seed=2)
+    assert new.info["users"] == ds.info["users"]
+    for k, u in enumerate(ds.info["users"]):
+        n = len(train[u][1]) + len(test[u][1])
+        assert int(new.host_data.train.num_examples[k]) == int(0.8 * n)
+        assert _pooled(new, k) == _pooled(ds, k)

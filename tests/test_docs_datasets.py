@@ -424,7 +424,7 @@ def test_snippet_run_dataset_wiring(snippets, monkeypatch):
 def test_snippet_run_dataset_runs(snippets):
     result = _berka_run(snippets, _berka(snippets))
     assert [h["round"] for h in result.history] == [0, 2]
-    assert np.isfinite(result.history[-1]["mean"])
+    assert np.isfinite(result.history[-1]["accuracy_mean"])
 
 
 def test_snippet_mnist_raw_pixels(snippets):

@@ -437,7 +437,8 @@ def _seq_fedavg():
 def _run(alg, **kwargs):
     kw = dict(model=MODEL, num_rounds=5, cohort_size=3, eval_every=2, progress=False)
     kw.update(kwargs)
-    return run(alg, PARAMS, DATA, jax.random.key(5), **kw)
+    data = kw.pop("data", DATA)
+    return run(alg, PARAMS, data, jax.random.key(5), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -517,7 +518,7 @@ def test_run_resume_is_bitwise_identical(reference_run):
     np.testing.assert_array_equal(resumed.round_metrics["train_loss"],
                                   full.round_metrics["train_loss"])
     for a, b in zip(resumed.history, full.history):
-        assert a["mean"] == b["mean"]
+        assert a["accuracy_mean"] == b["accuracy_mean"]
     for name in full.client_metrics:
         np.testing.assert_array_equal(resumed.client_metrics[name], full.client_metrics[name])
 
@@ -751,3 +752,26 @@ def test_run_refuses_a_lazy_table_too_small_before_compute():
     result = run(feddyn(MODEL, batch_size=B, client_table="lazy:3"), PARAMS, DATA, KEY,
                  model=MODEL, num_rounds=1, cohort_size=3, progress=False)
     assert result.client_table["rows_stored"] == 3
+
+
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_run_evaluates_a_validation_split_under_its_own_names(placement):
+    """A validation split is summarised with the test split's metric names prefixed
+    ``validation_``; the test keys say what they measure (``accuracy_worst_10%``)."""
+    from fedjax_fair.metrics import fairness_summary
+    swapped = DATA._replace(validation=DATA.test, test=DATA.train)
+    result = _run(_seq_fedavg(), data=swapped, placement=placement)
+    final = result.history[-1]
+    assert {"accuracy_mean", "accuracy_worst_10%", "accuracy_worst_10%_unweighted",
+            "test_loss", "validation_accuracy_mean", "validation_accuracy_worst_10%",
+            "validation_loss"} <= set(final)
+    plain = _run(_seq_fedavg(), placement=placement).history[-1]  # DATA.test as test
+    for key, value in plain.items():
+        if key.startswith("accuracy_"):
+            assert final["validation_" + key] == pytest.approx(value, abs=1e-6)
+    # test metrics come from the split named test (here DATA.train)
+    n = np.asarray(result.client_metrics["num_examples"])
+    np.testing.assert_array_equal(n, np.asarray(DATA.train.num_examples))
+    acc = np.asarray(result.client_metrics["accuracy"])[n > 0]
+    expected = fairness_summary(acc, weights=n[n > 0])
+    assert final["accuracy_worst_10%"] == pytest.approx(expected["worst_10%"], abs=1e-6)

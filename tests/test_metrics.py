@@ -302,3 +302,16 @@ def test_tail_mean_averages_the_last_k_evaluations():
             M.tail_mean([1.0, 2.0], bad)
     with pytest.raises(ValueError):
         M.tail_mean([], 1)
+
+
+def test_select_evaluation_picks_the_first_best_finite_entry():
+    history = [{"round": 0, "validation_accuracy_mean": 0.1, "accuracy_mean": 0.2},
+               {"round": 5, "validation_accuracy_mean": 0.7, "accuracy_mean": 0.6},
+               {"round": 10, "validation_accuracy_mean": float("nan"), "accuracy_mean": 0.9},
+               {"round": 15, "validation_accuracy_mean": 0.7, "accuracy_mean": 0.5}]
+    best = M.select_evaluation(history)
+    assert best["round"] == 5 and best["accuracy_mean"] == 0.6
+    assert M.select_evaluation(history, mode="min")["round"] == 0
+    assert M.select_evaluation([{"round": 0, "accuracy_mean": 0.3}]) is None
+    with pytest.raises(ValueError, match="mode"):
+        M.select_evaluation(history, mode="best")

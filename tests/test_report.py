@@ -8,8 +8,9 @@ CONTEXT = "synthetic, logreg, 20 rounds, seeds 0,1"
 
 
 def _history(rounds=(0, 5, 10, 15, 20), shift=0.0):
-    return [{"round": r, "mean": 0.5 + shift + 0.01 * r, "worst_10%": 0.1 + 0.01 * r,
-             "best_10%": 0.9, "std": 0.3 - 0.005 * r, "test_loss": 2.0 - 0.05 * r,
+    return [{"round": r, "accuracy_mean": 0.5 + shift + 0.01 * r,
+             "accuracy_worst_10%": 0.1 + 0.01 * r,
+             "accuracy_best_10%": 0.9, "accuracy_std": 0.3 - 0.005 * r, "test_loss": 2.0 - 0.05 * r,
              "train_loss": 1.5 - 0.03 * r} for r in rounds]
 
 
@@ -57,7 +58,7 @@ def test_compare_accuracy_panels_lines_styles_ticks_and_title():
     # The three panels plot mean, worst 10% and std (values of the first algorithm).
     first = [_data_lines(ax)[0].get_ydata() for ax in fig.axes]
     h = _history()
-    for ydata, key in zip(first, ("mean", "worst_10%", "std")):
+    for ydata, key in zip(first, ("accuracy_mean", "accuracy_worst_10%", "accuracy_std")):
         assert ydata[-1] == pytest.approx(h[-1][key])
 
 
@@ -65,7 +66,7 @@ def test_compare_accuracy_on_given_axes_stays_single_panel():
     fig = report.plot_compare_accuracy({"a": [_history()], "b": [_history()]},
                                        context=CONTEXT)
     ax = fig.axes[0]
-    fig2 = report.plot_compare_accuracy({"a": [_history()]}, ax=ax, key="worst_10%")
+    fig2 = report.plot_compare_accuracy({"a": [_history()]}, ax=ax, key="accuracy_worst_10%")
     assert fig2 is fig
 
 

@@ -473,7 +473,7 @@ def test_ditto_run_evaluates_each_clients_personal_model():
         assert abs(metrics["loss"][k] - _logreg_metrics(global_model, k)[1]) > 1e-3
     # The summary in the history is the personal evaluation too.
     has_test = metrics["num_examples"] > 0
-    np.testing.assert_allclose(result.history[-1]["mean"], np.mean(metrics["accuracy"][has_test]),
+    np.testing.assert_allclose(result.history[-1]["accuracy_mean"], np.mean(metrics["accuracy"][has_test]),
                                rtol=1e-5)
 
 

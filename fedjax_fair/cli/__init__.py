@@ -235,8 +235,11 @@ def build_dataset(cfg):
                 C.dataset_registry()[cfg.dataset]):
             err = C.ConfigError(f"dataset_args.{err.field}", str(e).split(": ", 1)[-1])
         raise err from None
+    if cfg.resplit != "none":
+        from fedjax_fair.data import resplit
+        ds = resplit(ds, C.parse_fractions(cfg.resplit), cfg.resplit_seed)
     pad = ds.info.get("padding", {})
-    for split in ("train", "test"):
+    for split in ("train", "validation", "test"):
         if split in pad:
             p = pad[split]
             print(f"data: {ds.name} {split}: {p['num_clients']} clients x {p['padded_size']} rows "
@@ -328,6 +331,17 @@ def final_summary(result) -> dict:
     return {k: v for k, v in result.history[-1].items() if k != "seconds"}
 
 
+def _selected(history: list) -> Optional[dict]:
+    """The evaluation with the best validation_accuracy_mean (None without a
+    validation split), labelled with what selected it."""
+    from fedjax_fair.metrics import select_evaluation
+    best = select_evaluation(history, "validation_accuracy_mean")
+    if best is None:
+        return None
+    best.pop("seconds", None)
+    return {"by": "validation_accuracy_mean (max)", **best}
+
+
 def _has_test(client_metrics) -> np.ndarray:
     return np.asarray(client_metrics["num_examples"]) > 0
 
@@ -353,6 +367,7 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         "model": {"name": model.name, "num_params": _num_params(model)},
         "evaluated": result.evaluated,
         "final": final_summary(result),
+        "selected": _selected(result.history),
         "improved_fraction_mean": None if imp is None or not len(imp) else float(np.mean(imp)),
         "timings": {"compile_seconds": result.compile_seconds,
                     "run_seconds": result.run_seconds,
@@ -477,9 +492,15 @@ def cmd_run(args) -> int:
     fin = summary["final"]
     print(f"{cfg.algorithm} on {ds.name} ({ds.num_clients} clients, "
           f"{report.EVALUATED[result.evaluated]}), round {fin['round']}: "
-          f"average {fin['mean']:.4f}, worst 10% {fin['worst_10%']:.4f}, "
-          f"best 10% {fin['best_10%']:.4f}, gini {fin['gini']:.4f}; "
+          f"accuracy: average {fin['accuracy_mean']:.4f}, worst 10% "
+          f"{fin['accuracy_worst_10%']:.4f}, best 10% {fin['accuracy_best_10%']:.4f}, "
+          f"gini {fin['accuracy_gini']:.4f}; "
           f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
+    sel = summary["selected"]
+    if sel:
+        print(f"selected by validation accuracy: round {sel['round']} (validation average "
+              f"{sel['validation_accuracy_mean']:.4f}); test accuracy there: average "
+              f"{sel['accuracy_mean']:.4f}, worst 10% {sel['accuracy_worst_10%']:.4f}")
     return 0
 
 

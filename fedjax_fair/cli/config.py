@@ -65,6 +65,10 @@ class _Common:
     initializer: str = _f("default", "str", "weight initializer: default (the network's own) "
                           "or glorot_uniform, glorot_normal, lecun_uniform, lecun_normal, "
                           "he_uniform, he_normal, zeros for every kernel, with zero biases")
+    resplit: str = _f("none", "str", "TRAIN,VALIDATION,TEST fractions, e.g. 0.8,0.1,0.1: pool "
+                      "each client's examples, shuffle them with resplit_seed and split them "
+                      "anew (q-FFL's protocol); none keeps the dataset's own split")
+    resplit_seed: int = _f(0, "int", "seed of --resplit (>= 0; q-FFL averages seeds 1-5)")
     augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
                       "(flip + padded crop) or tinyimagenet (rotation + flip)")
     client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
@@ -488,6 +492,10 @@ def _validate_common(cfg: _Common) -> None:
     _choice("execution", cfg.execution, STRATEGIES)
     _choice("sampler", cfg.sampler, SAMPLERS)
     _choice("mixing", cfg.mixing, MIXINGS)
+    if cfg.resplit != "none":
+        parse_fractions(cfg.resplit)
+    if cfg.resplit_seed < 0:
+        raise ConfigError("resplit_seed", f"must be an integer >= 0, got {cfg.resplit_seed}")
     from fedjax_fair.models import INITIALIZERS
     _choice("initializer", cfg.initializer, ("default", *INITIALIZERS))
     _choice("placement", cfg.placement, PLACEMENTS)
@@ -692,6 +700,15 @@ def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> 
 
 
 MIXINGS = ("default", "size", "uniform")
+
+
+def parse_fractions(text: str) -> tuple:
+    """``"0.8,0.1,0.1"`` -> (0.8, 0.1, 0.1), checked by ``data.federated``'s rule."""
+    from fedjax_fair.data.federated import _check_fractions
+    try:
+        return _check_fractions(text.split(","))
+    except ValueError as e:
+        raise ConfigError("resplit", str(e).split(": ", 1)[-1]) from None
 
 
 def mixing_kwargs(algorithm: str, mixing: str) -> Optional[dict]:

@@ -1,8 +1,8 @@
 """Tables and plots of simulation results, as small functions of plain data.
 
 Everything here takes plain Python / NumPy data — ``RunResult.history`` (a list of
-dicts, one per evaluation, with ``"round"``, ``"mean"``, ``"worst_10%"``,
-``"test_loss"``, ...), per-client arrays (``RunResult.client_metrics``) — so notebooks
+dicts, one per evaluation, with ``"round"``, ``"accuracy_mean"``,
+``"accuracy_worst_10%"``, ``"test_loss"``, ``"seconds"``, ...; see ``runner.split_summary``), per-client arrays (``RunResult.client_metrics``) — so notebooks
 can call the same functions as the CLI.
 
 Plots are drawn on ``matplotlib.figure.Figure`` objects with the Agg canvas, never
@@ -20,23 +20,26 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-# Columns of the comparison table: (key in a run summary, header, scale for display).
-# Accuracies are shown in percent, as in the fair-FL papers.
+# Columns of the comparison table: (key in a run summary, Markdown header, CSV column,
+# scale). Accuracies are in percent in both tables, as in the fair-FL papers, and
+# the CSV column names carry the unit.
 TABLE_COLUMNS = (
-    ("mean", "Average (%)", 100.0),
-    ("std", "Std (%)", 100.0),
-    ("worst_10%", "Worst 10% (%)", 100.0),
-    ("best_10%", "Best 10% (%)", 100.0),
-    ("gini", "Gini", 1.0),
-    ("run_seconds", "Wall-clock (s)", 1.0),
-    ("compile_seconds", "Compile (s)", 1.0),
+    ("accuracy_mean", "Average (%)", "accuracy_mean_percent", 100.0),
+    ("accuracy_std", "Std (%)", "accuracy_std_percent", 100.0),
+    ("accuracy_worst_10%", "Worst 10% (%)", "accuracy_worst_10%_percent", 100.0),
+    ("accuracy_best_10%", "Best 10% (%)", "accuracy_best_10%_percent", 100.0),
+    ("accuracy_gini", "Gini", "accuracy_gini", 1.0),
+    ("run_seconds", "Run (s)", "run_seconds", 1.0),
+    ("compile_seconds", "Compile (s)", "compile_seconds", 1.0),
 )
-DECIMALS = {"gini": 4, "run_seconds": 1, "compile_seconds": 1}
-TABLE_NOTE = ("Average/Std/Worst/Best: per-client final test accuracy over all clients with "
-              "test data (worst/best 10% groups averaged by test size); Gini of per-client "
-              "accuracy; Wall-clock: seconds of the compiled rounds (excluding compilation "
-              "and evaluation); Compile: seconds to compile them.")
-CSV_NAMES = {"worst_10%": "worst_10", "best_10%": "best_10"}
+DECIMALS = {"accuracy_gini": 4, "run_seconds": 1, "compile_seconds": 1}
+TABLE_NOTE = ("Average/Std/Worst/Best: per-client final test accuracy in percent over all "
+              "clients with test data (worst/best 10%: the lowest/highest max(1, floor(0.1 N)) "
+              "clients, averaged by test size); Gini of per-client accuracy; Run: seconds of "
+              "the compiled rounds (excluding compilation and evaluation); Compile: seconds "
+              "to compile them. With several seeds each cell is mean ± std over seeds; "
+              "comparison.csv holds the same values in the same units, the std in the "
+              "*_seed_std columns.")
 
 
 # ------------------------------------------------------------------------------ files
@@ -155,7 +158,7 @@ def aggregate_runs(summaries: Sequence[Mapping[str, float]]) -> dict[str, tuple[
     A run that diverged has NaN values and makes the aggregate NaN.
     """
     out = {}
-    for key, _, _ in TABLE_COLUMNS:
+    for key, *_ in TABLE_COLUMNS:
         vals = np.array([float(s.get(key, math.nan)) for s in summaries], np.float64)
         out[key] = (float(np.mean(vals)), float(np.std(vals)) if len(vals) > 1 else 0.0)
     return out
@@ -177,14 +180,14 @@ def comparison_table(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_
     ``rows`` maps an algorithm name to ``aggregate_runs(...)``; with more than one seed
     every cell reads ``mean ± std``. ``notes`` (e.g. "diverged at round 7") adds a column.
     """
-    header = ["Algorithm"] + [h for _, h, _ in TABLE_COLUMNS]
+    header = ["Algorithm"] + [h for _, h, _, _ in TABLE_COLUMNS]
     notes = notes or {}
     if any(notes.values()):
         header.append("Note")
     body = []
     for name, agg in rows.items():
         cells = [name]
-        for key, _, scale in TABLE_COLUMNS:
+        for key, _, _, scale in TABLE_COLUMNS:
             m, s = agg[key]
             cells.append(_fmt(m * scale, s * scale if num_seeds > 1 else None,
                               DECIMALS.get(key, 2)))
@@ -206,22 +209,24 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]],
 
 def write_comparison_csv(path: str, rows: Mapping[str, Mapping[str, tuple[float, float]]],
                          num_seeds: int) -> None:
-    """Machine-readable table: raw values (accuracies as fractions), mean and std columns."""
-    keys = [CSV_NAMES.get(k, k) for k, _, _ in TABLE_COLUMNS]
+    """The comparison table, machine-readable: the Markdown table's values in its units
+    (accuracies in percent; the unit is in the column name) at full precision, each
+    column's mean over seeds followed by its std over seeds (``*_seed_std``)."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["algorithm", "num_seeds"] + [c for k in keys for c in (k, f"{k}_std")])
+        w.writerow(["algorithm", "num_seeds"] + [c for _, _, name, _ in TABLE_COLUMNS
+                                                 for c in (name, f"{name}_seed_std")])
         for name, agg in rows.items():
-            w.writerow([name, num_seeds] + [repr(v) for k, _, _ in TABLE_COLUMNS
-                                            for v in agg[k]])
+            w.writerow([name, num_seeds] + [repr(v * scale) for key, _, _, scale in TABLE_COLUMNS
+                                            for v in agg[key]])
 
 
 # ------------------------------------------------------------------------------ plots
 
 # Per-client accuracy over rounds: (history key, panel title, y label).
-ACCURACY_PANELS = (("mean", "Average", "average accuracy"),
-                   ("worst_10%", "Worst 10% of clients", "worst-10% accuracy"),
-                   ("std", "Std across clients", "std of accuracy"))
+ACCURACY_PANELS = (("accuracy_mean", "Average", "average accuracy"),
+                   ("accuracy_worst_10%", "Worst 10% of clients", "worst-10% accuracy"),
+                   ("accuracy_std", "Std across clients", "std of accuracy"))
 LINESTYLES = ("-", "--", ":", "-.")
 
 
@@ -327,7 +332,7 @@ def plot_accuracy_panels(histories: Mapping[str, Sequence[Sequence[Mapping]]],
         ax.grid(alpha=0.3)
     fig.suptitle(_title(title, context))
     handles, labels = axes[0].get_legend_handles_labels()
-    if not handles:  # e.g. no "mean" anywhere: take the first panel that has lines
+    if not handles:  # e.g. no "accuracy_mean" anywhere: take the first panel that has lines
         for ax in axes:
             handles, labels = ax.get_legend_handles_labels()
             if handles:
@@ -348,8 +353,9 @@ def plot_accuracy(history: Sequence[Mapping], ax=None, title: str = "Test accura
         return plot_accuracy_panels({"run": [history]}, context=context, title=title,
                                     legend=False, markers=True)
     fig = ax.figure
-    for key, label, style in (("mean", "average", "-"), ("worst_10%", "worst 10%", "--"),
-                              ("best_10%", "best 10%", ":")):
+    for key, label, style in (("accuracy_mean", "average", "-"),
+                              ("accuracy_worst_10%", "worst 10%", "--"),
+                              ("accuracy_best_10%", "best 10%", ":")):
         r, v = _series(history, key)
         if len(r):
             ax.plot(r, v, style, label=label, marker="o", markersize=3)
@@ -401,7 +407,7 @@ def plot_client_histogram(accuracy, ax=None, title: str = "Final per-client test
 
 
 def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], ax=None,
-                          key: str = "mean", title: str = "Per-client test accuracy",
+                          key: str = "accuracy_mean", title: str = "Per-client test accuracy",
                           context: str = ""):
     """One line per algorithm vs round, mean over seeds, band = min..max.
 
@@ -418,7 +424,7 @@ def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], 
         if lines is not None:
             _draw_algorithm(ax, *lines, name, styles[name])
     _round_axis(ax)
-    ax.set_ylabel(key if key != "mean" else "average accuracy")
+    ax.set_ylabel(key if key != "accuracy_mean" else "average accuracy")
     ax.set_title(_title(title, context))
     ax.grid(alpha=0.3)
     _legend(ax, fontsize="small")

@@ -47,8 +47,7 @@ class Dataset:
     @functools.cached_property
     def data(self) -> FederatedData:
         """The federation on the default device (moved on first access, then kept)."""
-        return FederatedData(train=_to_device(self.host_data.train),
-                             test=_to_device(self.host_data.test))
+        return jax.tree.map(_to_device, self.host_data)
 
     @property
     def num_clients(self) -> int:
@@ -264,7 +263,7 @@ def split_per_client(rng: np.random.Generator, xs: Sequence[np.ndarray],
 
 
 def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: int,
-                info: dict | None = None) -> Dataset:
+                info: dict | None = None, validation: ClientData | None = None) -> Dataset:
     """Builds a Dataset from already padded host splits (ClientData of NumPy arrays).
 
     For generators that write straight into the padded block (femnist_like). The
@@ -276,7 +275,10 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
     """
     num_classes = _check_positive_int(num_classes, "num_classes")
     n = train.mask.shape[0]
-    for field, split in (("train", train), ("test", test)):
+    splits = {"train": train, "test": test}
+    if validation is not None:
+        splits["validation"] = validation
+    for field, split in splits.items():
         x, y = split.examples["x"], split.examples["y"]
         if split.mask.shape[0] != n:
             raise ValueError(f"num_clients: train has {n} clients, {field} has "
@@ -288,13 +290,15 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
             raise ValueError(f"{field}: num_examples differs from the mask's row counts")
         _check_label_range(np.asarray(y), np.asarray(split.mask), num_classes, f"{field}_ys")
         _check_finite_inputs(np.asarray(x), np.asarray(split.mask), f"{field}_xs")
-    if train.examples["x"].shape[2:] != test.examples["x"].shape[2:]:
-        raise ValueError(f"test_xs: input shape {test.examples['x'].shape[2:]} differs "
-                         f"from train_xs {train.examples['x'].shape[2:]}")
+    for field, split in splits.items():
+        if split.examples["x"].shape[2:] != train.examples["x"].shape[2:]:
+            raise ValueError(f"{field}_xs: input shape {split.examples['x'].shape[2:]} "
+                             f"differs from train_xs {train.examples['x'].shape[2:]}")
     info = dict(info or {})
-    info["padding"] = {split: {**padding_report(d), "buckets": bucket_report(d.num_examples)}
-                       for split, d in (("train", train), ("test", test))}
-    return Dataset(name=name, host_data=FederatedData(train=train, test=test),
+    info["padding"] = {field: {**padding_report(d), "buckets": bucket_report(d.num_examples)}
+                       for field, d in splits.items()}
+    return Dataset(name=name, host_data=FederatedData(train=train, test=test,
+                                                      validation=validation),
                    num_classes=num_classes, input_shape=tuple(train.examples["x"].shape[2:]),
                    info=info)
 
@@ -315,3 +319,73 @@ def from_client_arrays(train_xs: Sequence[np.ndarray], train_ys: Sequence[np.nda
     train = _stack_host(train_xs, train_ys, None, ("train_xs", "train_ys"))
     test = _stack_host(test_xs, test_ys, None, ("test_xs", "test_ys"))
     return from_padded(train, test, name=name, num_classes=num_classes, info=info)
+
+
+# --------------------------------------------------------------------------- re-split
+
+
+def _check_fractions(fractions) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(f) for f in fractions)
+    except (TypeError, ValueError):
+        raise ValueError(f"fractions: must be three numbers TRAIN, VALIDATION, TEST, got "
+                         f"{fractions!r}") from None
+    if len(values) != 3 or not all(np.isfinite(values)) or min(values) < 0 \
+            or values[0] <= 0 or abs(sum(values) - 1.0) > 1e-6:
+        raise ValueError(f"fractions: must be three numbers TRAIN > 0, VALIDATION >= 0, "
+                         f"TEST >= 0 that sum to 1, got {fractions!r}")
+    return values
+
+
+def split_sizes(n: int, fractions) -> tuple[int, int, int]:
+    """(train, validation, test) rows of a client with n examples: the cut points are
+    ``floor(c n)`` at the cumulative fractions c, as in q-FFL's code
+    (``x[:int(0.8 n)]``, ``x[int(0.8 n):int(0.9 n)]``, ``x[int(0.9 n):]``)."""
+    f_train, f_val, _ = _check_fractions(fractions)
+    # The tiny epsilon keeps e.g. 0.8 * 10 = 7.999... from flooring to 7.
+    a = int(np.floor(f_train * n + 1e-9))
+    b = int(np.floor((f_train + f_val) * n + 1e-9))
+    return a, b - a, n - b
+
+
+def resplit(dataset: Dataset, fractions=(0.8, 0.1, 0.1), seed: int = 0) -> Dataset:
+    """Every client's examples pooled and split anew into train / validation / test.
+
+    The q-FFL protocol (Li et al., "Fair Resource Allocation in Federated Learning",
+    arXiv:1905.10497; its code's ``data_partition_seed``): concatenate each client's
+    train and test examples (and validation, if any) in that order, shuffle them with
+    ``np.random.default_rng(seed)`` (one generator, clients in order), and cut at
+    ``split_sizes``. Works for any Dataset, LEAF's natural partitions included;
+    client order and identifiers are kept. A validation fraction of 0 leaves the
+    dataset without a validation split.
+
+    Args:
+      dataset: any Dataset.
+      fractions: (train, validation, test), train > 0, summing to 1.
+      seed: the partition seed (different seeds give the q-FFL paper's repeated
+        partitions).
+    """
+    fractions = _check_fractions(fractions)
+    rng = np.random.default_rng(_check_seed(seed))
+    host = dataset.host_data
+    pools = [s for s in (host.train, host.test, host.validation) if s is not None]
+    parts: dict[str, tuple[list, list]] = {"train": ([], []), "validation": ([], []),
+                                            "test": ([], [])}
+    for k in range(host.num_clients):
+        x = np.concatenate([np.asarray(s.examples["x"][k])[np.asarray(s.mask[k])]
+                            for s in pools])
+        y = np.concatenate([np.asarray(s.examples["y"][k])[np.asarray(s.mask[k])]
+                            for s in pools])
+        order = rng.permutation(len(y))
+        a, b, _ = split_sizes(len(y), fractions)
+        for name, rows in (("train", order[:a]), ("validation", order[a:a + b]),
+                           ("test", order[a + b:])):
+            parts[name][0].append(x[rows])
+            parts[name][1].append(y[rows])
+    stacked = {name: _stack_host(xs, ys, None, (f"{name}_xs", f"{name}_ys"))
+               for name, (xs, ys) in parts.items()}
+    info = {k: v for k, v in dataset.info.items() if k != "padding"}
+    info["resplit"] = {"fractions": list(fractions), "seed": int(seed)}
+    return from_padded(stacked["train"], stacked["test"], name=dataset.name,
+                       num_classes=dataset.num_classes, info=info,
+                       validation=stacked["validation"] if fractions[1] > 0 else None)
