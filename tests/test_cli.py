@@ -756,3 +756,38 @@ def test_resplit_gives_validation_metrics_and_a_selected_round(tmp_path, capsys)
                      "--num-rounds", "6"])
     assert code == 2
     assert "resplit" in capsys.readouterr().err
+
+
+def test_compensate_server_lr_scales_the_server_rate(tmp_path, capsys):
+    """FedAvgM (momentum 0) steps by server_lr_t x direction: compensated, server_lr_t
+    grows as 1 / client_lr_t, so round t's step is 2^t times the direction."""
+    import jax
+    from fedjax_fair.simulate import simulate
+    cfg = C.build(C.RunConfig, None, {"algorithm": "fedavgm", "hparams": {"momentum": 0.0},
+                                      "client_lr_schedule": "exponential:0.5",
+                                      "compensate_server_lr": True,
+                                      "dataset_args": {"num_clients": 6, "max_examples": 100}})
+    C.validate_run(cfg)
+    ds = cli.build_dataset(cfg)
+    model = cli.build_model(cfg, ds)
+    alg = cli.build_algorithm("fedavgm", model, cfg, cfg.hparams)
+    state = alg.init(model.init(jax.random.key(0)), ds.num_clients)
+    for t in range(3):
+        new, metrics = simulate(alg, state, ds.data, jax.random.key(t), num_rounds=1,
+                                cohort_size=3)
+        step = np.sqrt(sum(float(np.sum((np.asarray(a) - np.asarray(b)) ** 2)) for a, b in
+                           zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params))))
+        assert step == pytest.approx(2.0 ** t * float(metrics["update_norm"][0]), rel=1e-4)
+        state = new
+    capsys.readouterr()
+    assert cli.main(["run", "--algorithm", "fedavgm", "--compensate-server-lr",
+                     "-o", str(tmp_path / "x"), *TINY]) == 2
+    _one_line_error(capsys.readouterr().err, "compensate_server_lr")
+    assert cli.main(["run", "--algorithm", "fedprox", "--compensate-server-lr",
+                     "--client-lr-schedule", "exponential:0.9", "-o", str(tmp_path / "y"),
+                     *TINY]) == 2
+    _one_line_error(capsys.readouterr().err, "compensate_server_lr")
+    assert cli.main(["run", "--algorithm", "fedavgm", "--compensate-server-lr",
+                     "--client-lr-schedule", "exponential:0.9", "--num-rounds", "2",
+                     "-o", str(tmp_path / "z"), *TINY]) == 0
+    assert json.loads((tmp_path / "z" / "config.json").read_text())["compensate_server_lr"]

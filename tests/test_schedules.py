@@ -39,3 +39,14 @@ def test_base_rate_may_be_traced():
     np.testing.assert_allclose(jax.jit(jax.vmap(final_rate))(jnp.array([1.0, 2.0])),
                                [0.81, 1.62], rtol=1e-6)
     np.testing.assert_allclose(jax.grad(final_rate)(1.0), 0.81, rtol=1e-6)
+
+
+def test_compensated_server_rate_keeps_the_product_constant():
+    from fedjax_fair.schedules import compensated, exponential
+    client = exponential(0.1, 0.5, every=2)
+    server = compensated(2.0, client)
+    for t in range(7):
+        assert float(server(t)) == pytest.approx(2.0 * 0.5 ** -(t // 2))
+        assert float(server(t)) * float(client(t)) == pytest.approx(0.2)
+    decayed = compensated(lambda t: 2.0 * 0.9 ** t, client)  # a server schedule too
+    assert float(decayed(3)) == pytest.approx(2.0 * 0.9 ** 3 / 0.5)

@@ -123,6 +123,9 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
                    help="do not write PNG plots")
     p.add_argument("--overwrite", dest="overwrite", action="store_true", default=S,
                    help="write into an output directory that already holds results")
+    p.add_argument("--compensate-server-lr", "--compensate_server_lr",
+                   dest="compensate_server_lr", action="store_true", default=S,
+                   help=C.fields(cls)["compensate_server_lr"].metadata["help"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,9 +294,13 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     if client_schedule is not None and "client_lr" in kwargs:
         kwargs["client_lr"] = client_schedule(kwargs["client_lr"])
     server_schedule = parse_schedule(cfg.server_lr_schedule, "server_lr_schedule")
+    rate = C.server_rate_name(name)
     if server_schedule is not None:
-        rate = C.server_rate_name(name)
         kwargs[rate] = server_schedule(kwargs.get(rate, accepted[rate].default))
+    if cfg.compensate_server_lr:
+        from fedjax_fair.schedules import compensated
+        kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
+                                   client_schedule(1.0))
     try:
         algorithm = REGISTRY[name].factory(model, **kwargs)
     except (TypeError, ValueError) as e:

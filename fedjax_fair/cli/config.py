@@ -78,6 +78,9 @@ class _Common:
                                  "at each listed round)")
     server_lr_schedule: str = _f("none", "str", "the same for the server rate (server_lr / "
                                  "global_lr) of algorithms that have one")
+    compensate_server_lr: bool = _f(False, "bool", "scale the server rate by client_lr_0 / "
+                                    "client_lr_t, keeping their product constant as the "
+                                    "client rate decays (AAggFF's reference code)", flag=False)
     batch_size: int = _f(10, "int", "client batch size (> 0)")
     num_epochs: int = _f(1, "int", "local epochs per round (> 0)")
     num_rounds: int = _f(150, "int", "number of rounds (> 0)")
@@ -492,6 +495,9 @@ def _validate_common(cfg: _Common) -> None:
     _choice("execution", cfg.execution, STRATEGIES)
     _choice("sampler", cfg.sampler, SAMPLERS)
     _choice("mixing", cfg.mixing, MIXINGS)
+    if cfg.compensate_server_lr and cfg.client_lr_schedule == "none":
+        raise ConfigError("compensate_server_lr", "needs a decaying client rate: give "
+                                                  "--client-lr-schedule too")
     if cfg.resplit != "none":
         parse_fractions(cfg.resplit)
     if cfg.resplit_seed < 0:
@@ -600,7 +606,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
         raise ConfigError("seed", f"must be an integer >= 0, got {cfg.seed}")
     cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
     _validate_common(cfg)
-    check_server_schedule(cfg.algorithm, cfg.server_lr_schedule)
+    check_server_schedule(cfg.algorithm, cfg.server_lr_schedule, cfg.compensate_server_lr)
     check_mixing(cfg.algorithm, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     if cfg.resolved_checkpoint_dir():
@@ -672,7 +678,7 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     if not cfg.resume:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
     for a in cfg.algorithms:
-        check_server_schedule(a, cfg.server_lr_schedule)
+        check_server_schedule(a, cfg.server_lr_schedule, cfg.compensate_server_lr)
         check_mixing(a, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     return hparams
@@ -741,10 +747,14 @@ def server_rate_name(algorithm: str) -> Optional[str]:
     return next((n for n in SERVER_RATES if accepts(algorithm, n)), None)
 
 
-def check_server_schedule(algorithm: str, schedule: str) -> None:
+def check_server_schedule(algorithm: str, schedule: str, compensate: bool = False) -> None:
     if schedule != "none" and server_rate_name(algorithm) is None:
         raise ConfigError("server_lr_schedule", f"{algorithm!r} has no server learning rate "
                                                 f"({' or '.join(SERVER_RATES)}); use none")
+    if compensate and server_rate_name(algorithm) is None:
+        raise ConfigError("compensate_server_lr", f"{algorithm!r} has no server learning "
+                                                  f"rate ({' or '.join(SERVER_RATES)}) to "
+                                                  f"compensate")
 
 
 def error_from_message(message: str, default_field: str) -> ConfigError:
