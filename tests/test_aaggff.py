@@ -219,6 +219,112 @@ def test_transform_ignores_masked_rows():
     assert r[2] == 0.0
 
 
+# The authors' code (src/server/aaggffserver.py, ``fair_const`` ids 0-5) on
+# F = (0.01, 0.10, 0.02), x = F / mean(F) = (3/13, 30/13, 6/13), before scaling to
+# [C1, C2]; computed by hand from its formulas in plain Python (math.exp, math.erfc):
+#   0: 1 - exp(-x^2)   1: 1 - exp(-x)   2: exp(-1/x)   3: (1 + erfc((x - 1) / sqrt 2)) / 2
+#   4: exp(-exp(-(x - 1)))   5: 1 / (1 + exp(-(x - 1))).
+REFERENCE_CODE_RESPONSES = {
+    0: (0.051861261, 0.995133809, 0.191858209),
+    1: (0.206077342, 0.900509420, 0.369686813),
+    2: (0.013123729, 0.648344341, 0.114558844),
+    3: (1.279121836, 0.595488847, 1.204870774),
+    4: (0.115543808, 0.763041059, 0.180257502),
+    5: (0.316645530, 0.787126739, 0.368545540),
+}
+
+
+def np_reference_code_transform(fair_const, losses):
+    """The authors' response transform of id ``fair_const`` in plain Python floats."""
+    mean = sum(losses) / len(losses)
+    fn = {0: lambda v: 1 - math.exp(-v ** 2), 1: lambda v: 1 - math.exp(-v),
+          2: lambda v: math.exp(-1 / v),
+          3: lambda v: 0.5 * (1 + math.erfc((v - 1) / 2 ** 0.5)),
+          4: lambda v: math.exp(-math.exp(-(v - 1))),
+          5: lambda v: 1 / (1 + math.exp(-(v - 1)))}[fair_const]
+    return [fn(f / mean) for f in losses]
+
+
+def test_reference_variant_reproduces_the_authors_transform_ids():
+    f = [0.01, 0.10, 0.02]
+    losses = [float(v) for v in np.random.default_rng(3).gamma(2.0, 1.0, 7)]
+    mask3, mask7 = jnp.ones(3, bool), jnp.ones(7, bool)
+    for fair_const, expected in REFERENCE_CODE_RESPONSES.items():
+        np.testing.assert_allclose(np_reference_code_transform(fair_const, f), expected,
+                                   atol=1e-9)
+        r = ag.transform_responses(jnp.asarray(f), mask3, fair_const, variant="reference")
+        np.testing.assert_allclose(r, expected, rtol=1e-6, atol=1e-7)
+        # The authors scale by 1/K at C = 1 and by C otherwise: C1 = 0, C2 = 1/K or C.
+        r = ag.transform_responses(jnp.asarray(f), mask3, fair_const, 0.0, 1.0 / 3,
+                                   variant="reference")
+        np.testing.assert_allclose(r, np.asarray(expected) / 3, rtol=1e-6, atol=1e-7)
+        r = ag.transform_responses(jnp.asarray(losses), mask7, fair_const, 0.0, 0.05,
+                                   variant="reference")
+        np.testing.assert_allclose(r, 0.05 * np.asarray(
+            np_reference_code_transform(fair_const, losses)), rtol=1e-5, atol=1e-8)
+        # Ids other than 3 compute the thesis CDFs; names and ids select the same.
+        name = ag.CDF_IDS[fair_const]
+        thesis = ag.transform_responses(jnp.asarray(losses), mask7, name)
+        reference = ag.transform_responses(jnp.asarray(losses), mask7, name,
+                                           variant="reference")
+        if name != "normal":
+            np.testing.assert_array_equal(reference, thesis)
+
+
+def test_thesis_and_reference_normal_transforms_differ():
+    """Thesis: Phi(x - 1), increasing in F_i, in [C1, C2]. Authors' code:
+    1.5 - Phi(x - 1), decreasing, in C1 + (C2 - C1) (0.5, 1.35). They agree only where
+    Phi(x - 1) = 3/4."""
+    f = jnp.asarray([0.2, 0.5, 1.0, 1.5, 3.0, 1.8])  # mean 1.333...
+    mask = jnp.ones(6, bool)
+    thesis = np.asarray(ag.transform_responses(f, mask, "normal", 0.1, 0.3))
+    reference = np.asarray(ag.transform_responses(f, mask, 3, 0.1, 0.3, variant="reference"))
+    np.testing.assert_allclose(thesis, np_responses(f, "normal", 0.1, 0.3), rtol=1e-5)
+    # r_ref - C1 = (C2 - C1) (1.5 - Phi) = 1.5 (C2 - C1) - (r_thesis - C1).
+    np.testing.assert_allclose(reference, 0.1 + 1.5 * 0.2 - (thesis - 0.1), rtol=1e-5)
+    assert np.all(np.diff(thesis[np.argsort(f)]) > 0)
+    assert np.all(np.diff(reference[np.argsort(f)]) < 0)
+    assert reference.max() > 0.3 and reference.min() > 0.1 + 0.5 * 0.2
+    assert np.abs(thesis - reference).min() > 0.01
+    # Equal losses (x = 1): 1/2 in the thesis, 1 in the authors' code.
+    equal = jnp.full(4, 0.7)
+    for variant, value in (("thesis", 0.5), ("reference", 1.0)):
+        np.testing.assert_allclose(
+            ag.transform_responses(equal, jnp.ones(4, bool), "normal", variant=variant),
+            value, rtol=1e-6)
+    # x = 1 + Phi^-1(3/4) = 1.6744898 (and 2 - x for the other client): equal at the
+    # first client only.
+    x = 1.0 + 0.6744897501960817
+    pair = jnp.asarray([x, 2.0 - x])
+    t, r = (np.asarray(ag.transform_responses(pair, jnp.ones(2, bool), "normal",
+                                              variant=v)) for v in ag.VARIANTS)
+    np.testing.assert_allclose([t[0], r[0]], 0.75, rtol=1e-5)
+    assert abs(t[1] - r[1]) > 0.4
+    with pytest.raises(ValueError, match=r"^variant: "):
+        ag.get_transform("normal", "authors")
+
+
+def test_reference_rules_use_the_authors_normal_transform():
+    """One round of each mixing rule with ``variant="reference"`` and id 3 equals the
+    literal reference update fed with the authors' responses (hand-written above)."""
+    f = np.array([[0.01, 0.10, 0.02]])
+    w, dec, _ = run_rule(ag.aaggff_s_mixing(cdf=3, variant="reference"), 3, f)
+    resp = np.asarray(REFERENCE_CODE_RESPONSES[3])[None] / 3  # C2 = 1/K
+    ref = np_ons_run(resp, *ag.ons_defaults(3), "reference")
+    np.testing.assert_allclose(dec, ref, atol=2e-5)
+    thesis_resp = np_responses(f[0], "normal", 0.0, 1.0 / 3)[None]
+    assert np.abs(ref - np_ons_run(thesis_resp, *ag.ons_defaults(3), "reference")).max() > 1e-3
+    # AAggFF-D: 3 of 6 clients (C = 1/2 = C2).
+    ids = np.array([[1, 3, 4]])
+    w, dec, _ = run_rule(ag.aaggff_d_mixing(cdf="normal", variant="reference"), 6, f, ids=ids)
+    ref = np_ftrl_run([(ids[0], 0.5 * np.asarray(REFERENCE_CODE_RESPONSES[3]))], 6, "reference")
+    np.testing.assert_allclose(dec, ref, atol=1e-6)
+    # The authors' id 3 gives the LOWEST weight to the highest loss (client 3).
+    assert dec[0, 3] < dec[0, [1, 4]].min()
+    w_thesis, dec_thesis, _ = run_rule(ag.aaggff_d_mixing(cdf="normal"), 6, f, ids=ids)
+    assert dec_thesis[0, 3] > dec_thesis[0, [1, 4]].max()
+
+
 # ------------------------------------------------------------------ online solvers
 
 

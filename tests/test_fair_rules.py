@@ -28,12 +28,13 @@ from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, fedavg
 from fedjax_fair.algorithms.fedmax import (effective_k, fedmax, fedmax_k, fedmax_k_mixing,
                                            fedmax_k_weights, fedmax_mixing, fedmax_weights,
                                            fedsoftmax, fedsoftmax_mixing, fedsoftmax_weights)
-from fedjax_fair.algorithms.propfair import propfair, propfair_mixing
+from fedjax_fair.algorithms.propfair import (ROW_MASK, client_batch_loss, client_loss_model,
+                                             propfair, propfair_mixing, with_row_mask)
 from fedjax_fair.algorithms.qffl import (prior_mixing, qffl,
                                          qffl_aggregator, qffl_coefficients, qffl_mixing,
                                          qffl_weights)
 from fedjax_fair.algorithms.term import term, term_mixing, term_weights
-from fedjax_fair.client import data_loss
+from fedjax_fair.client import batch_from_orders, data_loss, epoch_order, masked_mean
 from fedjax_fair.mixing import by_num_examples
 from fedjax_fair.mixing import active_clients
 from fedjax_fair.solvers.simplex import (exponentiated_gradient, masked_softmax, project_simplex,
@@ -441,6 +442,105 @@ def test_propfair_matches_reference_and_clips_losses_above_baseline(rng):
         propfair_mixing(2.0, eps=0.0)
     with pytest.raises(ValueError, match=r"^eps: "):
         propfair(helpers.logreg(), baseline=2.0, eps=0.0)
+
+
+# The authors' client form (mode="client"): per minibatch with mean loss l,
+# -log(1 - l / M), or l / M when M - l < eps. Values written out by hand.
+PROPFAIR_CLIENT_LOSSES = [  # (l, M, eps, loss)
+    (0.0, 2.0, 0.2, 0.0),
+    (0.5, 2.0, 0.2, 0.28768207245178085),  # -log(3/4)
+    (1.0, 2.0, 0.2, 0.6931471805599453),  # log 2
+    (1.7, 2.0, 0.2, 1.8971199848858813),  # -log(0.15): M - l = 0.3, log side
+    (1.9, 2.0, 0.2, 0.95),  # M - l = 0.1 < eps: l / M
+    (3.0, 2.0, 0.2, 1.5),  # l > M: l / M
+    (2.75, 3.0, 0.25, 2.4849066497880004),  # M - l = eps exactly: log side, log 12
+    (2.875, 3.0, 0.25, 0.9583333333333334),  # M - l = 0.125 < eps
+]
+
+
+def np_propfair_batch_loss(l, m, eps=0.2):
+    """The authors' rule, literally: l / M if M - l < eps else -log(1 - l / M)."""
+    return l / m if m - l < eps else -np.log(1 - l / m)
+
+
+def test_propfair_client_batch_loss_is_the_reference_formula():
+    for l, m, eps, expected in PROPFAIR_CLIENT_LOSSES:
+        np.testing.assert_allclose(np_propfair_batch_loss(l, m, eps), expected, rtol=1e-12)
+        np.testing.assert_allclose(client_batch_loss(l, m, eps), expected,
+                                   rtol=1e-6, atol=1e-7)
+    # d/dl = 1 / (M - l) on the log side, 1 / M on the linear side; d/dM finite on
+    # both sides (-l / (M (M - l)) and -l / M^2), even past l = M.
+    dl = jax.grad(client_batch_loss, argnums=0)
+    dm = jax.grad(client_batch_loss, argnums=1)
+    np.testing.assert_allclose(dl(0.5, 2.0, 0.2), 1 / 1.5, rtol=1e-6)
+    np.testing.assert_allclose(dl(1.9, 2.0, 0.2), 0.5, rtol=1e-6)
+    np.testing.assert_allclose(dl(3.0, 2.0, 0.2), 0.5, rtol=1e-6)
+    np.testing.assert_allclose(dm(0.5, 2.0, 0.2), -0.5 / (2.0 * 1.5), rtol=1e-6)
+    np.testing.assert_allclose(dm(1.9, 2.0, 0.2), -1.9 / 4.0, rtol=1e-6)
+    np.testing.assert_allclose(dm(3.0, 2.0, 0.2), -3.0 / 4.0, rtol=1e-6)
+    # M traced (vmapped), as in a sweep over the baseline.
+    ms = jnp.array([2.0, 3.0, 5.0])
+    np.testing.assert_allclose(jax.vmap(lambda m: client_batch_loss(0.5, m))(ms),
+                               -np.log1p(-0.5 / np.array([2.0, 3.0, 5.0])), rtol=1e-6)
+
+
+def _masked_batch(model, seed=0):
+    """6 rows of one client, the last two masked out (and absurd)."""
+    (x, y), = helpers.client_arrays([6], seed=seed)
+    x[4:] = 1e3
+    batch = {"x": jnp.asarray(x), "y": jnp.asarray(y)}
+    return batch, jnp.asarray([True] * 4 + [False] * 2)
+
+
+def test_propfair_client_model_loss_and_gradient_on_a_masked_batch():
+    """Local SGD's masked mean of the wrapped per-example loss is the batch's PropFair
+    loss, and its gradient is grad l / (M - l) (grad l / M past the switch), l being the
+    mean raw loss over the real rows only."""
+    model = helpers.logreg()
+    params = helpers.init_params(model, 3)
+    batch, mask = _masked_batch(model)
+
+    def raw(p):
+        return masked_mean(model.per_example_loss(p, batch), mask)
+
+    def trained(p, m, eps=0.2):
+        wrapped = client_loss_model(model, m, eps)
+        flagged = {**batch, ROW_MASK: mask}
+        return masked_mean(wrapped.per_example_loss(p, flagged), mask)  # as local_sgd does
+
+    l = float(raw(params))
+    g = jax.grad(raw)(params)
+    for m, scale in ((l + 1.0, 1.0 / 1.0), (l + 0.1, 1.0 / (l + 0.1))):  # log, linear side
+        np.testing.assert_allclose(trained(params, m), np_propfair_batch_loss(l, m), rtol=1e-5)
+        helpers.assert_trees_close(jax.grad(trained)(params, m),
+                                   jax.tree.map(lambda v: scale * v, g), rtol=1e-5, atol=1e-7)
+    # Without the flags every row counts (here the absurd rows put the mean past
+    # the switch); evaluation keeps the raw loss.
+    wrapped = client_loss_model(model, l + 1.0)
+    all_rows = float(jnp.mean(model.per_example_loss(params, batch)))
+    np.testing.assert_allclose(wrapped.per_example_loss(params, batch),
+                               np.full(6, np_propfair_batch_loss(all_rows, l + 1.0)), rtol=1e-5)
+    flagged = {**batch, ROW_MASK: mask}
+    for k, v in wrapped.per_example_metrics(params, flagged).items():
+        np.testing.assert_allclose(v, model.per_example_metrics(params, batch)[k], rtol=1e-6)
+
+
+def test_propfair_row_mask_flags_exactly_the_masked_in_positions():
+    """After ``with_row_mask`` every local batch's flags equal its mask, partial last
+    batches and padding included, and the scan length is unchanged."""
+    train = helpers.tiny_federation(padded_size=13).train  # n = 7, 12, 0, 3, 9, 5
+    for k in range(6):
+        data = helpers.client(train, k)
+        n = int(data.num_examples)
+        for b in (4, 5, 20):
+            flagged = with_row_mask(data, b)
+            assert flagged.mask.shape[0] % b == 0
+            assert int(flagged.num_examples) == n and int(flagged.mask.sum()) == n
+            assert -(-flagged.mask.shape[0] // b) == -(-13 // b)
+            orders = jnp.stack([epoch_order(flagged, jax.random.key(k), e, b) for e in (0, 1)])
+            for t in range(2 * -(-n // b)):
+                batch, batch_mask = batch_from_orders(flagged, orders, t, b)
+                np.testing.assert_array_equal(batch[ROW_MASK], batch_mask)
 
 
 # ---------------------------------------------------------------------------- q-FFL
@@ -865,6 +965,90 @@ def test_fair_rules_lower_the_worst_client_loss_on_a_skewed_federation():
         assert worst[name] < 0.8 * worst["fedavg"], (name, worst)
         assert spread[name] < 0.5 * spread["fedavg"], (name, spread)
     assert spread["qffl"] < 0.6 * spread["qffl0"], spread
+
+
+def np_propfair_client(x, y, m, eps, lr, steps):
+    """The authors' PropFair client, full batch: ``steps`` SGD steps on
+    -log(1 - l / M) (l / M when M - l < eps); (W, b, M - l at every step)."""
+    w, b = helpers.logreg_to_numpy(PARAMS)
+    margins = []
+    for _ in range(steps):
+        logits = x.astype(np.float64) @ w + b
+        logits -= logits.max(-1, keepdims=True)
+        l = np.mean(np.log(np.exp(logits).sum(-1)) - logits[np.arange(len(y)), y])
+        scale = 1.0 / m if m - l < eps else 1.0 / (m - l)
+        gw, gb = helpers.logreg_grad_numpy(w, b, x, y)
+        w, b = w - lr * scale * gw, b - lr * scale * gb
+        margins.append(m - l)
+    return w, b, margins
+
+
+def test_propfair_client_mode_round_equals_numpy():
+    """mode="client": every client trains on the per-minibatch PropFair loss (here
+    full-batch, B = 16 > M = 12, so the data are padded and client 4's batch is
+    partial) and the server averages with FedAvg's n_k weights (uniform with
+    weight_by_size=False); F_k stays the raw loss."""
+    m, eps = 1.6, 0.2  # client 3 starts past the switch (F = 1.47), the rest on the log side
+    w0, b0 = helpers.logreg_to_numpy(PARAMS)
+    step, margins = np.zeros(w0.size + b0.size), []
+    n = np.asarray(TRAIN.num_examples, np.float64)
+    for k in range(5):
+        x, y = helpers.real_rows(TRAIN, [k])
+        w, b, mk = np_propfair_client(x, y, m, eps, LR, EPOCHS)
+        step += n[k] / n.sum() * np.concatenate([(w0 - w).ravel(), b0 - b])
+        margins += mk
+    margins = np.asarray(margins)
+    assert np.any(margins < eps) and np.any(margins >= eps)
+    assert np.abs(margins - eps).min() > 1e-3  # float32 takes the same branches
+    for weight_by_size in (True, False):
+        alg = helpers.bind_execution(
+            propfair(MODEL, baseline=m, eps=eps, mode="client", weight_by_size=weight_by_size,
+                     client_lr=LR, batch_size=16, num_epochs=EPOCHS), "sequential")
+        state, metrics = jax.jit(alg.apply)(alg.init(PARAMS, 6),
+                                            helpers.cohort(TRAIN, ALL_IDS), KEY)
+        np.testing.assert_allclose(metrics["loss_before"][:5],
+                                   [f for _, f in _np_clients().values()], rtol=1e-5)
+        if weight_by_size:
+            np.testing.assert_allclose(metrics["weights"], n / n.sum(), rtol=1e-6)
+            _assert_step(state.params, step, rtol=1e-4, atol=1e-6)
+        else:
+            np.testing.assert_allclose(metrics["weights"], np.full(6, 1 / 6), rtol=1e-6)
+
+
+def test_propfair_client_mode_is_differentiable_in_the_baseline():
+    """d theta^(t+1) / dM through the client loss (traced M) matches central
+    differences of the NumPy round."""
+    cohort = helpers.cohort(TRAIN, ALL_IDS)
+
+    def new_bias_sum(m):
+        alg = helpers.bind_execution(
+            propfair(MODEL, baseline=m, mode="client", client_lr=LR, batch_size=12,
+                     num_epochs=EPOCHS), "sequential")
+        state, _ = alg.apply(alg.init(PARAMS, 6), cohort, KEY)
+        return jnp.sum(state.params["params"]["Dense_0"]["bias"])
+
+    def np_bias_sum(m):
+        n = np.asarray(TRAIN.num_examples, np.float64)
+        _, b0 = helpers.logreg_to_numpy(PARAMS)
+        total = b0.copy()
+        for k in range(5):
+            x, y = helpers.real_rows(TRAIN, [k])
+            _, b, _ = np_propfair_client(x, y, m, 0.2, LR, EPOCHS)
+            total -= n[k] / n.sum() * (b0 - b)
+        return total.sum()
+
+    m = 3.0  # every step on the log side
+    grad = float(jax.jit(jax.grad(new_bias_sum))(jnp.float32(m)))
+    h = 1e-4
+    np.testing.assert_allclose(grad, (np_bias_sum(m + h) - np_bias_sum(m - h)) / (2 * h),
+                               rtol=1e-3, atol=1e-6)
+
+
+def test_propfair_mode_is_checked_and_reachable_from_a_config():
+    with pytest.raises(ValueError, match=r"^mode: "):
+        propfair(MODEL, mode="clients")
+    assert config_lib.validate_hparams("propfair", {"mode": "client"}) == {"mode": "client"}
+    assert method_hparams("propfair")["mode"].default == "mixing"
 
 
 @pytest.mark.slow

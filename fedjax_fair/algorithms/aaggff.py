@@ -33,11 +33,40 @@ Both then aggregate this round's updates with the NEW decision renormalised over
 cohort (eq. 3.13): ptilde_i = p_i^(t+1) / sum_{j in S} p_j^(t+1); the server step is
 the algorithm's (default theta - sum_i ptilde_i Delta_i).
 
-``variant="reference"`` reproduces the authors' code (github.com/vaseline555/AAggFF,
-commit 3932c3d; spec §2, §9.1, §9.3, §9.4, §3): S solves the QP with
-B = alpha (1 + beta) I + beta A and b = sum g; D gives participants the DR value
-(r_i - rbar) / C and uses Lbreve = 2 + C at every C; both use the off-simplex
-initial decision C 1_K in the first round.
+The default (``variant="thesis"``) follows the thesis; ``variant="reference"``
+reproduces the authors' PyTorch code (github.com/vaseline555/AAggFF, commit 3932c3d,
+``src/server/aaggffserver.py``) where the two differ. Every difference (spec §2, §9):
+
+    what                        thesis (default)                  authors' code
+R   ONS objective (§2, §9.1)    B = alpha I + beta A,             B = alpha (1 + beta) I
+                                b = sum (1 - beta <g, p>) g           + beta A, b = sum g
+R   initial decision (§9.3)     p^(1) = 1/K                       C 1_K, off-simplex (S: 1_K)
+R   DR value (§9.4)             rbar + (r_i - rbar) / C           (r_i - rbar) / C
+R   Lbreve (§9.7)               C2/(1+C1) + 2 (C2-C1)/(C (1+C1)); 2 + C at every C
+                                C2/(1+C1) at full participation
+R   Normal transform (id 3)     Phi(x - 1): increasing in F_i,    (1 + erfc((x - 1)/sqrt 2)) / 2
+                                in [0, 1], 1/2 at the mean loss   = 1.5 - Phi(x - 1): decreasing
+                                                                  in F_i, in (0.5, 1.35), 1 at
+                                                                  the mean loss
+-   propensity (§9.6)           C = m / K (the realised cohort)   the nominal fraction C (also
+                                                                  as C2 and in 2 + C)
+-   server LR (§9.9)            constant                          divided by phi at every
+                                                                  client-LR decay (run option,
+                                                                  see ``compensate_server_lr``)
+-   Fbar = 0, Frechet at x = 0  clamped to >= 1e-12               raw division (NaN / inf)
+-   QP of AAggFF-S              FISTA, ``num_iters`` steps        cvxpy (exact)
+-   S or D                      the user's choice (S needs        ONS iff C == 1, else FTRL
+                                full participation)
+
+R: reproduced by ``variant="reference"``; -: the same in both variants (the rule sees
+m, not the nominal C; the two agree when C K is an integer; the server-LR
+compensation belongs to the run, not to the mixing rule; the guards only act on
+degenerate losses).
+The five other CDF ids 0-2, 4, 5 compute exactly the thesis CDFs in the authors' code
+(``REFERENCE_TRANSFORMS``). Identical in both: alpha = 4 K L, beta = 1 / (4 L) with
+L = 1/K for the default (0, 1/K); C1 = 0, C2 = 1/K (S) or C (D); F_i = the mean
+per-example training loss of the global model before local training; zeta^(t+1)
+with sqrt(t + 1) after t gradients; aggregation with p^(t+1) renormalised over S.
 
 Symbols -> arguments: the CDF = ``cdf`` (a name of ``CDFS`` or the reference code's
 ``fair_const`` id 0-5); [C1, C2] = ``response_range`` (None: the defaults above);
@@ -54,7 +83,7 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import ndtr
+from jax.scipy.special import erfc, ndtr
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
@@ -111,10 +140,28 @@ CDFS = {"weibull": weibull_cdf, "exponential": exponential_cdf, "frechet": frech
 CDF_IDS = ("weibull", "exponential", "frechet", "normal", "gumbel", "logistic")
 """The reference code's ``fair_const`` ids 0-5, in order."""
 
+
+def reference_normal_transform(x):
+    """The authors' code's id 3 ("Normal CDF, mean 1, sd 1"): (1 + erfc((x - 1) / sqrt 2)) / 2.
+
+    erfc = 1 - erf, so this is 1.5 - Phi(x - 1), NOT the Normal CDF Phi(x - 1) of
+    Table 3.3: it decreases from 1.5 - Phi(-1) ~ 1.34 at x = 0 through 1 at the mean
+    loss (x = 1) to 0.5 as x -> inf, so a client with a higher loss gets a SMALLER
+    response, and r exceeds C2 for every loss below the mean. The two forms agree
+    only where Phi(x - 1) = 3/4 (x ~ 1.674).
+    """
+    return 0.5 * (1.0 + erfc((x - 1.0) / math.sqrt(2.0)))
+
+
+REFERENCE_TRANSFORMS = {**CDFS, "normal": reference_normal_transform}
+"""The transform of each CDF name in the authors' code (``variant="reference"``): ids
+0-2, 4, 5 compute exactly the thesis CDFs; id 3 is ``reference_normal_transform``."""
+
 REFERENCE_CDFS = {"berka": "normal", "mqp": "logistic", "isic2019": "weibull",
                   "celeba": "gumbel", "reddit": "frechet", "speechcommands": "weibull",
                   "heart": "frechet", "tinyimagenet": "exponential"}
-"""The CDF of the authors' run scripts per dataset (spec §6); tune over ``CDFS`` else."""
+"""The CDF of the authors' run scripts per dataset (spec §6); tune over ``CDFS`` else.
+Their "normal" (Berka) is ``reference_normal_transform``, i.e. ``variant="reference"``."""
 
 
 def cdf_name(cdf: Union[str, int]) -> str:
@@ -133,8 +180,16 @@ def get_cdf(cdf: Union[str, int]):
     return CDFS[cdf_name(cdf)]
 
 
+def get_transform(cdf: Union[str, int], variant: str = "thesis"):
+    """The response transform for a CDF name or reference id: the thesis CDF
+    (``CDFS``), or under ``variant="reference"`` what the authors' code computes for
+    that id (``REFERENCE_TRANSFORMS``; differs for "normal" = id 3 only)."""
+    _check_variant(variant)
+    return (CDFS if variant == "thesis" else REFERENCE_TRANSFORMS)[cdf_name(cdf)]
+
+
 def transform_responses(losses, client_mask, cdf: Union[str, int] = "normal",
-                        lower=0.0, upper=1.0):
+                        lower=0.0, upper=1.0, *, variant: str = "thesis"):
     """r_i = C1 + (C2 - C1) CDF(F_i / Fbar) (eq. 3.8) for the cohort's losses.
 
     Parameters
@@ -143,11 +198,15 @@ def transform_responses(losses, client_mask, cdf: Union[str, int] = "normal",
     client_mask : [K] bool; Fbar is the mean over the True rows, and False rows get 0.
     cdf : a name of ``CDFS`` or a reference id 0-5.
     lower, upper : C1 <= C2, the response range (scalars, may be traced).
+    variant : "reference" applies the authors' transform of ``cdf``
+        (``get_transform``): for "normal" (id 3) 1.5 - Phi(x - 1), decreasing in F_i
+        and in C1 + (C2 - C1) (0.5, 1.35).
 
-    Fbar is clamped to >= 1e-12, so all-zero losses give CDF(0) (spec §9.8). The map
-    is increasing in F_i and invariant to scaling all losses by c > 0.
+    Fbar is clamped to >= 1e-12, so all-zero losses give CDF(0) (spec §9.8; the
+    authors' code divides by the raw mean). The thesis map is increasing in F_i;
+    both variants are invariant to scaling all losses by c > 0.
     """
-    fn = get_cdf(cdf)
+    fn = get_transform(cdf, variant)
     losses = jnp.asarray(losses, jnp.float32)
     mask = jnp.asarray(client_mask, bool)
     observed = jnp.where(mask, losses, 0.0)
@@ -348,7 +407,8 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
     alpha, beta : ridge and exp-concavity constants; None = Theorem 3.1
         (alpha = 4 N L, beta = 1 / (4 L), L = C2 / (1 + C1): 4 and N/4 by default).
         alpha > 0, beta >= 0 (beta = 0: FTRL with an L2 regulariser).
-    variant : "thesis" (eq. 3.7) or "reference" (the authors' code: see module doc).
+    variant : "thesis" (eq. 3.7) or "reference" (the authors' code: their ONS
+        objective, p^(1) = 1_N and their Normal transform; module doc).
     num_iters : accelerated projected-gradient iterations of the QP per round.
     solver : "fista" (exact QP) or "diagonal" (diag(A) only, O(N) memory).
     """
@@ -375,7 +435,8 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
         d_alpha, d_beta = ons_defaults(n, lower, upper)
         a = d_alpha if alpha is None else alpha
         b = d_beta if beta is None else beta
-        r_obs = transform_responses(outputs.loss_before, client_mask, name, lower, upper)
+        r_obs = transform_responses(outputs.loss_before, client_mask, name, lower, upper,
+                                    variant=variant)
         # Observed rows write their response; unobserved clients get the observed mean.
         r = doubly_robust_responses(r_obs, client_ids, client_mask, n, 1.0,
                                     _masked_mean(r_obs, client_mask))
@@ -470,7 +531,8 @@ def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
     ----------
     cdf : response CDF (``CDFS`` name or reference id 0-5); default "normal".
     response_range : (C1, C2); None = (0, C).
-    variant : "thesis" or "reference" (module doc).
+    variant : "thesis" or "reference" (the authors' code: their DR value, 2 + C,
+        p^(1) = C 1_N and their Normal transform; module doc).
     """
     name = cdf_name(cdf)
     rng = _resolve_range(response_range)
@@ -485,7 +547,8 @@ def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
         m = jnp.sum(client_mask)
         c = jnp.maximum(m, 1).astype(jnp.float32) / n
         lower, upper = rng if rng is not None else (0.0, c)
-        r_obs = transform_responses(outputs.loss_before, client_mask, name, lower, upper)
+        r_obs = transform_responses(outputs.loss_before, client_mask, name, lower, upper,
+                                    variant=variant)
         new = ftrl_step(state, r_obs, client_ids, client_mask, lower=lower, upper=upper,
                         variant=variant)
         weights = normalize(new.decision[jnp.clip(client_ids, 0, n - 1)], client_mask)
@@ -566,9 +629,11 @@ def aaggff_server_step(num_clients: int, *, mode: str = "s", cohort_size: Option
     return rule.update, (rule.init(num_clients), outputs, ctx)
 
 
-__all__ = ["CDFS", "CDF_IDS", "FTRLState", "ONSState", "REFERENCE_CDFS", "aaggff_d",
+__all__ = ["CDFS", "CDF_IDS", "FTRLState", "ONSState", "REFERENCE_CDFS", "REFERENCE_TRANSFORMS",
+           "aaggff_d",
            "aaggff_d_mixing", "aaggff_s", "aaggff_s_mixing", "aaggff_server_step", "cdf_name",
            "decision_loss", "doubly_robust_responses", "dr_lipschitz", "exponential_cdf",
-           "frechet_cdf", "ftrl_init", "ftrl_step", "get_cdf", "gumbel_cdf",
+           "frechet_cdf", "ftrl_init", "ftrl_step", "get_cdf", "get_transform", "gumbel_cdf",
            "linearized_gradient", "logistic_cdf", "normal_cdf", "ons_defaults", "ons_gradient",
-           "ons_init", "ons_step", "transform_responses", "weibull_cdf"]
+           "ons_init", "ons_step", "reference_normal_transform", "transform_responses",
+           "weibull_cdf"]

@@ -1,6 +1,6 @@
 """PropFair — Zhang, Malekmohammadi, Chen, Yu, "Proportional Fairness in Federated
-Learning", TMLR 2023, arXiv:2202.01666 (aggregation form of spec/aaggff.md §5, thesis
-eq. 3.21-3.23).
+Learning", TMLR 2023, arXiv:2202.01666: the aggregation form of spec/aaggff.md §5 /
+thesis eq. 3.21-3.23 (default), and the authors' client-loss form (``mode="client"``).
 
 PropFair maximises the Nash social welfare of the clients' utilities M - F_k:
 
@@ -19,31 +19,56 @@ Losses at or above M (spec/aaggff.md §5, §9.10): the formula needs F_k < M, so
 utility is clipped, M - F_k >= ``eps``. Every client with F_k >= M - eps then
 gets the same, largest per-example weight n_k / eps (0 < eps <= M, checked in
 Python for concrete values). The default eps = 0.2 is the
-margin at which the reference code leaves the log utility. (The reference code's
-other form — the client loss -log(1 - l / M) per minibatch, aggregated by FedAvg,
-spec's ``propfair_mode="client"`` — needs a batch-loss hook in client.py and is not
-provided here.)
+margin at which the reference code leaves the log utility.
+
+``mode="client"`` is the authors' implementation instead (AAggFF code, commit
+3932c3d, ``src/client/propfairclient.py``; spec §5): each local minibatch with mean
+loss l minimises
+
+    -log(1 - l / M)   if M - l >= eps,      l / M   if M - l < eps  (eps = 0.2 there),
+
+whose gradient is grad l / (M - l) on the log side (grad l / M past the switch; the
+value jumps there), and the server averages with FedAvg's weights n_k (uniform with
+``weight_by_size=False``, as the authors' cross-device runs do). The batch loss is
+built by ``client_loss_model`` (a ``Model`` whose per-example loss is its batch's
+PropFair loss) on data whose rows carry their mask (``with_row_mask``), so local
+SGD's masked mean over a batch is exactly that batch's loss, partial batches
+included. ``loss_before`` stays the model's own loss; ``train_loss`` is the running
+mean of the PropFair batch loss.
 
 Symbols -> arguments: M = ``baseline`` (grid {2, 3, 5}; the reference scripts
 select 2 or 3); n_k / n = data weights if ``weight_by_size`` (thesis) else uniform;
-the clip = ``eps``. Masked rows and empty clients get weight 0.
+the clip / switch margin = ``eps``; the form = ``mode`` ("mixing" or "client").
+Masked rows get weight 0; so do empty clients, except under the uniform average of
+``mode="client", weight_by_size=False`` (their delta is 0). ``baseline`` and ``eps``
+may be traced in both modes (the run is differentiable in M).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, Transform,
+                                           client_training, fedavg)
+from fedjax_fair.client import masked_mean
+from fedjax_fair.mixing import MixingRule, loss_rule, prior, size_prior
+from fedjax_fair.models.base import Model
 from fedjax_fair.solvers.simplex import exponentiated_gradient
+from fedjax_fair.types import ClientData
 
 HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE, **CLIENT_HPARAMS}
+MODES = ("mixing", "client")
+ROW_MASK = "propfair_row_mask"
+"""The example field ``with_row_mask`` adds: each row's mask, carried into its batch."""
 
 
-def _check(baseline, eps) -> None:
+def _check(baseline, eps, mode: str = "mixing") -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
     H.check(HPARAMS, baseline=baseline, eps=eps)
     if H.is_concrete(baseline) and H.is_concrete(eps) and eps > baseline:
         raise ValueError(f"eps: must be in (0, baseline], got {eps!r} > {baseline!r}")
@@ -75,13 +100,111 @@ def propfair_mixing(baseline=2.0, *, eps=0.2, weight_by_size: bool = True) -> Mi
         out.loss_before, size_prior(out, weight_by_size), mask, baseline, eps))
 
 
+# ------------------------------------------------------------------ client form
+
+
+def client_batch_loss(mean_loss, baseline=2.0, eps=0.2):
+    """The authors' PropFair loss of one minibatch from its mean loss l:
+
+        -log(1 - l / M)   if M - l >= eps,      l / M   if M - l < eps.
+
+    d/dl: 1 / (M - l) on the log side, 1 / M on the linear side. The unused branch
+    is evaluated on a safe value, so neither the value nor the gradient (in the
+    parameters or in M) is ever NaN. ``baseline`` (M) and ``eps`` may be traced.
+    """
+    mean_loss = jnp.asarray(mean_loss)
+    linear = baseline - mean_loss < eps
+    ratio = mean_loss / baseline
+    return jnp.where(linear, ratio, -jnp.log1p(-jnp.where(linear, 0.0, ratio)))
+
+
+def client_loss_model(model: Model, baseline=2.0, eps=0.2) -> Model:
+    """``model`` trained on the PropFair batch loss (``mode="client"``).
+
+    Its ``per_example_loss(params, batch, key)`` gives every row the batch's loss
+    ``client_batch_loss(l, M, eps)``, with l the mean of ``model``'s per-example losses
+    over the rows flagged by ``batch[ROW_MASK]`` (every row when absent). A masked
+    mean over the same rows, which local SGD takes, is then the batch loss itself,
+    with its gradient. ``per_example_metrics`` (evaluation, ``loss_before``) is
+    ``model``'s own (``ROW_MASK`` dropped).
+    """
+    base_loss, base_metrics = model.per_example_loss, model.per_example_metrics
+
+    def per_example_loss(params, batch, key=None):
+        batch = dict(batch)
+        row_mask = batch.pop(ROW_MASK, None)
+        losses = base_loss(params, batch, key)
+        mean = (jnp.mean(losses) if row_mask is None
+                else masked_mean(losses, row_mask.astype(bool)))
+        return jnp.broadcast_to(client_batch_loss(mean, baseline, eps), losses.shape)
+
+    def per_example_metrics(params, batch):
+        return base_metrics(params, {k: v for k, v in batch.items() if k != ROW_MASK})
+
+    return model._replace(per_example_loss=per_example_loss,
+                          per_example_metrics=per_example_metrics,
+                          name=f"{model.name}+propfair")
+
+
+def with_row_mask(data: ClientData, batch_size: int) -> ClientData:
+    """One client's ``data`` with its row mask as the example field ``ROW_MASK``,
+    padded with masked rows to a multiple of B.
+
+    Local SGD (client.py) draws each epoch's order as the real rows then the padded
+    ones, so at a padded size that B divides, a batch's ``ROW_MASK`` rows are exactly
+    its masked-in positions (otherwise the slots completing the last batch would
+    repeat row 0, a real row). The scan length E ceil(M / B) is unchanged; the
+    shuffles are drawn for the new padded size.
+    """
+    padded = data.mask.shape[0]
+    extra = math.ceil(padded / batch_size) * batch_size - padded
+
+    def pad(v):
+        return jnp.pad(v, [(0, extra)] + [(0, 0)] * (v.ndim - 1)) if extra else v
+
+    mask = pad(data.mask)
+    examples = {k: pad(v) for k, v in data.examples.items()}
+    examples[ROW_MASK] = mask
+    return ClientData(examples=examples, mask=mask, num_examples=data.num_examples)
+
+
+def client_form_update(model: Model, *, baseline=2.0, eps=0.2, client_lr: Rate = 0.1,
+                       batch_size: int = 20, num_epochs: int = 1,
+                       max_steps: Optional[int] = None,
+                       client_optimizer: Optional[Optimizer] = None):
+    """The ClientUpdate of ``mode="client"``: FedAvg's local training
+    (``fedavg.client_training``) of ``client_loss_model`` on ``with_row_mask`` data."""
+    train = client_training(client_loss_model(model, baseline, eps), client_lr=client_lr,
+                            batch_size=batch_size, num_epochs=num_epochs,
+                            max_steps=max_steps, client_optimizer=client_optimizer)
+
+    def client_update(broadcast, client_state, data, local_steps, key):
+        return train(broadcast, client_state, with_row_mask(data, batch_size), local_steps,
+                     key)
+
+    return client_update
+
+
+# ------------------------------------------------------------------ factory
+
+
 def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: bool = True,
-             client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             mode: str = "mixing", client_lr: Rate = 0.1, batch_size: int = 20,
+             num_epochs: int = 1, max_steps: Optional[int] = None,
+             client_optimizer: Optional[Optimizer] = None,
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
-    """FedAvg local training with PropFair's aggregation weights."""
-    return fedavg(model, mixing=propfair_mixing(baseline, eps=eps,
-                                                weight_by_size=weight_by_size),
-                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  server_optimizer=server_optimizer)
+    """PropFair. ``mode="mixing"`` (default, thesis eq. 3.21-3.23): FedAvg local
+    training with PropFair's aggregation weights n_k / (M - F_k). ``mode="client"``
+    (the authors' code): local training on the per-minibatch loss -log(1 - l / M)
+    (l / M once M - l < eps), FedAvg weights (module doc)."""
+    _check(baseline, eps, mode)
+    if mode == "mixing":
+        return fedavg(model, mixing=propfair_mixing(baseline, eps=eps,
+                                                    weight_by_size=weight_by_size),
+                      client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+                      max_steps=max_steps, client_optimizer=client_optimizer,
+                      server_optimizer=server_optimizer)
+    update = client_form_update(model, baseline=baseline, eps=eps, batch_size=batch_size,
+                                client_lr=client_lr, num_epochs=num_epochs,
+                                max_steps=max_steps, client_optimizer=client_optimizer)
+    return compose(update, mixing=prior(weight_by_size), server_optimizer=server_optimizer)
