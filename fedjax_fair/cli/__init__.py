@@ -783,7 +783,8 @@ def _list_algorithms() -> list[str]:
         lines.append(head + f"  — {_doc_line(method.factory)}")
         for h in settable.values():
             lines.append(f"      {_hparam_text(h)}")
-        managed = [_hparam_text(every[k]) for k in every if k in C.config_fields()]
+        managed = [_hparam_text(h) for k, h in every.items()
+                   if k in C.config_fields() and not h.python_only]
         if managed:
             lines.append(f"      from flags: {'; '.join(managed)}")
         if objects:
