@@ -910,3 +910,36 @@ def test_server_step_helper(mode):
         assert float(online.simplex_qp_kkt_residual(B, state.linear, state.decision)) <= 1e-5
     else:
         assert state.decision.shape == (300,)
+
+
+def test_server_lr_scales_the_step_and_accepts_a_compensating_schedule():
+    """AAggFF's reference code has a global rate eta_g (default 1, FedAvg's step);
+    ``schedules.compensated`` grows it as the client rate decays (spec §9.9)."""
+    from fedjax_fair.data import get_dataset
+    from fedjax_fair.models import logistic_regression
+    from fedjax_fair.schedules import compensated, exponential
+    from fedjax_fair.simulate import simulate
+    ds = get_dataset("synthetic", num_clients=6, max_examples=40)
+    model = logistic_regression(ds.input_shape, ds.num_classes)
+    params = model.init(jax.random.key(0))
+
+    def steps(server_lr, rounds):
+        alg = ag.aaggff_d(model, server_lr=server_lr, client_lr=exponential(0.1, 0.5))
+        state, out = alg.init(params, 6), []
+        for t in range(rounds):
+            new, metrics = simulate(alg, state, ds.data, jax.random.key(t), num_rounds=1,
+                                    cohort_size=3, execution="sequential")
+            moved = np.sqrt(sum(float(np.sum((np.asarray(a) - np.asarray(b)) ** 2)) for a, b
+                                in zip(jax.tree.leaves(new.params),
+                                       jax.tree.leaves(state.params))))
+            out.append(moved / float(metrics["update_norm"][0]))
+            state = new
+        return out
+
+    assert steps(1.0, 1) == pytest.approx([1.0], rel=1e-4)
+    assert steps(0.5, 1) == pytest.approx([0.5], rel=1e-4)
+    # compensated: eta_g,t = 2 / 0.5^t while the client rate halves each round
+    assert steps(compensated(2.0, exponential(0.1, 0.5)), 3) == pytest.approx([2, 4, 8],
+                                                                              rel=1e-4)
+    with pytest.raises(ValueError, match="server_lr"):
+        ag.aaggff_s(model, server_lr=-1.0)

@@ -83,6 +83,7 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.scipy.special import erfc, ndtr
 
 from fedjax_fair import hparams as H
@@ -96,7 +97,7 @@ from fedjax_fair.types import ClientOutput, ServerContext
 VARIANTS = ("thesis", "reference")
 HPARAMS = {"alpha": H.Range(0.0, None, low_open=True, nullable=True),
            "beta": H.Range(0.0, None, nullable=True),
-           "num_iters": H.COUNT, **CLIENT_HPARAMS}
+           "num_iters": H.COUNT, "server_lr": H.POSITIVE, **CLIENT_HPARAMS}
 SOLVERS = ("fista", "diagonal")
 _FRECHET_MIN = 1e-12
 _MEAN_MIN = 1e-12
@@ -566,29 +567,39 @@ def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range: Optional
              variant: str = "thesis", num_iters: int = 300, solver: str = "fista",
              client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
              max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             server_lr: Rate = 1.0,
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-S: FedAvg clients, ONS mixing (``aaggff_s_mixing``); run it with full
-    participation (sampler ``full``)."""
+    participation (sampler ``full``). The server steps by ``server_lr`` (a number or a
+    schedule; the reference code's global rate, see ``schedules.compensated``) unless a
+    ``server_optimizer`` is given."""
     return fedavg(model, mixing=aaggff_s_mixing(cdf=cdf, response_range=response_range,
                                                 alpha=alpha, beta=beta, variant=variant,
                                                 num_iters=num_iters, solver=solver),
                   client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
-                  server_optimizer=server_optimizer)
+                  server_optimizer=server_optimizer or _server_sgd(server_lr))
 
 
 def aaggff_d(model, *, cdf: Union[str, int] = "normal", response_range: Optional[tuple] = None,
              variant: str = "thesis", client_lr: Rate = 0.1, batch_size: int = 20,
              num_epochs: int = 1, max_steps: Optional[int] = None,
-             client_optimizer: Optional[Optimizer] = None,
+             client_optimizer: Optional[Optimizer] = None, server_lr: Rate = 1.0,
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-D: FedAvg clients, linearised-FTRL mixing (``aaggff_d_mixing``) for
-    partial participation."""
+    partial participation; ``server_lr`` as in ``aaggff_s``."""
     return fedavg(model, mixing=aaggff_d_mixing(cdf=cdf, response_range=response_range,
                                                 variant=variant),
                   client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
-                  server_optimizer=server_optimizer)
+                  server_optimizer=server_optimizer or _server_sgd(server_lr))
+
+
+def _server_sgd(server_lr: Rate):
+    """The reference code's server step theta <- theta - eta_g * direction."""
+    if not callable(server_lr):
+        HPARAMS["server_lr"].check("server_lr", server_lr)
+    return optax.sgd(server_lr)
 
 
 # --------------------------------------------------------------------------------------
