@@ -482,3 +482,25 @@ def test_stack_clients_keeps_integer_inputs_as_int32():
     assert mixed.examples["x"].dtype == np.float32
     with pytest.raises(ValueError, match="^xs: client 0 has integer inputs outside"):
         fd.stack_clients([np.array([[2 ** 40]])], [[0]])
+
+
+def test_tfds_class_subset_one_client_per_class(tiny_dir, no_network):
+    """The AFL protocol: keep some classes (relabelled in the order given), one client
+    per class, each client's test set its class's examples of the global test set."""
+    from fedjax_fair.data import get_dataset
+    ds = get_dataset("tfds", tfds_name="tiny_writers", data_dir=str(tiny_dir),
+                     classes=[3, 1], partition="by_class", num_clients=2, test="matched")
+    full = load_tfds("tiny_writers", split="train", data_dir=str(tiny_dir))
+    test = load_tfds("tiny_writers", split="test", data_dir=str(tiny_dir))
+    assert ds.num_classes == 2
+    for k, label in enumerate((3, 1)):
+        for split, pool in ((ds.host_data.train, full), (ds.host_data.test, test)):
+            y = np.asarray(split.examples["y"][k])[np.asarray(split.mask[k])]
+            assert set(y.tolist()) <= {k}
+        assert int(ds.host_data.train.num_examples[k]) == int(np.sum(full.y == label))
+    with pytest.raises(ValueError, match="^classes"):
+        get_dataset("tfds", tfds_name="tiny_writers", data_dir=str(tiny_dir), classes=[1, 1],
+                    partition="by_class", num_clients=2)
+    with pytest.raises(ValueError, match="num_clients"):
+        get_dataset("tfds", tfds_name="tiny_writers", data_dir=str(tiny_dir), classes=[0, 1],
+                    partition="by_class", num_clients=3)

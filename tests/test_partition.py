@@ -21,7 +21,8 @@ COVERING_KWARGS = {
 # Arguments that make every registered partitioner run on LABELS with 10 clients.
 GROUPS = np.arange(LABELS.size) % 10
 ALL_KWARGS = {**COVERING_KWARGS, "natural": {"groups": GROUPS},
-              "handpick": {"samples_per_class": 30}, "dirichlet_prior": {"alpha": 0.5}}
+              "handpick": {"samples_per_class": 30}, "dirichlet_prior": {"alpha": 0.5},
+              "by_class": {}}
 
 
 def _hist(labels, part, num_classes=10):

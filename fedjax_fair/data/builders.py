@@ -169,9 +169,27 @@ def standardize(x: np.ndarray, name: str, pool: np.ndarray) -> np.ndarray:
     return ((x - mean) / std).astype(np.float32)
 
 
+def select_classes(x: np.ndarray, y: np.ndarray, classes, num_classes: int):
+    """The examples whose label is in ``classes``, relabelled by position in it
+    (``classes=[0, 2, 6]``: labels 0, 2, 6 become 0, 1, 2, as in the AFL / q-FFL
+    Fashion-MNIST data); None keeps every class."""
+    if classes is None:
+        return x, y, num_classes
+    wanted = list(classes) if isinstance(classes, (list, tuple, np.ndarray)) else None
+    if (not wanted or any(isinstance(c, bool) or not isinstance(c, (int, np.integer))
+                          for c in wanted) or len(set(wanted)) != len(wanted)
+            or min(wanted) < 0 or max(wanted) >= num_classes):
+        raise ValueError(f"classes: must be a list of distinct labels in [0, {num_classes}), "
+                         f"got {classes!r}")
+    relabel = np.full(num_classes, -1, np.int64)
+    relabel[wanted] = np.arange(len(wanted))
+    keep = relabel[np.asarray(y)] >= 0
+    return x[keep], relabel[np.asarray(y)[keep]].astype(np.int32), len(wanted)
+
+
 def _tfds_builder(tfds_name: Optional[str]):
     params = {**({"tfds_name": ""} if tfds_name is None else {}), **COMMON_ARGS,
-              "normalize": False, "data_dir": "", "cache_dir": "", "train_split": "train",
+              "classes": None, "normalize": False, "data_dir": "", "cache_dir": "", "train_split": "train",
               "test_split": "test"}
 
     def build(**kwargs) -> Dataset:
@@ -185,13 +203,17 @@ def _tfds_builder(tfds_name: Optional[str]):
         test_split = args.pop("test_split")
         test = (tfds_source.load_tfds(source, test_split, **where)
                 if args["test"] == "matched" else None)
-        x_train, x_test = train.x, None if test is None else test.x
+        classes = args.pop("classes")
+        x_train, y_train, num_classes = select_classes(train.x, train.y, classes,
+                                                       train.num_classes)
+        x_test, y_test = (None, None) if test is None else select_classes(
+            test.x, test.y, classes, train.num_classes)[:2]
         if _like(args.pop("normalize"), False, "normalize"):
-            x_train, x_test = (None if x is None else standardize(x, train.name, train.x)
+            x_train, x_test = (None if x is None else standardize(x, train.name, x_train)
                                for x in (x_train, x_test))
-        return federate(x_train, train.y, x_test, None if test is None else test.y,
+        return federate(x_train, y_train, x_test, y_test,
                         name=train.name,
-                        num_classes=train.num_classes,
+                        num_classes=num_classes,
                         info={"source": f"tfds:{train.name}", "data_dir": where["data_dir"]},
                         **args)
 

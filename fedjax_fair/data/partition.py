@@ -493,10 +493,23 @@ def dirichlet_prior(labels: np.ndarray, num_clients: int, seed: int, alpha: floa
     return _finish([np.concatenate(p) if p else [] for p in parts])
 
 
+def by_class(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+    """One client per class: client k holds every example of label k (the AFL
+    protocol's Fashion-MNIST federation, Mohri, Sivek, Suresh, "Agnostic Federated
+    Learning", arXiv:1902.00146, kept by q-FFL). Needs num_clients == the number of
+    classes (1 + the largest label); ``seed`` is unused (the split is fixed)."""
+    labels, num_clients = _check(labels, num_clients, seed)
+    num_classes = int(labels.max()) + 1 if labels.size else 0
+    if num_clients != num_classes:
+        raise ValueError(f"num_clients: 'by_class' gives one client per class, so it must "
+                         f"equal the {num_classes} classes, got {num_clients}")
+    return _finish([np.flatnonzero(labels == k) for k in range(num_clients)])
+
+
 PARTITIONERS = {"iid": iid, "dirichlet": dirichlet, "shards": shards,
                 "classes": classes_per_client, "quantity": quantity_skew, "natural": natural,
                 "unbalanced_shards": unbalanced_shards, "handpick": handpick,
-                "dirichlet_prior": dirichlet_prior}
+                "dirichlet_prior": dirichlet_prior, "by_class": by_class}
 """Registered partitioners by short name (the ``partition`` dataset argument)."""
 
 COVERING = ("iid", "dirichlet", "shards", "classes", "quantity", "unbalanced_shards")
