@@ -179,7 +179,7 @@ def round_value(value, round_):
 
 def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
               max_steps: Optional[int] = None, regularizer: Optional[Callable] = None,
-              unroll: int | bool = 1) -> Callable:
+              unroll: int | bool = 1, batch_loss: Optional[Callable] = None) -> Callable:
     """The masked minibatch loop shared by every local solver.
 
     Returns ``train(params, optimizer, data, local_steps, key, reg_args) ->
@@ -187,11 +187,15 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
     ``optimizer`` on the masked batch loss plus ``regularizer(params, *reg_args)``,
     in one ``lax.scan`` of static length ``max_local_steps(M, B, E, max_steps)``.
     Methods that train a second model (Ditto's personal model) call it again.
+    ``batch_loss(per_example [B], batch_mask [B]) -> scalar`` replaces the masked mean
+    of the per-example losses (masked rows hold 0), e.g. PropFair's -log(1 - l / M)
+    of the batch mean l; ``train_loss`` stays the model's own mean loss.
     """
 
     def loss_fn(params, batch, batch_mask, key, reg_args):
         per_example = jnp.where(batch_mask, model.per_example_loss(params, batch, key), 0.0)
-        loss = jnp.sum(per_example) / jnp.maximum(jnp.sum(batch_mask), 1)
+        loss = (jnp.sum(per_example) / jnp.maximum(jnp.sum(batch_mask), 1)
+                if batch_loss is None else batch_loss(per_example, batch_mask))
         if regularizer is not None:
             loss = loss + regularizer(params, *reg_args)
         return loss, jnp.sum(per_example)
@@ -245,7 +249,8 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
                    regularizer: Optional[Callable] = None, start: Optional[Callable] = None,
                    finish: Optional[Callable] = None, unroll: int | bool | None = None,
                    track_loss: bool = True,
-                   loss_chunk_size: Optional[int] = None) -> ClientUpdate:
+                   loss_chunk_size: Optional[int] = None,
+                   batch_loss: Optional[Callable] = None) -> ClientUpdate:
     """Builds a ClientUpdate running masked local optimisation.
 
     Args:
@@ -272,13 +277,16 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
         (one forward pass; needed by loss-driven fair mixing rules).
       loss_chunk_size: rows per forward pass of that evaluation. None: 64 when the
         client runs alone on CPU (chunks of pure padding are skipped), else 256.
+      batch_loss: optional ``(per_example_losses [B], batch_mask [B]) -> scalar``, the
+        minibatch objective (default: the masked mean; see ``local_sgd``).
     """
     if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
         raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
     if unroll is None:
         unroll = execution.local_step_unroll(model.uses_xla_conv)
     train = local_sgd(model, batch_size=batch_size, num_epochs=num_epochs,
-                      max_steps=max_steps, regularizer=regularizer, unroll=unroll)
+                      max_steps=max_steps, regularizer=regularizer, unroll=unroll,
+                      batch_loss=batch_loss)
 
     def client_update(broadcast: Broadcast, client_state, data: ClientData, local_steps, key):
         lr = round_value(client_lr, broadcast.round)

@@ -17,6 +17,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import helpers
@@ -28,13 +29,14 @@ from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, fedavg
 from fedjax_fair.algorithms.fedmax import (effective_k, fedmax, fedmax_k, fedmax_k_mixing,
                                            fedmax_k_weights, fedmax_mixing, fedmax_weights,
                                            fedsoftmax, fedsoftmax_mixing, fedsoftmax_weights)
-from fedjax_fair.algorithms.propfair import (ROW_MASK, client_batch_loss, client_loss_model,
-                                             propfair, propfair_mixing, with_row_mask)
+from fedjax_fair.algorithms.propfair import (client_batch_loss, client_objective, propfair,
+                                             propfair_mixing)
 from fedjax_fair.algorithms.qffl import (prior_mixing, qffl,
                                          qffl_aggregator, qffl_coefficients, qffl_mixing,
                                          qffl_weights)
 from fedjax_fair.algorithms.term import term, term_mixing, term_weights
-from fedjax_fair.client import batch_from_orders, data_loss, epoch_order, masked_mean
+from fedjax_fair.client import (batch_from_orders, data_loss, epoch_order, local_sgd,
+                                masked_mean)
 from fedjax_fair.mixing import by_num_examples
 from fedjax_fair.mixing import active_clients
 from fedjax_fair.solvers.simplex import (exponentiated_gradient, masked_softmax, project_simplex,
@@ -492,10 +494,10 @@ def _masked_batch(model, seed=0):
     return batch, jnp.asarray([True] * 4 + [False] * 2)
 
 
-def test_propfair_client_model_loss_and_gradient_on_a_masked_batch():
-    """Local SGD's masked mean of the wrapped per-example loss is the batch's PropFair
-    loss, and its gradient is grad l / (M - l) (grad l / M past the switch), l being the
-    mean raw loss over the real rows only."""
+def test_propfair_client_objective_loss_and_gradient_on_a_masked_batch():
+    """Local SGD's batch objective is the batch's PropFair loss with gradient
+    grad l / (M - l) (grad l / M past the switch), l the mean raw loss over the real
+    rows only, as ``local_sgd`` calls it (masked rows zeroed)."""
     model = helpers.logreg()
     params = helpers.init_params(model, 3)
     batch, mask = _masked_batch(model)
@@ -504,9 +506,8 @@ def test_propfair_client_model_loss_and_gradient_on_a_masked_batch():
         return masked_mean(model.per_example_loss(p, batch), mask)
 
     def trained(p, m, eps=0.2):
-        wrapped = client_loss_model(model, m, eps)
-        flagged = {**batch, ROW_MASK: mask}
-        return masked_mean(wrapped.per_example_loss(p, flagged), mask)  # as local_sgd does
+        per_example = jnp.where(mask, model.per_example_loss(p, batch), 0.0)
+        return client_objective(m, eps)(per_example, mask)
 
     l = float(raw(params))
     g = jax.grad(raw)(params)
@@ -514,33 +515,31 @@ def test_propfair_client_model_loss_and_gradient_on_a_masked_batch():
         np.testing.assert_allclose(trained(params, m), np_propfair_batch_loss(l, m), rtol=1e-5)
         helpers.assert_trees_close(jax.grad(trained)(params, m),
                                    jax.tree.map(lambda v: scale * v, g), rtol=1e-5, atol=1e-7)
-    # Without the flags every row counts (here the absurd rows put the mean past
-    # the switch); evaluation keeps the raw loss.
-    wrapped = client_loss_model(model, l + 1.0)
-    all_rows = float(jnp.mean(model.per_example_loss(params, batch)))
-    np.testing.assert_allclose(wrapped.per_example_loss(params, batch),
-                               np.full(6, np_propfair_batch_loss(all_rows, l + 1.0)), rtol=1e-5)
-    flagged = {**batch, ROW_MASK: mask}
-    for k, v in wrapped.per_example_metrics(params, flagged).items():
-        np.testing.assert_allclose(v, model.per_example_metrics(params, batch)[k], rtol=1e-6)
 
 
-def test_propfair_row_mask_flags_exactly_the_masked_in_positions():
-    """After ``with_row_mask`` every local batch's flags equal its mask, partial last
-    batches and padding included, and the scan length is unchanged."""
-    train = helpers.tiny_federation(padded_size=13).train  # n = 7, 12, 0, 3, 9, 5
-    for k in range(6):
-        data = helpers.client(train, k)
-        n = int(data.num_examples)
-        for b in (4, 5, 20):
-            flagged = with_row_mask(data, b)
-            assert flagged.mask.shape[0] % b == 0
-            assert int(flagged.num_examples) == n and int(flagged.mask.sum()) == n
-            assert -(-flagged.mask.shape[0] // b) == -(-13 // b)
-            orders = jnp.stack([epoch_order(flagged, jax.random.key(k), e, b) for e in (0, 1)])
-            for t in range(2 * -(-n // b)):
-                batch, batch_mask = batch_from_orders(flagged, orders, t, b)
-                np.testing.assert_array_equal(batch[ROW_MASK], batch_mask)
+def test_propfair_client_mode_trains_on_the_batch_objective():
+    """One local step of ``mode="client"`` on a client with a partial last batch is
+    SGD on -log(1 - l / M) of that batch (against jax.grad of the literal objective),
+    and ``train_loss`` stays the model's own mean loss."""
+    model = helpers.logreg()
+    params = helpers.init_params(model, 1)
+    train = helpers.tiny_federation(padded_size=13).train
+    data = helpers.client(train, 0)  # n = 7
+    m = 3.0
+    sgd = local_sgd(model, batch_size=5, max_steps=1,
+                    batch_loss=client_objective(m, 0.2))
+    new, steps, train_loss = sgd(params, optax.sgd(0.5), data, 100, jax.random.key(0))
+    plain = local_sgd(model, batch_size=5, max_steps=1)
+    _, _, plain_loss = plain(params, optax.sgd(0.5), data, 100, jax.random.key(0))
+    assert int(steps) == 1
+    np.testing.assert_allclose(train_loss, plain_loss, rtol=1e-6)
+    moved = jax.tree.map(lambda a, b: (a - b) / -0.5, new, params)  # the gradient taken
+    # the batch local_sgd drew: its shuffle key is the first half of the client key
+    orders = epoch_order(data, jax.random.split(jax.random.key(0))[0], 0, 5)[None]
+    batch, batch_mask = batch_from_orders(data, orders, 0, 5)
+    expect = jax.grad(lambda p: client_batch_loss(
+        masked_mean(model.per_example_loss(p, batch), batch_mask), m))(params)
+    helpers.assert_trees_close(moved, expect, rtol=1e-4, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------- q-FFL

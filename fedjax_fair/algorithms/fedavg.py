@@ -47,7 +47,8 @@ def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_e
                     max_steps: Optional[int] = None,
                     client_optimizer: Optional[Optimizer] = None,
                     regularizer: Optional[Callable] = None,
-                    start=None, finish=None, track_loss: bool = True):
+                    start=None, finish=None, track_loss: bool = True,
+                    batch_loss: Optional[Callable] = None):
     """Local SGD shared by FedAvg-style methods (masked steps, optax optimizer).
 
     ``client_optimizer``: ``rate -> optax transformation`` (default ``optax.sgd``) or
@@ -56,7 +57,7 @@ def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_e
     return local_training(model, client_lr=client_lr, optimizer=client_optimizer or optax.sgd,
                           batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
                           regularizer=regularizer, start=start, finish=finish,
-                          track_loss=track_loss)
+                          track_loss=track_loss, batch_loss=batch_loss)
 
 
 def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,

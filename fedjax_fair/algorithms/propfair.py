@@ -29,12 +29,10 @@ loss l minimises
 
 whose gradient is grad l / (M - l) on the log side (grad l / M past the switch; the
 value jumps there), and the server averages with FedAvg's weights n_k (uniform with
-``weight_by_size=False``, as the authors' cross-device runs do). The batch loss is
-built by ``client_loss_model`` (a ``Model`` whose per-example loss is its batch's
-PropFair loss) on data whose rows carry their mask (``with_row_mask``), so local
-SGD's masked mean over a batch is exactly that batch's loss, partial batches
-included. ``loss_before`` stays the model's own loss; ``train_loss`` is the running
-mean of the PropFair batch loss.
+``weight_by_size=False``, as the authors' cross-device runs do). The batch objective
+is local training's ``batch_loss`` hook (``client_objective``), l the mean over the
+batch's real rows, partial batches included. ``loss_before`` and ``train_loss`` stay
+the model's own loss.
 
 Symbols -> arguments: M = ``baseline`` (grid {2, 3, 5}; the reference scripts
 select 2 or 3); n_k / n = data weights if ``weight_by_size`` (thesis) else uniform;
@@ -45,7 +43,6 @@ may be traced in both modes (the run is differentiable in M).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import jax.numpy as jnp
@@ -56,14 +53,10 @@ from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, Tran
                                            client_training, fedavg)
 from fedjax_fair.client import masked_mean
 from fedjax_fair.mixing import MixingRule, loss_rule, prior, size_prior
-from fedjax_fair.models.base import Model
 from fedjax_fair.solvers.simplex import exponentiated_gradient
-from fedjax_fair.types import ClientData
 
 HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE, **CLIENT_HPARAMS}
 MODES = ("mixing", "client")
-ROW_MASK = "propfair_row_mask"
-"""The example field ``with_row_mask`` adds: each row's mask, carried into its batch."""
 
 
 def _check(baseline, eps, mode: str = "mixing") -> None:
@@ -118,71 +111,14 @@ def client_batch_loss(mean_loss, baseline=2.0, eps=0.2):
     return jnp.where(linear, ratio, -jnp.log1p(-jnp.where(linear, 0.0, ratio)))
 
 
-def client_loss_model(model: Model, baseline=2.0, eps=0.2) -> Model:
-    """``model`` trained on the PropFair batch loss (``mode="client"``).
+def client_objective(baseline=2.0, eps=0.2):
+    """The ``batch_loss`` of ``mode="client"`` (``client.local_training``): the
+    PropFair loss ``client_batch_loss(l, M, eps)`` of the batch's mean loss l over its
+    real rows (masked rows hold 0 and are not counted)."""
+    def batch_loss(per_example, batch_mask):
+        return client_batch_loss(masked_mean(per_example, batch_mask), baseline, eps)
 
-    Its ``per_example_loss(params, batch, key)`` gives every row the batch's loss
-    ``client_batch_loss(l, M, eps)``, with l the mean of ``model``'s per-example losses
-    over the rows flagged by ``batch[ROW_MASK]`` (every row when absent). A masked
-    mean over the same rows, which local SGD takes, is then the batch loss itself,
-    with its gradient. ``per_example_metrics`` (evaluation, ``loss_before``) is
-    ``model``'s own (``ROW_MASK`` dropped).
-    """
-    base_loss, base_metrics = model.per_example_loss, model.per_example_metrics
-
-    def per_example_loss(params, batch, key=None):
-        batch = dict(batch)
-        row_mask = batch.pop(ROW_MASK, None)
-        losses = base_loss(params, batch, key)
-        mean = (jnp.mean(losses) if row_mask is None
-                else masked_mean(losses, row_mask.astype(bool)))
-        return jnp.broadcast_to(client_batch_loss(mean, baseline, eps), losses.shape)
-
-    def per_example_metrics(params, batch):
-        return base_metrics(params, {k: v for k, v in batch.items() if k != ROW_MASK})
-
-    return model._replace(per_example_loss=per_example_loss,
-                          per_example_metrics=per_example_metrics,
-                          name=f"{model.name}+propfair")
-
-
-def with_row_mask(data: ClientData, batch_size: int) -> ClientData:
-    """One client's ``data`` with its row mask as the example field ``ROW_MASK``,
-    padded with masked rows to a multiple of B.
-
-    Local SGD (client.py) draws each epoch's order as the real rows then the padded
-    ones, so at a padded size that B divides, a batch's ``ROW_MASK`` rows are exactly
-    its masked-in positions (otherwise the slots completing the last batch would
-    repeat row 0, a real row). The scan length E ceil(M / B) is unchanged; the
-    shuffles are drawn for the new padded size.
-    """
-    padded = data.mask.shape[0]
-    extra = math.ceil(padded / batch_size) * batch_size - padded
-
-    def pad(v):
-        return jnp.pad(v, [(0, extra)] + [(0, 0)] * (v.ndim - 1)) if extra else v
-
-    mask = pad(data.mask)
-    examples = {k: pad(v) for k, v in data.examples.items()}
-    examples[ROW_MASK] = mask
-    return ClientData(examples=examples, mask=mask, num_examples=data.num_examples)
-
-
-def client_form_update(model: Model, *, baseline=2.0, eps=0.2, client_lr: Rate = 0.1,
-                       batch_size: int = 20, num_epochs: int = 1,
-                       max_steps: Optional[int] = None,
-                       client_optimizer: Optional[Optimizer] = None):
-    """The ClientUpdate of ``mode="client"``: FedAvg's local training
-    (``fedavg.client_training``) of ``client_loss_model`` on ``with_row_mask`` data."""
-    train = client_training(client_loss_model(model, baseline, eps), client_lr=client_lr,
-                            batch_size=batch_size, num_epochs=num_epochs,
-                            max_steps=max_steps, client_optimizer=client_optimizer)
-
-    def client_update(broadcast, client_state, data, local_steps, key):
-        return train(broadcast, client_state, with_row_mask(data, batch_size), local_steps,
-                     key)
-
-    return client_update
+    return batch_loss
 
 
 # ------------------------------------------------------------------ factory
@@ -204,7 +140,8 @@ def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: 
                       client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                       max_steps=max_steps, client_optimizer=client_optimizer,
                       server_optimizer=server_optimizer)
-    update = client_form_update(model, baseline=baseline, eps=eps, batch_size=batch_size,
-                                client_lr=client_lr, num_epochs=num_epochs,
-                                max_steps=max_steps, client_optimizer=client_optimizer)
+    update = client_training(model, client_lr=client_lr, batch_size=batch_size,
+                             num_epochs=num_epochs, max_steps=max_steps,
+                             client_optimizer=client_optimizer,
+                             batch_loss=client_objective(baseline, eps))
     return compose(update, mixing=prior(weight_by_size), server_optimizer=server_optimizer)
