@@ -513,9 +513,11 @@ def test_non_empty_output_directory_needs_resume_or_overwrite(tmp_path, capsys):
 # ---------------------------------------------------------------------- interrupts
 
 
-def test_sigint_stops_run_cleanly_and_resume_finishes_it(tmp_path):
-    """A real SIGINT (Ctrl-C) mid-run: exit 130 with one line, the checkpoint of the
-    last finished chunk kept; --resume then gives the uninterrupted result."""
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_signal_stops_run_cleanly_and_resume_finishes_it(tmp_path, signal_name):
+    """A real SIGINT (Ctrl-C) or SIGTERM mid-run: exit 130 with one line, the
+    checkpoint of the last finished chunk kept; --resume then gives the uninterrupted
+    result."""
     import signal
     import subprocess
     import sys
@@ -530,7 +532,7 @@ def test_sigint_stops_run_cleanly_and_resume_finishes_it(tmp_path):
         if os.path.isfile(meta) and json.loads(open(meta).read())["history"][-1]["round"] >= 2:
             break
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signal_name))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == cli.EXIT_INTERRUPTED
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -544,6 +546,58 @@ def test_sigint_stops_run_cleanly_and_resume_finishes_it(tmp_path):
                      "-o", full]) == 0
     with open(os.path.join(full, "clients.csv")) as a, open(os.path.join(out, "clients.csv")) as b:
         assert a.read() == b.read()
+
+
+def test_sigterm_stops_compare_cleanly_with_finished_runs_on_disk(tmp_path):
+    """A real SIGTERM during a comparison's second run: one line, exit 130, the first
+    run's outputs and the table of finished runs on disk."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = str(tmp_path / "cmp")
+    proc = subprocess.Popen([sys.executable, "-m", "fedjax_fair.cli", "compare", *TINY,
+                             "--algorithms", "fedavg,fedprox", "--seeds", "0",
+                             "--num-rounds", "200", "--eval-every", "1", "--no-plots",
+                             "-o", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    first = os.path.join(out, "fedavg", "seed0", "summary.json")
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None and not os.path.isfile(first):
+        time.sleep(0.1)
+    time.sleep(1.0)  # into the second run
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == cli.EXIT_INTERRUPTED
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and "--resume" in err
+    assert os.path.isfile(os.path.join(out, "fedavg", "seed0", "summary.json"))
+    assert "| fedavg" in open(os.path.join(out, "comparison.md")).read()
+
+
+def test_resume_may_change_the_evaluation_frequency(tmp_path):
+    out = str(tmp_path / "run")
+    assert cli.main(["run", *TINY, "--num-rounds", "2", "--eval-every", "1", "-o", out]) == 0
+    assert cli.main(["run", "-o", out, "--resume", "--num-rounds", "6", "--eval-every", "2",
+                     "--no-progress"]) == 0
+    rows = report.read_jsonl(os.path.join(out, "metrics.jsonl"))
+    assert [r["round"] for r in rows] == [0, 1, 2, 4, 6]
+
+
+def test_a_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
+    """config.json records where the run was; a copied or moved run resumes from the
+    checkpoint beside it, and writes only there."""
+    import shutil
+    first, moved = str(tmp_path / "first"), str(tmp_path / "moved")
+    assert cli.main(["run", *TINY, "--num-rounds", "2", "-o", first]) == 0
+    shutil.move(first, moved)
+    assert cli.main(["run", "-o", moved, "--resume", "--num-rounds", "3",
+                     "--no-progress"]) == 0
+    assert not os.path.exists(first)
+    rows = report.read_jsonl(os.path.join(moved, "metrics.jsonl"))
+    assert rows[-1]["round"] == 3
+    saved = json.loads(open(os.path.join(moved, "config.json")).read())
+    assert saved["checkpoint_dir"] == os.path.join(moved, "checkpoint")
 
 
 def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, monkeypatch):

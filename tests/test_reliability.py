@@ -391,13 +391,9 @@ for flags, field, kw in (
         (["--model", "resnet18_gn"], "input_shape", {}),
         (["--model-arg", "nope=1"], "model_args.nope", {}),
         (["--model", "mlp", "--model-arg", "hidden=x"], "model_args.hidden", {}),
-        (["--model", "mlp", "--model-arg", "hidden=[-1]"], "model_args.hidden",
-         {"xfail": "refused before compute, but the message blames the model and its inputs, "
-                   "not model_args.hidden"}),
+        (["--model", "mlp", "--model-arg", "hidden=[-1]"], "model_args.hidden", {}),
         (["--model-arg", "hidden"], "model_arg", {}),
-        (["--augment", "cifar"], "augment",
-         {"xfail": "a traceback (ValueError 'x: must be an image batch') while the chunk "
-                   "program is traced, after run has written its output directory"})):
+        (["--augment", "cifar"], "augment", {})):
     _flags("run", flags, field, area=5, **kw)
 
 # ---- datasets and dataset arguments
@@ -423,13 +419,10 @@ for flags, field in ((["--dataset", "digits", "--partition", "nope"], "partition
                       "path")):
     _flags("run", flags, field, area=6, tiny=False)
 _flags("run", ["--dataset", "digits", "--num-clients", "100000"], "num_clients", area=6,
-       tiny=False, xfail="refused before compute, but the message names dataset_args.min_size "
-                         "(which the user did not set) rather than num_clients")
+       tiny=False)
 _add(6, "run:mnist unprepared", "`run --dataset mnist --dataset-arg data_dir=EMPTY_DIR`",
      "`run` flag", "dataset", cli=lambda ws: ["run", "--dataset", "mnist", "--dataset-arg",
-                     f"data_dir={ws.directory('tfds')}"], subprocess=True,
-     xfail="TFDS logs two 'WARNING:absl:Variant folder ... has no dataset_info.json' lines "
-           "before the one-line error")
+                     f"data_dir={ws.directory('tfds')}"], subprocess=True)
 
 # ---- config files
 _CONFIGS = (
@@ -533,9 +526,7 @@ for flags in (["--num-rounds", "3"], ["--seeds", "0,1"], ["--algorithms", "fedav
          cli=lambda ws, f=flags: ["compare", "-o", ws.interrupted_compare(), "--resume", *f])
 _add(8, "compare:resume run dir", "`compare -o RUN_DIR --resume` (a `run` directory)",
      "`compare --resume`", "resume",
-     cli=lambda ws: ["compare", "-o", ws.finished_run(), "--resume"],
-     xfail="the run's config.json is read as a comparison's (its algorithm and seed are "
-           "ignored), so a default comparison of every algorithm starts in that directory")
+     cli=lambda ws: ["compare", "-o", ws.finished_run(), "--resume"])
 
 # ---- corrupted checkpoints and saved runs
 def _corrupt(path: str, mutate: Callable) -> Callable:
@@ -588,20 +579,20 @@ for path, mutate, what, field, xfail in (
          None),
         ("checkpoint/state.npz", Path.unlink, "state.npz deleted", "resume", None),
         ("checkpoint/meta.json", lambda p: p.write_text("{not json"),
-         "meta.json not JSON", "resume", "json.JSONDecodeError"),
+         "meta.json not JSON", "resume", None),
         ("checkpoint/meta.json", lambda p: p.write_text('{"history": []}'),
-         "meta.json with an empty history", "resume", "IndexError"),
+         "meta.json with an empty history", "resume", None),
         ("checkpoint/meta.json", lambda p: p.write_text("[]"), "meta.json a list",
-         "resume", "TypeError"),
+         "resume", None),
         ("checkpoint/meta.json", Path.unlink, "meta.json deleted", "resume", None),
         ("checkpoint", shutil.rmtree, "checkpoint/ deleted", "resume", None),
         ("checkpoint/client_history.npz", lambda p: p.write_bytes(b"junk"),
          "client_history.npz replaced by garbage bytes", "resume",
          "ValueError from np.load"),
         ("config.json", lambda p: p.write_text("{not json"), "config.json not JSON",
-         "resume", "json.JSONDecodeError"),
+         "resume", None),
         ("config.json", lambda p: p.write_text("[1, 2]"), "config.json a list", "resume",
-         "AttributeError"),
+         None),
         ("config.json", _edit_json(num_rounds="x"), "config.json with num_rounds \"x\"",
          "num_rounds", None),
         ("config.json", _edit_json(algorithm="nope"), "config.json naming an unknown "
@@ -615,8 +606,7 @@ _add(9, "corrupt:compare config", "config.json not JSON, then `compare -o STOPPE
      "saved comparison", "resume",
      cli=lambda ws: ["compare", "-o", _mutated(ws.interrupted_compare(), "config.json",
                                               lambda p: p.write_text("{not json")),
-                     "--resume"],
-     xfail="a traceback (json.JSONDecodeError) instead of a one-line error")
+                     "--resume"])
 
 
 # ---- LEAF data files

@@ -220,9 +220,36 @@ def _resumable_config(args: argparse.Namespace, cls, allowed, what: str):
     if not os.path.isfile(path):
         raise C.ConfigError("resume", f"no saved {what} in {out!r} (config.json); give its "
                                       f"directory with -o")
-    with open(path) as f:
-        saved = json.load(f)
-    return C.resumed(cls, saved, *layers, allowed=allowed)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise C.ConfigError("resume", f"{path} is unreadable ({type(e).__name__}: "
+                                      f"{str(e).splitlines()[0] if str(e) else ''}); it is "
+                                      f"not a saved {what}") from None
+    kind = "algorithms" if cls is C.CompareConfig else "algorithm"
+    if not isinstance(saved, dict) or kind not in saved:
+        other = "run" if cls is C.CompareConfig else "compare"
+        hint = (f"; continue it with `fedjax-fair {other} -o {out} --resume`"
+                if isinstance(saved, dict) and ("algorithm" in saved or "algorithms" in saved)
+                else "")
+        raise C.ConfigError("resume", f"{path} does not hold a saved {what}{hint}")
+    return C.resumed(cls, _rebased(saved, out), *layers, allowed=allowed)
+
+
+def _rebased(saved: dict, out: str) -> dict:
+    """A saved config whose run directory was copied or moved to ``out``: its output
+    directory is ``out``, and a checkpoint directory that lay inside the old output
+    directory lies at the same place inside ``out``."""
+    saved = dict(saved)
+    old = saved.get("output_dir")
+    ck = saved.get("checkpoint_dir")
+    if isinstance(old, str) and isinstance(ck, str):
+        rel = os.path.relpath(ck, old)
+        if not rel.startswith(os.pardir):
+            saved["checkpoint_dir"] = os.path.join(out, rel)
+    saved["output_dir"] = out
+    return saved
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -257,25 +284,36 @@ def build_model(cfg, ds):
     import jax
     from fedjax_fair.data.augment import standard_augmentation, with_augmentation
     from fedjax_fair.models import get_model, with_initializer
+    inputs = ", ".join(f"{k} {v.dtype}{tuple(v.shape[2:])}"
+                       for k, v in ds.host_data.train.examples.items())
+    # The loss on one real example of the data (shapes and dtypes only): a model or
+    # an augmentation that cannot read these inputs fails here, not in XLA.
+    one = {k: jax.ShapeDtypeStruct((1, *v.shape[2:]), v.dtype)
+           for k, v in ds.host_data.train.examples.items()}
     try:
         model = with_initializer(get_model(cfg.model, ds.input_shape, ds.num_classes,
                                            **cfg.model_args), cfg.initializer)
         params = jax.eval_shape(model.init, jax.random.key(0))  # shape check, no compute
-        # The loss on one real example of the data (shapes and dtypes only): a model
-        # that cannot read these inputs (token ids vs floats) fails here, not in XLA.
-        one = {k: jax.ShapeDtypeStruct((1, *v.shape[2:]), v.dtype)
-               for k, v in ds.host_data.train.examples.items()}
         jax.eval_shape(lambda p, b: model.per_example_loss(p, b, jax.random.key(0)),
                        params, one)
     except Exception as e:  # flax raises several types for a wrong input shape
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         if isinstance(e, ValueError) and re.match(r"^\w+: ", first):  # a model argument
-            raise C.error_from_message(first, "model_args") from None
-        inputs = ", ".join(f"{k} {v.dtype}{tuple(v.shape[2:])}"
-                           for k, v in ds.host_data.train.examples.items())
+            err = C.error_from_message(first, "model_args")
+            if err.field in cfg.model_args:
+                err = C.ConfigError(f"model_args.{err.field}", first.split(": ", 1)[1])
+            raise err from None
         raise C.ConfigError("model", f"{cfg.model!r} cannot take the {ds.name!r} inputs "
                                      f"({inputs}): {first}") from None
-    return with_augmentation(model, standard_augmentation(cfg.augment))
+    augmented = with_augmentation(model, standard_augmentation(cfg.augment))
+    try:
+        jax.eval_shape(lambda p, b: augmented.per_example_loss(p, b, jax.random.key(0)),
+                       params, one)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise C.ConfigError("augment", f"{cfg.augment!r} cannot augment the {ds.name!r} "
+                                       f"inputs ({inputs}): {first}") from None
+    return augmented
 
 
 def build_algorithm(name: str, model, cfg, hparams: dict):

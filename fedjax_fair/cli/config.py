@@ -621,7 +621,12 @@ def validate_run(cfg: RunConfig) -> RunConfig:
         if not ckpt.exists(directory):
             raise ConfigError("resume", f"no checkpoint found in {directory!r} "
                                         f"(state.npz + meta.json)")
-        done = ckpt.read_meta(directory)["history"][-1]["round"]
+        try:
+            done = int(ckpt.read_meta(directory)["history"][-1]["round"])
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise ConfigError("resume", f"the checkpoint in {directory!r} is unreadable "
+                                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                                        f"; start again with --overwrite") from None
         if cfg.num_rounds < done:
             raise ConfigError("num_rounds", f"the run in {cfg.resolved_output_dir()!r} has "
                                             f"done {done} rounds; --num-rounds {cfg.num_rounds}"

@@ -132,6 +132,9 @@ def dirichlet(labels: np.ndarray, num_clients: int, seed: int, alpha: float = 0.
         raise ValueError(f"alpha: must be > 0, got {alpha!r}")
     if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
         raise ValueError(f"min_size: must be an integer >= 0, got {min_size!r}")
+    if num_clients > labels.size and min_size > 0:
+        raise ValueError(f"num_clients: {num_clients} clients cannot each hold min_size="
+                         f"{min_size} of the {labels.size} examples available")
     if num_clients * min_size > labels.size:
         raise ValueError(f"min_size: {num_clients} clients x min_size={min_size} exceeds the "
                          f"{labels.size} examples available")

@@ -28,6 +28,7 @@ images take tens of seconds; slice the split (``"train[:10%]"``) for quick runs.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import NamedTuple
@@ -128,6 +129,18 @@ def _builder(tfds, tfds_name: str, data_dir):
                          f"{first_line}") from None
 
 
+@contextlib.contextmanager
+def _quiet_absl():
+    """absl (TFDS's logger) at ERROR level for the duration."""
+    from absl import logging as absl_logging
+    before = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(before)
+
+
 def open_source(name: str, split: str = "train", *, data_dir: str | None = None):
     """Opens a prepared split without downloading anything.
 
@@ -146,11 +159,16 @@ def open_source(name: str, split: str = "train", *, data_dir: str | None = None)
     if data_dir is not None:
         data_dir = os.fspath(os.path.expanduser(data_dir))
     tfds = _import_tfds()
-    builder = _builder(tfds, tfds_name, data_dir)
+    with _quiet_absl():  # TFDS logs a warning per folder it probes; the error says all
+        builder = _builder(tfds, tfds_name, data_dir)
     try:
-        source = tfds.data_source(tfds_name, split=split, data_dir=data_dir, download=False)
+        with _quiet_absl():
+            source = tfds.data_source(tfds_name, split=split, data_dir=data_dir,
+                                      download=False)
     except Exception as err:  # diagnosed below; nothing was downloaded
-        if not builder.is_prepared():
+        with _quiet_absl():
+            prepared = builder.is_prepared()
+        if not prepared:
             root = str(builder.data_dir_root)
             raise DatasetNotPreparedError(
                 f"dataset: {tfds_name!r} is not prepared under data_dir={root} (looked "

@@ -42,6 +42,17 @@ class Model(NamedTuple):
         return sum(int(p.size) for p in jax.tree.leaves(params))
 
 
+def check_widths(field: str, widths) -> tuple:
+    """Layer widths as a tuple of positive ints (errors name ``field``)."""
+    try:
+        widths = tuple(widths)
+    except TypeError:
+        raise ValueError(f"{field}: must be a list of positive ints, got {widths!r}") from None
+    if any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in widths):
+        raise ValueError(f"{field}: must be positive ints, got {widths!r}")
+    return widths
+
+
 def cross_entropy(logits, labels):
     """Per-example softmax cross-entropy with integer labels, [B]."""
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels)

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.models.base import Model, from_flax
+from fedjax_fair.models.base import Model, check_widths, from_flax
 
 
 def _im2col(x, kh, kw):
@@ -92,7 +92,8 @@ def logistic_regression(input_shape, num_classes) -> Model:
 
 
 def mlp(input_shape, num_classes, hidden: Sequence[int] = (200, 200)) -> Model:
-    return from_flax(_MLP(tuple(hidden), num_classes), input_shape, num_classes, "mlp")
+    return from_flax(_MLP(check_widths("hidden", hidden), num_classes), input_shape,
+                     num_classes, "mlp")
 
 
 def cnn(input_shape, num_classes, channels: Sequence[int] = (32, 64), dense: int = 512,
@@ -100,5 +101,6 @@ def cnn(input_shape, num_classes, channels: Sequence[int] = (32, 64), dense: int
     """LEAF-style CNN. ``conv_impl="auto"`` picks patches+matmul on CPU, XLA conv else."""
     if conv_impl == "auto":
         conv_impl = "patches" if jax.default_backend() == "cpu" else "xla"
-    module = _CNN(num_classes, tuple(channels), dense, conv_impl)
+    module = _CNN(num_classes, check_widths("channels", channels),
+                  check_widths("dense", (dense,))[0], conv_impl)
     return from_flax(module, input_shape, num_classes, "cnn", uses_xla_conv=conv_impl == "xla")

@@ -30,7 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.models.base import Model, from_flax
+from fedjax_fair.models.base import Model, check_widths as _check_widths, from_flax
 from fedjax_fair.models.simple import cnn, mlp
 
 Padding = Union[str, int, tuple]
@@ -171,13 +171,6 @@ def _check_layers(layers) -> tuple:
         if spec != POOL and (isinstance(spec, bool) or not isinstance(spec, int) or spec <= 0):
             raise ValueError(f"channels: entries must be positive ints or {POOL!r}, got {spec!r}")
     return layers
-
-
-def _check_widths(field: str, widths) -> tuple:
-    widths = tuple(widths)
-    if any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in widths):
-        raise ValueError(f"{field}: must be positive ints, got {widths!r}")
-    return widths
 
 
 def _conv_model(name, input_shape, num_classes, *, layers, kernel_size, padding, hidden,
