@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple, Optional
 from fedjax_fair.algorithms import aaggff as _aaggff
 from fedjax_fair.algorithms import afl as _afl
 from fedjax_fair.algorithms import ditto as _ditto
+from fedjax_fair.algorithms import dqn_fed as _dqn_fed
 from fedjax_fair.algorithms import fedavg as _fedavg
 from fedjax_fair.algorithms import feddyn as _feddyn
 from fedjax_fair.algorithms import fedmax as _fedmax
@@ -29,6 +30,7 @@ from fedjax_fair.algorithms import term as _term
 from fedjax_fair.algorithms.aaggff import aaggff_d, aaggff_s
 from fedjax_fair.algorithms.afl import afl
 from fedjax_fair.algorithms.ditto import ditto
+from fedjax_fair.algorithms.dqn_fed import dqn_fed
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.feddyn import feddyn
 from fedjax_fair.algorithms.fedmax import fedmax, fedmax_k, fedsoftmax
@@ -76,6 +78,7 @@ REGISTRY = {
     "scaffold": Method(scaffold, _scaffold.HPARAMS),
     "feddyn": Method(feddyn, _feddyn.HPARAMS),
     "ditto": Method(ditto, _ditto.HPARAMS),
+    "dqn_fed": Method(dqn_fed, _dqn_fed.HPARAMS),
     "qffl": Method(qffl, _qffl.HPARAMS),
     "afl": Method(afl, _afl.HPARAMS),
     "term": Method(term, _term.HPARAMS),
@@ -127,6 +130,6 @@ def method_hparams(name: str) -> dict:
 
 
 __all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afl",
-           "ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedmax",
+           "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedmax",
            "fedmax_k", "fedmgda_plus", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
            "method_hparams", "propfair", "qffl", "scaffold", "term"]

@@ -1,0 +1,436 @@
+"""DQN-Fed — S. Mohajer Hamidi and L. Ye, "Distributed Quasi-Newton Method for Fair and
+Fast Federated Learning", TMLR (OpenReview KbteA50cni); spec/dqn_fed.md.
+
+Every participant k sends a vector g_k and its quasi-Newton decrement
+d~_k = g_k^T H_k^{-1} g_k. The server looks for the step v that lowers every
+participant's linearised loss by exactly its own decrement, g_k . v = d~_k, and takes
+the smallest such v. The paper builds it by a scaled Gram-Schmidt pass, the min-norm
+point of the orthogonalised vectors and the step size eta^t = S (eqs. 7-17); all of
+it collapses into one order-independent closed form (spec §2.2):
+
+    M = G^T G  (K x K Gram),   v = G M^{-1} d~,   theta^{t+1} = theta^t - eta_g v,
+    S = d~^T M^{-1} d~ = ||v||^2,   lambda*_k ∝ 1 / ||g~_k||^2 (Cholesky identities).
+
+Server (``dqn_aggregator``, ``dqn_combine``): M in HIGHEST matmul precision, one
+leaf at a time (no flattening of the model); M normalised by its diagonal, a ridge
+``ridge`` (relative), Cholesky; clients with g_k = 0 (or masked) dropped; optional
+step cap of Theorem 4.2 on the *realised* decreases r = M w,
+eta = eta_g min(1, 2 max(min_k r_k, 0) / (L^ S)), L^ = max_k 1 / gamma0_k
+(``step_cap="thm42"``), and an optional bound on ||eta v|| (``max_step_norm``). The
+server keeps theta^{t-1} and broadcasts it with theta^t.
+
+Client (``dqn_client``): curvature pairs (s, y) from the previous global model to the
+current one, and (``local_pairs``) from each local epoch, every gradient of a pair on
+the same probe set (all local rows, or ``probe_size`` of them), a pair kept only if
+s.y > ``eps_curv`` ||s|| ||y|| (spec A4, A6); the last ``memory`` pairs feed an
+L-BFGS two-loop with H0 = gamma0 I, gamma0 = s.y / y.y of the newest pair clipped to
+[``gamma_min``, ``gamma_max``] (else the local rate). g_k is the pseudo-gradient
+(theta^t - theta_k^E) / (eta_l tau_k) (``mode="pseudo_grad"``, default) or the
+gradient at the global model (``"grad_at_global"``, the literal E = 1 algorithm, no
+local training); d~_k = max(g.H g, ``delta_min`` gamma0 ||g||^2). The paper's direct
+(Hessian-form) BFGS of eq. 19 is ``bfgs_form="direct"`` (B^1 = I, spec A1); the d x d
+matrix is never formed.
+
+Symbols -> arguments: eta_g = ``server_lr`` (a number or a schedule), eta_l =
+``client_lr``, E = ``num_epochs``, b = ``batch_size``, m = ``memory``
+(default min(E + 1, 10)), epsilon_ridge = ``ridge``. All clients count equally (no
+data-size weights). ``gram_schmidt`` is the literal eqs. 7-17, for tests and
+diagnostics.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
+
+from fedjax_fair import hparams as H
+from fedjax_fair.aggregators import Aggregator, weighted_sum
+from fedjax_fair.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
+from fedjax_fair.client import data_loss, epoch_order, inner, local_sgd, round_value
+from fedjax_fair.mixing import uniform
+from fedjax_fair.types import ClientData, ClientOutput
+
+MODES = ("pseudo_grad", "grad_at_global")
+BFGS_FORMS = ("inverse", "direct")
+STEP_CAPS = ("none", "thm42")
+SOLVERS = ("cholesky", "eigh")
+HPARAMS = {"server_lr": H.POSITIVE, "memory": H.Range(1, None, integer=True, nullable=True),
+           "probe_size": H.Range(1, None, integer=True, nullable=True),
+           "eps_curv": H.NONNEGATIVE, "gamma_min": H.POSITIVE, "gamma_max": H.POSITIVE,
+           "delta_min": H.NONNEGATIVE, "ridge": H.NONNEGATIVE,
+           "max_step_norm": H.Range(0.0, None, low_open=True, nullable=True),
+           **CLIENT_HPARAMS}
+_TINY = 1e-30
+
+
+def _choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}: must be one of {allowed}, got {value!r}")
+
+
+def _axpy(a, x, y):
+    """a * x + y over two pytrees."""
+    return jax.tree.map(lambda u, w: a * u + w, x, y)
+
+
+# ----------------------------------------------------------------- curvature pairs
+
+
+class Pairs(NamedTuple):
+    """The last m curvature pairs, oldest first: s, y pytrees with leading axis m and
+    ``valid`` bool [m]. Accepted pairs are appended at the end, so the valid pairs
+    are always the newest slots."""
+
+    s: object
+    y: object
+    valid: jax.Array
+
+
+def empty_pairs(params, memory: int) -> Pairs:
+    zeros = jax.tree.map(lambda p: jnp.zeros((memory, *p.shape), p.dtype), params)
+    return Pairs(zeros, zeros, jnp.zeros((memory,), bool))
+
+
+def push_pair(pairs: Pairs, s, y, eps_curv=1e-8) -> Pairs:
+    """``pairs`` with (s, y) appended (the oldest dropped) if s.y > eps ||s|| ||y||
+    (keeps the inverse Hessian positive definite, spec A4); else unchanged."""
+    sy = inner(s, y)
+    accept = sy > eps_curv * jnp.sqrt(inner(s, s) * inner(y, y))
+    accept = accept & (sy > 0)
+
+    def roll(stack, new):
+        return jnp.where(accept, jnp.concatenate([stack[1:], new[None]]), stack)
+
+    return Pairs(jax.tree.map(roll, pairs.s, s), jax.tree.map(roll, pairs.y, y),
+                 jnp.where(accept, jnp.concatenate([pairs.valid[1:], jnp.ones((1,), bool)]),
+                           pairs.valid))
+
+
+def _pair(pairs: Pairs, i: int):
+    return (jax.tree.map(lambda v: v[i], pairs.s), jax.tree.map(lambda v: v[i], pairs.y),
+            pairs.valid[i])
+
+
+def initial_scale(pairs: Pairs, default, gamma_min=1e-6, gamma_max=1e2):
+    """gamma0 = s.y / y.y of the newest pair, clipped (Nocedal-Wright scaling);
+    ``default`` without pairs."""
+    s, y, valid = _pair(pairs, -1)
+    gamma = inner(s, y) / jnp.maximum(inner(y, y), _TINY)
+    return jnp.where(valid, jnp.clip(gamma, gamma_min, gamma_max), default)
+
+
+def lbfgs_two_loop(g, pairs: Pairs, gamma0):
+    """r = H g for the L-BFGS inverse Hessian of ``pairs`` with H0 = gamma0 I (the
+    two-loop recursion; invalid slots are skipped). O(m d); H is never formed."""
+    m = pairs.valid.shape[0]
+    q, alphas, rhos = g, [None] * m, [None] * m
+    for i in reversed(range(m)):
+        s, y, valid = _pair(pairs, i)
+        rhos[i] = jnp.where(valid, 1.0 / jnp.where(valid, inner(s, y), 1.0), 0.0)
+        alphas[i] = rhos[i] * inner(s, q)
+        q = _axpy(-alphas[i], y, q)
+    r = jax.tree.map(lambda v: gamma0 * v, q)
+    for i in range(m):
+        s, y, _ = _pair(pairs, i)
+        beta = rhos[i] * inner(y, r)
+        r = _axpy(alphas[i] - beta, s, r)
+    return r
+
+
+def direct_bfgs_apply(g, pairs: Pairs):
+    """B g for the paper's direct BFGS (eq. 19) from B^1 = I:
+    B <- B - B s s^T B / (s^T B s) + y y^T / (s^T y), applied through the vectors
+    b_i = B_i s_i (O(m^2 d)); invalid slots are skipped."""
+    m = pairs.valid.shape[0]
+    terms = []  # (b_i, s_i . b_i, y_i, s_i . y_i, valid_i)
+
+    def apply(v, upto):
+        out = v
+        for b, sb, y, sy, valid in terms[:upto]:
+            coef_b = jnp.where(valid, inner(b, v) / jnp.where(valid, sb, 1.0), 0.0)
+            coef_y = jnp.where(valid, inner(y, v) / jnp.where(valid, sy, 1.0), 0.0)
+            out = _axpy(coef_y, y, _axpy(-coef_b, b, out))
+        return out
+
+    for i in range(m):
+        s, y, valid = _pair(pairs, i)
+        b = apply(s, i)
+        terms.append((b, inner(s, b), y, inner(s, y), valid))
+    return apply(g, m)
+
+
+def decrement(g, pairs: Pairs, gamma0, *, delta_min=1e-3, bfgs_form: str = "inverse"):
+    """d~ = max(g . H g, delta_min gamma0 ||g||^2) (spec §2.5 step 7); H the L-BFGS
+    inverse Hessian, or with ``bfgs_form="direct"`` the paper's B of eq. 19."""
+    hg = (lbfgs_two_loop(g, pairs, gamma0) if bfgs_form == "inverse"
+          else direct_bfgs_apply(g, pairs))
+    return jnp.maximum(inner(g, hg), delta_min * gamma0 * inner(g, g))
+
+
+# ----------------------------------------------------------------------- client
+
+
+def probe_set(data: ClientData, key, probe_size: Optional[int]) -> ClientData:
+    """The rows both gradients of a curvature pair are taken on (spec A6): all of the
+    client's rows, or ``probe_size`` of them drawn at random (fewer if it has fewer)."""
+    if probe_size is None or probe_size >= data.mask.shape[0]:
+        return data
+    rows = epoch_order(data, key, 0, 1)[:probe_size]
+    n = jnp.minimum(data.num_examples, probe_size)
+    return ClientData(examples={k: v[rows] for k, v in data.examples.items()},
+                      mask=jnp.arange(probe_size) < n, num_examples=n)
+
+
+def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
+               max_steps: Optional[int] = None, mode: str = "pseudo_grad",
+               local_pairs: bool = True, memory: Optional[int] = None,
+               bfgs_form: str = "inverse", probe_size: Optional[int] = 512,
+               eps_curv=1e-8, gamma_min=1e-6, gamma_max=1e2, delta_min=1e-3) -> Callable:
+    """DQN-Fed's ClientUpdate (spec §2.5): receives theta^t and theta^{t-1}
+    (``broadcast.extra``), returns ``extra = {"g", "dtilde", "gamma0", "num_pairs"}``
+    and ``delta = theta^t - theta_k^E``."""
+    _choice("mode", mode, MODES)
+    _choice("bfgs_form", bfgs_form, BFGS_FORMS)
+    memory = memory or min(num_epochs + 1, 10)
+    epoch = local_sgd(model, batch_size=batch_size, num_epochs=1)
+
+    def grad_on(params, rows):
+        return jax.grad(lambda p: data_loss(model, p, rows))(params)
+
+    def client_update(broadcast, client_state, data: ClientData, local_steps, key):
+        theta, theta_prev = broadcast.params, broadcast.extra
+        lr = round_value(client_lr, broadcast.round)
+        probe_key, train_key = jax.random.split(key)
+        probe = probe_set(data, probe_key, probe_size)
+        loss_before = data_loss(model, theta, data)
+        g_probe = grad_on(theta, probe)
+        pairs = push_pair(empty_pairs(theta, memory),
+                          jax.tree.map(jnp.subtract, theta, theta_prev),
+                          jax.tree.map(jnp.subtract, g_probe, grad_on(theta_prev, probe)),
+                          eps_curv)
+        if mode == "grad_at_global":
+            g = g_probe if probe is data else grad_on(theta, data)
+            steps = jnp.where(data.num_examples > 0, 1, 0).astype(jnp.int32)
+            g = jax.tree.map(lambda v: jnp.where(steps > 0, v, 0.0), g)
+            delta = jax.tree.map(lambda v: lr * v, g)
+            train_loss = loss_before
+        else:
+            budget = local_steps if max_steps is None else jnp.minimum(local_steps, max_steps)
+            current, g_current = theta, g_probe
+            steps = jnp.zeros((), jnp.int32)
+            train_loss = jnp.zeros((), jnp.float32)
+            for e in range(num_epochs):
+                new, n, epoch_loss = epoch(current, optax.sgd(lr), data, budget - steps,
+                                           jax.random.fold_in(train_key, e))
+                if local_pairs:
+                    g_new = grad_on(new, probe)
+                    pairs = push_pair(pairs, jax.tree.map(jnp.subtract, new, current),
+                                      jax.tree.map(jnp.subtract, g_new, g_current), eps_curv)
+                    g_current = g_new
+                train_loss = jnp.where(n > 0, epoch_loss, train_loss)
+                current, steps = new, steps + n
+            delta = jax.tree.map(jnp.subtract, theta, current)
+            scale = 1.0 / (lr * jnp.maximum(steps, 1))
+            g = jax.tree.map(lambda v: scale * v, delta)
+        gamma0 = initial_scale(pairs, lr, gamma_min, gamma_max)
+        dtilde = decrement(g, pairs, gamma0, delta_min=delta_min, bfgs_form=bfgs_form)
+        extra = {"g": g, "dtilde": dtilde, "gamma0": gamma0,
+                 "num_pairs": jnp.sum(pairs.valid).astype(jnp.int32)}
+        return ClientOutput(delta=delta, loss_before=loss_before,
+                            num_examples=data.num_examples, num_steps=steps, extra=extra,
+                            train_loss=train_loss), client_state
+
+    return client_update
+
+
+# ----------------------------------------------------------------------- server
+
+
+def gram_matrix(tree, num_clients: int):
+    """M[i, j] = <G_i, G_j> summed over leaves (leading axis K), HIGHEST precision
+    (TF32 would damage M on GPUs)."""
+    total = jnp.zeros((num_clients, num_clients), jnp.float32)
+    for leaf in jax.tree.leaves(tree):
+        flat = leaf.reshape(num_clients, -1)
+        total = total + jnp.matmul(flat, flat.T, precision=jax.lax.Precision.HIGHEST
+                                   ).astype(jnp.float32)
+    return total
+
+
+class Combination(NamedTuple):
+    v: object  # the step, a pytree
+    w: jax.Array  # [K] coefficients: v = sum_k w_k g_k
+    gram: jax.Array  # [K, K]
+    realised: jax.Array  # [K] g_k . v (= d~_k when well posed; 0 for dropped rows)
+    S: jax.Array  # ||v||^2 = w^T M w
+    lam: jax.Array  # [K] lambda*, from the Cholesky identities (0 for dropped rows)
+    kept: jax.Array  # bool [K] rows used
+
+
+def dqn_combine(G, dtilde, mask=None, *, ridge=1e-6, solver: str = "cholesky"
+                ) -> Combination:
+    """The closed form v = G (G^T G)^{-1} d~ (spec §2.2) over stacked pytrees G.
+
+    Rows with ``mask`` False or g_k = 0 are dropped (w_k = 0). M is normalised by its
+    diagonal; ``solver="cholesky"`` adds a relative ``ridge`` and solves by Cholesky
+    (the spec's default); ``"eigh"`` is the pseudo-inverse that drops eigenvalues
+    below ``ridge`` (exact for duplicated or parallel clients, where the ridge only
+    approaches the limit; about 10x the cost of the K x K solve). The K x K algebra
+    runs in float64 when ``jax_enable_x64`` is on. lambda* comes from a Cholesky
+    factor either way. O(K^2 d) for M, O(K^3) for the solve, O(K d) for v."""
+    _choice("solver", solver, SOLVERS)
+    k = dtilde.shape[0]
+    mask = jnp.ones((k,), bool) if mask is None else mask
+    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    gram = gram_matrix(G, k).astype(wide)
+    dtilde = dtilde.astype(wide)
+    diag = jnp.diagonal(gram)
+    kept = mask & (diag > _TINY) & jnp.isfinite(diag)
+    scale = jnp.sqrt(jnp.where(kept, diag, 1.0))
+    both = kept[:, None] & kept[None, :]
+    eye = jnp.eye(k, dtype=wide)
+    normed = jnp.where(both, gram / (scale[:, None] * scale[None, :]), eye)
+    d = jnp.where(kept, dtilde, 0.0)
+    factor = cho_factor(normed + ridge * eye, lower=True)
+    if solver == "cholesky":
+        wn = cho_solve(factor, d / scale)
+    else:
+        values, vectors = jnp.linalg.eigh(normed)
+        inverse = jnp.where(values > ridge * jnp.max(values), 1.0 / values, 0.0)
+        wn = vectors @ (inverse * (vectors.T @ (d / scale)))
+    w = jnp.where(kept, wn / scale, 0.0)
+    v = weighted_sum(G, w.astype(jnp.float32))
+    realised = gram @ w
+    S = jnp.dot(w, realised)
+    # lambda*: with M = R^T R (R = L^T diag(scale)), r = diag R, R' = diag(r)^-1 R and
+    # R'^T c = d~: ||g~_k||^2 = r_k^2 / c_k^2 and lambda*_k ∝ c_k^2 / r_k^2.
+    upper = factor[0].T * scale[None, :]
+    r = jnp.diagonal(upper)
+    c = solve_triangular((upper / r[:, None]).T, d, lower=True)
+    inv_norm = jnp.where(kept, jnp.square(c / r), 0.0)
+    lam = inv_norm / jnp.maximum(jnp.sum(inv_norm), _TINY)
+    f32 = lambda x: x.astype(jnp.float32)
+    return Combination(v, f32(w), f32(gram), f32(realised), f32(S), f32(lam), kept)
+
+
+def step_factor(comb: Combination, gamma0, *, step_cap: str = "none", max_step_norm=None):
+    """The multiplier of v before the server rate: Theorem 4.2's cap on the realised
+    decreases, min(1, 2 max(min_k r_k, 0) / (L^ S)) with L^ = max_k 1 / gamma0_k
+    (``step_cap="thm42"``), and the bound ||factor v|| <= ``max_step_norm``."""
+    factor = jnp.ones((), jnp.float32)
+    S = jnp.maximum(comb.S, _TINY)
+    if step_cap == "thm42":
+        lipschitz = jnp.max(jnp.where(comb.kept, 1.0 / gamma0, 0.0))
+        low = jnp.min(jnp.where(comb.kept, comb.realised, jnp.inf))
+        cap = 2.0 * jnp.maximum(low, 0.0) / jnp.maximum(lipschitz * S, _TINY)
+        factor = jnp.where(jnp.any(comb.kept), jnp.minimum(1.0, cap), 0.0)
+    if max_step_norm is not None:
+        factor = factor * jnp.minimum(1.0, max_step_norm / jnp.maximum(factor * jnp.sqrt(S),
+                                                                       _TINY))
+    return factor
+
+
+class DQNState(NamedTuple):
+    previous: object  # theta^{t-1}, broadcast with theta^t
+
+
+def client_vectors(outputs):
+    """(G, d~, gamma0) of a cohort: DQN-Fed's client extras, or, under any other
+    client update, the deltas with d~_k = ||Delta_k||^2 (each client's linearised
+    change then equals its own step's) and gamma0 = 1."""
+    extra = outputs.extra
+    if isinstance(extra, dict) and "g" in extra and "dtilde" in extra:
+        return extra["g"], extra["dtilde"], extra.get("gamma0",
+                                                      jnp.ones_like(extra["dtilde"]))
+    sq = sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1)), axis=1)
+             for x in jax.tree.leaves(outputs.delta))
+    return outputs.delta, sq, jnp.ones_like(sq)
+
+
+def dqn_aggregator(*, ridge=1e-6, step_cap: str = "none", max_step_norm=None,
+                   solver: str = "cholesky") -> Aggregator:
+    """DQN-Fed's server step as an ``Aggregator``: direction = factor * v (the server
+    optimizer then applies eta_g). Keeps theta^{t-1}; logs S, the realised
+    decreases, lambda*, the cap factor and min_k r_k / d~_k."""
+    _choice("step_cap", step_cap, STEP_CAPS)
+    _choice("solver", solver, SOLVERS)
+
+    def init(params, num_clients):
+        del num_clients
+        return DQNState(previous=params)
+
+    def aggregate(state, outputs, weights, ctx):
+        del weights  # all clients count equally
+        G, dtilde, gamma0 = client_vectors(outputs)
+        comb = dqn_combine(G, dtilde, ctx.client_mask, ridge=ridge, solver=solver)
+        factor = step_factor(comb, gamma0, step_cap=step_cap, max_step_norm=max_step_norm)
+        ratio = jnp.where(comb.kept, comb.realised / jnp.maximum(dtilde, _TINY), jnp.inf)
+        info = {"S": comb.S, "realised_decrease": comb.realised, "dtilde": dtilde,
+                "lambda": comb.lam, "step_factor": factor,
+                "min_realised_ratio": jnp.where(jnp.any(comb.kept), jnp.min(ratio), 0.0)}
+        direction = jax.tree.map(lambda x: factor * x, comb.v)
+        return direction, DQNState(previous=ctx.params), info
+
+    return Aggregator(init, aggregate)
+
+
+def gram_schmidt(G_flat, dtilde):
+    """The paper's literal eqs. 7-17 (tests and diagnostics): scaled Gram-Schmidt
+    g~_k, lambda*_k = (1 / ||g~_k||^2) / S, d = sum_k lambda*_k g~_k, eta = S.
+    ``G_flat`` [K, d] in the given order. Returns (g_tilde [K, d], lambda [K], S,
+    d). O(K^2 d), sequential."""
+    k = G_flat.shape[0]
+
+    def body(basis, i):
+        g = G_flat[i]
+        norms = jnp.sum(basis * basis, axis=1)
+        used = jnp.arange(k) < i
+        coef = jnp.where(used, (basis @ g) / jnp.where(used, norms, 1.0), 0.0)
+        residual = g - coef @ basis
+        tilde = residual / (dtilde[i] - jnp.sum(coef))
+        return basis.at[i].set(tilde), None
+
+    g_tilde, _ = jax.lax.scan(body, jnp.zeros_like(G_flat), jnp.arange(k))
+    inv = 1.0 / jnp.sum(g_tilde * g_tilde, axis=1)
+    S = jnp.sum(inv)
+    lam = inv / S
+    return g_tilde, lam, S, lam @ g_tilde
+
+
+# ----------------------------------------------------------------------- factory
+
+
+def dqn_fed(model, *, server_lr: Rate = 1.0, mode: str = "pseudo_grad",
+            local_pairs: bool = True, memory: Optional[int] = None,
+            bfgs_form: str = "inverse", probe_size: Optional[int] = 512,
+            eps_curv: float = 1e-8, gamma_min: float = 1e-6, gamma_max: float = 100.0,
+            delta_min: float = 1e-3, ridge: float = 1e-6, solver: str = "cholesky",
+            step_cap: str = "none", max_step_norm: Optional[float] = None,
+            client_lr: Rate = 0.1,
+            batch_size: int = 20, num_epochs: int = 1,
+            max_steps: Optional[int] = None) -> FederatedAlgorithm:
+    """DQN-Fed (module doc): quasi-Newton decrements on the clients, the closed-form
+    fair step on the server, theta^{t-1} kept and broadcast."""
+    check_client(client_lr, batch_size, num_epochs, max_steps)
+    if not callable(server_lr):
+        HPARAMS["server_lr"].check("server_lr", server_lr)
+    H.check(HPARAMS, memory=memory, probe_size=probe_size, eps_curv=eps_curv,
+            gamma_min=gamma_min, gamma_max=gamma_max, delta_min=delta_min, ridge=ridge,
+            max_step_norm=max_step_norm)
+    if H.is_concrete(gamma_min) and H.is_concrete(gamma_max) and gamma_min > gamma_max:
+        raise ValueError(f"gamma_min: must not exceed gamma_max ({gamma_max}), "
+                         f"got {gamma_min}")
+    client = dqn_client(model, client_lr=client_lr, batch_size=batch_size,
+                        num_epochs=num_epochs, max_steps=max_steps, mode=mode,
+                        local_pairs=local_pairs, memory=memory, bfgs_form=bfgs_form,
+                        probe_size=probe_size, eps_curv=eps_curv, gamma_min=gamma_min,
+                        gamma_max=gamma_max, delta_min=delta_min)
+    return compose(client, mixing=uniform(),
+                   aggregator=dqn_aggregator(ridge=ridge, step_cap=step_cap,
+                                             max_step_norm=max_step_norm, solver=solver),
+                   server_optimizer=optax.sgd(server_lr),
+                   broadcast=lambda state: state.aggregator_state.previous)

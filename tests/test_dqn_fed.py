@@ -1,0 +1,385 @@
+"""DQN-Fed (fedjax_fair/algorithms/dqn_fed.py): the spec's test properties (§9).
+
+The server's closed form is checked against the paper's literal Gram-Schmidt
+equations written here in NumPy (float64), the client's decrement against dense
+inverse / direct BFGS matrices, and the whole method on quadratic federations.
+"""
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import helpers
+D = importlib.import_module("fedjax_fair.algorithms.dqn_fed")  # the package exports the factory dqn_fed
+from fedjax_fair.algorithm import with_improvement
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.client import data_loss
+from fedjax_fair.models.base import Model
+from fedjax_fair.simulate import simulate
+from fedjax_fair.solvers.qp import solve_box_simplex_qp
+from fedjax_fair.types import Broadcast, ClientData, FederatedData
+
+
+def _tree(flat, k):
+    """[K, 10] -> a two-leaf pytree with leading axis K."""
+    return {"w": jnp.asarray(flat[:, :6].reshape(k, 2, 3), jnp.float32),
+            "b": jnp.asarray(flat[:, 6:], jnp.float32)}
+
+
+def _flat(tree):
+    return np.concatenate([np.asarray(tree["w"], np.float64).reshape(-1),
+                           np.asarray(tree["b"], np.float64).reshape(-1)])
+
+
+def np_literal(G, dt):
+    """Eqs. 7-8 (scaled Gram-Schmidt), 11-12 (lambda*), 17 (eta = S), float64."""
+    tilde = []
+    for k in range(len(G)):
+        coef = [G[k] @ t / (t @ t) for t in tilde]
+        residual = G[k] - sum((c * t for c, t in zip(coef, tilde)), np.zeros_like(G[k]))
+        tilde.append(residual / (dt[k] - sum(coef)))
+    tilde = np.array(tilde)
+    inv = 1.0 / np.sum(tilde * tilde, axis=1)
+    S = inv.sum()
+    lam = inv / S
+    return tilde, lam, S, lam @ tilde
+
+
+def _random(k=5, d=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(k, d)), rng.uniform(0.2, 2.0, size=k)
+
+
+# ------------------------------------------------------------------------ server
+
+
+def test_every_participant_descends_by_its_decrement():
+    G, dt = _random(6, 10)
+    comb = D.dqn_combine(_tree(G, 6), jnp.asarray(dt, jnp.float32), ridge=0.0)
+    v = _flat(comb.v)
+    np.testing.assert_allclose(G @ v, dt, rtol=1e-4)
+    np.testing.assert_allclose(comb.realised, dt, rtol=1e-4)
+
+
+def test_closed_form_equals_the_literal_equations_and_cholesky_identities():
+    for seed in range(4):
+        G, dt = _random(5, 10, seed)
+        if seed == 3:
+            G[1] = G[0] + 0.3 * G[1]  # correlated clients: some literal c_k go negative
+        tilde, lam, S, d = np_literal(G, dt)
+        comb = D.dqn_combine(_tree(G, 5), jnp.asarray(dt, jnp.float32), ridge=0.0)
+        v = _flat(comb.v)
+        np.testing.assert_allclose(S * d, v, rtol=2e-3, atol=1e-5)
+        np.testing.assert_allclose(float(comb.S), S, rtol=2e-3)
+        np.testing.assert_allclose(S, dt @ np.linalg.solve(G @ G.T, dt), rtol=1e-8)
+        np.testing.assert_allclose(v @ v, S, rtol=2e-3)
+        np.testing.assert_allclose(d @ d, 1 / S, rtol=1e-8)
+        assert np.all(lam > 0) and abs(lam.sum() - 1) < 1e-12
+        np.testing.assert_allclose(comb.lam, lam, rtol=2e-3, atol=1e-6)
+        # the jittable literal implementation agrees too
+        g_t, lam_j, S_j, d_j = D.gram_schmidt(jnp.asarray(G, jnp.float32),
+                                              jnp.asarray(dt, jnp.float32))
+        np.testing.assert_allclose(float(S_j) * np.asarray(d_j), v, rtol=2e-3, atol=1e-5)
+        np.testing.assert_allclose(lam_j, lam, rtol=2e-3, atol=1e-6)
+
+
+def test_literal_vectors_are_orthogonal_and_span_the_gradients():
+    G, dt = _random(4, 10, 1)
+    tilde, _, _, _ = np.asarray(D.gram_schmidt(jnp.asarray(G), jnp.asarray(dt))[0],
+                                np.float64), None, None, None
+    for i in range(4):
+        for j in range(i):
+            assert abs(tilde[i] @ tilde[j]) <= 1e-4 * np.linalg.norm(tilde[i]) * np.linalg.norm(
+                tilde[j])
+    coeffs, *_ = np.linalg.lstsq(tilde.T, G.T, rcond=None)
+    np.testing.assert_allclose(tilde.T @ coeffs, G.T, atol=1e-4)
+
+
+def test_order_invariance_and_rescaling():
+    G, dt = _random(5, 10, 2)
+    base = _flat(D.dqn_combine(_tree(G, 5), jnp.asarray(dt, jnp.float32)).v)
+    perm = np.random.default_rng(0).permutation(5)
+    permuted = D.dqn_combine(_tree(G[perm], 5), jnp.asarray(dt[perm], jnp.float32))
+    np.testing.assert_allclose(_flat(permuted.v), base, rtol=1e-4, atol=1e-6)
+    c = np.array([0.5, 3.0, 1.0, 10.0, 0.1])
+    scaled = D.dqn_combine(_tree(G * c[:, None], 5), jnp.asarray(dt * c, jnp.float32))
+    np.testing.assert_allclose(_flat(scaled.v), base, rtol=1e-3, atol=1e-6)
+
+
+def test_single_and_orthogonal_clients():
+    g = np.arange(1.0, 11.0)[None]
+    one = D.dqn_combine(_tree(g, 1), jnp.asarray([2.0]), ridge=0.0)
+    np.testing.assert_allclose(_flat(one.v), g[0] * 2.0 / (g[0] @ g[0]), rtol=1e-5)
+    ortho = np.eye(10)[:3] * np.array([[2.0], [0.5], [3.0]])
+    dt = np.array([1.0, 2.0, 0.3])
+    comb = D.dqn_combine(_tree(ortho, 3), jnp.asarray(dt, jnp.float32), ridge=0.0)
+    expected = sum(dt[k] / (ortho[k] @ ortho[k]) * ortho[k] for k in range(3))
+    np.testing.assert_allclose(_flat(comb.v), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_newton_step_on_a_quadratic():
+    """K = 1, f = a/2 ||theta||^2, exact H^-1: one step with eta_g = 1 reaches 0."""
+    a, theta = 3.0, np.linspace(-1, 1, 10)
+    g = a * theta
+    dt = g @ g / a
+    comb = D.dqn_combine(_tree(g[None], 1), jnp.asarray([dt], jnp.float32), ridge=0.0)
+    np.testing.assert_allclose(theta - _flat(comb.v), 0.0, atol=1e-5)
+
+
+def test_duplicates_zero_rows_and_masked_rows_are_safe():
+    G, dt = _random(3, 10, 3)
+    base = _flat(D.dqn_combine(_tree(G, 3), jnp.asarray(dt, jnp.float32)).v)
+    dup = D.dqn_combine(_tree(np.vstack([G, G[:1]]), 4),
+                        jnp.asarray(np.append(dt, dt[0]), jnp.float32))
+    np.testing.assert_allclose(_flat(dup.v), base, rtol=1e-3, atol=1e-5)
+    g = G[0]
+    exact = D.dqn_combine(_tree(np.vstack([G[:1], G[:1]]), 2), jnp.asarray([1.0, 3.0]),
+                          solver="eigh")
+    np.testing.assert_allclose(_flat(exact.v), g * 2.0 / (g @ g), rtol=1e-4)
+    # the ridge approaches that limit; float32 holds it to a few percent at 1e-6
+    for ridge, tol in ((1e-6, 0.1), (1e-3, 2e-3)):
+        same = D.dqn_combine(_tree(np.vstack([G[:1], G[:1]]), 2), jnp.asarray([1.0, 3.0]),
+                             ridge=ridge)
+        assert np.all(np.isfinite(_flat(same.v)))
+        np.testing.assert_allclose(_flat(same.v), g * 2.0 / (g @ g), rtol=tol)
+    zero = D.dqn_combine(_tree(np.vstack([G, np.zeros((1, 10))]), 4),
+                         jnp.asarray(np.append(dt, 5.0), jnp.float32))
+    np.testing.assert_allclose(_flat(zero.v), base, rtol=1e-3, atol=1e-5)
+    assert not bool(zero.kept[3]) and float(zero.w[3]) == 0.0
+    nothing = D.dqn_combine(_tree(np.zeros((3, 10)), 3), jnp.ones(3))
+    assert np.all(_flat(nothing.v) == 0) and np.isfinite(float(nothing.S))
+    padded = D.dqn_combine(_tree(np.vstack([G, 1e6 * np.ones((1, 10))]), 4),
+                           jnp.asarray(np.append(dt, 1.0), jnp.float32),
+                           jnp.asarray([True, True, True, False]))
+    np.testing.assert_allclose(_flat(padded.v), base, rtol=1e-3, atol=1e-5)
+
+
+def test_step_cap_uses_the_realised_decreases():
+    G, dt = _random(4, 10, 4)
+    comb = D.dqn_combine(_tree(G, 4), jnp.asarray(dt, jnp.float32))
+    gamma0 = jnp.asarray([0.5, 0.25, 1.0, 2.0])
+    factor = D.step_factor(comb, gamma0, step_cap="thm42")
+    lipschitz = 4.0
+    expected = min(1.0, 2 * float(np.min(comb.realised)) / (lipschitz * float(comb.S)))
+    np.testing.assert_allclose(float(factor), expected, rtol=1e-5)
+    assert float(D.step_factor(comb, gamma0)) == 1.0
+    bounded = D.step_factor(comb, gamma0, max_step_norm=0.01)
+    np.testing.assert_allclose(float(bounded) * np.sqrt(float(comb.S)), 0.01, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------ client
+
+
+def _pairs_from(S, Y, memory):
+    """Pairs from NumPy rows (oldest first), each pushed through ``push_pair``."""
+    pairs = D.empty_pairs(jnp.zeros(S.shape[1]), memory)
+    for s, y in zip(S, Y):
+        pairs = D.push_pair(pairs, jnp.asarray(s, jnp.float32), jnp.asarray(y, jnp.float32))
+    return pairs
+
+
+def np_inverse_bfgs(S, Y, gamma0):
+    Hm = gamma0 * np.eye(S.shape[1])
+    for s, y in zip(S, Y):
+        rho = 1 / (s @ y)
+        V = np.eye(len(s)) - rho * np.outer(y, s)
+        Hm = V.T @ Hm @ V + rho * np.outer(s, s)
+    return Hm
+
+
+def np_direct_bfgs(S, Y):
+    B = np.eye(S.shape[1])
+    for s, y in zip(S, Y):
+        Bs = B @ s
+        B = B - np.outer(Bs, Bs) / (s @ Bs) + np.outer(y, y) / (s @ y)
+    return B
+
+
+def test_lbfgs_two_loop_equals_the_dense_inverse_bfgs():
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(6, 6))
+    A = A @ A.T + np.eye(6)
+    S = rng.normal(size=(3, 6))
+    Y = S @ A  # exact curvature pairs of a convex quadratic
+    pairs = _pairs_from(S, Y, memory=3)
+    gamma0 = float(D.initial_scale(pairs, 0.1))
+    np.testing.assert_allclose(gamma0, S[-1] @ Y[-1] / (Y[-1] @ Y[-1]), rtol=1e-5)
+    Hm = np_inverse_bfgs(S, Y, gamma0)
+    g = rng.normal(size=6)
+    np.testing.assert_allclose(D.lbfgs_two_loop(jnp.asarray(g, jnp.float32), pairs, gamma0),
+                               Hm @ g, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(D.lbfgs_two_loop(jnp.asarray(Y[-1], jnp.float32), pairs,
+                                                gamma0), S[-1], rtol=1e-4, atol=1e-5)  # H y = s
+    dt = D.decrement(jnp.asarray(g, jnp.float32), pairs, gamma0)
+    np.testing.assert_allclose(float(dt), g @ Hm @ g, rtol=1e-4)
+    B = np_direct_bfgs(S, Y)
+    np.testing.assert_allclose(D.direct_bfgs_apply(jnp.asarray(g, jnp.float32), pairs), B @ g,
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_pairs_without_curvature_are_rejected_and_no_pairs_gives_the_scaled_norm():
+    s = np.array([1.0, 0.0, 0.0])
+    pairs = _pairs_from(np.array([s, s]), np.array([-s, 0 * s]), memory=2)
+    assert not np.any(pairs.valid)
+    g = jnp.asarray([1.0, 2.0, 2.0])
+    assert float(D.initial_scale(pairs, 0.05)) == pytest.approx(0.05)
+    np.testing.assert_allclose(float(D.decrement(g, pairs, 0.05)), 0.05 * 9.0, rtol=1e-6)
+
+
+def test_isotropic_quadratic_gives_the_exact_newton_decrement():
+    """f = a/2 ||theta||^2: any pair gives gamma0 = 1/a, H = I/a, d~ = ||g||^2 / a; the
+    direct form with one pair matches its closed formula (spec A1)."""
+    a = 4.0
+    s = np.array([0.3, -1.0, 0.5])
+    pairs = _pairs_from(s[None], a * s[None], memory=2)
+    gamma0 = D.initial_scale(pairs, 1.0)
+    np.testing.assert_allclose(float(gamma0), 1 / a, rtol=1e-6)
+    g = jnp.asarray([1.0, 2.0, -1.0])
+    np.testing.assert_allclose(float(D.decrement(g, pairs, gamma0)), 6.0 / a, rtol=1e-5)
+    gn, y = np.asarray(g, np.float64), a * s
+    direct = gn @ gn - (gn @ s) ** 2 / (s @ s) + (gn @ y) ** 2 / (s @ y)
+    np.testing.assert_allclose(float(D.decrement(g, pairs, gamma0, bfgs_form="direct")),
+                               direct, rtol=1e-5)
+
+
+# ------------------------------------------------------------ quadratic federation
+
+
+def quadratic_model(dim: int) -> Model:
+    """A 'model' whose loss on a row x = (c, a) is 1/2 sum_j a_j (theta_j - c_j)^2."""
+
+    def loss(params, batch, key=None):
+        del key
+        c, a = batch["x"][:, :dim], batch["x"][:, dim:]
+        return 0.5 * jnp.sum(a * jnp.square(params["theta"][None] - c), axis=1)
+
+    def metrics(params, batch):
+        value = loss(params, batch)
+        return {"loss": value, "accuracy": jnp.zeros_like(value)}
+
+    return Model(lambda key: {"theta": jnp.zeros((dim,), jnp.float32)}, None, loss, metrics,
+                 "quadratic", (2 * dim,), 2)
+
+
+def quadratic_federation(num_clients=4, dim=8, rows=8, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=2.0, size=(num_clients, 1, dim)) + rng.normal(
+        scale=0.1, size=(num_clients, rows, dim))
+    curv = rng.uniform(0.5, 3.0, size=(num_clients, 1, dim)) * np.ones((1, rows, 1))
+    x = np.concatenate([centres, curv], axis=-1).astype(np.float32)
+    split = ClientData(examples={"x": jnp.asarray(x), "y": jnp.zeros(x.shape[:2], jnp.int32)},
+                       mask=jnp.ones(x.shape[:2], bool),
+                       num_examples=jnp.full((num_clients,), rows, jnp.int32))
+    return FederatedData(train=split, test=split)
+
+
+def _losses(model, params, data):
+    return np.asarray(jax.vmap(lambda d: data_loss(model, params, d))(data.train))
+
+
+def _full(key, n, k):
+    return jnp.arange(n)
+
+
+def test_every_client_improves_every_round_with_the_step_cap():
+    """Heterogeneous quadratics, full participation, gradients at the global model,
+    Theorem 4.2's cap on the realised decreases: no client's loss ever rises
+    (improved fraction, DQN-Fed eq. 29, = 1 every round) and the cohort approaches
+    Pareto-stationarity; FedAvg raises some client's loss."""
+    model, data = quadratic_model(8), quadratic_federation()
+    alg = with_improvement(D.dqn_fed(model, mode="grad_at_global", step_cap="thm42",
+                                     client_lr=0.2, batch_size=8), model)
+    run = jax.jit(lambda s, k: simulate(alg, s, data, k, num_rounds=40, cohort_size=4,
+                                        sampler=_full))
+    state, metrics = run(alg.init(model.init(None), 4), jax.random.key(0))
+    np.testing.assert_array_equal(metrics["improved_fraction"], 1.0)
+    assert float(metrics["server/step_factor"][0]) > 0  # it moves, then stalls (spec A7b)
+    # Pareto-stationarity: the min-norm convex combination of the gradients is small
+    # next to the gradients themselves
+    grads = np.stack([np.asarray(jax.grad(lambda p, d=jax.tree.map(lambda v: v[k], data.train):
+                                          data_loss(model, p, d))(state.params)["theta"])
+                      for k in range(4)])
+    gram = jnp.asarray(grads @ grads.T, jnp.float32)
+    lam = solve_box_simplex_qp(gram, jnp.zeros(4), jnp.zeros(4), jnp.ones(4), num_iters=2000)
+    assert np.linalg.norm(np.asarray(lam) @ grads) < 1e-2 * np.linalg.norm(grads, axis=1).max()
+
+    fed = with_improvement(fedavg(model, client_lr=0.2, batch_size=2, num_epochs=3), model)
+    _, fed_metrics = jax.jit(lambda s, k: simulate(fed, s, data, k, num_rounds=10,
+                                                   cohort_size=4, sampler=_full))(
+        fed.init(model.init(None), 4), jax.random.key(0))
+    assert np.min(fed_metrics["improved_fraction"]) < 1.0
+
+
+def test_uncapped_literal_step_is_the_paper_step_and_keeps_the_previous_model():
+    model, data = quadratic_model(8), quadratic_federation(seed=1)
+    alg = D.dqn_fed(model, mode="grad_at_global", client_lr=0.2, batch_size=8)
+    state = alg.init(model.init(None), 4)
+    first, m1 = simulate(alg, state, data, jax.random.key(0), num_rounds=1, cohort_size=4,
+                         sampler=_full)
+    # round 0: no pair (theta^-1 = theta^0), so d~_k = gamma0 ||g_k||^2 with gamma0 = eta_l
+    np.testing.assert_allclose(first.aggregator_state.previous["theta"], 0.0)
+    np.testing.assert_allclose(m1["server/realised_decrease"][0], m1["server/dtilde"][0],
+                               rtol=1e-3)
+    second, _ = simulate(alg, first, data, jax.random.key(1), num_rounds=1, cohort_size=4,
+                         sampler=_full)
+    np.testing.assert_allclose(second.aggregator_state.previous["theta"],
+                               first.params["theta"])
+
+
+def test_pseudo_gradient_client_sends_the_scaled_delta_and_a_local_pair():
+    model, data = quadratic_model(8), quadratic_federation(seed=2)
+    client = D.dqn_client(model, client_lr=0.1, batch_size=4, num_epochs=2, probe_size=None)
+    theta = {"theta": jnp.linspace(-1.0, 1.0, 8)}
+    row = jax.tree.map(lambda v: v[0], data.train)
+    out, _ = client(Broadcast(theta, jnp.int32(3), theta), (), row, jnp.int32(100),
+                    jax.random.key(0))
+    assert int(out.num_steps) == 4
+    np.testing.assert_allclose(out.extra["g"]["theta"], out.delta["theta"] / (0.1 * 4),
+                               rtol=1e-6)
+    assert int(out.extra["num_pairs"]) == 2  # one pair per local epoch
+    assert float(out.extra["dtilde"]) > 0
+
+
+def test_vmap_equals_sequential(mode="pseudo_grad"):
+    data = helpers.tiny_federation(padded_size=13)
+    model = helpers.logreg()
+    alg = D.dqn_fed(model, mode=mode, client_lr=0.1, batch_size=4)
+    params = helpers.init_params(model, 0)
+    outs = {}
+    for execution in ("vmap", "sequential"):
+        state = alg.init(params, data.num_clients)
+        outs[execution], _ = simulate(alg, state, data, jax.random.key(0), num_rounds=3,
+                                      cohort_size=4, execution=execution)
+    helpers.assert_trees_close(outs["vmap"].params, outs["sequential"].params, rtol=2e-4,
+                               atol=1e-6)
+
+
+def test_factory_checks_its_arguments():
+    model = helpers.logreg()
+    for kwargs in ({"mode": "nope"}, {"bfgs_form": "nope"}, {"step_cap": "nope"},
+                   {"ridge": -1.0}, {"server_lr": 0.0}, {"gamma_min": 1.0, "gamma_max": 0.5},
+                   {"memory": 0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            D.dqn_fed(model, **kwargs)
+    # a traced ridge / server rate passes (sweeps and meta-gradients)
+    jax.jit(lambda r: D.dqn_combine(_tree(np.eye(10)[:2], 2), jnp.ones(2), ridge=r).S)(1e-6)
+
+
+def test_aggregator_under_any_client_update():
+    """With plain FedAvg clients it uses the deltas and d~_k = ||Delta_k||^2: every
+    client's linearised change equals its own step's."""
+    model = helpers.logreg()
+    data = helpers.tiny_federation(padded_size=13)
+    from fedjax_fair import compose, local_training
+    alg = compose(local_training(model, client_lr=0.1, batch_size=4),
+                  aggregator=D.dqn_aggregator())
+    state = alg.init(helpers.init_params(model, 0), data.num_clients)
+    _, metrics = simulate(alg, state, data, jax.random.key(0), num_rounds=1, cohort_size=4)
+    real, dt = metrics["server/realised_decrease"][0], metrics["server/dtilde"][0]
+    keep = dt > 0
+    np.testing.assert_allclose(real[keep], dt[keep], rtol=1e-3)
