@@ -383,3 +383,14 @@ def test_aggregator_under_any_client_update():
     real, dt = metrics["server/realised_decrease"][0], metrics["server/dtilde"][0]
     keep = dt > 0
     np.testing.assert_allclose(real[keep], dt[keep], rtol=1e-3)
+
+
+def test_gram_matrix_by_column_blocks_equals_the_whole():
+    rng = np.random.default_rng(5)
+    tree = {"a": jnp.asarray(rng.normal(size=(4, 3, 7)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)}
+    whole = D.gram_matrix(tree, 4, block_size=None)
+    flat = np.concatenate([np.asarray(tree["a"]).reshape(4, -1), np.asarray(tree["b"])], 1)
+    np.testing.assert_allclose(whole, flat @ flat.T, rtol=1e-5)
+    for block in (1, 4, 6, 21, 100):
+        np.testing.assert_allclose(D.gram_matrix(tree, 4, block_size=block), whole, rtol=1e-5)

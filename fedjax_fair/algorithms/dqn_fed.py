@@ -250,14 +250,32 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
 # ----------------------------------------------------------------------- server
 
 
-def gram_matrix(tree, num_clients: int):
+GRAM_BLOCK = 1 << 22
+"""Columns per block when one leaf's per-client size exceeds it (``gram_matrix``)."""
+
+
+def _gram_update(total, flat):
+    return total + jnp.matmul(flat, flat.T, precision=jax.lax.Precision.HIGHEST
+                              ).astype(jnp.float32)
+
+
+def gram_matrix(tree, num_clients: int, block_size: Optional[int] = GRAM_BLOCK):
     """M[i, j] = <G_i, G_j> summed over leaves (leading axis K), HIGHEST precision
-    (TF32 would damage M on GPUs)."""
+    (TF32 would damage M on GPUs). A leaf with more than ``block_size`` entries per
+    client is taken ``block_size`` columns at a time (a rolled loop of K x block
+    slices), so forming M never needs a second K x d buffer; None: whole leaves."""
     total = jnp.zeros((num_clients, num_clients), jnp.float32)
     for leaf in jax.tree.leaves(tree):
         flat = leaf.reshape(num_clients, -1)
-        total = total + jnp.matmul(flat, flat.T, precision=jax.lax.Precision.HIGHEST
-                                   ).astype(jnp.float32)
+        width = flat.shape[1]
+        if block_size is None or width <= block_size:
+            total = _gram_update(total, flat)
+            continue
+        full = width // block_size
+        total = jax.lax.fori_loop(0, full, lambda i, m: _gram_update(
+            m, jax.lax.dynamic_slice_in_dim(flat, i * block_size, block_size, axis=1)), total)
+        if width % block_size:
+            total = _gram_update(total, flat[:, full * block_size:])
     return total
 
 
