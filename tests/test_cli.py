@@ -164,6 +164,9 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
         assert cells[3] == f"{float(row['accuracy_worst_10%_percent']):.2f}"
     _png_ok(out / "accuracy.png")
     _png_ok(out / "client_accuracy_hist.png")
+    _png_ok(out / "improved_clients.png")
+    rounds = report.read_jsonl(out / "fedprox" / "seed1" / "rounds.jsonl")
+    assert [r["round"] for r in rounds] == [1, 2] and "improved_fraction" in rounds[0]
     run_summary = json.loads((out / "fedprox" / "seed1" / "summary.json").read_text())
     assert run_summary["config"]["hparams"] == {"mu": 0.5}
     assert run_summary["config"]["seed"] == 1

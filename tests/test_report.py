@@ -159,3 +159,22 @@ def test_save_figure_writes_png(tmp_path):
     report.save_figure(fig, str(path))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_moving_average_is_a_trailing_mean():
+    np.testing.assert_allclose(report.moving_average([1, 2, 3, 4, 5], 2), [1, 1.5, 2.5, 3.5, 4.5])
+    np.testing.assert_allclose(report.moving_average([1, 2, 3], 1), [1, 2, 3])
+    np.testing.assert_allclose(report.moving_average([4, 0, 2], 10), [4, 2, 2])
+
+
+def test_improved_fraction_plot_draws_one_smoothed_line_per_algorithm(tmp_path):
+    curves = {"a": [np.array([1.0, 0.5, 1.0, 1.0]), np.array([1.0, 1.0, 0.0, 1.0])],
+              "b": [np.array([0.0, 0.0, 1.0, 1.0])]}
+    fig = report.plot_improved_fraction(curves, context="toy", window=2)
+    lines = {l.get_label(): l for l in fig.axes[0].get_lines()}
+    np.testing.assert_allclose(lines["a"].get_ydata(), [100, 87.5, 62.5, 75.0])
+    np.testing.assert_allclose(lines["b"].get_xdata(), [1, 2, 3, 4])
+    report.save_figure(fig, str(tmp_path / "imp.png"))
+    assert (tmp_path / "imp.png").stat().st_size > 1000
+    single = report.plot_improved_fraction(np.ones(90))  # window 90 // 30 = 3
+    assert "3 rounds" in single.axes[0].get_ylabel()

@@ -12,10 +12,12 @@ line per evaluation), ``rounds.jsonl`` (per-round weights, losses and server
 diagnostics), ``clients.csv`` (final per-client test metrics), ``clients_over_time.npz``
 (per-client metrics at every evaluation), ``summary.json`` (config, final fairness
 summary, timings), ``accuracy.png`` (mean / worst 10% / std over rounds), ``loss.png``,
-``client_accuracy_hist.png``, ``lorenz.png`` and ``checkpoint/`` (state after every
+``client_accuracy_hist.png``, ``lorenz.png``, ``improved_clients.png`` (the share of
+each round's participants whose training loss did not rise) and ``checkpoint/`` (state after every
 evaluation). ``compare`` writes ``config.json``, ``comparison.md`` / ``comparison.csv``
 (the printed table), ``summary.json``, ``accuracy.png``, ``client_accuracy_hist.png``
-(box plots), ``client_accuracy_ecdf.png``, ``lorenz.png``, and one sub-directory per
+(box plots), ``client_accuracy_ecdf.png``, ``lorenz.png``, ``improved_clients.png``,
+and one sub-directory per
 algorithm and seed with that run's metrics.
 
 Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
@@ -439,6 +441,9 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
             os.path.join(out, "client_accuracy_hist.png"))
         report.save_figure(report.plot_lorenz(acc, context=ctx),
                            os.path.join(out, "lorenz.png"))
+        if imp is not None and len(imp):
+            report.save_figure(report.plot_improved_fraction(imp, context=ctx),
+                               os.path.join(out, "improved_clients.png"))
     return summary
 
 
@@ -582,6 +587,16 @@ def compare_config(args: argparse.Namespace):
     return _resumable_config(args, C.CompareConfig, C.COMPARE_RESUMABLE, "comparison")
 
 
+def _improved_curve(run_dir: str):
+    """The per-round improved fraction of a run directory's rounds.jsonl, or None."""
+    path = os.path.join(run_dir, "rounds.jsonl")
+    if not os.path.isfile(path):
+        return None
+    rows = report.read_jsonl(path)
+    values = [r["improved_fraction"] for r in rows if "improved_fraction" in r]
+    return np.asarray(values) if values else None
+
+
 def _finished_run(run_dir: str):
     """(summary, history, accuracies) of a run a comparison already wrote, or None."""
     path = os.path.join(run_dir, "summary.json")
@@ -692,18 +707,22 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
     for k in ("algorithms", "seeds"):
         run_cfg.pop(k)
     entries: list = []
+    rounds: list = []
     try:
         res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
                            description=f"{name} seed {seed}", on_eval=entries.append,
+                           on_rounds=lambda r0, m: rounds.extend(report.round_rows(r0, m)),
                            log=log)
     except NonFiniteError as e:
         os.makedirs(run_dir, exist_ok=True)
         report.write_jsonl(os.path.join(run_dir, "metrics.jsonl"), entries)
+        report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
         summary = {"status": "non_finite", "config": run_cfg, "non_finite_round": e.round,
                    "last_good_round": e.last_good_round}
         report.write_json(os.path.join(run_dir, "summary.json"), summary)
         return summary, entries, None
     summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False)
+    report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
     _write_client_history(run_dir, res)
     acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]
     return summary, res.history, acc
@@ -755,6 +774,12 @@ def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accura
             final, title="Lorenz curve of final per-client accuracy"
             + (" (all seeds)" if len(cfg.seeds) > 1 else ""), context=ctx),
             os.path.join(out, "lorenz.png"))
+        improved = {label[a]: [c for c in (_improved_curve(os.path.join(out, a, f"seed{s}"))
+                                          for s in cfg.seeds) if c is not None]
+                    for a in summaries}
+        report.save_figure(report.plot_improved_fraction(
+            {k: v for k, v in improved.items() if v}, context=ctx),
+            os.path.join(out, "improved_clients.png"))
     report.write_json(os.path.join(out, "summary.json"), {
         "config": cfg_dict, "dataset": dataset_description(ds),
         "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}

@@ -566,3 +566,47 @@ def plot_lorenz(accuracies, ax=None, title: str = "Lorenz curve of final per-cli
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
                   ncols=ncol, frameon=False)
     return fig
+
+
+def moving_average(values, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` points (fewer at the start)."""
+    v = np.asarray(values, np.float64)
+    if window <= 1 or v.size == 0:
+        return v
+    c = np.cumsum(np.insert(v, 0, 0.0))
+    idx = np.arange(1, v.size + 1)
+    start = np.maximum(idx - window, 0)
+    return (c[idx] - c[start]) / (idx - start)
+
+
+def plot_improved_fraction(curves, ax=None, title: str = "Participants whose training loss "
+                           "did not rise", context: str = "", window: Optional[int] = None):
+    """The share of each round's participants whose training loss did not rise over
+    the round (DQN-Fed eq. 29; ``improved_fraction`` in ``rounds.jsonl``), in percent
+    against the round, as a trailing moving average (``window``: about 1/30 of the
+    run by default). ``curves``: one array [R], or a mapping from an algorithm to a
+    list (over seeds) of arrays, averaged over the seeds."""
+    single = not isinstance(curves, Mapping)
+    data = {"run": [curves]} if single else {k: list(v) for k, v in curves.items()}
+    fig, ax = _new_axes(ax, figsize=(7.5 if single else 9.0, 4.4))
+    styles = algorithm_styles(list(data))
+    longest = max((len(c) for runs in data.values() for c in runs), default=0)
+    window = window or max(1, longest // 30)
+    for name, runs in data.items():
+        runs = [np.asarray(c, np.float64) for c in runs if len(c)]
+        if not runs:
+            continue
+        n = min(len(c) for c in runs)
+        mean = np.mean([c[:n] for c in runs], axis=0)
+        style = {"color": "C0", "linestyle": "-"} if single else styles[name]
+        ax.plot(np.arange(1, n + 1), 100 * moving_average(mean, window), linewidth=1.6,
+                label=None if single else name, **style)
+    _round_axis(ax)
+    ax.set_ylabel(f"improved clients (%), mean of {window} round{'s' if window > 1 else ''}")
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.set_title(_title(title, context))
+    if not single:
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
+                  frameon=False)
+    return fig
