@@ -109,6 +109,7 @@ def _config(command: str):
     ``cmd_compare`` build it (cached: the tests only read it)."""
     argv = shlex.split(command)
     assert argv[:1] == ["fedjax-fair"] and argv[1] in ("run", "compare"), command
+    argv = [str(ROOT / a) if a.startswith("experiments/") else a for a in argv]  # repo-relative
     args = PARSER.parse_args(argv[1:])
     cls = C.RunConfig if argv[1] == "run" else C.CompareConfig
     cfg = cli.config_from_args(args, cls)
