@@ -1,4 +1,4 @@
-"""Runs the small-scale experiments of issue 4 and writes docs/reproducing.md.
+"""Runs the small-scale experiments (issues 4 and 10) and writes docs/reproducing.md.
 
     python experiments/reproduce.py                 # every experiment (~15 min, 2-core CPU)
     python experiments/reproduce.py --only aaggff_cross_silo --seeds 0
@@ -13,7 +13,10 @@ runs it wrote under ``runs/reproduce/NAME/``, and renders the tables:
   std over seeds;
 * computational-heterogeneity experiments (IID / NIID / TNIID): R90 (rounds until the
   global model's test accuracy first reaches 90%, spec §5; 95% CI over seeds), the
-  smoothness S of the accuracy curve, and the final accuracy.
+  smoothness S of the accuracy curve, and the final accuracy;
+* DQN-Fed experiments (CIFAR-10 setups 1 and 2 and the participation ablation at small
+  scale): DQN-Fed's metrics (unweighted worst / best 10%), rounds to FedAvg's final
+  accuracy and the share of improved clients (``dqn_table``).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FAIRNESS = ("aaggff_cross_silo", "aaggff_cross_device", "aaggff_cross_device_synthetic")
 COMPHET = ("comphet_iid", "comphet_niid", "comphet_tniid")
+DQN = ("dqn_setup1", "dqn_setup2", "dqn_participation_50", "dqn_participation_10")
 LEVEL = 0.9
 
 
@@ -73,6 +77,49 @@ def fairness_table(out: str) -> str:
     return "\n".join(rows)
 
 
+def _improved(out: str, alg: str, seeds) -> list:
+    """Mean improved fraction (DQN-Fed eq. 29) over the rounds of each seed's run."""
+    values = []
+    for seed in seeds:
+        path = os.path.join(out, alg, f"seed{seed}", "rounds.jsonl")
+        rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+        imp = [r["improved_fraction"] for r in rows if "improved_fraction" in r]
+        if imp:
+            values.append(np.mean(imp))
+    return values
+
+
+def dqn_table(out: str) -> str:
+    """DQN-Fed's metrics (spec §6): mean, std and worst / best 10% (unweighted) of the
+    final per-client accuracy; rounds until the global model's mean client accuracy
+    first reaches FedAvg's final one (mean over seeds; "-" if never); the mean share of
+    participants whose training loss did not rise (eq. 29)."""
+    from fedjax_fair.metrics import rounds_to_reach
+    seeds = json.load(open(os.path.join(out, "summary.json")))["config"]["seeds"]
+    runs = _histories(out)
+    target = np.mean([h[-1]["accuracy_mean"] for h in runs["fedavg"]])
+    rows = [f"| algorithm | mean acc (%) | std (%) | worst 10% (%) | best 10% (%) | rounds to "
+            f"FedAvg's {100 * target:.1f}% | improved clients (%) |",
+            "|---|---|---|---|---|---|---|"]
+    for alg, hs in runs.items():
+        final = [h[-1] for h in hs]
+        reach = []
+        for h in hs:
+            i = rounds_to_reach([e["accuracy_mean"] for e in h], target)
+            reach.append(h[int(i)]["round"] if np.isfinite(i) else np.inf)
+        hit = [r for r in reach if np.isfinite(r)]
+        reach_text = (f"{np.mean(hit):.0f}" + (f" ({len(reach) - len(hit)} of {len(reach)} "
+                                                f"never)" if len(hit) < len(reach) else "")
+                      if hit else "never")
+        imp = _improved(out, alg, seeds)
+        rows.append(f"| {alg} | {_pm([f['accuracy_mean'] for f in final])} | "
+                    f"{_pm([f['accuracy_std'] for f in final])} | "
+                    f"{_pm([f['accuracy_worst_10%_unweighted'] for f in final])} | "
+                    f"{_pm([f['accuracy_best_10%_unweighted'] for f in final])} | "
+                    f"{reach_text} | {_pm(imp) if imp else 'n/a'} |")
+    return "\n".join(rows)
+
+
 def comphet_table(out: str) -> str:
     from fedjax_fair.metrics import confidence_interval, rounds_to_reach, smoothness
     rows = ["| algorithm | R90 (rounds) | R90 95% CI | not reached | smoothness S | final acc (%) |",
@@ -98,13 +145,14 @@ def main():
     ap.add_argument("--reuse", action="store_true",
                     help="render experiments already run under --runs instead of rerunning")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else list(FAIRNESS + COMPHET)
+    names = args.only.split(",") if args.only else list(FAIRNESS + COMPHET + DQN)
     sections = {}
     for name in names:
         out = os.path.join(args.runs, name)
         if not (args.reuse and os.path.exists(os.path.join(out, "summary.json"))):
             run_compare(name, out, args.seeds)
-        table = fairness_table(out) if name in FAIRNESS else comphet_table(out)
+        table = (fairness_table(out) if name in FAIRNESS else dqn_table(out) if name in DQN
+                 else comphet_table(out))
         sections[name] = table
         print(f"\n## {name}\n\n{table}\n", flush=True)
     if args.only is None:

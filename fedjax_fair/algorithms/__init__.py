@@ -18,6 +18,8 @@ from fedjax_fair.algorithms import afl as _afl
 from fedjax_fair.algorithms import ditto as _ditto
 from fedjax_fair.algorithms import dqn_fed as _dqn_fed
 from fedjax_fair.algorithms import fedavg as _fedavg
+from fedjax_fair.algorithms import fedheal as _fedheal
+from fedjax_fair.algorithms import fedlf as _fedlf
 from fedjax_fair.algorithms import feddyn as _feddyn
 from fedjax_fair.algorithms import fedmax as _fedmax
 from fedjax_fair.algorithms import fedmgda as _fedmgda
@@ -32,6 +34,8 @@ from fedjax_fair.algorithms.afl import afl
 from fedjax_fair.algorithms.ditto import ditto
 from fedjax_fair.algorithms.dqn_fed import dqn_fed
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.algorithms.fedheal import fedheal
+from fedjax_fair.algorithms.fedlf import fedlf
 from fedjax_fair.algorithms.feddyn import feddyn
 from fedjax_fair.algorithms.fedmax import fedmax, fedmax_k, fedsoftmax
 from fedjax_fair.algorithms.fedmgda import fedmgda_plus
@@ -79,6 +83,8 @@ REGISTRY = {
     "feddyn": Method(feddyn, _feddyn.HPARAMS),
     "ditto": Method(ditto, _ditto.HPARAMS),
     "dqn_fed": Method(dqn_fed, _dqn_fed.HPARAMS),
+    "fedheal": Method(fedheal, _fedheal.HPARAMS),
+    "fedlf": Method(fedlf, _fedlf.HPARAMS),
     "qffl": Method(qffl, _qffl.HPARAMS),
     "afl": Method(afl, _afl.HPARAMS),
     "term": Method(term, _term.HPARAMS),
@@ -130,6 +136,6 @@ def method_hparams(name: str) -> dict:
 
 
 __all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afl",
-           "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedmax",
+           "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
            "fedmax_k", "fedmgda_plus", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
            "method_hparams", "propfair", "qffl", "scaffold", "term"]
