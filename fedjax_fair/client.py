@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import execution
+from fedjax_fair import hparams as H
 from fedjax_fair.models.base import Model
 from fedjax_fair.types import Array, Broadcast, ClientData, ClientOutput, ClientUpdate
 
@@ -236,6 +237,31 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
     return train
 
 
+def check_optimizer(optimizer, field: str, rate_factory: bool = True) -> None:
+    """Refuses, before anything runs, an optimizer that is not an optax
+    ``GradientTransformation`` (or, with ``rate_factory``, a callable ``rate ->
+    transformation`` such as ``optax.sgd``): ``TypeError("FIELD: ...")``. None passes
+    (the caller's default)."""
+    if optimizer is None or isinstance(optimizer, optax.GradientTransformation):
+        return
+    if rate_factory and callable(optimizer):
+        return
+    allowed = ("an optax GradientTransformation (e.g. optax.adam(1e-3)) or a function "
+               "rate -> transformation (e.g. optax.sgd)" if rate_factory else
+               "an optax GradientTransformation (e.g. optax.adam(1e-3))")
+    raise TypeError(f"{field}: must be None or {allowed}, got {type(optimizer).__name__} "
+                    f"{optimizer!r}")
+
+
+def check_rate(value, field: str = "client_lr"):
+    """A learning rate: > 0 when it is a concrete number; a schedule (a callable of
+    the round) or a JAX array (possibly traced: vmap / grad over the rate) passes
+    unchecked."""
+    if callable(value):
+        return value
+    return H.POSITIVE.check(field, value)
+
+
 def make_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
     """``optimizer`` if it is an optax transformation (fixed, ignores the rate), else
     ``optimizer(learning_rate)`` (e.g. ``optax.sgd``)."""
@@ -255,11 +281,11 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
 
     Args:
       model: the network.
-      client_lr: eta_l: a number, a (traced) JAX scalar, or a schedule
+      client_lr: eta_l: a number (> 0), a (traced) JAX scalar, or a schedule
         ``round -> rate`` evaluated at the broadcast round.
-      optimizer: ``rate -> optax transformation`` (default ``optax.sgd``), or a fixed
-        optax transformation (then ``client_lr`` is not used). Its state is created
-        fresh for every client every round.
+      optimizer: ``rate -> optax transformation`` (default, or None: ``optax.sgd``),
+        or a fixed optax transformation (then ``client_lr`` is not used). Its state is
+        created fresh for every client every round. Anything else is a TypeError.
       batch_size: B.
       num_epochs: E.
       max_steps: optional cap on local steps. The static scan length is
@@ -282,6 +308,10 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
     """
     if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
         raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
+    check_optimizer(optimizer, "optimizer")
+    optimizer = optax.sgd if optimizer is None else optimizer
+    if not isinstance(optimizer, optax.GradientTransformation):  # else the rate is unused
+        check_rate(client_lr, "client_lr")
     if unroll is None:
         unroll = execution.local_step_unroll(model.uses_xla_conv)
     train = local_sgd(model, batch_size=batch_size, num_epochs=num_epochs,
@@ -328,7 +358,8 @@ def inner(a, b):
 
 def proximal_term(mu) -> Callable:
     """FedProx's (mu / 2) ||w - w^t||^2 as a ``regularizer`` (Li et al., 2020, eq. 2);
-    ``mu`` may be a traced array."""
+    ``mu`` may be a traced array (checked, >= 0, only when it is a concrete number)."""
+    H.NONNEGATIVE.check("mu", mu)
 
     def regularizer(params, broadcast, client_state):
         del client_state

@@ -199,11 +199,34 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     description. A plan that cannot fit raises ``memory.MemoryBudgetError``.
 
     Compiles one program per distinct chunk length (and, streamed, per size bucket).
+
+    The arguments are checked before anything is compiled, moved or written:
+    ``num_rounds``, ``eval_every`` and ``cohort_size`` are integers >= 1 (the cohort
+    at most the number of clients), ``key`` is one ``jax.random.key`` (or a legacy
+    ``jax.random.PRNGKey``), ``step_budgets`` is None, an integer table [N] or a
+    ``heterogeneity.StepBudgets``, and some client has test data; a bad one raises
+    ``ValueError`` / ``TypeError`` whose message starts with the argument's name. On
+    resume an unreadable or inconsistent checkpoint raises
+    ``ValueError("checkpoint: ...")`` naming the file, before anything is written.
     """
+    # ---- the arguments, before anything is compiled, moved or written
+    num_clients = data.num_clients
+    num_rounds = _count(num_rounds, "num_rounds")
+    eval_every = _count(eval_every, "eval_every")
+    cohort_size = _count(cohort_size, "cohort_size")
+    if cohort_size > num_clients:
+        raise ValueError(f"cohort_size: {cohort_size} is more than the {num_clients} clients "
+                         f"of the federation")
+    key = _check_key(key)
+    step_budgets = _check_step_budgets(step_budgets, num_clients)
+    if not np.asarray(data.test.num_examples).sum() > 0:
+        raise ValueError("data: no client has a test example; run evaluates every client "
+                         "on its test split")
+    validate = (data.validation is not None
+                and bool(np.asarray(data.validation.num_examples).sum() > 0))
     if placement not in mem.PLACEMENTS:
         raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
     execution = as_execution(execution)
-    num_clients = data.num_clients
     _check_capacity(algorithm, num_clients, cohort_size, num_rounds)
     state = algorithm.init(params, num_clients)
     history: list = []
@@ -213,7 +236,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         if checkpoint_dir is None or not ckpt.exists(checkpoint_dir):
             raise FileNotFoundError(f"resume: no checkpoint in checkpoint_dir={checkpoint_dir!r}")
         state, meta = ckpt.restore(checkpoint_dir, state)
-        history, round_log = meta["history"], meta["round_metrics"]
+        _check_meta(meta, checkpoint_dir)
+        history, round_log = meta["history"], meta.get("round_metrics", {})
         compile_s, run_s = meta.get("compile_seconds", 0.0), meta.get("run_seconds", 0.0)
 
     client_log: dict = {}  # metric -> [E] list of per-client arrays [N]
@@ -308,7 +332,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         """Per-client test metrics and the summary of test (and validation) accuracy."""
         per_client = evaluate_split(state, data.test)
         summary = split_summary(per_client, "test")
-        if data.validation is not None:
+        if validate:  # a validation split without examples has nothing to summarise
             summary.update(split_summary(evaluate_split(state, data.validation),
                                          "validation"))
         return per_client, summary
@@ -413,12 +437,89 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
     stored = ckpt.load_arrays(directory, CLIENT_HISTORY)
     out = {}
     for k, v in stored.items():
+        if v.ndim != 2 or v.shape[1] != num_clients:
+            raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {directory!r} holds {k!r} of "
+                             f"shape {v.shape}, this run has {num_clients} clients; the run "
+                             f"cannot resume from it (was it made by another config?)")
         v = v[:evaluations]
         if v.shape[0] < evaluations:
             v = np.concatenate([np.full((evaluations - v.shape[0], num_clients), np.nan,
                                         np.float32), v])
         out[k] = list(v)
     return out
+
+
+def _count(value, field: str) -> int:
+    """A positive Python / NumPy integer as an int (booleans and floats refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{field}: must be an integer >= 1, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < 1:
+        raise ValueError(f"{field}: must be an integer >= 1, got {value}")
+    return int(value)
+
+
+def _check_key(key):
+    """The run's PRNG key: a typed key (``jax.random.key``) or a legacy raw uint32 key
+    (``jax.random.PRNGKey``, of the default implementation's shape), both of which the
+    engine's ``fold_in`` / ``split`` take; one key, not a batch."""
+    if isinstance(key, (jax.Array, np.ndarray)):
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            if key.shape != ():
+                raise ValueError(f"key: must be one key, got an array of keys of shape "
+                                 f"{key.shape}")
+            return key
+        if key.ndim == 1:
+            try:  # shape and dtype against the default implementation; no compute
+                jax.eval_shape(jax.random.wrap_key_data, jax.ShapeDtypeStruct(key.shape,
+                                                                              key.dtype))
+            except (TypeError, ValueError):
+                pass
+            else:
+                return jnp.asarray(key)
+        described = f"an array of dtype {key.dtype} and shape {key.shape}"
+    else:
+        described = f"{type(key).__name__} {key!r}"
+    raise TypeError(f"key: must be a jax.random.key(seed) (or a legacy "
+                    f"jax.random.PRNGKey(seed)), got {described}")
+
+
+def _check_step_budgets(step_budgets, num_clients: int):
+    """None, a ``heterogeneity.StepBudgets``, or a table [N] of non-negative integer
+    local-step budgets (returned as int32)."""
+    if step_budgets is None or isinstance(step_budgets, StepBudgets):
+        return step_budgets
+    expected = ("must be None, an integer array [N] of local-step budgets or a "
+                "heterogeneity.StepBudgets (heterogeneity.parse turns text such as "
+                "'fixed:2' into one)")
+    if isinstance(step_budgets, (list, tuple)):
+        step_budgets = np.asarray(step_budgets)
+    if not isinstance(step_budgets, (jax.Array, np.ndarray)):
+        raise TypeError(f"step_budgets: {expected}, got {type(step_budgets).__name__} "
+                        f"{step_budgets!r}")
+    if step_budgets.dtype == np.bool_ or not jnp.issubdtype(step_budgets.dtype, jnp.integer):
+        raise TypeError(f"step_budgets: {expected}, got an array of dtype "
+                        f"{step_budgets.dtype}")
+    if step_budgets.shape != (num_clients,):
+        raise ValueError(f"step_budgets: a table needs one budget per client, shape "
+                         f"({num_clients},), got shape {step_budgets.shape}")
+    if not isinstance(step_budgets, jax.core.Tracer) and np.any(np.asarray(step_budgets) < 0):
+        raise ValueError("step_budgets: budgets are local-step counts, must be >= 0")
+    return step_budgets.astype(jnp.int32 if isinstance(step_budgets, jax.Array)
+                               else np.int32)
+
+
+def _check_meta(meta, directory: str) -> None:
+    """A restored meta.json the runner can continue from: a non-empty evaluation
+    history (one object with a "round" per evaluation)."""
+    history = meta.get("history")
+    if (not isinstance(history, list) or not history
+            or not all(isinstance(h, dict) and isinstance(h.get("round"), int)
+                       for h in history)
+            or not isinstance(meta.get("round_metrics", {}), dict)):
+        raise ValueError(f"checkpoint: meta.json in {directory!r} is unreadable or corrupt "
+                         f"(no evaluation history with rounds); the run cannot resume from "
+                         f"it (start it again)")
 
 
 def _check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size: int,

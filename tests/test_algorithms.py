@@ -399,3 +399,104 @@ def test_compose_broadcast_drift_and_personal_wiring(table):
     np.testing.assert_allclose(got, expected[:, None] * bias[None], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(state2.client_states.last_round),
                                   [0, 1, -1, 0, 1, 1])
+
+
+# --------------------------------------------------------------------------------------
+# Bad Python inputs: refused when the algorithm is built, naming the argument.
+
+
+def _factories_taking(argument: str) -> list:
+    import inspect
+    from fedjax_fair.algorithms import REGISTRY
+    return [name for name, entry in REGISTRY.items()
+            if argument in inspect.signature(entry.factory).parameters]
+
+
+@pytest.mark.parametrize("name", _factories_taking("client_optimizer"))
+@pytest.mark.parametrize("value", ["adam", 0.1, (optax.sgd(0.1),)], ids=repr)
+def test_factories_refuse_a_client_optimizer_that_is_not_optax(name, value):
+    """Every factory built on fedavg.client_training inherits the check: not a string
+    that fails later inside the run ("'str' object is not callable")."""
+    from fedjax_fair.algorithms import REGISTRY
+    with pytest.raises(TypeError, match="^client_optimizer: "):
+        REGISTRY[name].factory(MODEL, client_optimizer=value)
+
+
+@pytest.mark.parametrize("name", _factories_taking("server_optimizer"))
+@pytest.mark.parametrize("value", ["adam", optax.adam], ids=repr)
+def test_factories_refuse_a_server_optimizer_that_is_not_a_transformation(name, value):
+    """The server step takes no rate: a rate -> transformation factory is refused too."""
+    from fedjax_fair.algorithms import REGISTRY
+    with pytest.raises(TypeError, match="^server_optimizer: "):
+        REGISTRY[name].factory(MODEL, server_optimizer=value)
+
+
+def test_optimizers_given_as_optax_objects_are_accepted():
+    for client in (None, optax.sgd, optax.adam, optax.adam(1e-3),
+                   optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)):
+        fedavg(MODEL, client_optimizer=client, server_optimizer=optax.adam(0.1))
+    local_training(MODEL, optimizer=None, batch_size=4)  # None: optax.sgd
+    # A fixed transformation does not use client_lr, which is then not checked.
+    local_training(MODEL, optimizer=optax.sgd(0.1), client_lr=None, batch_size=4)
+
+
+@pytest.mark.parametrize("value", [-1.0, 0.0, float("nan"), float("inf"), "0.1", True],
+                         ids=repr)
+def test_local_training_checks_a_concrete_client_lr(value):
+    with pytest.raises(ValueError, match="^client_lr: "):
+        local_training(MODEL, client_lr=value, batch_size=4)
+
+
+def test_local_training_refuses_an_optimizer_that_is_not_optax():
+    with pytest.raises(TypeError, match="^optimizer: "):
+        local_training(MODEL, optimizer="adam", batch_size=4)
+
+
+def test_local_training_lets_schedules_and_traced_rates_through():
+    """A schedule and a JAX array pass unchecked (never a Python comparison on a
+    tracer): the client update is differentiable in a traced client_lr."""
+    from fedjax_fair.types import Broadcast
+    local_training(MODEL, client_lr=lambda t: -1.0, batch_size=4)  # evaluated per round
+    local_training(MODEL, client_lr=jnp.float32(-1.0), batch_size=4)
+    data = helpers.client(TRAIN, 0)
+
+    def loss_after(lr):
+        update = local_training(MODEL, client_lr=lr, batch_size=FULL_BATCH)
+        out, _ = update(Broadcast(PARAMS, jnp.zeros((), jnp.int32), ()), (), data,
+                        jnp.int32(2 ** 30), KEY)
+        return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(out.delta))
+
+    grad = jax.grad(loss_after)(jnp.float32(LR))
+    assert np.isfinite(float(grad)) and float(grad) > 0.0
+
+
+@pytest.mark.parametrize("value", [-1.0, -1e-9, float("nan"), "0.1", None], ids=repr)
+def test_proximal_term_checks_a_concrete_mu(value):
+    from fedjax_fair.client import proximal_term
+    with pytest.raises(ValueError, match="^mu: "):
+        proximal_term(value)
+
+
+def test_proximal_term_is_differentiable_and_vmappable_in_a_traced_mu():
+    """mu as a tracer skips the check: d/dmu (mu / 2) ||w - w^t||^2 = ||w - w^t||^2 / 2,
+    under jax.grad and jax.vmap alike (mu = 0 is allowed, as FedAvg)."""
+    from fedjax_fair.client import proximal_term
+    from fedjax_fair.types import Broadcast
+    proximal_term(0.0)
+    proximal_term(np.float32(0.5))
+    params = {"w": jnp.array([1.0, 2.0, 3.0])}
+    broadcast = Broadcast({"w": jnp.array([0.0, 2.0, 5.0])}, jnp.zeros((), jnp.int32), ())
+    term = lambda mu: proximal_term(mu)(params, broadcast, ())
+    np.testing.assert_allclose(jax.grad(term)(jnp.float32(0.3)), 0.5 * (1.0 + 4.0))
+    np.testing.assert_allclose(jax.vmap(term)(jnp.array([0.0, 1.0, 2.0])), [0.0, 2.5, 5.0])
+    # Through a whole FedProx client update: the local model depends on mu.
+    data = helpers.client(TRAIN, 0)
+
+    def moved(mu):
+        update = local_training(MODEL, client_lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS,
+                                regularizer=proximal_term(mu))
+        out, _ = update(Broadcast(PARAMS, jnp.zeros((), jnp.int32), ()), (), data,
+                        jnp.int32(2 ** 30), KEY)
+        return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(out.delta))
+
+    assert float(jax.grad(moved)(jnp.float32(MU))) < 0.0  # a stronger pull moves less

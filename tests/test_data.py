@@ -130,6 +130,43 @@ def test_non_finite_inputs_are_a_data_error_naming_the_client():
         fd.from_client_arrays(xs, ys, bad, ys, name="toy", num_classes=3)
 
 
+def test_a_split_in_which_every_client_is_empty_is_refused_by_name():
+    """Some clients may be empty, not all: no training rows (nothing to train on) is
+    refused naming train_xs, no test rows (run evaluates every client on its test
+    split) naming test_xs, whatever the input shape (the emptiness is found before
+    any reshape of a zero-row block). An empty validation split is allowed."""
+    xs, ys = _toy([1, 2, 7])
+    empty_x = [np.zeros((0, 2), np.float32)] * 3
+    empty_y = [np.zeros(0, np.int32)] * 3
+    with pytest.raises(ValueError, match="^train_xs: "):
+        fd.from_client_arrays(empty_x, empty_y, xs, ys, name="toy", num_classes=3)
+    with pytest.raises(ValueError, match="^test_xs: "):
+        fd.from_client_arrays(xs, ys, empty_x, empty_y, name="toy", num_classes=3)
+    images = [np.zeros((0, 4, 4, 1), np.float32)] * 3  # a multi-dimensional input
+    with pytest.raises(ValueError, match="^train_xs: "):
+        fd.from_client_arrays(images, empty_y, [np.ones((2, 4, 4, 1))] * 3,
+                              [np.zeros(2, int)] * 3, name="toy", num_classes=3)
+    # Some empty clients in either split are fine.
+    part_x, part_y = [xs[0], empty_x[1], xs[2]], [ys[0], empty_y[1], ys[2]]
+    ds = fd.from_client_arrays(part_x, part_y, [empty_x[0], xs[1], empty_x[2]],
+                               [empty_y[0], ys[1], empty_y[2]], name="toy", num_classes=3)
+    np.testing.assert_array_equal(ds.host_data.train.num_examples, [1, 0, 7])
+    np.testing.assert_array_equal(ds.host_data.test.num_examples, [0, 2, 0])
+    train, test = ds.host_data.train, ds.host_data.test
+    no_rows = fd.stack_clients(empty_x, empty_y)
+    no_rows = jax.tree.map(np.asarray, no_rows)
+    ok = fd.from_padded(train, test, name="toy", num_classes=3, validation=no_rows)
+    assert ok.host_data.validation.mask.shape == (3, 0)
+
+
+def test_resplit_refuses_fractions_that_leave_a_split_without_examples():
+    ds = fd.get_dataset("synthetic", num_clients=3, max_examples=20)
+    with pytest.raises(ValueError, match="^fractions: "):
+        fd.resplit(ds, (0.9, 0.1, 0.0))
+    with pytest.raises(ValueError, match="^fractions: .*validation"):
+        fd.resplit(ds, (0.98, 0.01, 0.01))  # clients too small for a validation row
+
+
 # ------------------------------------------------------------------ partitioners
 
 LABELS = np.repeat(np.arange(10), 50)[np.random.default_rng(1).permutation(500)]

@@ -528,6 +528,167 @@ def test_run_resume_without_checkpoint_raises(tmp_path):
         _run(_seq_fedavg(), checkpoint_dir=str(tmp_path / "none"), resume=True)
 
 
+# ---- bad arguments and damaged checkpoints: refused before compute, nothing written
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Compiling a program (how the runner compiles its chunk programs) fails the test:
+    a refused input must be refused before compute. The runner's program cache starts
+    empty, so a program compiled by an earlier test is not reused either."""
+    from fedjax_fair import runner
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the input reached compilation")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
+    monkeypatch.setattr(runner, "_PROGRAMS", runner._ProgramCache())
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("cohort_size", 0, ValueError), ("cohort_size", -1, ValueError),
+    ("cohort_size", N + 1, ValueError), ("cohort_size", 2.5, TypeError),
+    ("cohort_size", True, TypeError), ("cohort_size", "3", TypeError),
+    ("num_rounds", 0, ValueError), ("num_rounds", 2.0, TypeError),
+    ("eval_every", 0, ValueError), ("eval_every", -2, ValueError),
+    ("eval_every", None, TypeError),
+    ("key", 0, TypeError), ("key", "seed", TypeError),
+    ("key", jax.random.split(jax.random.key(0)), ValueError),  # a batch of keys
+    ("key", np.zeros(2, np.int32), TypeError),  # raw key data of the wrong dtype
+    ("key", np.zeros(3, np.uint32), TypeError),  # ... or the wrong shape
+    ("step_budgets", "fixed:2", TypeError), ("step_budgets", 3, TypeError),
+    ("step_budgets", np.full(N, 2.0), TypeError), ("step_budgets", np.ones(N, bool), TypeError),
+    ("step_budgets", np.ones(N + 1, np.int32), ValueError),
+    ("step_budgets", np.array([1, 2, -1, 0, 3, 4]), ValueError)])
+def test_run_refuses_bad_arguments_before_compute(tmp_path, no_compile, field, value, error):
+    directory = tmp_path / "ckpt"
+    kw = dict(model=MODEL, num_rounds=2, cohort_size=3, eval_every=1, progress=False,
+              checkpoint_dir=str(directory))
+    key = jax.random.key(0)
+    if field == "key":
+        key = value
+    else:
+        kw[field] = value
+    with pytest.raises(error, match=f"^{field}: "):
+        run(_seq_fedavg(), PARAMS, DATA, key, **kw)
+    assert not directory.exists()
+
+
+def test_run_refuses_a_federation_without_test_data(no_compile):
+    data = DATA._replace(test=DATA.test._replace(
+        mask=np.zeros_like(DATA.test.mask), num_examples=np.zeros_like(DATA.test.num_examples)))
+    with pytest.raises(ValueError, match="^data: "):
+        run(_seq_fedavg(), PARAMS, data, KEY, model=MODEL, num_rounds=1, cohort_size=3,
+            progress=False)
+
+
+def test_run_skips_a_validation_split_without_examples():
+    """A validation block in which no client has a row (even of padded size 0, which
+    the model cannot take) is not evaluated: no ``validation_`` keys."""
+    from fedjax_fair.data import federated as fd
+    empty = jax.tree.map(np.asarray, fd.stack_clients([np.zeros((0, 10), np.float32)] * N,
+                                                      [np.zeros(0, np.int32)] * N))
+    assert empty.mask.shape == (N, 0)
+    result = _run(_seq_fedavg(), num_rounds=1, eval_every=1,
+                  data=DATA._replace(validation=empty))
+    assert not any(k.startswith("validation_") for h in result.history for k in h)
+    assert "accuracy_mean" in result.history[-1]
+
+
+def test_run_takes_legacy_uint32_keys_and_budget_tables_as_lists():
+    """A legacy ``jax.random.PRNGKey(seed)`` (raw uint32 data, also as a NumPy array)
+    is the same key as ``jax.random.key(seed)``: the same run, bit for bit. A budget
+    table may be a list of ints."""
+    alg = _seq_fedavg()
+    kw = dict(model=MODEL, num_rounds=2, cohort_size=3, eval_every=2, progress=False)
+    typed = run(alg, PARAMS, DATA, jax.random.key(5), **kw)
+    for legacy in (jax.random.PRNGKey(5), np.asarray(jax.random.PRNGKey(5))):
+        chex.assert_trees_all_equal(run(alg, PARAMS, DATA, legacy, **kw).state, typed.state)
+    budgets = [1, 2, 0, 1, 3, 2]
+    listed = run(alg, PARAMS, DATA, jax.random.key(5), step_budgets=budgets, **kw)
+    table = run(alg, PARAMS, DATA, jax.random.key(5), step_budgets=np.asarray(budgets), **kw)
+    chex.assert_trees_all_equal(listed.state, table.state)
+
+
+def _garbage(path):
+    path.write_bytes(b"not a checkpoint file")
+
+
+def _cut_in_half(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def _other_arrays(path):
+    with open(path, "wb") as f:
+        np.savez(f, something=np.zeros(3, np.float32))
+
+
+def _npy_not_npz(path):
+    with open(path, "wb") as f:
+        np.save(f, np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("name,damage", [
+    ("state.npz", _garbage), ("state.npz", _cut_in_half), ("state.npz", _other_arrays),
+    ("state.npz", _npy_not_npz),
+    ("meta.json", _garbage), ("meta.json", lambda p: p.write_text("[]")),
+    ("meta.json", lambda p: p.write_text('{"history": []}')),
+    ("meta.json", lambda p: p.write_text('{"history": [{"accuracy_mean": 0.5}]}')),
+    ("meta.json", lambda p: p.write_bytes(b"\xff\xfe{")),
+    ("client_history.npz", _garbage), ("client_history.npz", _cut_in_half),
+    ("client_history.npz", _other_arrays)], ids=lambda v: getattr(v, "__name__", v))
+def test_resume_from_a_damaged_checkpoint_names_the_file(reference_run, tmp_path,
+                                                         no_compile, name, damage):
+    """run(resume=True) on a damaged checkpoint: ``ValueError("checkpoint: ...")``
+    naming the file, raised before anything is compiled or written."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(reference_run[2], directory)
+    damage(directory / name)
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    with pytest.raises(ValueError, match="^checkpoint: ") as info:
+        _run(_seq_fedavg(), checkpoint_dir=str(directory), resume=True)
+    assert name in str(info.value)
+    assert len(str(info.value).splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
+
+
+@pytest.mark.parametrize("name,damage", [
+    ("state.npz", _garbage), ("state.npz", _cut_in_half), ("state.npz", _npy_not_npz),
+    ("meta.json", _garbage), ("meta.json", lambda p: p.write_text("[1, 2]")),
+    ("client_history.npz", _garbage), ("client_history.npz", _cut_in_half)],
+    ids=lambda v: getattr(v, "__name__", v))
+def test_checkpoint_readers_name_the_damaged_file(reference_run, tmp_path, name, damage):
+    """verify (headers only), restore, read_meta and load_arrays raise
+    ``ValueError("checkpoint: ...")`` naming the file, not numpy / zipfile / json
+    errors; exists only says whether the files are there."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(reference_run[2], directory)
+    template = _seq_fedavg().init(PARAMS, N)
+    ckpt.verify(str(directory), template)  # the intact copy passes
+    damage(directory / name)
+    assert ckpt.exists(str(directory))
+    readers = {"state.npz": [lambda d: ckpt.restore(d, template)],
+               "meta.json": [ckpt.read_meta, lambda d: ckpt.restore(d, template)],
+               "client_history.npz": [lambda d: ckpt.load_arrays(d, name)]}[name]
+    for read in [lambda d: ckpt.verify(d, template), *readers]:
+        with pytest.raises(ValueError, match="^checkpoint: ") as info:
+            read(str(directory))
+        assert name in str(info.value)
+
+
+def test_checkpoint_without_meta_is_not_found(tmp_path):
+    directory = tmp_path / "c"
+    ckpt.save(str(directory), {"w": jnp.zeros(2)}, {})
+    (directory / "meta.json").unlink()
+    assert not ckpt.exists(str(directory))
+    with pytest.raises(FileNotFoundError):
+        ckpt.read_meta(str(directory))
+    with pytest.raises(FileNotFoundError):
+        ckpt.verify(str(directory), {"w": jnp.zeros(2)})
+    assert ckpt.load_arrays(str(directory), "absent.npz") == {}
+
+
 def _nan_after(alg, good_rounds):
     """Makes the parameters NaN once more than ``good_rounds`` rounds are done."""
 

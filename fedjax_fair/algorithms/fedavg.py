@@ -24,7 +24,7 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.client import local_training
+from fedjax_fair.client import check_optimizer, local_training
 from fedjax_fair.mixing import MixingRule, prior
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
@@ -36,11 +36,19 @@ CLIENT_HPARAMS = {"client_lr": H.POSITIVE, "batch_size": H.COUNT, "num_epochs": 
 HPARAMS = dict(CLIENT_HPARAMS)
 
 
-def check_client(client_lr, batch_size, num_epochs, max_steps) -> None:
-    """Range checks of the local-training arguments (concrete values only)."""
+def check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer=None) -> None:
+    """Range checks of the local-training arguments (concrete values only) and the
+    type of ``client_optimizer`` (None, an optax transformation or a callable rate ->
+    transformation; anything else, e.g. the string "adam", is a TypeError)."""
     if not callable(client_lr):
         CLIENT_HPARAMS["client_lr"].check("client_lr", client_lr)
     H.check(CLIENT_HPARAMS, batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps)
+    check_optimizer(client_optimizer, "client_optimizer")
+
+
+def check_server_optimizer(server_optimizer) -> None:
+    """``server_optimizer`` is None or an optax transformation (TypeError otherwise)."""
+    check_optimizer(server_optimizer, "server_optimizer", rate_factory=False)
 
 
 def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
@@ -53,7 +61,7 @@ def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_e
 
     ``client_optimizer``: ``rate -> optax transformation`` (default ``optax.sgd``) or
     a fixed optax transformation. The other hooks are ``client.local_training``'s."""
-    check_client(client_lr, batch_size, num_epochs, max_steps)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
     return local_training(model, client_lr=client_lr, optimizer=client_optimizer or optax.sgd,
                           batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
                           regularizer=regularizer, start=start, finish=finish,
@@ -74,6 +82,7 @@ def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: in
     to every local batch loss (FedProx's proximal term); ``mixing`` (weights) and
     ``aggregator`` (default: the weighted mean) swap in other server rules, e.g.
     ``aggregators.step_normalized()`` for unequal local work."""
+    check_server_optimizer(server_optimizer)
     return compose(
         client_training(model, client_lr=client_lr, batch_size=batch_size,
                         num_epochs=num_epochs, max_steps=max_steps,

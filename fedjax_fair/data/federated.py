@@ -109,7 +109,7 @@ def _check_finite_inputs(x: np.ndarray, mask: np.ndarray, field: str) -> None:
     error naming the client, not a divergence found rounds later."""
     if not np.issubdtype(x.dtype, np.floating):
         return
-    bad = mask & ~np.isfinite(x.reshape(*x.shape[:2], -1)).all(axis=-1)
+    bad = mask & ~np.isfinite(x.reshape(*x.shape[:2], int(np.prod(x.shape[2:])))).all(axis=-1)
     if bad.any():
         k, i = (int(v[0]) for v in np.nonzero(bad))
         raise ValueError(f"{field}: client {k} has NaN or inf in its inputs (example {i} "
@@ -268,8 +268,10 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
 
     For generators that write straight into the padded block (femnist_like). The
     splits must follow the layout of ``stack_clients``: examples {"x", "y"} with
-    leading axes [N, M], real rows first. Checks labels and shapes and records the
-    padding reports in ``info["padding"]``. The arrays stay in host memory:
+    leading axes [N, M], real rows first. Checks labels and shapes (and that some
+    client has training and some client test data: ``runner.run`` trains on the
+    first and evaluates on the second; the validation split may be empty) and
+    records the padding reports in ``info["padding"]``. The arrays stay in host memory:
     ``runner.run`` places them (on the device, or streamed from the host when the
     device cannot hold them; memory.py).
     """
@@ -290,6 +292,13 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
             raise ValueError(f"{field}: num_examples differs from the mask's row counts")
         _check_label_range(np.asarray(y), np.asarray(split.mask), num_classes, f"{field}_ys")
         _check_finite_inputs(np.asarray(x), np.asarray(split.mask), f"{field}_xs")
+    for field in ("train", "test"):  # a validation split may be empty
+        if not np.asarray(splits[field].num_examples).sum() > 0:
+            raise ValueError(f"{field}_xs: every one of the {n} clients has an empty "
+                             f"{field} split; a federation needs at least one "
+                             f"{'training' if field == 'train' else 'test'} example "
+                             f"({'local training' if field == 'train' else 'evaluation'}"
+                             f" needs rows)")
     for field, split in splits.items():
         if split.examples["x"].shape[2:] != train.examples["x"].shape[2:]:
             raise ValueError(f"{field}_xs: input shape {split.examples['x'].shape[2:]} "
@@ -310,7 +319,9 @@ def from_client_arrays(train_xs: Sequence[np.ndarray], train_ys: Sequence[np.nda
 
     Validates shapes and labels (every label in [0, num_classes)), pads both splits
     independently (each to its own M), records their padding reports in
-    ``info["padding"]`` and only then moves the arrays to the device.
+    ``info["padding"]`` and only then moves the arrays to the device. Clients may be
+    empty in either split, but not all of them: ``ValueError`` naming ``train_xs``
+    (nothing to train on) or ``test_xs`` (nothing to evaluate on).
     """
     num_classes = _check_positive_int(num_classes, "num_classes")
     if len(train_xs) != len(test_xs):
@@ -384,6 +395,11 @@ def resplit(dataset: Dataset, fractions=(0.8, 0.1, 0.1), seed: int = 0) -> Datas
             parts[name][1].append(y[rows])
     stacked = {name: _stack_host(xs, ys, None, (f"{name}_xs", f"{name}_ys"))
                for name, (xs, ys) in parts.items()}
+    for name, fraction in zip(("train", "validation", "test"), fractions):
+        # e.g. a test fraction of 0, or clients too small for a validation row
+        if (name != "validation" or fraction > 0) and not stacked[name].num_examples.sum() > 0:
+            raise ValueError(f"fractions: {list(fractions)} leaves no client a {name} "
+                             f"example; give a larger {name} fraction")
     info = {k: v for k, v in dataset.info.items() if k != "padding"}
     info["resplit"] = {"fractions": list(fractions), "seed": int(seed)}
     return from_padded(stacked["train"], stacked["test"], name=dataset.name,
