@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import sys
 
 import numpy as np
@@ -40,7 +41,9 @@ LEVEL = 0.9
 def run_compare(name: str, out: str, seeds) -> None:
     from fedjax_fair import cli
     argv = ["compare", "--config", os.path.join(HERE, f"{name}.yaml"), "-o", out,
-            "--no-progress", "--no-plots", "--overwrite"]  # reruns replace the old ones
+            "--no-progress", "--overwrite"]  # reruns replace the old ones
+    if name not in DQN:  # DQN-Fed's improved-clients curves go into the page
+        argv.append("--no-plots")
     if seeds:
         argv += ["--seeds", seeds]
     code = cli.main(argv)
@@ -153,6 +156,11 @@ def main():
             run_compare(name, out, args.seeds)
         table = (fairness_table(out) if name in FAIRNESS else dqn_table(out) if name in DQN
                  else comphet_table(out))
+        figure = os.path.join(out, "improved_clients.png")
+        if name in DQN and os.path.isfile(figure):
+            os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)
+            shutil.copyfile(figure, os.path.join(ROOT, "docs", "img",
+                                                 f"{name}_improved_clients.png"))
         sections[name] = table
         print(f"\n## {name}\n\n{table}\n", flush=True)
     if args.only is None:

@@ -227,7 +227,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     if placement not in mem.PLACEMENTS:
         raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
     execution = as_execution(execution)
-    _check_capacity(algorithm, num_clients, cohort_size, num_rounds)
+    check_capacity(algorithm, num_clients, cohort_size, num_rounds)
     state = algorithm.init(params, num_clients)
     history: list = []
     round_log: dict = {}
@@ -522,7 +522,7 @@ def _check_meta(meta, directory: str) -> None:
                          f"it (start it again)")
 
 
-def _check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size: int,
+def check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size: int,
                     num_rounds: int) -> None:
     """Before compute: a lazy client table must hold every client the run can write."""
     capacity = algorithm.client_table.capacity if algorithm.client_table else None

@@ -848,3 +848,21 @@ def test_compensate_server_lr_scales_the_server_rate(tmp_path, capsys):
                      "--client-lr-schedule", "exponential:0.9", "--num-rounds", "2",
                      "-o", str(tmp_path / "z"), *TINY]) == 0
     assert json.loads((tmp_path / "z" / "config.json").read_text())["compensate_server_lr"]
+
+
+def test_algorithms_flag_narrows_a_config_files_hyper_parameters(tmp_path):
+    cfg_file = tmp_path / "cmp.yaml"
+    cfg_file.write_text("algorithms: [fedavg, fedprox, qffl]\n"
+                        "hparams: {fedprox: {mu: 0.5}, qffl.q: 2.0}\n")
+    args = cli.build_parser().parse_args(["compare", "--config", str(cfg_file),
+                                          "--algorithms", "fedavg,qffl"])
+    cfg = cli.compare_config(args)
+    cfg.output_dir = str(tmp_path / "out")
+    assert C.validate_compare(cfg) == {"fedavg": {}, "qffl": {"q": 2.0}}
+    # without the flag, a file naming an algorithm it does not compare is refused
+    cfg_file.write_text("algorithms: [fedavg]\nhparams: {fedprox: {mu: 0.5}}\n")
+    args = cli.build_parser().parse_args(["compare", "--config", str(cfg_file)])
+    cfg = cli.compare_config(args)
+    cfg.output_dir = str(tmp_path / "out")
+    with pytest.raises(C.ConfigError, match="fedprox"):
+        C.validate_compare(cfg)

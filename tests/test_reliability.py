@@ -366,9 +366,7 @@ for flags, field in ((["--hp", "client_lr=0.1"], "hparams.client_lr"),
                      (["--algorithm", "fedprox", "--hp", "mu=null"], "hparams.mu")):
     _flags("run", flags, field, area=3)
 _flags("run", ["--algorithm", "feddyn", "--hp", "client_table=lazy:2", "--num-rounds", "2"],
-       "client_table", area=3,
-       xfail="refused by the runner after run has written config.json, metrics.jsonl and "
-             "rounds.jsonl into the output directory (a retry then needs --overwrite)")
+       "client_table", area=3)
 
 # ---- schedules and step budgets
 for spec in ("exponential:0", "exponential:1.5", "exponential:-0.5", "exponential:nan",
@@ -570,9 +568,9 @@ def _mutated(directory: str, name: str, mutate: Callable) -> str:
 
 for path, mutate, what, field, xfail in (
         ("checkpoint/state.npz", lambda p: p.write_bytes(b"not a zip file"),
-         "state.npz replaced by garbage bytes", "resume", "zipfile.BadZipFile"),
+         "state.npz replaced by garbage bytes", "resume", None),
         ("checkpoint/state.npz", _truncate, "state.npz cut in half", "resume",
-         "zipfile.BadZipFile"),
+         None),
         ("checkpoint/state.npz", _wrong_arrays, "state.npz holding other arrays", "resume",
          None),
         ("checkpoint/state.npz", _wrong_dtype, "state.npz with a float64 leaf", "resume",
@@ -588,7 +586,7 @@ for path, mutate, what, field, xfail in (
         ("checkpoint", shutil.rmtree, "checkpoint/ deleted", "resume", None),
         ("checkpoint/client_history.npz", lambda p: p.write_bytes(b"junk"),
          "client_history.npz replaced by garbage bytes", "resume",
-         "ValueError from np.load"),
+         None),
         ("config.json", lambda p: p.write_text("{not json"), "config.json not JSON",
          "resume", None),
         ("config.json", lambda p: p.write_text("[1, 2]"), "config.json a list", "resume",
@@ -785,8 +783,7 @@ for shown, call, field, xfail in (
         ("no clients at all", _fca(lambda a: {k: [] for k in a}), "num_clients", None),
         ("every client empty", _fca(lambda a: {
             **a, "train_xs": [np.zeros((0, 10), np.float32)] * 3,
-            "train_ys": [np.zeros(0, np.int32)] * 3}), "train",
-         "every client empty in train: a NumPy reshape error that names no argument")):
+            "train_ys": [np.zeros(0, np.int32)] * 3}), "train", None)):
     _add(11, f"api:from_client_arrays {shown}", f"`from_client_arrays(...)` with {shown}",
          "Python: `fedjax_fair.data.federated.from_client_arrays`", field, call=call,
          xfail=xfail)
@@ -818,17 +815,13 @@ def _adam_string(model):
     return ff.algorithms.fedavg(model, client_optimizer="adam")
 
 
-_NOT_CHECKED = "fedjax_fair.run does not check it before compiling the chunk program"
 for shown, overrides, field, raises, xfail in (
-        ("cohort_size=0", {"cohort_size": 0}, "cohort_size", None, _NOT_CHECKED),
-        ("cohort_size=-1", {"cohort_size": -1}, "cohort_size", None, _NOT_CHECKED),
-        ("cohort_size=7 (6 clients)", {"cohort_size": 7}, "cohort_size", None,
-         "refused by jax.random.choice while tracing, with a message that names no "
-         "argument"),
-        ("cohort_size=2.5", {"cohort_size": 2.5}, "cohort_size", None,
-         "a TypeError from inside JAX that names no argument"),
-        ("num_rounds=0", {"num_rounds": 0}, "num_rounds", None, _NOT_CHECKED),
-        ("eval_every=0", {"eval_every": 0}, "eval_every", None, _NOT_CHECKED),
+        ("cohort_size=0", {"cohort_size": 0}, "cohort_size", None, None),
+        ("cohort_size=-1", {"cohort_size": -1}, "cohort_size", None, None),
+        ("cohort_size=7 (6 clients)", {"cohort_size": 7}, "cohort_size", None, None),
+        ("cohort_size=2.5", {"cohort_size": 2.5}, "cohort_size", None, None),
+        ("num_rounds=0", {"num_rounds": 0}, "num_rounds", None, None),
+        ("eval_every=0", {"eval_every": 0}, "eval_every", None, None),
         ("placement='gpu'", {"placement": "gpu"}, "placement", None, None),
         ("execution='nope'", {"execution": "nope"}, "execution", None, None),
         ("sampler=sampling.full with cohort_size=3 of 6", {"sampler": "full"},
@@ -840,13 +833,11 @@ for shown, overrides, field, raises, xfail in (
         ("resume=True on an empty checkpoint_dir",
          {"resume": True, "checkpoint_dir": "/nonexistent/ckpt"}, "resume",
          (FileNotFoundError,), None),
-        ("key=0 (an int, not a jax.random.key)", {"key": 0}, "key", None,
-         "an AttributeError from inside the runner that names no argument"),
+        ("key=0 (an int, not a jax.random.key)", {"key": 0}, "key", None, None),
         ("step_budgets='fixed:2' (CLI text)", {"step_budgets": "fixed:2"}, "step_budgets",
-         None, "an AttributeError from inside the runner that names no argument"),
+         None, None),
         ("fedavg(client_optimizer='adam')", {"algorithm": _adam_string}, "client_optimizer",
-         None, "the factory accepts a string where an optax optimizer is expected; it "
-               "fails later, inside the run")):
+         None, None)):
     _add(12, f"api:run {shown}", f"`fedjax_fair.run(...)` with {shown}",
          "Python: `fedjax_fair.run`", field,
          call=lambda ws, o=overrides: _run_with(dict(o)),
@@ -901,9 +892,8 @@ for shown, fn, field, xfail in (
          "batch_size", None),
         ("local_training(model, client_lr=-1, batch_size=10)",
          lambda: _ff().local_training(helpers.logreg(), client_lr=-1.0, batch_size=10),
-         "client_lr", "local_training does not check client_lr (the registered factories do)"),
-        ("proximal_term(-1)", lambda: _ff().proximal_term(-1.0), "mu",
-         "proximal_term does not check its coefficient (fedprox's mu does)"),
+         "client_lr", None),
+        ("proximal_term(-1)", lambda: _ff().proximal_term(-1.0), "mu", None),
         ("client_states.lazy(capacity=0)", lambda: _ff().client_states.lazy(0), "capacity",
          None),
         ("client_states.get_table('lazy:x')",

@@ -23,6 +23,8 @@ from fedjax_fair.algorithms import fedlf as _fedlf
 from fedjax_fair.algorithms import feddyn as _feddyn
 from fedjax_fair.algorithms import fedmax as _fedmax
 from fedjax_fair.algorithms import fedmgda as _fedmgda
+from fedjax_fair.algorithms import fednew as _fednew
+from fedjax_fair.algorithms import fednl as _fednl
 from fedjax_fair.algorithms import fedopt as _fedopt
 from fedjax_fair.algorithms import fedprox as _fedprox
 from fedjax_fair.algorithms import propfair as _propfair
@@ -39,6 +41,8 @@ from fedjax_fair.algorithms.fedlf import fedlf
 from fedjax_fair.algorithms.feddyn import feddyn
 from fedjax_fair.algorithms.fedmax import fedmax, fedmax_k, fedsoftmax
 from fedjax_fair.algorithms.fedmgda import fedmgda_plus
+from fedjax_fair.algorithms.fednew import fednew
+from fedjax_fair.algorithms.fednl import fednl, fednl_pp
 from fedjax_fair.algorithms.fedopt import fedadagrad, fedadam, fedavgm, fedyogi
 from fedjax_fair.algorithms.fedprox import fedprox
 from fedjax_fair.algorithms.propfair import propfair
@@ -85,6 +89,9 @@ REGISTRY = {
     "dqn_fed": Method(dqn_fed, _dqn_fed.HPARAMS),
     "fedheal": Method(fedheal, _fedheal.HPARAMS),
     "fedlf": Method(fedlf, _fedlf.HPARAMS),
+    "fednl": Method(fednl, _fednl.HPARAMS),
+    "fednl_pp": Method(fednl_pp, _fednl.HPARAMS),
+    "fednew": Method(fednew, _fednew.HPARAMS),
     "qffl": Method(qffl, _qffl.HPARAMS),
     "afl": Method(afl, _afl.HPARAMS),
     "term": Method(term, _term.HPARAMS),
@@ -137,5 +144,5 @@ def method_hparams(name: str) -> dict:
 
 __all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afl",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
-           "fedmax_k", "fedmgda_plus", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
+           "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
            "method_hparams", "propfair", "qffl", "scaffold", "term"]

@@ -172,6 +172,23 @@ def config_from_args(args: argparse.Namespace, cls):
     return C.build(cls, *config_layers(args, cls))
 
 
+def _narrowed(hparams, algorithms: list) -> dict:
+    """A config file's comparison hyper-parameters without those of registered
+    algorithms that an ``--algorithms`` flag left out (``ALGORITHM.NAME`` keys and
+    ``ALGORITHM: {...}`` blocks); everything else is kept for validation."""
+    from fedjax_fair.algorithms import REGISTRY
+    if not isinstance(hparams, dict) or not algorithms:
+        return hparams
+    out = {}
+    for key, value in hparams.items():
+        owner = key if isinstance(value, dict) else str(key).partition(".")[0]
+        if owner in REGISTRY and owner not in algorithms and (isinstance(value, dict)
+                                                              or "." in str(key)):
+            continue
+        out[key] = value
+    return out
+
+
 def config_layers(args: argparse.Namespace, cls) -> tuple[dict, dict, str]:
     """(config-file values, flag values, the file's name) given on the command line."""
     ns = vars(args)
@@ -196,6 +213,9 @@ def config_layers(args: argparse.Namespace, cls) -> tuple[dict, dict, str]:
             dargs[name] = C.parse_value(ns[f"ds_{name}"])
     if dargs:
         overrides["dataset_args"] = dargs
+    if cls is C.CompareConfig and "algorithms" in overrides and "hparams" in file_values:
+        file_values = {**file_values, "hparams": _narrowed(
+            file_values["hparams"], C.coerce("list[str]", overrides["algorithms"], "algorithms"))}
     margs = C.parse_assignments(ns.get("model_arg"), "model_arg")
     if margs:
         overrides["model_args"] = margs
@@ -478,6 +498,7 @@ def cmd_run(args) -> int:
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     model = build_model(cfg, ds)
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams)
+    _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
         _verify_checkpoint(ckdir, alg, model, ds.num_clients)
 
@@ -566,6 +587,16 @@ def _fix_resumed_seconds(history: list, new_entries: list) -> int:
     return int(history[restored - 1]["round"])
 
 
+def _check_capacity(alg, num_clients: int, cfg) -> None:
+    """A lazy client table too small for the run is a config error before anything
+    is written (``runner.check_capacity``)."""
+    from fedjax_fair.runner import check_capacity
+    try:
+        check_capacity(alg, num_clients, cfg.cohort_size, cfg.num_rounds)
+    except ValueError as e:
+        raise C.error_from_message(str(e), "client_table") from None
+
+
 def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
     """The checkpoint's arrays have this run's state shapes (read from file headers)."""
     import jax
@@ -625,6 +656,8 @@ def cmd_compare(args) -> int:
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     model = build_model(cfg, ds)
     algs = {a: build_algorithm(a, model, cfg, hparams[a]) for a in cfg.algorithms}
+    for alg in algs.values():
+        _check_capacity(alg, ds.num_clients, cfg)
 
     from tqdm.auto import tqdm
     from fedjax_fair.runner import Interrupted, NonFiniteError, stop_on_signals, stop_requested
