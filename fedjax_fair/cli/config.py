@@ -648,8 +648,9 @@ def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]
         if dot:
             if alg not in registry:
                 _choice(f"hparams.{key}", alg, registry)
-            if alg not in per_alg:  # a registered algorithm left out of this comparison
-                continue            # (e.g. --algorithms narrowing a config file)
+            if alg not in per_alg:
+                raise ConfigError(f"hparams.{key}", f"algorithm {alg!r} is not compared; "
+                                                    f"compared: {', '.join(cfg.algorithms)}")
             per_alg[alg][name] = value
         else:
             takers = [a for a in cfg.algorithms if accepts(a, key)]
