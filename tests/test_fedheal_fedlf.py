@@ -13,6 +13,7 @@ run on a synthetic federation.
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 
 import jax
@@ -21,11 +22,13 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair.algorithms import fedheal as FH
-from fedjax_fair.algorithms import fedlf as FL
 from fedjax_fair.algorithms.fedavg import client_training
 from fedjax_fair.simulate import simulate
 from fedjax_fair.types import ClientOutput, ServerContext
+
+# the package exports the factories under the modules' names
+FH = importlib.import_module("fedjax_fair.algorithms.fedheal")
+FL = importlib.import_module("fedjax_fair.algorithms.fedlf")
 
 LR = 0.3
 EPOCHS = 2

@@ -20,6 +20,7 @@ helpers they share (fedjax_fair/hessian.py).
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 
 import jax
@@ -32,13 +33,15 @@ import helpers
 from fedjax_fair import hessian
 from fedjax_fair import simulate as sim
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS
-from fedjax_fair.algorithms import fednew as fednew_lib
-from fedjax_fair.algorithms import fednl as fednl_lib
 from fedjax_fair.algorithms.fednew import fednew
 from fedjax_fair.algorithms.fednl import fednl, fednl_pp, top_k
 from fedjax_fair.client import data_loss
 from fedjax_fair.models.base import Model
 from fedjax_fair.types import ClientData, FederatedData
+
+# the package exports the factories under the modules' names
+fednew_lib = importlib.import_module("fedjax_fair.algorithms.fednew")
+fednl_lib = importlib.import_module("fedjax_fair.algorithms.fednl")
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 1)
