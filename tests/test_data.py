@@ -478,3 +478,10 @@ def test_resplit_of_leaf_data_keeps_user_ids(tmp_path):
         n = len(train[u][1]) + len(test[u][1])
         assert int(new.host_data.train.num_examples[k]) == int(0.8 * n)
         assert _pooled(new, k) == _pooled(ds, k)
+
+
+def test_device_copy_first_touched_under_jit_is_concrete():
+    ds = fd.get_dataset("synthetic", num_clients=3, max_examples=20)
+    total = jax.jit(lambda x: x + ds.data.train.num_examples.sum())(0)
+    assert int(total) == int(np.asarray(ds.host_data.train.num_examples).sum())
+    assert int(ds.data.train.num_examples.sum()) == int(total)  # no leaked tracer

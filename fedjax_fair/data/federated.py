@@ -47,7 +47,8 @@ class Dataset:
     @functools.cached_property
     def data(self) -> FederatedData:
         """The federation on the default device (moved on first access, then kept)."""
-        return jax.tree.map(_to_device, self.host_data)
+        with jax.ensure_compile_time_eval():  # first touched under jit: still concrete
+            return jax.tree.map(_to_device, self.host_data)
 
     @property
     def num_clients(self) -> int:
