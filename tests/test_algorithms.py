@@ -413,7 +413,8 @@ def _factories_taking(argument: str) -> list:
 
 
 @pytest.mark.parametrize("name", _factories_taking("client_optimizer"))
-@pytest.mark.parametrize("value", ["adam", 0.1, (optax.sgd(0.1),)], ids=repr)
+@pytest.mark.parametrize("value", ["adam", 0.1, (optax.sgd(0.1),)],
+                         ids=["string", "number", "tuple_of_transforms"])
 def test_factories_refuse_a_client_optimizer_that_is_not_optax(name, value):
     """Every factory built on fedavg.client_training inherits the check: not a string
     that fails later inside the run ("'str' object is not callable")."""
@@ -423,7 +424,7 @@ def test_factories_refuse_a_client_optimizer_that_is_not_optax(name, value):
 
 
 @pytest.mark.parametrize("name", _factories_taking("server_optimizer"))
-@pytest.mark.parametrize("value", ["adam", optax.adam], ids=repr)
+@pytest.mark.parametrize("value", ["adam", optax.adam], ids=["string", "rate_to_transform"])
 def test_factories_refuse_a_server_optimizer_that_is_not_a_transformation(name, value):
     """The server step takes no rate: a rate -> transformation factory is refused too."""
     from fedjax_fair.algorithms import REGISTRY
