@@ -912,6 +912,7 @@ def test_server_step_helper(mode):
         assert state.decision.shape == (300,)
 
 
+@pytest.mark.slow
 def test_server_lr_scales_the_step_and_accepts_a_compensating_schedule():
     """AAggFF's reference code has a global rate eta_g (default 1, FedAvg's step);
     ``schedules.compensated`` grows it as the client rate decays (spec §9.9)."""

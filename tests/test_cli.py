@@ -516,7 +516,7 @@ def test_non_empty_output_directory_needs_resume_or_overwrite(tmp_path, capsys):
 # ---------------------------------------------------------------------- interrupts
 
 
-@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signal_name", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow)])
 def test_signal_stops_run_cleanly_and_resume_finishes_it(tmp_path, signal_name):
     """A real SIGINT (Ctrl-C) or SIGTERM mid-run: exit 130 with one line, the
     checkpoint of the last finished chunk kept; --resume then gives the uninterrupted
@@ -578,6 +578,7 @@ def test_sigterm_stops_compare_cleanly_with_finished_runs_on_disk(tmp_path):
     assert "| fedavg" in open(os.path.join(out, "comparison.md")).read()
 
 
+@pytest.mark.slow
 def test_resume_may_change_the_evaluation_frequency(tmp_path):
     out = str(tmp_path / "run")
     assert cli.main(["run", *TINY, "--num-rounds", "2", "--eval-every", "1", "-o", out]) == 0

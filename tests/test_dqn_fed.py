@@ -25,6 +25,9 @@ from fedjax_fair.solvers.qp import solve_box_simplex_qp
 from fedjax_fair.types import Broadcast, ClientData, FederatedData
 
 
+_combine = jax.jit(D.dqn_combine, static_argnames=("solver",))  # one compile per shape
+
+
 def _tree(flat, k):
     """[K, 10] -> a two-leaf pytree with leading axis K."""
     return {"w": jnp.asarray(flat[:, :6].reshape(k, 2, 3), jnp.float32),
@@ -60,7 +63,7 @@ def _random(k=5, d=10, seed=0):
 
 def test_every_participant_descends_by_its_decrement():
     G, dt = _random(6, 10)
-    comb = D.dqn_combine(_tree(G, 6), jnp.asarray(dt, jnp.float32), ridge=0.0)
+    comb = _combine(_tree(G, 6), jnp.asarray(dt, jnp.float32), ridge=0.0)
     v = _flat(comb.v)
     np.testing.assert_allclose(G @ v, dt, rtol=1e-4)
     np.testing.assert_allclose(comb.realised, dt, rtol=1e-4)
@@ -72,7 +75,7 @@ def test_closed_form_equals_the_literal_equations_and_cholesky_identities():
         if seed == 3:
             G[1] = G[0] + 0.3 * G[1]  # correlated clients: some literal c_k go negative
         tilde, lam, S, d = np_literal(G, dt)
-        comb = D.dqn_combine(_tree(G, 5), jnp.asarray(dt, jnp.float32), ridge=0.0)
+        comb = _combine(_tree(G, 5), jnp.asarray(dt, jnp.float32), ridge=0.0)
         v = _flat(comb.v)
         np.testing.assert_allclose(S * d, v, rtol=2e-3, atol=1e-5)
         np.testing.assert_allclose(float(comb.S), S, rtol=2e-3)
@@ -102,22 +105,22 @@ def test_literal_vectors_are_orthogonal_and_span_the_gradients():
 
 def test_order_invariance_and_rescaling():
     G, dt = _random(5, 10, 2)
-    base = _flat(D.dqn_combine(_tree(G, 5), jnp.asarray(dt, jnp.float32)).v)
+    base = _flat(_combine(_tree(G, 5), jnp.asarray(dt, jnp.float32)).v)
     perm = np.random.default_rng(0).permutation(5)
-    permuted = D.dqn_combine(_tree(G[perm], 5), jnp.asarray(dt[perm], jnp.float32))
+    permuted = _combine(_tree(G[perm], 5), jnp.asarray(dt[perm], jnp.float32))
     np.testing.assert_allclose(_flat(permuted.v), base, rtol=1e-4, atol=1e-6)
     c = np.array([0.5, 3.0, 1.0, 10.0, 0.1])
-    scaled = D.dqn_combine(_tree(G * c[:, None], 5), jnp.asarray(dt * c, jnp.float32))
+    scaled = _combine(_tree(G * c[:, None], 5), jnp.asarray(dt * c, jnp.float32))
     np.testing.assert_allclose(_flat(scaled.v), base, rtol=1e-3, atol=1e-6)
 
 
 def test_single_and_orthogonal_clients():
     g = np.arange(1.0, 11.0)[None]
-    one = D.dqn_combine(_tree(g, 1), jnp.asarray([2.0]), ridge=0.0)
+    one = _combine(_tree(g, 1), jnp.asarray([2.0]), ridge=0.0)
     np.testing.assert_allclose(_flat(one.v), g[0] * 2.0 / (g[0] @ g[0]), rtol=1e-5)
     ortho = np.eye(10)[:3] * np.array([[2.0], [0.5], [3.0]])
     dt = np.array([1.0, 2.0, 0.3])
-    comb = D.dqn_combine(_tree(ortho, 3), jnp.asarray(dt, jnp.float32), ridge=0.0)
+    comb = _combine(_tree(ortho, 3), jnp.asarray(dt, jnp.float32), ridge=0.0)
     expected = sum(dt[k] / (ortho[k] @ ortho[k]) * ortho[k] for k in range(3))
     np.testing.assert_allclose(_flat(comb.v), expected, rtol=1e-5, atol=1e-7)
 
@@ -127,33 +130,33 @@ def test_newton_step_on_a_quadratic():
     a, theta = 3.0, np.linspace(-1, 1, 10)
     g = a * theta
     dt = g @ g / a
-    comb = D.dqn_combine(_tree(g[None], 1), jnp.asarray([dt], jnp.float32), ridge=0.0)
+    comb = _combine(_tree(g[None], 1), jnp.asarray([dt], jnp.float32), ridge=0.0)
     np.testing.assert_allclose(theta - _flat(comb.v), 0.0, atol=1e-5)
 
 
 def test_duplicates_zero_rows_and_masked_rows_are_safe():
     G, dt = _random(3, 10, 3)
-    base = _flat(D.dqn_combine(_tree(G, 3), jnp.asarray(dt, jnp.float32)).v)
-    dup = D.dqn_combine(_tree(np.vstack([G, G[:1]]), 4),
+    base = _flat(_combine(_tree(G, 3), jnp.asarray(dt, jnp.float32)).v)
+    dup = _combine(_tree(np.vstack([G, G[:1]]), 4),
                         jnp.asarray(np.append(dt, dt[0]), jnp.float32))
     np.testing.assert_allclose(_flat(dup.v), base, rtol=1e-3, atol=1e-5)
     g = G[0]
-    exact = D.dqn_combine(_tree(np.vstack([G[:1], G[:1]]), 2), jnp.asarray([1.0, 3.0]),
+    exact = _combine(_tree(np.vstack([G[:1], G[:1]]), 2), jnp.asarray([1.0, 3.0]),
                           solver="eigh")
     np.testing.assert_allclose(_flat(exact.v), g * 2.0 / (g @ g), rtol=1e-4)
     # the ridge approaches that limit; float32 holds it to a few percent at 1e-6
     for ridge, tol in ((1e-6, 0.1), (1e-3, 2e-3)):
-        same = D.dqn_combine(_tree(np.vstack([G[:1], G[:1]]), 2), jnp.asarray([1.0, 3.0]),
+        same = _combine(_tree(np.vstack([G[:1], G[:1]]), 2), jnp.asarray([1.0, 3.0]),
                              ridge=ridge)
         assert np.all(np.isfinite(_flat(same.v)))
         np.testing.assert_allclose(_flat(same.v), g * 2.0 / (g @ g), rtol=tol)
-    zero = D.dqn_combine(_tree(np.vstack([G, np.zeros((1, 10))]), 4),
+    zero = _combine(_tree(np.vstack([G, np.zeros((1, 10))]), 4),
                          jnp.asarray(np.append(dt, 5.0), jnp.float32))
     np.testing.assert_allclose(_flat(zero.v), base, rtol=1e-3, atol=1e-5)
     assert not bool(zero.kept[3]) and float(zero.w[3]) == 0.0
-    nothing = D.dqn_combine(_tree(np.zeros((3, 10)), 3), jnp.ones(3))
+    nothing = _combine(_tree(np.zeros((3, 10)), 3), jnp.ones(3))
     assert np.all(_flat(nothing.v) == 0) and np.isfinite(float(nothing.S))
-    padded = D.dqn_combine(_tree(np.vstack([G, 1e6 * np.ones((1, 10))]), 4),
+    padded = _combine(_tree(np.vstack([G, 1e6 * np.ones((1, 10))]), 4),
                            jnp.asarray(np.append(dt, 1.0), jnp.float32),
                            jnp.asarray([True, True, True, False]))
     np.testing.assert_allclose(_flat(padded.v), base, rtol=1e-3, atol=1e-5)
@@ -161,7 +164,7 @@ def test_duplicates_zero_rows_and_masked_rows_are_safe():
 
 def test_step_cap_uses_the_realised_decreases():
     G, dt = _random(4, 10, 4)
-    comb = D.dqn_combine(_tree(G, 4), jnp.asarray(dt, jnp.float32))
+    comb = _combine(_tree(G, 4), jnp.asarray(dt, jnp.float32))
     gamma0 = jnp.asarray([0.5, 0.25, 1.0, 2.0])
     factor = D.step_factor(comb, gamma0, step_cap="thm42")
     lipschitz = 4.0

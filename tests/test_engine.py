@@ -915,7 +915,7 @@ def test_run_refuses_a_lazy_table_too_small_before_compute():
     assert result.client_table["rows_stored"] == 3
 
 
-@pytest.mark.parametrize("placement", ["device", "host"])
+@pytest.mark.parametrize("placement", ["device", pytest.param("host", marks=pytest.mark.slow)])
 def test_run_evaluates_a_validation_split_under_its_own_names(placement):
     """A validation split is summarised with the test split's metric names prefixed
     ``validation_``; the test keys say what they measure (``accuracy_worst_10%``)."""

@@ -638,6 +638,7 @@ def test_pseudo_gradient_client_divides_the_fedavg_delta_by_the_rate():
 # ============================================================== both, end to end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedheal", "fedlf"])
 def test_vmap_equals_sequential_and_a_short_run_improves_accuracy(name):
     """On a synthetic federation (6 clients, power-law sizes, cohorts of 3): both

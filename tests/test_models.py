@@ -284,6 +284,7 @@ def test_with_initializer_draws_kernels_and_zeroes_biases():
     assert set(INITIALIZERS) >= {"glorot_uniform", "lecun_normal", "he_normal"}
 
 
+@pytest.mark.slow
 def test_with_initializer_keeps_norm_scales_and_conv_fans():
     from fedjax_fair.models import with_initializer
     model = with_initializer(get_model("cnn", (8, 8, 1), 4, channels=(4, 8), dense=16),

@@ -582,6 +582,7 @@ def test_registry_contract(factory, module):
 # End to end on the synthetic dataset.
 
 
+@pytest.mark.slow
 def test_end_to_end_on_synthetic_improves_accuracy():
     from fedjax_fair.data import get_dataset
     from fedjax_fair.evaluation import make_evaluator
