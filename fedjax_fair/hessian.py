@@ -34,7 +34,7 @@ from fedjax_fair.types import ClientData
 
 CURVATURES = ("auto", "exact", "hutchinson")
 MODES = ("grad_at_global", "pseudo_grad")
-EXACT_MAX_PARAMS = 1024  # "auto": the exact diagonal up to this many parameters
+EXACT_MAX_PARAMS = 64  # "auto": the exact diagonal up to this many parameters (d HVPs each)
 EXACT_CHUNK = 128  # basis vectors per vmapped batch of the exact diagonal
 
 

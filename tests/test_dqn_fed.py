@@ -296,7 +296,7 @@ def test_every_client_improves_every_round_with_the_step_cap():
     Pareto-stationarity; FedAvg raises some client's loss."""
     model, data = quadratic_model(8), quadratic_federation()
     alg = with_improvement(D.dqn_fed(model, mode="grad_at_global", step_cap="thm42",
-                                     client_lr=0.2, batch_size=8), model)
+                                     server_lr=1.0, client_lr=0.2, batch_size=8), model)
     run = jax.jit(lambda s, k: simulate(alg, s, data, k, num_rounds=40, cohort_size=4,
                                         sampler=_full))
     state, metrics = run(alg.init(model.init(None), 4), jax.random.key(0))

@@ -31,7 +31,8 @@ local training); d~_k = max(g.H g, ``delta_min`` gamma0 ||g||^2). The paper's di
 (Hessian-form) BFGS of eq. 19 is ``bfgs_form="direct"`` (B^1 = I, spec A1); the d x d
 matrix is never formed.
 
-Symbols -> arguments: eta_g = ``server_lr`` (a number or a schedule), eta_l =
+Symbols -> arguments: eta_g = ``server_lr`` (a number or a schedule; default 0.5, the
+paper's eq. 17 is 1), eta_l =
 ``client_lr``, E = ``num_epochs``, b = ``batch_size``, m = ``memory``
 (default min(E + 1, 10)), epsilon_ridge = ``ridge``. All clients count equally (no
 data-size weights). ``gram_schmidt`` is the literal eqs. 7-17, for tests and
@@ -422,7 +423,7 @@ def gram_schmidt(G_flat, dtilde):
 # ----------------------------------------------------------------------- factory
 
 
-def dqn_fed(model, *, server_lr: Rate = 1.0, mode: str = "pseudo_grad",
+def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
             local_pairs: bool = True, memory: Optional[int] = None,
             bfgs_form: str = "inverse", probe_size: Optional[int] = 512,
             eps_curv: float = 1e-8, gamma_min: float = 1e-6, gamma_max: float = 100.0,
@@ -432,7 +433,10 @@ def dqn_fed(model, *, server_lr: Rate = 1.0, mode: str = "pseudo_grad",
             batch_size: int = 20, num_epochs: int = 1,
             max_steps: Optional[int] = None) -> FederatedAlgorithm:
     """DQN-Fed (module doc): quasi-Newton decrements on the clients, the closed-form
-    fair step on the server, theta^{t-1} kept and broadcast."""
+    fair step on the server, theta^{t-1} kept and broadcast. ``server_lr`` defaults
+    to 0.5: the paper's eta_g = 1 (eq. 17) blows up near a Pareto-stationary point of
+    the cohort on networks (spec A7b; docs/reproducing.md); give 1.0 for the literal
+    step."""
     check_client(client_lr, batch_size, num_epochs, max_steps)
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
