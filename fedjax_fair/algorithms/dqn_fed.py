@@ -51,7 +51,8 @@ from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
-from fedjax_fair.client import data_loss, epoch_order, inner, local_sgd, round_value
+from fedjax_fair.client import data_loss, inner, local_sgd, round_value
+from fedjax_fair.hessian import row_subset
 from fedjax_fair.mixing import uniform
 from fedjax_fair.types import ClientData, ClientOutput
 
@@ -175,17 +176,6 @@ def decrement(g, pairs: Pairs, gamma0, *, delta_min=1e-3, bfgs_form: str = "inve
 # ----------------------------------------------------------------------- client
 
 
-def probe_set(data: ClientData, key, probe_size: Optional[int]) -> ClientData:
-    """The rows both gradients of a curvature pair are taken on (spec A6): all of the
-    client's rows, or ``probe_size`` of them drawn at random (fewer if it has fewer)."""
-    if probe_size is None or probe_size >= data.mask.shape[0]:
-        return data
-    rows = epoch_order(data, key, 0, 1)[:probe_size]
-    n = jnp.minimum(data.num_examples, probe_size)
-    return ClientData(examples={k: v[rows] for k, v in data.examples.items()},
-                      mask=jnp.arange(probe_size) < n, num_examples=n)
-
-
 def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
                max_steps: Optional[int] = None, mode: str = "pseudo_grad",
                local_pairs: bool = True, memory: Optional[int] = None,
@@ -206,7 +196,7 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
         theta, theta_prev = broadcast.params, broadcast.extra
         lr = round_value(client_lr, broadcast.round)
         probe_key, train_key = jax.random.split(key)
-        probe = probe_set(data, probe_key, probe_size)
+        probe = row_subset(data, probe_key, probe_size)  # spec A6: one probe set per pair
         loss_before = data_loss(model, theta, data)
         g_probe = grad_on(theta, probe)
         pairs = push_pair(empty_pairs(theta, memory),
