@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair.models import logistic_regression
+from fedjax_fair.models.base import Model
 from fedjax_fair.types import ClientData, Cohort, FederatedData
 
 NUM_FEATURES = 10
@@ -261,3 +262,23 @@ def with_params(client_update):
         return client_update(Broadcast(params, jnp.zeros((), jnp.int32)), client_state, data,
                              local_steps, key)
     return call
+
+
+def quadratic_model(dim: int) -> Model:
+    """A 'model' whose loss on a row x = (a, b) (2 dim features) is
+    f(theta) = 1/2 (theta - b)^T diag(a) (theta - b): heterogeneous quadratic clients
+    whose optimum and curvature are known in closed form."""
+
+    def loss(params, batch, key=None):
+        del key
+        a, b = batch["x"][:, :dim], batch["x"][:, dim:]
+        return 0.5 * jnp.sum(a * jnp.square(params["theta"][None] - b), axis=-1)
+
+    def metrics(params, batch):
+        return {"loss": loss(params, batch),
+                "accuracy": jnp.zeros(batch["x"].shape[:1], jnp.float32)}
+
+    return Model(init=lambda key: {"theta": jnp.zeros((dim,), jnp.float32)},
+                 apply=lambda params, x, key=None: x, per_example_loss=loss,
+                 per_example_metrics=metrics, name="quadratic", input_shape=(2 * dim,),
+                 num_classes=1)

@@ -11,7 +11,6 @@ import importlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import helpers
@@ -19,7 +18,6 @@ D = importlib.import_module("fedjax_fair.algorithms.dqn_fed")  # the package exp
 from fedjax_fair.algorithm import with_improvement
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.client import data_loss
-from fedjax_fair.models.base import Model
 from fedjax_fair.simulate import simulate
 from fedjax_fair.solvers.qp import solve_box_simplex_qp
 from fedjax_fair.types import Broadcast, ClientData, FederatedData
@@ -253,28 +251,12 @@ def test_isotropic_quadratic_gives_the_exact_newton_decrement():
 # ------------------------------------------------------------ quadratic federation
 
 
-def quadratic_model(dim: int) -> Model:
-    """A 'model' whose loss on a row x = (c, a) is 1/2 sum_j a_j (theta_j - c_j)^2."""
-
-    def loss(params, batch, key=None):
-        del key
-        c, a = batch["x"][:, :dim], batch["x"][:, dim:]
-        return 0.5 * jnp.sum(a * jnp.square(params["theta"][None] - c), axis=1)
-
-    def metrics(params, batch):
-        value = loss(params, batch)
-        return {"loss": value, "accuracy": jnp.zeros_like(value)}
-
-    return Model(lambda key: {"theta": jnp.zeros((dim,), jnp.float32)}, None, loss, metrics,
-                 "quadratic", (2 * dim,), 2)
-
-
 def quadratic_federation(num_clients=4, dim=8, rows=8, seed=0):
     rng = np.random.default_rng(seed)
     centres = rng.normal(scale=2.0, size=(num_clients, 1, dim)) + rng.normal(
         scale=0.1, size=(num_clients, rows, dim))
     curv = rng.uniform(0.5, 3.0, size=(num_clients, 1, dim)) * np.ones((1, rows, 1))
-    x = np.concatenate([centres, curv], axis=-1).astype(np.float32)
+    x = np.concatenate([curv, centres], axis=-1).astype(np.float32)  # rows (a, b)
     split = ClientData(examples={"x": jnp.asarray(x), "y": jnp.zeros(x.shape[:2], jnp.int32)},
                        mask=jnp.ones(x.shape[:2], bool),
                        num_examples=jnp.full((num_clients,), rows, jnp.int32))
@@ -294,7 +276,7 @@ def test_every_client_improves_every_round_with_the_step_cap():
     Theorem 4.2's cap on the realised decreases: no client's loss ever rises
     (improved fraction, DQN-Fed eq. 29, = 1 every round) and the cohort approaches
     Pareto-stationarity; FedAvg raises some client's loss."""
-    model, data = quadratic_model(8), quadratic_federation()
+    model, data = helpers.quadratic_model(8), quadratic_federation()
     alg = with_improvement(D.dqn_fed(model, mode="grad_at_global", step_cap="thm42",
                                      server_lr=1.0, client_lr=0.2, batch_size=8), model)
     run = jax.jit(lambda s, k: simulate(alg, s, data, k, num_rounds=40, cohort_size=4,
@@ -319,7 +301,7 @@ def test_every_client_improves_every_round_with_the_step_cap():
 
 
 def test_uncapped_literal_step_is_the_paper_step_and_keeps_the_previous_model():
-    model, data = quadratic_model(8), quadratic_federation(seed=1)
+    model, data = helpers.quadratic_model(8), quadratic_federation(seed=1)
     alg = D.dqn_fed(model, mode="grad_at_global", client_lr=0.2, batch_size=8)
     state = alg.init(model.init(None), 4)
     first, m1 = simulate(alg, state, data, jax.random.key(0), num_rounds=1, cohort_size=4,
@@ -335,7 +317,7 @@ def test_uncapped_literal_step_is_the_paper_step_and_keeps_the_previous_model():
 
 
 def test_pseudo_gradient_client_sends_the_scaled_delta_and_a_local_pair():
-    model, data = quadratic_model(8), quadratic_federation(seed=2)
+    model, data = helpers.quadratic_model(8), quadratic_federation(seed=2)
     client = D.dqn_client(model, client_lr=0.1, batch_size=4, num_epochs=2, probe_size=None)
     theta = {"theta": jnp.linspace(-1.0, 1.0, 8)}
     row = jax.tree.map(lambda v: v[0], data.train)
@@ -402,7 +384,7 @@ def test_gram_matrix_by_column_blocks_equals_the_whole():
 def test_grad_and_vmap_through_the_server_rate_and_ridge():
     """The continuous hyper-parameters stay traceable: d(final loss)/d(eta_g) of a
     2-round run is finite and matches a central finite difference; vmap over eta_g."""
-    model, data = quadratic_model(8), quadratic_federation(seed=3)
+    model, data = helpers.quadratic_model(8), quadratic_federation(seed=3)
 
     def final_loss(rate, ridge=1e-6):
         alg = D.dqn_fed(model, mode="grad_at_global", server_lr=rate, ridge=ridge,

@@ -36,7 +36,6 @@ from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS
 from fedjax_fair.algorithms.fednew import fednew
 from fedjax_fair.algorithms.fednl import fednl, fednl_pp, top_k
 from fedjax_fair.client import data_loss
-from fedjax_fair.models.base import Model
 from fedjax_fair.types import ClientData, FederatedData
 
 # the package exports the factories under the modules' names
@@ -448,20 +447,7 @@ QB = (2.0 * _rng.normal(size=(QN, QD))).astype(np.float32)
 Q_STAR = (QA.astype(np.float64) * QB).sum(0) / QA.astype(np.float64).sum(0)
 
 
-def _quadratic_loss(params, batch, key=None):
-    """f_i(theta) = 1/2 (theta - b_i)^T diag(a_i) (theta - b_i); client i's single row
-    holds (a_i, b_i)."""
-    del key
-    a, b = batch["x"][:, :QD], batch["x"][:, QD:]
-    return 0.5 * jnp.sum(a * jnp.square(params["theta"][None] - b), axis=-1)
-
-
-QMODEL = Model(init=lambda key: {"theta": jnp.zeros((QD,), jnp.float32)},
-               apply=lambda params, x, key=None: x, per_example_loss=_quadratic_loss,
-               per_example_metrics=lambda params, batch: {
-                   "loss": _quadratic_loss(params, batch),
-                   "accuracy": jnp.zeros(batch["x"].shape[:1], jnp.float32)},
-               name="quadratic", input_shape=(2 * QD,), num_classes=1)
+QMODEL = helpers.quadratic_model(QD)
 _qsplit = ClientData(examples={"x": jnp.asarray(np.concatenate([QA, QB], 1)[:, None, :]),
                                "y": jnp.zeros((QN, 1), jnp.int32)},
                      mask=jnp.ones((QN, 1), bool), num_examples=jnp.ones((QN,), jnp.int32))
