@@ -9,6 +9,10 @@ A federated algorithm is two pure functions and a statement of what it evaluates
 * ``personal``: None when the global model is evaluated, else
   ``personal(state, client_ids) -> params [n, ...]``, each client's own model
   (Ditto, SuPerFed, FedRep), evaluated on that client's test rows.
+* ``evaluated_params``: None when the global model evaluated is ``state.params``,
+  else ``state -> params``, another model the server keeps (A-FedPD, FedDyn:
+  the cohort average theta-bar, while ``state.params`` is the broadcast
+  theta-bar + lambda-bar / rho).
 
 ``compose`` wires the pieces every method is made of, and every module in
 ``algorithms/`` is a short factory calling it, like optax's aliases:
@@ -69,6 +73,7 @@ class FederatedAlgorithm(NamedTuple):
     apply: Callable
     personal: Optional[Callable] = None
     client_table: Optional[tables.ClientTable] = None
+    evaluated_params: Optional[Callable] = None
 
     @property
     def evaluates(self) -> str:
@@ -84,7 +89,8 @@ def compose(client_update: ClientUpdate, *,
             client_table="dense",
             broadcast: Optional[Callable] = None,
             drift: Optional[Callable] = None,
-            personal_params: Optional[Callable] = None) -> FederatedAlgorithm:
+            personal_params: Optional[Callable] = None,
+            evaluated_params: Optional[Callable] = None) -> FederatedAlgorithm:
     """Builds a FederatedAlgorithm from pieces.
 
     Args:
@@ -103,6 +109,8 @@ def compose(client_update: ClientUpdate, *,
       personal_params: ``(server_params, row) -> params``, a client's own model from
         its row (Ditto: the row; FedRep: global body + personal head). Given, the
         algorithm is evaluated personally.
+      evaluated_params: ``state -> params``, the global model to evaluate when it is
+        not ``state.params`` (e.g. an average the aggregator keeps in its state).
     """
     mixing = mixing or by_num_examples()
     aggregator = aggregator or weighted_mean()
@@ -111,6 +119,9 @@ def compose(client_update: ClientUpdate, *,
     stateful = client_state_init is not None
     if (drift is not None or personal_params is not None) and not stateful:
         raise ValueError("client_state_init: drift and personal_params need per-client state")
+    if personal_params is not None and evaluated_params is not None:
+        raise ValueError("evaluated_params: a personalised algorithm evaluates each "
+                         "client's own model, not a global one")
 
     def init(params, num_clients: int) -> ServerState:
         cs = table.init(client_state_init(params), num_clients) if stateful else ()
@@ -154,7 +165,7 @@ def compose(client_update: ClientUpdate, *,
             "num_steps": outputs.num_steps,
             "train_loss": jnp.sum(jnp.where(mask, outputs.num_examples * outputs.loss_before, 0.0))
             / jnp.maximum(jnp.sum(jnp.where(mask, outputs.num_examples, 0)), 1),
-            "update_norm": _global_norm(direction),
+            "update_norm": optax.tree.norm(direction),
             **{f"server/{name}": value for name, value in info.items()},
         }
         new_state = ServerState(params, opt_state, mixing_state, agg_state, client_table,
@@ -166,7 +177,7 @@ def compose(client_update: ClientUpdate, *,
         return jax.vmap(personal_params, in_axes=(None, 0))(state.params, rows)
 
     return FederatedAlgorithm(init, apply, personal if personal_params is not None else None,
-                              table if stateful else None)
+                              table if stateful else None, evaluated_params)
 
 
 def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:
@@ -187,7 +198,3 @@ def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm
         return new_state, metrics
 
     return algorithm._replace(apply=apply)
-
-
-def _global_norm(tree):
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))

@@ -180,7 +180,8 @@ def round_value(value, round_):
 
 def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
               max_steps: Optional[int] = None, regularizer: Optional[Callable] = None,
-              unroll: int | bool = 1, batch_loss: Optional[Callable] = None) -> Callable:
+              unroll: int | bool = 1, batch_loss: Optional[Callable] = None,
+              sam_radius=None, sam_eps=1e-2) -> Callable:
     """The masked minibatch loop shared by every local solver.
 
     Returns ``train(params, optimizer, data, local_steps, key, reg_args) ->
@@ -191,17 +192,37 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
     ``batch_loss(per_example [B], batch_mask [B]) -> scalar`` replaces the masked mean
     of the per-example losses (masked rows hold 0), e.g. PropFair's -log(1 - l / M)
     of the batch mean l; ``train_loss`` stays the model's own mean loss.
+
+    ``sam_radius`` r (not None): sharpness-aware minimisation (Foret et al., "Sharpness-
+    Aware Minimization for Efficiently Improving Generalization", arXiv:2010.01412),
+    two gradient evaluations on the same minibatch per step:
+
+        g0 = grad f(theta; B),  e = r g0 / (||g0|| + sam_eps),
+        step gradient = grad f(theta + e; B) + grad regularizer(theta),
+
+    the norm global over the pytree; the regularizer (proximal, dual, weight-decay
+    terms) is not perturbed. r may be traced; r = 0 gives the plain step's gradient.
     """
 
-    def loss_fn(params, batch, batch_mask, key, reg_args):
-        per_example = jnp.where(batch_mask, model.per_example_loss(params, batch, key), 0.0)
+    def loss_fn(params, batch, batch_mask, key, reg_args, perturbation=None):
+        at = params if perturbation is None else jax.tree.map(jnp.add, params, perturbation)
+        per_example = jnp.where(batch_mask, model.per_example_loss(at, batch, key), 0.0)
         loss = (jnp.sum(per_example) / jnp.maximum(jnp.sum(batch_mask), 1)
                 if batch_loss is None else batch_loss(per_example, batch_mask))
-        if regularizer is not None:
+        if regularizer is not None and reg_args is not None:
             loss = loss + regularizer(params, *reg_args)
         return loss, jnp.sum(per_example)
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
+    if sam_radius is not None:
+        plain_grad = grad_fn
+
+        def grad_fn(params, batch, batch_mask, key, reg_args):
+            g0, loss_sum = plain_grad(params, batch, batch_mask, key, None)
+            scale = sam_radius / (optax.tree.norm(g0) + sam_eps)
+            shift = jax.tree.map(lambda g: (scale * g).astype(g.dtype), g0)
+            grads, _ = plain_grad(params, batch, batch_mask, key, reg_args, shift)
+            return grads, loss_sum
 
     def train(params, optimizer, data: ClientData, local_steps, key, reg_args=()):
         shuffle_key, dropout_key = jax.random.split(key)
@@ -276,7 +297,8 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
                    finish: Optional[Callable] = None, unroll: int | bool | None = None,
                    track_loss: bool = True,
                    loss_chunk_size: Optional[int] = None,
-                   batch_loss: Optional[Callable] = None) -> ClientUpdate:
+                   batch_loss: Optional[Callable] = None,
+                   weight_decay=0.0, sam_radius=None, sam_eps=1e-2) -> ClientUpdate:
     """Builds a ClientUpdate running masked local optimisation.
 
     Args:
@@ -305,6 +327,10 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
         client runs alone on CPU (chunks of pure padding are skipped), else 256.
       batch_loss: optional ``(per_example_losses [B], batch_mask [B]) -> scalar``, the
         minibatch objective (default: the masked mean; see ``local_sgd``).
+      weight_decay: wd >= 0, coupled L2: ``(wd / 2) ||theta||^2`` joins the regularizer,
+        so every step adds ``wd * theta`` to the gradient (all parameters, biases and
+        norm scales included). May be traced; a concrete 0 adds nothing.
+      sam_radius, sam_eps: SAM local steps (see ``local_sgd``); None: plain steps.
     """
     if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
         raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
@@ -314,9 +340,15 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
         check_rate(client_lr, "client_lr")
     if unroll is None:
         unroll = execution.local_step_unroll(model.uses_xla_conv)
+    H.NONNEGATIVE.check("weight_decay", weight_decay)
+    if sam_radius is not None:
+        H.NONNEGATIVE.check("sam_radius", sam_radius)
+        H.POSITIVE.check("sam_eps", sam_eps)
     train = local_sgd(model, batch_size=batch_size, num_epochs=num_epochs,
-                      max_steps=max_steps, regularizer=regularizer, unroll=unroll,
-                      batch_loss=batch_loss)
+                      max_steps=max_steps,
+                      regularizer=with_weight_decay(regularizer, weight_decay),
+                      unroll=unroll, batch_loss=batch_loss, sam_radius=sam_radius,
+                      sam_eps=sam_eps)
 
     def client_update(broadcast: Broadcast, client_state, data: ClientData, local_steps, key):
         lr = round_value(client_lr, broadcast.round)
@@ -354,6 +386,19 @@ def sq_distance(a, b):
 def inner(a, b):
     """<a, b> summed over the leaves of two pytrees."""
     return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def with_weight_decay(regularizer: Optional[Callable], weight_decay) -> Optional[Callable]:
+    """``regularizer`` plus coupled L2 ``(wd / 2) ||theta||^2`` (gradient ``wd * theta``);
+    ``regularizer`` itself when ``weight_decay`` is a concrete 0."""
+    if not isinstance(weight_decay, jax.Array) and weight_decay == 0:
+        return regularizer
+
+    def regularized(params, *args):
+        l2 = 0.5 * weight_decay * sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params))
+        return l2 if regularizer is None else regularizer(params, *args) + l2
+
+    return regularized
 
 
 def proximal_term(mu) -> Callable:

@@ -28,6 +28,13 @@ staleness-aware methods and diagnostics.
 
 ``memory(table)`` reports the bytes of one row, of the rows stored and of the whole
 table.
+
+Storage precision: ``dense(dtype=jnp.bfloat16)`` / ``lazy(..., dtype=...)`` (text
+"dense:bf16", "lazy:bf16", "lazy:500:bf16") store the rows' floating leaves in a
+narrower type and gather them back as float32; the lazy form keeps its drift offset
+and the initial row in full precision, so only each client's deviation from the
+common drift is rounded, once per write. ``benchmarks/table_memory.py`` measures
+the effect on A-FedPD.
 """
 from __future__ import annotations
 
@@ -75,6 +82,21 @@ def scatter(rows, client_ids, new_rows, client_mask):
     return jax.tree.map(lambda t, r: t.at[ids].set(r, mode="drop"), rows, new_rows)
 
 
+def _stored(row, dtype):
+    """``row`` with its floating leaves cast to the storage ``dtype`` (None: as is)."""
+    if dtype is None:
+        return row
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                        else x, row)
+
+
+def _widened(rows, dtype):
+    """Rows read from storage of ``dtype``: those leaves back to float32."""
+    if dtype is None:
+        return rows
+    return jax.tree.map(lambda x: x.astype(jnp.float32) if x.dtype == dtype else x, rows)
+
+
 def _row_bytes(row) -> int:
     return int(sum(np.prod(np.shape(x), dtype=np.int64) * np.dtype(x.dtype).itemsize
                    for x in jax.tree.leaves(row)))
@@ -92,26 +114,30 @@ class DenseTable(NamedTuple):
     last_round: jax.Array  # int32 [N], -1 = never written
 
 
-def dense() -> ClientTable:
-    """Every client's row stored, leaves [N, ...]."""
+def dense(dtype=None) -> ClientTable:
+    """Every client's row stored, leaves [N, ...] (floating leaves in ``dtype`` when
+    given, e.g. ``jnp.bfloat16``; gathered as float32)."""
+    dtype = _check_dtype(dtype)
 
     def init(row, num_clients: int) -> DenseTable:
-        return DenseTable(init_table(row, num_clients),
+        return DenseTable(init_table(_stored(row, dtype), num_clients),
                           jnp.full((num_clients,), -1, jnp.int32))
 
     def gather_(table: DenseTable, client_ids):
-        return gather(table.rows, client_ids)
+        return _widened(gather(table.rows, client_ids), dtype)
 
     def scatter_(table: DenseTable, client_ids, new_rows, client_mask, round_):
         n = table.last_round.shape[0]
         ids = _write_ids(client_ids, client_mask, n)
         last = table.last_round.at[ids].set(jnp.asarray(round_, jnp.int32), mode="drop")
+        new_rows = jax.tree.map(lambda t, r: r.astype(t.dtype), table.rows, new_rows)
         return DenseTable(scatter(table.rows, client_ids, new_rows, client_mask), last)
 
     def drift(table: DenseTable, delta) -> DenseTable:
         # delta is row-shaped: add it to every row with an explicit leading axis (an
         # implicit rank promotion fails under jax_numpy_rank_promotion="raise").
-        rows = jax.tree.map(lambda t, d: t + jnp.asarray(d, t.dtype)[None], table.rows, delta)
+        rows = jax.tree.map(lambda t, d: (t + jnp.asarray(d)[None]).astype(t.dtype),
+                            table.rows, delta)
         return table._replace(rows=rows)
 
     def memory(table: DenseTable) -> dict:
@@ -120,7 +146,7 @@ def dense() -> ClientTable:
         return {"form": "dense", "num_clients": n, "rows_stored": n,
                 "bytes_per_row": row, "bytes": _tree_bytes(table)}
 
-    return ClientTable(init, gather_, scatter_, drift, memory, "dense")
+    return ClientTable(init, gather_, scatter_, drift, memory, _name("dense", None, dtype))
 
 
 # ------------------------------------------------------------------------------- lazy
@@ -136,7 +162,7 @@ class LazyTable(NamedTuple):
     overflow: jax.Array  # bool []: a write found no free slot (and was dropped)
 
 
-def lazy(capacity: Optional[int] = None) -> ClientTable:
+def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
     """Rows stored only for clients written so far, in ``capacity`` slots.
 
     ``capacity`` None: one slot per client (same memory as ``dense`` plus 8 N bytes,
@@ -144,15 +170,20 @@ def lazy(capacity: Optional[int] = None) -> ClientTable:
     rounds needs at most min(N, K R) slots; ``fedjax_fair.runner.run`` refuses a smaller
     capacity before compute. A write past the capacity is dropped and sets
     ``overflow``, which the runner also turns into an error.
+
+    ``dtype`` (e.g. ``jnp.bfloat16``): storage type of the slots' floating leaves; the
+    initial row and the drift offset stay in the row's own precision.
     """
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity < 1):
         raise ValueError(f"capacity: must be a positive integer or None, got {capacity!r}")
+    dtype = _check_dtype(dtype)
 
     def init(row, num_clients: int) -> LazyTable:
         cap = num_clients if capacity is None else min(capacity, num_clients)
         row = jax.tree.map(jnp.asarray, row)
-        return LazyTable(rows=jax.tree.map(lambda x: jnp.zeros((cap, *x.shape), x.dtype), row),
+        return LazyTable(rows=jax.tree.map(lambda x: jnp.zeros((cap, *x.shape), x.dtype),
+                                           _stored(row, dtype)),
                          initial=row, offset=jax.tree.map(jnp.zeros_like, row),
                          slot=jnp.full((num_clients,), -1, jnp.int32),
                          last_round=jnp.full((num_clients,), -1, jnp.int32),
@@ -164,7 +195,8 @@ def lazy(capacity: Optional[int] = None) -> ClientTable:
         stored = gather(table.rows, jnp.maximum(slot, 0))
 
         def row(s, init, off):
-            pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim), s, init[None])
+            pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim),
+                             s.astype(init.dtype), init[None])
             return pick + off[None]
 
         return jax.tree.map(row, stored, table.initial, table.offset)
@@ -177,7 +209,7 @@ def lazy(capacity: Optional[int] = None) -> ClientTable:
         # client new to the table gets one fresh slot per unmasked occurrence order.
         first = _first_occurrence(client_ids, client_mask)
         is_new = client_mask & first & (table.slot[client_ids] < 0)
-        fresh = table.used + jnp.cumsum(is_new) - 1
+        fresh = table.used + jnp.cumsum(is_new, dtype=jnp.int32) - 1  # int32 under x64 too
         slot_of_new = jnp.where(is_new & (fresh < cap), fresh, -1)
         ids = _write_ids(client_ids, is_new & (slot_of_new >= 0), n)
         slot = table.slot.at[ids].set(slot_of_new, mode="drop")
@@ -190,7 +222,7 @@ def lazy(capacity: Optional[int] = None) -> ClientTable:
             jnp.asarray(round_, jnp.int32), mode="drop")
         overflow = table.overflow | jnp.any(client_mask & (rows_slot < 0))
         return table._replace(rows=rows, slot=slot, last_round=last,
-                              used=jnp.minimum(table.used + jnp.sum(is_new), cap),
+                              used=jnp.minimum(table.used + jnp.sum(is_new, dtype=jnp.int32), cap),
                               overflow=overflow)
 
     def drift(table: LazyTable, delta) -> LazyTable:
@@ -205,7 +237,30 @@ def lazy(capacity: Optional[int] = None) -> ClientTable:
                 "bytes": _tree_bytes(table)}
 
     return ClientTable(init, gather_, scatter_, drift, memory,
-                       "lazy" if capacity is None else f"lazy({capacity})", capacity)
+                       _name("lazy", capacity, dtype), capacity)
+
+
+DTYPES = {"bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16, "f16": jnp.float16,
+          "float16": jnp.float16, "f32": jnp.float32, "float32": jnp.float32}
+
+
+def _check_dtype(dtype):
+    if dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"dtype: the storage type of a client table must be a floating "
+                         f"type such as bf16 or float32, got {dtype!r}")
+    return None if dtype == jnp.float32 else dtype
+
+
+def _name(form: str, capacity, dtype) -> str:
+    args = [str(a) for a in (capacity, None if dtype is None else jnp.dtype(dtype).name)
+            if a is not None]
+    return f"{form}({', '.join(args)})" if args else form
 
 
 def _first_occurrence(client_ids, client_mask):
@@ -220,17 +275,20 @@ TABLES = {"dense": dense, "lazy": lazy}
 
 
 def get_table(table) -> ClientTable:
-    """A ``ClientTable`` from itself, or text: "dense", "lazy", or "lazy:CAPACITY"."""
+    """A ``ClientTable`` from itself, or text: "dense", "lazy", "lazy:CAPACITY", each
+    optionally followed by ":DTYPE" (storage precision, e.g. "dense:bf16",
+    "lazy:500:bf16")."""
     if isinstance(table, ClientTable):
         return table
-    name, _, capacity = str(table).partition(":")
-    if name not in TABLES or (capacity and name != "lazy"):
-        raise ValueError(f"client_table: must be dense, lazy, lazy:CAPACITY or a ClientTable, "
-                         f"got {table!r}")
-    if not capacity:
-        return TABLES[name]()
+    name, *args = str(table).split(":")
+    dtype = args.pop() if args and args[-1] in DTYPES else None
+    if name not in TABLES or len(args) > (name == "lazy"):
+        raise ValueError(f"client_table: must be dense, lazy, lazy:CAPACITY (each optionally "
+                         f"with :bf16 or another storage type) or a ClientTable, got {table!r}")
+    if not args:
+        return TABLES[name](dtype=dtype)
     try:
-        return lazy(int(capacity))
+        return lazy(int(args[0]), dtype)
     except ValueError:
         raise ValueError(f"client_table: the capacity of lazy:CAPACITY must be a positive "
                          f"integer, got {table!r}") from None

@@ -60,12 +60,16 @@ def make_personal_evaluator(model: Model, personal: Callable, chunk_size: int = 
     return evaluate
 
 
-def make_state_evaluator(model: Model, personal: Optional[Callable] = None) -> Callable:
-    """``(state, split, client_ids) -> {metric: [n]}`` for an algorithm: the global
-    model ``state.params`` when ``personal`` is None, else each client's own model."""
+def make_state_evaluator(model: Model, personal: Optional[Callable] = None,
+                         evaluated_params: Optional[Callable] = None) -> Callable:
+    """``(state, split, client_ids) -> {metric: [n]}`` for an algorithm: each client's
+    own model when ``personal`` is set, else the global model ``state.params`` (or
+    ``evaluated_params(state)``, e.g. A-FedPD's cohort average)."""
     if personal is not None:
         return make_personal_evaluator(model, personal)
     evaluate = make_evaluator(model)
+    if evaluated_params is not None:
+        return lambda state, split, client_ids: evaluate(evaluated_params(state), split)
     return lambda state, split, client_ids: evaluate(state.params, split)
 
 

@@ -320,7 +320,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         step_budgets = None if step_budgets is None else np.asarray(step_budgets)
         sizes = data.train.num_examples
 
-    evaluate = make_state_evaluator(model, algorithm.personal)
+    evaluate = make_state_evaluator(model, algorithm.personal, algorithm.evaluated_params)
     all_ids = jnp.arange(num_clients, dtype=jnp.int32)
 
     def evaluate_split(state, split: ClientData) -> dict:

@@ -291,14 +291,17 @@ def test_scaffold_matches_numpy_reference():
 def test_feddyn_matches_numpy_reference():
     alg, states = _run_rounds("feddyn")
     assert alg.evaluates == "global"
+    # The module keeps the family's duals: lambda_i = -g_i, lambda-bar = -h.
+    neg = lambda tree: tuple(-np.asarray(x) for x in tree)
     for r, (state, (theta, h, g)) in enumerate(zip(states, feddyn_reference())):
         _close(helpers.logreg_to_numpy(state.params), theta, f"round {r}: theta")
-        _close(helpers.logreg_to_numpy(state.aggregator_state.h), h, f"round {r}: h")
-        _close(_table_rows(alg, state), _stacked(g), f"round {r}: g_i")
-    g_rows = _table_rows(alg, states[-1])
+        _close(neg(helpers.logreg_to_numpy(state.aggregator_state.mean_dual)), h,
+               f"round {r}: h")
+        _close(neg(_table_rows(alg, state)), _stacked(g), f"round {r}: g_i")
+    g_rows = neg(_table_rows(alg, states[-1]))
     assert np.abs(g_rows[0]).max() > 1e-3
     # h tracks the clients' linear terms: h = (1/N) sum_i g_i.
-    _close(helpers.logreg_to_numpy(states[-1].aggregator_state.h),
+    _close(neg(helpers.logreg_to_numpy(states[-1].aggregator_state.mean_dual)),
            tuple(r.mean(0) for r in g_rows), "h = mean g_i")
 
 

@@ -14,9 +14,11 @@ import re
 from typing import Callable, NamedTuple, Optional
 
 from fedjax_fair.algorithms import aaggff as _aaggff
+from fedjax_fair.algorithms import afedpd as _afedpd
 from fedjax_fair.algorithms import afl as _afl
 from fedjax_fair.algorithms import ditto as _ditto
 from fedjax_fair.algorithms import dqn_fed as _dqn_fed
+from fedjax_fair.algorithms import fedadmm as _fedadmm
 from fedjax_fair.algorithms import fedavg as _fedavg
 from fedjax_fair.algorithms import fedheal as _fedheal
 from fedjax_fair.algorithms import fedlf as _fedlf
@@ -26,15 +28,19 @@ from fedjax_fair.algorithms import fedmgda as _fedmgda
 from fedjax_fair.algorithms import fednew as _fednew
 from fedjax_fair.algorithms import fednl as _fednl
 from fedjax_fair.algorithms import fedopt as _fedopt
+from fedjax_fair.algorithms import fedpd as _fedpd
 from fedjax_fair.algorithms import fedprox as _fedprox
 from fedjax_fair.algorithms import propfair as _propfair
 from fedjax_fair.algorithms import qffl as _qffl
 from fedjax_fair.algorithms import scaffold as _scaffold
+from fedjax_fair.algorithms import fedspeed as _fedspeed
 from fedjax_fair.algorithms import term as _term
 from fedjax_fair.algorithms.aaggff import aaggff_d, aaggff_s
+from fedjax_fair.algorithms.afedpd import afedpd, afedpd_sam
 from fedjax_fair.algorithms.afl import afl
 from fedjax_fair.algorithms.ditto import ditto
 from fedjax_fair.algorithms.dqn_fed import dqn_fed
+from fedjax_fair.algorithms.fedadmm import fedadmm
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedheal import fedheal
 from fedjax_fair.algorithms.fedlf import fedlf
@@ -44,7 +50,9 @@ from fedjax_fair.algorithms.fedmgda import fedmgda_plus
 from fedjax_fair.algorithms.fednew import fednew
 from fedjax_fair.algorithms.fednl import fednl, fednl_pp
 from fedjax_fair.algorithms.fedopt import fedadagrad, fedadam, fedavgm, fedyogi
+from fedjax_fair.algorithms.fedpd import fedpd
 from fedjax_fair.algorithms.fedprox import fedprox
+from fedjax_fair.algorithms.fedspeed import fedspeed
 from fedjax_fair.algorithms.propfair import propfair
 from fedjax_fair.algorithms.qffl import qffl
 from fedjax_fair.algorithms.scaffold import scaffold
@@ -102,6 +110,11 @@ REGISTRY = {
     "fedsoftmax": Method(fedsoftmax, _fedmax.HPARAMS),
     "aaggff_s": Method(aaggff_s, _aaggff.HPARAMS, participation="full"),
     "aaggff_d": Method(aaggff_d, _aaggff.HPARAMS),
+    "afedpd": Method(afedpd, _afedpd.HPARAMS),
+    "afedpd_sam": Method(afedpd_sam, _afedpd.SAM_VARIANT_HPARAMS),
+    "fedpd": Method(fedpd, _fedpd.HPARAMS, participation="full"),
+    "fedadmm": Method(fedadmm, _fedadmm.HPARAMS),
+    "fedspeed": Method(fedspeed, _fedspeed.HPARAMS),
 }
 
 ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
@@ -142,7 +155,8 @@ def method_hparams(name: str) -> dict:
     return out
 
 
-__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afl",
+__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
+           "afedpd_sam", "afl", "fedadmm", "fedpd", "fedspeed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
            "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
            "method_hparams", "propfair", "qffl", "scaffold", "term"]

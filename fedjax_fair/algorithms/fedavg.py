@@ -33,7 +33,8 @@ Optimizer = Union[Transform, Callable]  # fixed, or rate -> transformation (opta
 
 CLIENT_HPARAMS = {"client_lr": H.POSITIVE, "batch_size": H.COUNT, "num_epochs": H.COUNT,
                   "max_steps": H.Range(1, None, integer=True, nullable=True)}
-HPARAMS = dict(CLIENT_HPARAMS)
+WEIGHT_DECAY = {"weight_decay": H.NONNEGATIVE}  # coupled L2 of the local steps
+HPARAMS = {**CLIENT_HPARAMS, **WEIGHT_DECAY}
 
 
 def check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer=None) -> None:
@@ -56,16 +57,19 @@ def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_e
                     client_optimizer: Optional[Optimizer] = None,
                     regularizer: Optional[Callable] = None,
                     start=None, finish=None, track_loss: bool = True,
-                    batch_loss: Optional[Callable] = None):
+                    batch_loss: Optional[Callable] = None, weight_decay=0.0,
+                    sam_radius=None, sam_eps=1e-2):
     """Local SGD shared by FedAvg-style methods (masked steps, optax optimizer).
 
     ``client_optimizer``: ``rate -> optax transformation`` (default ``optax.sgd``) or
-    a fixed optax transformation. The other hooks are ``client.local_training``'s."""
+    a fixed optax transformation. The other hooks (coupled ``weight_decay``, SAM steps
+    with ``sam_radius``) are ``client.local_training``'s."""
     check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
     return local_training(model, client_lr=client_lr, optimizer=client_optimizer or optax.sgd,
                           batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
                           regularizer=regularizer, start=start, finish=finish,
-                          track_loss=track_loss, batch_loss=batch_loss)
+                          track_loss=track_loss, batch_loss=batch_loss,
+                          weight_decay=weight_decay, sam_radius=sam_radius, sam_eps=sam_eps)
 
 
 def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
@@ -73,7 +77,7 @@ def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: in
            server_optimizer: Optional[Transform] = None,
            mixing: Optional[MixingRule] = None, aggregator: Optional[Aggregator] = None,
            regularizer: Optional[Callable] = None,
-           weight_by_size: bool = True) -> FederatedAlgorithm:
+           weight_by_size: bool = True, weight_decay: float = 0.0) -> FederatedAlgorithm:
     """FedAvg with data-size weights (``weight_by_size=False``: the simple average
     1 / |S|, q-FFL's partner of size-proportional sampling); ``server_optimizer``
     defaults to sgd(1.0).
@@ -81,11 +85,13 @@ def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: in
     Pieces for composing: ``regularizer(params, broadcast, client_state)`` is added
     to every local batch loss (FedProx's proximal term); ``mixing`` (weights) and
     ``aggregator`` (default: the weighted mean) swap in other server rules, e.g.
-    ``aggregators.step_normalized()`` for unequal local work."""
+    ``aggregators.step_normalized()`` for unequal local work. ``weight_decay``: coupled
+    L2 in the local steps (gradient + wd theta; A-FedPD's Table 3 uses 1e-3)."""
     check_server_optimizer(server_optimizer)
     return compose(
         client_training(model, client_lr=client_lr, batch_size=batch_size,
                         num_epochs=num_epochs, max_steps=max_steps,
-                        client_optimizer=client_optimizer, regularizer=regularizer),
+                        client_optimizer=client_optimizer, regularizer=regularizer,
+                        weight_decay=weight_decay),
         mixing=mixing or prior(weight_by_size), aggregator=aggregator,
         server_optimizer=server_optimizer)

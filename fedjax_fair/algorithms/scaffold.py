@@ -40,11 +40,11 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, client_training
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, WEIGHT_DECAY, Rate, client_training
 from fedjax_fair.client import inner
 from fedjax_fair.mixing import MixingRule, prior
 
-HPARAMS = {"server_lr": H.POSITIVE, **CLIENT_HPARAMS}
+HPARAMS = {"server_lr": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
 
 
 class ScaffoldState(NamedTuple):
@@ -93,17 +93,19 @@ def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size:
              num_epochs: int = 1, max_steps: Optional[int] = None,
              client_table: str = "dense",
              mixing: Optional[MixingRule] = None,
-             weight_by_size: bool = False) -> FederatedAlgorithm:
+             weight_by_size: bool = False, weight_decay: float = 0.0) -> FederatedAlgorithm:
     """SCAFFOLD (option II): drift-corrected local SGD with control variates.
 
     ``mixing`` defaults to 1 / |S| (n_k / n with ``weight_by_size``).
 
-    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' c_i."""
+    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' c_i.
+    ``weight_decay``: coupled L2 in the local steps (gradient + wd y)."""
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
-                             regularizer=correction, finish=option_two)
+                             regularizer=correction, finish=option_two,
+                             weight_decay=weight_decay)
     return compose(client, mixing=mixing or prior(weight_by_size), aggregator=scaffold_aggregator(),
                    server_optimizer=optax.sgd(server_lr),
                    client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),

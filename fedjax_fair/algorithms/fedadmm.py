@@ -1,0 +1,47 @@
+"""FedADMM — Wang, Marella, Anderson, "FedADMM: A Federated Primal-Dual Algorithm
+Allowing Partial Participation", CDC 2022 (arXiv:2203.15104); Gong, Li, Freris,
+"FedADMM: A Robust Federated Deep Learning Framework with Adaptivity to System
+Heterogeneity", ICDE 2022 (arXiv:2204.03529). Implemented as the A-FedPD paper
+writes it (eq. 6 of arXiv:2409.18915, with g = 0; spec/a_fedpd.md §4, §7.14):
+
+    active i:   K local steps from theta^t on
+                f_i(theta) + <lambda_i, theta - theta^t> + (rho / 2) ||theta - theta^t||^2,
+                lambda_i^{t+1} = lambda_i^t + rho (theta_i^{t+1} - theta^t)
+    inactive i: lambda_i unchanged
+    server:     theta^{t+1} = (1 / P) sum_{i in P} (theta_i^{t+1} + lambda_i^{t+1} / rho).
+
+Only the cohort's augmented models enter the server step, so a client's stale dual
+(sampled tens of rounds ago at 10% participation) pulls its next local solve in an
+outdated direction: the "dual drift" A-FedPD removes. FedADMM is kept as the
+demonstration of that instability (spec §9 T8: it does not converge on the
+heterogeneous quadratics where A-FedPD does). Under full participation it is FedPD
+and A-FedPD.
+
+Pieces (primal_dual.py): ``augmented_lagrangian``, ``dual_ascent(report=True)``
+(the new duals go up as ``extra``), ``primal_dual_aggregator("cohort")``.
+Symbols -> arguments as in afedpd.py.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from fedjax_fair.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.fedavg import Optimizer, Rate
+from fedjax_fair.algorithms.primal_dual import HPARAMS as PD_HPARAMS
+from fedjax_fair.algorithms.primal_dual import primal_dual
+
+HPARAMS = dict(PD_HPARAMS)
+
+
+def fedadmm(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 50,
+            num_epochs: int = 1, max_steps: Optional[int] = None,
+            client_optimizer: Optional[Optimizer] = None, weight_decay: float = 0.0,
+            client_table: str = "dense", weight_by_size: bool = False,
+            evaluate: str = "average") -> FederatedAlgorithm:
+    """FedADMM (eq. 6, g = 0): duals updated only when sampled, theta the cohort's mean
+    augmented model. ``evaluate``: "average" (theta-bar) or "server" (theta)."""
+    return primal_dual(model, rho=rho, rule="cohort", client_lr=client_lr,
+                       batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
+                       client_optimizer=client_optimizer, weight_decay=weight_decay,
+                       client_table=client_table, weight_by_size=weight_by_size,
+                       evaluate=evaluate)

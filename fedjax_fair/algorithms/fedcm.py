@@ -1,0 +1,97 @@
+"""FedCM — Xu, Wang, Wang, Jiang, "FedCM: Federated Learning with Client-level
+Momentum", arXiv:2106.10874.
+
+The server keeps a global momentum Delta^t (parameter-shaped, Delta^0 = 0) and
+broadcasts it with theta^t. Client k runs K_k local steps from theta^t, mixing its
+minibatch gradient g with the momentum:
+
+    v = alpha g + (1 - alpha) Delta^t,
+    theta <- theta - eta^t ( v + wd theta ).
+
+The server steps as FedAvg and sets the next momentum to the cohort's average
+update per local step and unit rate:
+
+    theta^{t+1} = theta^t - eta_g sum_k p_k Delta_k,   Delta_k = theta^t - theta_k,
+    Delta^{t+1} = sum_k p_k Delta_k / (K_k eta^t),
+
+i.e. Delta^{t+1} = -(theta-bar^{t+1} - theta^t) / (K eta^t) when every client takes
+K steps (spec a_fedpd.md §4). A client that took no step adds nothing to
+Delta^{t+1}. Round 0 is FedAvg on the data term scaled by alpha; alpha = 1 is FedAvg.
+
+Pieces: v is the gradient of the batch objective alpha * (masked mean loss) plus the
+linear regulariser (1 - alpha) <Delta^t, theta>; Delta^t lives in the aggregator's
+state and reaches the clients through the broadcast (like SCAFFOLD's c). The
+client's ``train_loss`` stays the model's own mean loss.
+
+Symbols -> arguments: alpha = ``alpha`` in (0, 1] (may be traced), eta^t =
+``client_lr`` (a number, a traced scalar or a schedule of the round), wd =
+``weight_decay``, eta_g = ``server_lr``, K_k = the client's local steps
+(``num_epochs`` x ceil(n_k / B), capped by ``max_steps`` and its step budget), B =
+``batch_size``; p_k = 1 / |S|, or n_k / n with ``weight_by_size``.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_fair import hparams as H
+from fedjax_fair.aggregators import Aggregator, weighted_sum
+from fedjax_fair.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, WEIGHT_DECAY, Rate, client_training
+from fedjax_fair.client import inner, masked_mean, round_value
+from fedjax_fair.mixing import prior
+
+HPARAMS = {"alpha": H.Range(0.0, 1.0, low_open=True), "server_lr": H.POSITIVE,
+           **CLIENT_HPARAMS, **WEIGHT_DECAY}
+
+
+class FedCMState(NamedTuple):
+    """The server's side: the momentum Delta^t broadcast to the clients."""
+
+    momentum: Any  # parameter-shaped
+
+
+def momentum_aggregator(client_lr: Rate) -> Aggregator:
+    """Delta = sum_k p_k Delta_k (the FedAvg direction); the new momentum
+    sum_k p_k Delta_k / (K_k eta^t), eta^t = ``client_lr`` at the round."""
+
+    def init(params, num_clients):
+        del num_clients
+        return FedCMState(jax.tree.map(jnp.zeros_like, params))
+
+    def aggregate(state, outputs, weights, ctx):
+        del state
+        dtype = jnp.result_type(*jax.tree.leaves(outputs.delta))
+        steps = outputs.num_steps
+        rate = round_value(client_lr, ctx.round)
+        per_step = weights.astype(dtype) / (jnp.maximum(steps, 1).astype(dtype) * rate)
+        per_step = jnp.where(steps > 0, per_step, 0.0)
+        return (weighted_sum(outputs.delta, weights),
+                FedCMState(weighted_sum(outputs.delta, per_step)), {})
+
+    return Aggregator(init, aggregate)
+
+
+def fedcm(model, *, alpha: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 20,
+          num_epochs: int = 1, max_steps: Optional[int] = None, server_lr: float = 1.0,
+          weight_decay: float = 0.0, weight_by_size: bool = False) -> FederatedAlgorithm:
+    """FedCM: local steps along alpha g + (1 - alpha) Delta^t, FedAvg server step
+    ``optax.sgd(server_lr)`` (weights 1 / |S|, or n_k / n with ``weight_by_size``)."""
+    H.check(HPARAMS, alpha=alpha, server_lr=server_lr, weight_decay=weight_decay)
+
+    def momentum_term(params, broadcast, client_state):
+        del client_state
+        return (1.0 - alpha) * inner(broadcast.extra, params)
+
+    client = client_training(model, client_lr=client_lr, batch_size=batch_size,
+                             num_epochs=num_epochs, max_steps=max_steps,
+                             regularizer=momentum_term,
+                             batch_loss=lambda losses, mask: alpha * masked_mean(losses, mask),
+                             weight_decay=weight_decay)
+    return compose(client, mixing=prior(weight_by_size),
+                   aggregator=momentum_aggregator(client_lr),
+                   server_optimizer=optax.sgd(server_lr),
+                   broadcast=lambda state: state.aggregator_state.momentum)

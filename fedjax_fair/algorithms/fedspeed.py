@@ -1,0 +1,44 @@
+"""FedSpeed — Sun, Shen, Huang, Ding, Tao, "FedSpeed: Larger Local Interval, Less
+Communication Round, and Higher Generalization Accuracy", ICLR 2023
+(arXiv:2302.10429), in the form the A-FedPD paper compares against ("SAM inside
+FedDyn", spec/a_fedpd.md §4): FedDyn's local solve and server with SAM's gradient,
+
+    active i:   K steps theta <- theta - eta (grad f_i(theta + e; B) + lambda_i
+                + rho (theta - theta^t) + wd theta),  e = r g0 / (||g0|| + eps),
+                g0 = grad f_i(theta; B);
+                lambda_i^{t+1} = lambda_i^t + rho (theta_i^{t+1} - theta^t)
+    server:     lambda-bar^{t+1} = lambda-bar^t + (rho / C) sum_{i in P} (theta_i^{t+1} - theta^t),
+                theta^{t+1} = theta-bar^{t+1} + lambda-bar^{t+1} / rho.
+
+The original paper's merged perturbed / unperturbed gradient and corrected-model
+aggregation are not reproduced (the spec follows the A-FedPD paper). ``sam_radius=0``
+is FedDyn on the same keys.
+
+Pieces (primal_dual.py): ``augmented_lagrangian``, ``dual_ascent``,
+``primal_dual_aggregator("participants")``, SAM steps of ``client.local_sgd``.
+Symbols -> arguments: rho = ``rho`` (Table 3: 0.1), r = ``sam_radius`` (0.1), eps =
+``sam_eps`` (1e-2), the others as in afedpd.py.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from fedjax_fair.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.fedavg import Optimizer, Rate
+from fedjax_fair.algorithms.primal_dual import HPARAMS as PD_HPARAMS
+from fedjax_fair.algorithms.primal_dual import SAM_HPARAMS, primal_dual
+
+HPARAMS = {**PD_HPARAMS, **SAM_HPARAMS}
+
+
+def fedspeed(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float = 1e-2,
+             client_lr: Rate = 0.1, batch_size: int = 50, num_epochs: int = 1,
+             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             weight_decay: float = 0.0, client_table: str = "dense",
+             weight_by_size: bool = False, evaluate: str = "average") -> FederatedAlgorithm:
+    """FedSpeed: FedDyn with SAM local steps."""
+    return primal_dual(model, rho=rho, rule="participants", client_lr=client_lr,
+                       batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
+                       client_optimizer=client_optimizer, weight_decay=weight_decay,
+                       client_table=client_table, weight_by_size=weight_by_size,
+                       evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)

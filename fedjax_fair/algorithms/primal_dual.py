@@ -1,0 +1,176 @@
+"""Pieces of the federated primal-dual family: FedPD, FedADMM, FedDyn, FedSpeed,
+A-FedPD and A-FedPDSAM (spec/a_fedpd.md §2, §4).
+
+Every client i keeps a dual lambda_i, one parameter-shaped row of a client table
+(dense or lazy, client_states.py; lambda_i = 0 at the start). An active client
+solves, from the broadcast theta^t with K local steps, its augmented-Lagrangian
+subproblem (``augmented_lagrangian``)
+
+    L_i(theta) = f_i(theta) + <lambda_i, theta - theta^t> + (rho / 2) ||theta - theta^t||^2,
+
+and ascends its dual (``dual_ascent``)
+
+    lambda_i^{t+1} = lambda_i^t + rho (theta_i^{t+1} - theta^t).
+
+At an exact local solution lambda_i^{t+1} = -grad f_i(theta_i^{t+1}): the dual is
+minus the client's gradient. The server averages the cohort's models,
+theta-bar^{t+1} = sum_i p_i theta_i^{t+1} (p_i = 1 / |P| by default), and forms the
+next broadcast by one of three rules (``primal_dual_aggregator(rule)``):
+
+* ``"virtual"`` (A-FedPD): every client outside the cohort gets the virtual dual
+  update lambda_i += rho (theta-bar^{t+1} - theta^t) (``virtual_dual_drift``, a
+  common drift of the client table: the lazy table applies it in O(d), not O(N d)),
+  so the mean dual moves as under full participation,
+
+      lambda-bar^{t+1} = lambda-bar^t + rho (theta-bar^{t+1} - theta^t),
+      theta^{t+1} = theta-bar^{t+1} + lambda-bar^{t+1} / rho   (= 2 theta-bar^{t+1} - theta-bar^t);
+
+* ``"participants"`` (FedDyn, FedSpeed): the other clients' duals stay put, so
+  lambda-bar^{t+1} = lambda-bar^t + (rho / N) sum_{i in P} (theta_i^{t+1} - theta^t), and
+  theta^{t+1} = theta-bar^{t+1} + lambda-bar^{t+1} / rho;
+* ``"cohort"`` (FedADMM eq. 6 with g = 0; FedPD eq. 5 under full participation):
+  theta^{t+1} = sum_i p_i (theta_i^{t+1} + lambda_i^{t+1} / rho), the participants'
+  new duals sent up as ``ClientOutput.extra``.
+
+The server state (``PrimalDualState``) holds lambda-bar, the exact mean of the N
+duals for uniform weights (the rules' recursions, O(d): the table is never summed),
+and theta-bar^t, the model the spec evaluates by default (``evaluated``).
+With the pseudo-gradients Delta_i = theta^t - theta_i^{t+1} every rule is a
+direction d for the server step theta^{t+1} = theta^t - d (``optax.sgd(1)``).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_fair import hparams as H
+from fedjax_fair.aggregators import Aggregator, weighted_sum
+from fedjax_fair.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate,
+                                           client_training)
+from fedjax_fair.client import inner, sq_distance
+from fedjax_fair.mixing import prior
+
+RULES = ("virtual", "participants", "cohort")
+EVALUATED = ("average", "server")
+HPARAMS = {"rho": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
+SAM_HPARAMS = {"sam_radius": H.NONNEGATIVE, "sam_eps": H.POSITIVE}
+
+
+class PrimalDualState(NamedTuple):
+    """The server's side of a primal-dual method.
+
+    mean_dual: lambda-bar^t, parameter-shaped.
+    average: theta-bar^t, the last cohort average (theta^0 before the first round).
+    inv_num_clients: float32 [] 1 / N.
+    """
+
+    mean_dual: object
+    average: object
+    inv_num_clients: jax.Array
+
+
+def zero_dual(params):
+    """lambda_i^0 = 0: the initial row of every client's dual."""
+    return jax.tree.map(jnp.zeros_like, params)
+
+
+def augmented_lagrangian(rho) -> Callable:
+    """The client's regularizer ``<lambda_i, theta> + (rho / 2) ||theta - theta^t||^2``:
+    its gradient lambda_i + rho (theta - theta^t) is the augmented Lagrangian's (the
+    constant -<lambda_i, theta^t> is left out). ``rho`` may be traced."""
+
+    def regularizer(params, broadcast, dual):
+        return inner(dual, params) + 0.5 * rho * sq_distance(params, broadcast.params)
+
+    return regularizer
+
+
+def dual_ascent(rho, report: bool = False) -> Callable:
+    """The client's ``finish``: lambda_i^{t+1} = lambda_i^t + rho (theta_i^{t+1} - theta^t)
+    as the new row; with ``report`` also sent up as ``extra`` (the "cohort" rule)."""
+
+    def finish(result, broadcast, dual, data, key):
+        del data, key
+        new = jax.tree.map(lambda lam, th, s: lam + rho * (th - s), dual, result.params,
+                           broadcast.params)
+        return new, (new if report else ())
+
+    return finish
+
+
+def virtual_dual_drift(rho) -> Callable:
+    """A-FedPD's virtual update of every client outside the cohort, as ``compose``'s
+    ``drift``: rho (theta-bar^{t+1} - theta^t) = -rho sum_i p_i Delta_i."""
+
+    def drift(state, new_params, outputs, weights, ctx):
+        del state, new_params, ctx
+        return jax.tree.map(lambda d: -rho * d, weighted_sum(outputs.delta, weights))
+
+    return drift
+
+
+def primal_dual_aggregator(rho, rule: str) -> Aggregator:
+    """The server step of ``rule`` ("virtual", "participants" or "cohort"; see the
+    module docstring) as an ``Aggregator`` with state ``PrimalDualState``."""
+    if rule not in RULES:
+        raise ValueError(f"rule: must be one of {RULES}, got {rule!r}")
+
+    def init(params, num_clients):
+        return PrimalDualState(zero_dual(params), params,
+                               jnp.asarray(1.0 / num_clients, jnp.float32))
+
+    def aggregate(state: PrimalDualState, outputs, weights, ctx):
+        mean_delta = weighted_sum(outputs.delta, weights)  # theta^t - theta-bar^{t+1}
+        average = jax.tree.map(jnp.subtract, ctx.params, mean_delta)
+        if rule == "virtual":
+            moved = mean_delta
+        else:  # the participants' duals moved, the others' did not
+            share = ctx.client_mask.astype(jnp.float32) * state.inv_num_clients
+            moved = weighted_sum(outputs.delta, share)
+        mean_dual = jax.tree.map(lambda lam, m: lam - rho * m, state.mean_dual, moved)
+        # theta^{t+1} = theta-bar^{t+1} + (dual term) / rho: the mean dual, or the
+        # weighted mean of the cohort's new duals.
+        dual_term = (weighted_sum(outputs.extra, weights) if rule == "cohort"
+                     else mean_dual)
+        direction = jax.tree.map(lambda m, lam: m - lam / rho, mean_delta, dual_term)
+        return direction, PrimalDualState(mean_dual, average, state.inv_num_clients), {}
+
+    return Aggregator(init, aggregate)
+
+
+def evaluated_model(evaluate: str):
+    """``compose``'s ``evaluated_params`` for ``evaluate``: "average" (theta-bar^t, the
+    spec's primary model) or "server" (theta^t = ``state.params``, the broadcast)."""
+    if evaluate not in EVALUATED:
+        raise ValueError(f"evaluate: must be one of {EVALUATED}, got {evaluate!r}")
+    return (lambda state: state.aggregator_state.average) if evaluate == "average" else None
+
+
+def primal_dual(model, *, rho, rule: str, client_lr: Rate, batch_size: int, num_epochs: int,
+                max_steps: Optional[int], client_optimizer: Optional[Optimizer],
+                weight_decay, client_table, weight_by_size: bool, evaluate: str,
+                sam_radius=None, sam_eps=1e-2) -> FederatedAlgorithm:
+    """A primal-dual method: augmented-Lagrangian local steps (SAM steps when
+    ``sam_radius`` is given; coupled ``weight_decay``), dual ascent into a dense or
+    lazy table of duals, and the server ``rule``; evaluated on theta-bar
+    (``evaluate="average"``) or the broadcast theta (``"server"``). Every factory of
+    the family is this with its rule and defaults."""
+    H.check(HPARAMS, rho=rho, weight_decay=weight_decay)
+    if sam_radius is not None:
+        H.check(SAM_HPARAMS, sam_radius=sam_radius, sam_eps=sam_eps)
+    evaluated = evaluated_model(evaluate)
+    aggregator = primal_dual_aggregator(rho, rule)
+    client = client_training(model, client_lr=client_lr, batch_size=batch_size,
+                             num_epochs=num_epochs, max_steps=max_steps,
+                             client_optimizer=client_optimizer,
+                             regularizer=augmented_lagrangian(rho),
+                             finish=dual_ascent(rho, report=rule == "cohort"),
+                             weight_decay=weight_decay, sam_radius=sam_radius,
+                             sam_eps=sam_eps)
+    return compose(client, mixing=prior(weight_by_size), aggregator=aggregator,
+                   client_state_init=zero_dual, client_table=client_table,
+                   drift=virtual_dual_drift(rho) if rule == "virtual" else None,
+                   evaluated_params=evaluated)
