@@ -329,7 +329,13 @@ TRACED_FACTORIES = {
     "aaggff_s": lambda v: algorithms.aaggff_s(MODEL, alpha=v + 1.0, beta=v),
     "aaggff_d": lambda v: algorithms.aaggff_d(MODEL, response_range=(0.0 * v, v + 1.0)),
     "fedprox": lambda v: algorithms.fedprox(MODEL, mu=v),
-    "fedavg": lambda v: algorithms.fedavg(MODEL, client_lr=v + 0.1),
+    "fedavg": lambda v: algorithms.fedavg(MODEL, client_lr=v + 0.1, weight_decay=v),
+    "afedpd": lambda v: algorithms.afedpd(MODEL, rho=v, weight_decay=v),
+    "afedpd_sam": lambda v: algorithms.afedpd_sam(MODEL, rho=v + 1.0, sam_radius=v, sam_eps=v),
+    "fedspeed": lambda v: algorithms.fedspeed(MODEL, rho=v, sam_radius=v),
+    "feddyn": lambda v: algorithms.feddyn(MODEL, alpha=v),
+    "fedcm": lambda v: algorithms.fedcm(MODEL, alpha=v),
+    "fedsam": lambda v: algorithms.fedsam(MODEL, sam_radius=v),
 }
 
 

@@ -20,6 +20,7 @@ from fedjax_fair.algorithms import ditto as _ditto
 from fedjax_fair.algorithms import dqn_fed as _dqn_fed
 from fedjax_fair.algorithms import fedadmm as _fedadmm
 from fedjax_fair.algorithms import fedavg as _fedavg
+from fedjax_fair.algorithms import fedcm as _fedcm
 from fedjax_fair.algorithms import fedheal as _fedheal
 from fedjax_fair.algorithms import fedlf as _fedlf
 from fedjax_fair.algorithms import feddyn as _feddyn
@@ -32,6 +33,7 @@ from fedjax_fair.algorithms import fedpd as _fedpd
 from fedjax_fair.algorithms import fedprox as _fedprox
 from fedjax_fair.algorithms import propfair as _propfair
 from fedjax_fair.algorithms import qffl as _qffl
+from fedjax_fair.algorithms import fedsam as _fedsam
 from fedjax_fair.algorithms import scaffold as _scaffold
 from fedjax_fair.algorithms import fedspeed as _fedspeed
 from fedjax_fair.algorithms import term as _term
@@ -42,6 +44,7 @@ from fedjax_fair.algorithms.ditto import ditto
 from fedjax_fair.algorithms.dqn_fed import dqn_fed
 from fedjax_fair.algorithms.fedadmm import fedadmm
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.algorithms.fedcm import fedcm
 from fedjax_fair.algorithms.fedheal import fedheal
 from fedjax_fair.algorithms.fedlf import fedlf
 from fedjax_fair.algorithms.feddyn import feddyn
@@ -52,6 +55,7 @@ from fedjax_fair.algorithms.fednl import fednl, fednl_pp
 from fedjax_fair.algorithms.fedopt import fedadagrad, fedadam, fedavgm, fedyogi
 from fedjax_fair.algorithms.fedpd import fedpd
 from fedjax_fair.algorithms.fedprox import fedprox
+from fedjax_fair.algorithms.fedsam import fedsam
 from fedjax_fair.algorithms.fedspeed import fedspeed
 from fedjax_fair.algorithms.propfair import propfair
 from fedjax_fair.algorithms.qffl import qffl
@@ -115,6 +119,8 @@ REGISTRY = {
     "fedpd": Method(fedpd, _fedpd.HPARAMS, participation="full"),
     "fedadmm": Method(fedadmm, _fedadmm.HPARAMS),
     "fedspeed": Method(fedspeed, _fedspeed.HPARAMS),
+    "fedsam": Method(fedsam, _fedsam.HPARAMS),
+    "fedcm": Method(fedcm, _fedcm.HPARAMS),
 }
 
 ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
@@ -156,7 +162,7 @@ def method_hparams(name: str) -> dict:
 
 
 __all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
-           "afedpd_sam", "afl", "fedadmm", "fedpd", "fedspeed",
+           "afedpd_sam", "afl", "fedadmm", "fedcm", "fedpd", "fedsam", "fedspeed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
            "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
            "method_hparams", "propfair", "qffl", "scaffold", "term"]
