@@ -439,3 +439,51 @@ def test_client_table_gather_scatter():
     np.testing.assert_array_equal(new["a"], [[0, 0], [100, 100], [2, 2], [101, 101], [4, 4]])
     np.testing.assert_array_equal(dup["b"], [0, 1, 40, 3, 4])
     chex.assert_trees_all_equal(none, table)
+
+
+# ------------------------------------------------------------------ storage precision
+
+
+def test_get_table_parses_a_storage_type():
+    assert cs.get_table("dense:bf16").name == "dense(bfloat16)"
+    assert cs.get_table("lazy:bf16").name == "lazy(bfloat16)"
+    assert cs.get_table("lazy:7:bf16").name == "lazy(7, bfloat16)"
+    assert cs.get_table("lazy:7:f32").name == "lazy(7)"  # float32 is the default
+    for bad in ("dense:bf17", "dense:3:bf16", "lazy:bf16:7", "lazy:int8"):
+        with pytest.raises(ValueError):
+            cs.get_table(bad)
+    with pytest.raises(ValueError):
+        cs.dense(dtype=jnp.int32)
+
+
+@pytest.mark.parametrize("form", ["dense", "lazy"])
+def test_bf16_storage_keeps_float32_rows_out_and_int_leaves_exact(form):
+    table_fn = cs.get_table(f"{form}:bf16")
+    table = table_fn.init(INITIAL, N)
+    stored = table.rows
+    assert stored["w"].dtype == jnp.bfloat16 and stored["n"].dtype == jnp.int32
+    ids = jnp.asarray([2, 5], jnp.int32)
+    new = _row(3, lead=(2,))
+    table = table_fn.scatter(table, ids, new, jnp.ones((2,), bool), 0)
+    got = table_fn.gather(table, ids)
+    assert got["w"].dtype == jnp.float32
+    np.testing.assert_array_equal(got["n"], new["n"])
+    np.testing.assert_allclose(got["w"], new["w"], rtol=2 ** -8)  # one bf16 rounding
+
+
+def test_lazy_bf16_rounds_each_deviation_once_while_dense_bf16_rerounds_every_drift():
+    """Many small drifts (A-FedPD's virtual update every round): the lazy form keeps
+    the drift in float32 and the stored deviation untouched, the dense form adds the
+    drift to bf16 rows and rounds them again every time."""
+    exact, lazy_fn, dense_fn = cs.dense(), cs.get_table("lazy:bf16"), cs.get_table("dense:bf16")
+    row = {"w": jnp.asarray([[100.0, -3.0]])}
+    tables = [f.init(row, 2) for f in (exact, lazy_fn, dense_fn)]
+    delta = {"w": jnp.asarray([[1e-3, 1e-3]])}
+    for _ in range(200):
+        tables = [f.drift(t, delta) for f, t in zip((exact, lazy_fn, dense_fn), tables)]
+    rows = [np.asarray(f.gather(t, jnp.asarray([0]))["w"], np.float64)
+            for f, t in zip((exact, lazy_fn, dense_fn), tables)]
+    want = np.asarray([[100.0, -3.0]]) + 200 * 1e-3
+    f32_err, lazy_err, dense_err = (np.abs(r - want).max() for r in rows)
+    assert lazy_err < 1e-5 < f32_err  # one float32 add (even better than 200 of them)
+    assert dense_err > 0.1  # 100 + 1e-3 rounds back to 100 in bf16: the drift is lost
