@@ -336,7 +336,10 @@ def test_evaluated_model_is_the_average_or_the_server_model():
     np.testing.assert_array_equal(np.asarray(avg_alg.evaluated_params(state)["theta"]),
                                   average(state))
     assert make(afedpd, rho=0.5, evaluate="server").evaluated_params is None
-    assert make(feddyn, alpha=0.5).evaluated_params is None  # FedDyn's paper: theta^t
+    assert make(feddyn, alpha=0.5, evaluate="server").evaluated_params is None  # its paper
+    dyn = make(feddyn, alpha=0.5)  # the family's default: theta-bar
+    np.testing.assert_array_equal(np.asarray(dyn.evaluated_params(play(dyn, data, cohorts)[-1])[
+        "theta"]), average(play(dyn, data, cohorts)[-1]))
     with pytest.raises(ValueError, match="evaluate"):
         make(afedpd, evaluate="best")
 

@@ -1,6 +1,8 @@
 """Registered real-data federations: TFDS (mocked) and LEAF builders, end to end."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -142,3 +144,13 @@ def test_tfds_cache_dir_keeps_the_decoded_split(monkeypatch, tmp_path):
     with helpers.mock_tfds(monkeypatch, num_examples=20):
         again = get_dataset("mnist", num_clients=2, partition="iid", cache_dir=str(cache))
     assert _same(first, again)
+
+
+def test_holdout_warns_when_a_reused_example_leaks_into_another_clients_test_split():
+    """``dirichlet_prior`` refills its class pools, so a held-out example of one client
+    can be a training example of another: the builder says how many."""
+    with pytest.warns(UserWarning, match="held-out test examples are also training"):
+        get_dataset("digits", num_clients=50, partition="dirichlet_prior", alpha=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        get_dataset("digits", num_clients=20, partition="iid")  # disjoint: silent

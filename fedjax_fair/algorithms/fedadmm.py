@@ -38,8 +38,9 @@ def fedadmm(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int =
             client_optimizer: Optional[Optimizer] = None, weight_decay: float = 0.0,
             client_table: str = "dense", weight_by_size: bool = False,
             evaluate: str = "average") -> FederatedAlgorithm:
-    """FedADMM (eq. 6, g = 0): duals updated only when sampled, theta the cohort's mean
-    augmented model. ``evaluate``: "average" (theta-bar) or "server" (theta)."""
+    """FedADMM: duals updated only when sampled, theta the cohort's mean augmented
+    model (equation 6 with g = 0). ``evaluate``: "average" (theta-bar) or "server"
+    (theta)."""
     return primal_dual(model, rho=rho, rule="cohort", client_lr=client_lr,
                        batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
                        client_optimizer=client_optimizer, weight_decay=weight_decay,

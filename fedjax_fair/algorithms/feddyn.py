@@ -30,8 +30,10 @@ lambda-bar (``mean_dual``) and theta-bar (``average``).
 Symbols -> arguments: alpha = ``alpha`` (may be traced; the paper's grid {0.1,
 0.01, 0.001}); the local solver is SGD with ``client_lr`` for ``num_epochs`` epochs
 of batch ``batch_size`` (the argmin is approximate, as in the paper), plus coupled
-``weight_decay``. ``evaluate``: "server" evaluates theta^t (the paper), "average"
-theta-bar^t (A-FedPD's choice, spec §7.5).
+``weight_decay``. ``evaluate``: "average" evaluates theta-bar^t, the same model as
+the rest of the primal-dual family (spec/a_fedpd.md §7.5), so a comparison made
+with defaults is like for like; "server" evaluates theta^t (the FedDyn paper's
+choice).
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int
            num_epochs: int = 1, max_steps: Optional[int] = None,
            client_optimizer: Optional[Optimizer] = None,
            client_table: str = "dense", weight_by_size: bool = False,
-           weight_decay: float = 0.0, evaluate: str = "server") -> FederatedAlgorithm:
+           weight_decay: float = 0.0, evaluate: str = "average") -> FederatedAlgorithm:
     """FedDyn: local SGD on the dynamically regularised objective, server state h.
     The participants' models are averaged uniformly (the paper), or by n_k with
     ``weight_by_size``.

@@ -25,6 +25,7 @@ federation.
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -115,6 +116,7 @@ def federate(x_train: np.ndarray, y_train: np.ndarray, x_test: Optional[np.ndarr
         train_parts, test_parts = client_test.holdout_split(parts, test_fraction, seed,
                                                             labels=y_train)
         test_x, test_y = x_train, y_train
+        _warn_leaks(train_parts, test_parts, partition)
     else:
         train_parts = parts
         test_parts = client_test.matched_test(y_train, y_test, num_classes, seed, parts=parts)
@@ -133,6 +135,21 @@ def federate(x_train: np.ndarray, y_train: np.ndarray, x_test: Optional[np.ndarr
     return from_client_arrays([x_train[p] for p in train_parts], train_ys,
                               [test_x[p] for p in test_parts], [test_y[p] for p in test_parts],
                               name=name, num_classes=num_classes, info=meta)
+
+
+def _warn_leaks(train_parts, test_parts, partition: str) -> None:
+    """A partition that repeats examples across clients (``dirichlet_prior`` refills
+    its class pools) can put one client's held-out test example in another client's
+    training rows: say how many, once, so no accuracy is read as clean by accident."""
+    train = np.concatenate([np.asarray(p) for p in train_parts]) if train_parts else []
+    test = np.concatenate([np.asarray(p) for p in test_parts]) if test_parts else []
+    leaked = np.intersect1d(test, train).size
+    if leaked:
+        warnings.warn(f"partition={partition!r} with test='holdout': {leaked} of "
+                      f"{np.unique(test).size} held-out test examples are also training "
+                      f"examples (the partition reuses examples across clients); use "
+                      f"test='matched' on a dataset with a global test set, a disjoint "
+                      f"partition, or a smaller client_size", stacklevel=3)
 
 
 # ------------------------------------------------------------------------ registered
