@@ -1,6 +1,6 @@
-"""Runs the small-scale experiments (issues 4 and 10) and writes docs/reproducing.md.
+"""Runs the small-scale experiments (issues 4, 10 and 11) and writes docs/reproducing.md.
 
-    python experiments/reproduce.py                 # every experiment (~15 min, 2-core CPU)
+    python experiments/reproduce.py                 # every experiment (~20 min, 2-core CPU)
     python experiments/reproduce.py --only aaggff_cross_silo --seeds 0
     python experiments/reproduce.py --reuse         # re-render from runs/reproduce/
 
@@ -16,7 +16,13 @@ runs it wrote under ``runs/reproduce/NAME/``, and renders the tables:
   smoothness S of the accuracy curve, and the final accuracy;
 * DQN-Fed experiments (CIFAR-10 setups 1 and 2 and the participation ablation at small
   scale): DQN-Fed's metrics (unweighted worst / best 10%), rounds to FedAvg's final
-  accuracy and the share of improved clients (``dqn_table``).
+  accuracy and the share of improved clients (``dqn_table``);
+* A-FedPD and the primal-dual family (IID / Dirichlet-1.0 / Dirichlet-0.1, 10%
+  participation; ``afedpd_table``): the global model's test accuracy (max over
+  evaluations and mean of the last 3), its late swing, rounds to FedAvg's and to
+  SCAFFOLD's final accuracy (spec Table 4 style) and seconds per round relative to
+  FedAvg; the
+  Dirichlet-0.1 curves are drawn into docs/img/afedpd_dir01_curves.png.
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ ROOT = os.path.dirname(HERE)
 FAIRNESS = ("aaggff_cross_silo", "aaggff_cross_device", "aaggff_cross_device_synthetic")
 COMPHET = ("comphet_iid", "comphet_niid", "comphet_tniid")
 DQN = ("dqn_setup1", "dqn_setup2", "dqn_participation_50", "dqn_participation_10")
+AFEDPD = ("afedpd_iid", "afedpd_dir1", "afedpd_dir01")
+PRIMAL_DUAL = ("feddyn", "fedspeed", "afedpd", "afedpd_sam", "fedadmm", "fedpd")
 LEVEL = 0.9
 
 
@@ -139,6 +147,106 @@ def comphet_table(out: str) -> str:
     return "\n".join(rows)
 
 
+def _reach(h, target: float) -> float:
+    """The first evaluated round whose global test accuracy is >= target; inf if none."""
+    from fedjax_fair.metrics import rounds_to_reach
+    i = rounds_to_reach([e["accuracy_weighted_mean"] for e in h], target)
+    return float(h[int(i)]["round"]) if np.isfinite(i) else np.inf
+
+
+def _reach_text(reach, reference=None) -> str:
+    """Mean round over the seeds that reached the target, "k of n never" for the others
+    and, when every seed reached it, the speed-up against the reference method's mean
+    round (None: no reference, or the reference missed in some seed)."""
+    hit = [r for r in reach if np.isfinite(r)]
+    if not hit:
+        return "never"
+    text = f"{np.mean(hit):.0f}"
+    if reference is not None and len(hit) == len(reach):  # speed-ups only when all seeds hit
+        text += f" ({reference / np.mean(hit):.2f}x)"
+    if len(hit) < len(reach):
+        text += f", {len(reach) - len(hit)} of {len(reach)} never"
+    return text
+
+
+def afedpd_table(out: str) -> str:
+    """A-FedPD's Table 2 / Table 4 / Table 5 columns (spec §6, §7.11) for one split:
+    the global model's test accuracy (``accuracy_weighted_mean``, the pooled test
+    examples of every client) as max over evaluations and mean of the last 3
+    evaluations, mean ± std over seeds; the swing, the std of that accuracy over the
+    evaluations of the second half of training (seed mean, percentage points: how much
+    the model still oscillates); rounds until it first reaches FedAvg's and
+    SCAFFOLD's final accuracy (seed means of their last-3 means; mean round over the
+    seeds that reach it; speed-up against the reference's own mean round where both
+    reach it in every seed); run seconds per round (``timings.run_seconds``: no
+    compilation, no evaluation) and the ratio to FedAvg."""
+    from fedjax_fair.metrics import tail_mean
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    seeds = summary["config"]["seeds"]
+    runs = _histories(out)
+    acc = {a: [[e["accuracy_weighted_mean"] for e in h] for h in hs] for a, hs in runs.items()}
+    final = {a: [tail_mean(c, 3) for c in cs] for a, cs in acc.items()}
+    refs = [("FedAvg", "fedavg"), ("SCAFFOLD", "scaffold")]
+    targets = [(label, ref, float(np.mean(final[ref]))) for label, ref in refs if ref in final]
+    reach = {a: [[_reach(h, t) for h in hs] for _, _, t in targets] for a, hs in runs.items()}
+    per_round = {}
+    for alg in runs:
+        values = []
+        for seed in seeds:
+            run = json.load(open(os.path.join(out, alg, f"seed{seed}", "summary.json")))
+            values.append(run["timings"]["run_seconds"] / run["config"]["num_rounds"])
+        per_round[alg] = float(np.mean(values))
+    base = per_round.get("fedavg")
+    head = " | ".join(f"rounds to {label}'s {100 * t:.1f}%" for label, _, t in targets)
+    late = {a: [np.std([e["accuracy_weighted_mean"] for e in h
+                        if e["round"] > h[-1]["round"] / 2]) for h in hs]
+            for a, hs in runs.items()}
+    rows = [f"| algorithm | max acc (%) | last-3 acc (%) | swing (pp) | {head} | ms / round "
+            f"| vs FedAvg |",
+            "|---|---|---|---|" + "---|" * len(targets) + "---|---|"]
+    for alg in runs:
+        cells = []
+        for j, (_, ref, _) in enumerate(targets):
+            r = [x for x in reach[ref][j] if np.isfinite(x)]
+            ref_mean = np.mean(r) if len(r) == len(reach[ref][j]) else None
+            cells.append(_reach_text(reach[alg][j], None if alg == ref else ref_mean))
+        ratio = f"{per_round[alg] / base:.2f}x" if base else "n/a"
+        rows.append(f"| {alg} | {_pm([max(c) for c in acc[alg]])} | {_pm(final[alg])} | "
+                    f"{100 * np.mean(late[alg]):.1f} | " + " | ".join(cells)
+                    + f" | {1e3 * per_round[alg]:.1f} | {ratio} |")
+    return "\n".join(rows)
+
+
+def afedpd_figure(out: str, path: str) -> None:
+    """Seed-mean global test accuracy and the cohort's training loss at the broadcast
+    model per round, one line per method (the loss as a 5-round moving average)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    seeds = json.load(open(os.path.join(out, "summary.json")))["config"]["seeds"]
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
+    for alg, hs in _histories(out).items():
+        style = "-" if alg in PRIMAL_DUAL else "--"  # primal-dual solid, primal dashed
+        rounds = [e["round"] for e in hs[0]]
+        ax_acc.plot(rounds, 100 * np.mean([[e["accuracy_weighted_mean"] for e in h]
+                                           for h in hs], axis=0), style, label=alg)
+        losses = []
+        for seed in seeds:
+            rows = [json.loads(line) for line in
+                    open(os.path.join(out, alg, f"seed{seed}", "rounds.jsonl"))]
+            losses.append([r["train_loss"] for r in rows])
+        loss = np.convolve(np.mean(losses, axis=0), np.ones(5) / 5, mode="valid")
+        ax_loss.plot(np.arange(5, 5 + loss.size), loss, style, label=alg)
+    ax_acc.set(xlabel="round", ylabel="global test accuracy (%)", ylim=(80, 100),
+               title=f"test accuracy (mean of {len(seeds)} seeds)")
+    ax_loss.set(xlabel="round", ylabel="cohort training loss", yscale="log",
+                title="cohort loss at the broadcast model\n(5-round moving average)")
+    ax_acc.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=None, help="comma list of experiment names")
@@ -148,19 +256,22 @@ def main():
     ap.add_argument("--reuse", action="store_true",
                     help="render experiments already run under --runs instead of rerunning")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else list(FAIRNESS + COMPHET + DQN)
+    names = args.only.split(",") if args.only else list(FAIRNESS + COMPHET + DQN + AFEDPD)
     sections = {}
     for name in names:
         out = os.path.join(args.runs, name)
         if not (args.reuse and os.path.exists(os.path.join(out, "summary.json"))):
             run_compare(name, out, args.seeds)
         table = (fairness_table(out) if name in FAIRNESS else dqn_table(out) if name in DQN
-                 else comphet_table(out))
+                 else afedpd_table(out) if name in AFEDPD else comphet_table(out))
         figure = os.path.join(out, "improved_clients.png")
         if name in DQN and os.path.isfile(figure):
             os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)
             shutil.copyfile(figure, os.path.join(ROOT, "docs", "img",
                                                  f"{name}_improved_clients.png"))
+        if name == "afedpd_dir01":
+            os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)
+            afedpd_figure(out, os.path.join(ROOT, "docs", "img", "afedpd_dir01_curves.png"))
         sections[name] = table
         print(f"\n## {name}\n\n{table}\n", flush=True)
     if args.only is None:
