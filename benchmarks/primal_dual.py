@@ -13,7 +13,8 @@ The static memory bill (shapes only) is ``benchmarks/table_memory.py``.
 synthetic clients (``femnist_like``: 50-200 examples of 28x28x1, 62 classes) with an
 MLP 784-1024-256-62 (1,082,174 parameters), cohort 10, through ``runner.run`` (two
 chunks, evaluation of every client after each). Each table form runs in its own
-subprocess, which reports its peak resident memory (``VmHWM`` of /proc/self/status),
+subprocess (with a checkpoint directory, so the runner donates the state to each
+chunk program, as the CLI does), which reports its peak resident memory (``VmHWM`` of /proc/self/status),
 its resident memory once the data are built, the runner's seconds per round (run
 time only: no compile, no evaluation) and ``RunResult.client_table``; FedAvg on the
 same setup is the no-table baseline. The final parameters (theta and theta-bar) of
@@ -129,9 +130,12 @@ def live_worker(table: str, num_clients: int, rounds: int, hidden, out: str) -> 
     alg = (fedavg(model, weight_by_size=False, **common) if table == "fedavg"
            else afedpd(model, rho=0.1, client_table=table.split("+")[0], **common))
     plan = []
+    # With a checkpoint directory the runner donates the state to each chunk program
+    # (tables updated in place; the last good state lives in the checkpoint), as the
+    # CLI does by default.
     res = runner.run(alg, params, ds.host_data, jax.random.key(1), model=model,
                      num_rounds=rounds, cohort_size=COHORT, eval_every=max(1, rounds // 2),
-                     progress=False, log=plan.append)
+                     progress=False, log=plan.append, checkpoint_dir=out + "_ckpt")
     st = proc_status()
     state = res.state
     avg = state.aggregator_state.average if table != "fedavg" else state.params

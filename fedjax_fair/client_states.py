@@ -33,8 +33,9 @@ Storage precision: ``dense(dtype=jnp.bfloat16)`` / ``lazy(..., dtype=...)`` (tex
 "dense:bf16", "lazy:bf16", "lazy:500:bf16") store the rows' floating leaves in a
 narrower type and gather them back as float32; the lazy form keeps its drift offset
 and the initial row in full precision, so only each client's deviation from the
-common drift is rounded, once per write. ``benchmarks/table_memory.py`` measures
-the effect on A-FedPD.
+common drift is rounded, once per write. 16-bit types are held as their uint16 bits
+(XLA:CPU scatters into a bfloat16 array by widening all of it to float32).
+``benchmarks/primal_dual.py bf16`` measures the effect on A-FedPD.
 """
 from __future__ import annotations
 
@@ -82,19 +83,37 @@ def scatter(rows, client_ids, new_rows, client_mask):
     return jax.tree.map(lambda t, r: t.at[ids].set(r, mode="drop"), rows, new_rows)
 
 
-def _stored(row, dtype):
-    """``row`` with its floating leaves cast to the storage ``dtype`` (None: as is)."""
+def _encode(x, dtype):
+    """A floating leaf in the storage ``dtype`` (None: as is). 16-bit floats are held as
+    their uint16 bits: XLA:CPU scatters into a bfloat16 array by widening the whole
+    array to float32 and back every round, an integer scatter touches the rows only."""
+    if dtype is None or not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    x = x.astype(dtype)
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if dtype.itemsize == 2 else x
+
+
+def _decode(x, dtype):
+    """A stored leaf read back: float32 where it was stored in ``dtype``."""
     if dtype is None:
-        return row
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                        else x, row)
+        return x
+    if dtype.itemsize == 2 and x.dtype == jnp.uint16:
+        return jax.lax.bitcast_convert_type(x, dtype).astype(jnp.float32)
+    return x.astype(jnp.float32) if x.dtype == dtype else x
+
+
+def _stored(row, dtype):
+    """``row`` as stored in a table of storage ``dtype``."""
+    if dtype is not None and dtype.itemsize == 2 and any(
+            x.dtype == jnp.uint16 for x in jax.tree.leaves(row)):
+        raise ValueError("dtype: a 16-bit storage type holds floats as uint16 bits, so a row "
+                         "cannot have uint16 leaves of its own; store it in float32")
+    return jax.tree.map(lambda x: _encode(jnp.asarray(x), dtype), row)
 
 
 def _widened(rows, dtype):
     """Rows read from storage of ``dtype``: those leaves back to float32."""
-    if dtype is None:
-        return rows
-    return jax.tree.map(lambda x: x.astype(jnp.float32) if x.dtype == dtype else x, rows)
+    return jax.tree.map(lambda x: _decode(x, dtype), rows)
 
 
 def _row_bytes(row) -> int:
@@ -130,14 +149,15 @@ def dense(dtype=None) -> ClientTable:
         n = table.last_round.shape[0]
         ids = _write_ids(client_ids, client_mask, n)
         last = table.last_round.at[ids].set(jnp.asarray(round_, jnp.int32), mode="drop")
-        new_rows = jax.tree.map(lambda t, r: r.astype(t.dtype), table.rows, new_rows)
+        new_rows = jax.tree.map(lambda t, r: _encode(r, dtype).astype(t.dtype), table.rows,
+                                new_rows)
         return DenseTable(scatter(table.rows, client_ids, new_rows, client_mask), last)
 
     def drift(table: DenseTable, delta) -> DenseTable:
         # delta is row-shaped: add it to every row with an explicit leading axis (an
         # implicit rank promotion fails under jax_numpy_rank_promotion="raise").
-        rows = jax.tree.map(lambda t, d: (t + jnp.asarray(d)[None]).astype(t.dtype),
-                            table.rows, delta)
+        rows = jax.tree.map(lambda t, d: _encode(_decode(t, dtype) + jnp.asarray(d)[None],
+                                                 dtype).astype(t.dtype), table.rows, delta)
         return table._replace(rows=rows)
 
     def memory(table: DenseTable) -> dict:
@@ -196,7 +216,7 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
 
         def row(s, init, off):
             pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim),
-                             s.astype(init.dtype), init[None])
+                             _decode(s, dtype).astype(init.dtype), init[None])
             return pick + off[None]
 
         return jax.tree.map(row, stored, table.initial, table.offset)
@@ -217,7 +237,8 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
         writable = client_mask & (rows_slot >= 0)
         targets = jnp.where(writable, rows_slot, cap)
         rows = jax.tree.map(lambda t, r, off: t.at[targets].set(
-            (r - off[None]).astype(t.dtype), mode="drop"), table.rows, new_rows, table.offset)
+            _encode(r - off[None], dtype).astype(t.dtype), mode="drop"), table.rows, new_rows,
+            table.offset)
         last = table.last_round.at[_write_ids(client_ids, writable, n)].set(
             jnp.asarray(round_, jnp.int32), mode="drop")
         overflow = table.overflow | jnp.any(client_mask & (rows_slot < 0))

@@ -175,7 +175,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         on_eval: Optional[Callable[[dict], None]] = None, description: str = "",
         placement: str = "auto", memory_limit: Optional[int] = None,
         log: Optional[Callable[[str], None]] = None, execution="auto",
-        on_rounds: Optional[Callable[[int, dict], None]] = None) -> RunResult:
+        on_rounds: Optional[Callable[[int, dict], None]] = None,
+        donate: Optional[bool] = None) -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     After every chunk all clients are evaluated on their test split — the global
@@ -188,6 +189,13 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     continues from it and gives the same result as an uninterrupted run. If the
     parameters become NaN/inf, ``NonFiniteError`` is raised with the round number;
     the last good state stays in the checkpoint (and on the exception).
+
+    ``donate`` (default: when ``checkpoint_dir`` is set): each chunk program takes the
+    server state's buffers over (``donate_argnums``), so client tables are updated in
+    place instead of copied, and peak memory holds one state, not two (A-FedPD's dual
+    table at N = 1000: docs/performance.md). The chunk's input state is then gone; a
+    non-finite chunk's last good state is read back from the checkpoint, which is why
+    donating needs ``checkpoint_dir``.
 
     Placement (memory.py): ``"device"`` moves the federation to the device;
     ``"host"`` keeps it in host memory and, per chunk, gathers the sampled cohorts
@@ -228,6 +236,14 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
     execution = as_execution(execution)
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
+    if donate is None:
+        donate = checkpoint_dir is not None
+    elif not isinstance(donate, bool):
+        raise TypeError(f"donate: must be True, False or None, got {donate!r}")
+    elif donate and checkpoint_dir is None:
+        raise ValueError("donate: a donated chunk consumes its input state, so the last good "
+                         "state before a NaN is kept only in the checkpoint; give "
+                         "checkpoint_dir or donate=False")
     state = algorithm.init(params, num_clients)
     history: list = []
     round_log: dict = {}
@@ -268,17 +284,20 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         if name not in compiled:
             bar.set_postfix_str("compiling")
             t = time.perf_counter()
+            donated = (0,) if donate else ()
             if padded_size is None:
                 fn = jax.jit(lambda s, d, k, b: simulate(
                     algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
-                    sampler=sampler, step_budgets=drawn or b, execution=execution))
+                    sampler=sampler, step_budgets=drawn or b, execution=execution),
+                    donate_argnums=donated)
                 args = (state, _abstract(data), key, step_budgets)
             else:
                 fn = jax.jit(lambda s, c, k: simulate_cohorts(algorithm, s, c, k,
-                                                               execution=execution))
+                                                               execution=execution),
+                             donate_argnums=donated)
                 args = (state, _cohort_shapes(data.train, length, cohort_size, padded_size), key)
             signature = (algorithm, length, padded_size, cohort_size, sampler, drawn,
-                         execution, _signature(args))
+                         execution, donate, _signature(args))
             compiled[name] = _PROGRAMS.get(signature)
             if compiled[name] is None:  # not compiled by an earlier run of this process
                 compiled[name] = fn.lower(*args).compile()
@@ -347,6 +366,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
             save(state)
 
     per_client = None
+    if donate:  # the program may consume only buffers the state alone owns
+        state = _own_buffers(state, params)
     while int(state.round) < num_rounds:
         r0 = int(state.round)
         length = min(eval_every, num_rounds - r0)
@@ -371,6 +392,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
             bad = r0 + int(np.argmin(finite)) + 1
             bar.close()
             where = f", saved in {checkpoint_dir}" if checkpoint_dir else ""
+            if donate:  # the chunk consumed its input: the checkpoint holds it
+                state, _ = ckpt.restore(checkpoint_dir, algorithm.init(params, num_clients))
             raise NonFiniteError(bad, r0, state, where)
         _check_table(new_state)
         state = new_state
@@ -520,6 +543,21 @@ def _check_meta(meta, directory: str) -> None:
         raise ValueError(f"checkpoint: meta.json in {directory!r} is unreadable or corrupt "
                          f"(no evaluation history with rounds); the run cannot resume from "
                          f"it (start it again)")
+
+
+def _own_buffers(state, params):
+    """``state`` with a private copy of every leaf that is one of the caller's
+    ``params`` or appears twice in it (an aggregator keeping theta^0 as its average),
+    so donating the state never deletes an array someone else holds."""
+    theirs = {id(x) for x in jax.tree.leaves(params)}
+    seen: set = set()
+
+    def own(x):
+        shared = id(x) in theirs or id(x) in seen
+        seen.add(id(x))
+        return jnp.array(x, copy=True) if shared else x
+
+    return jax.tree.map(own, state)
 
 
 def check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size: int,

@@ -176,9 +176,9 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
 def test_compare_defaults_cover_every_algorithm():
     cfg = cli.config_from_args(cli.build_parser().parse_args(["compare"]), C.CompareConfig)
     C.validate_compare(cfg)
-    # Every algorithm but the full-participation ones (AAggFF-S), which need
+    # Every algorithm but the full-participation ones (AAggFF-S, FedPD), which need
     # --cohort-size N --sampler full.
-    assert cfg.algorithms == [a for a in ALGORITHMS if a != "aaggff_s"]
+    assert cfg.algorithms == [a for a in ALGORITHMS if a not in ("aaggff_s", "fedpd")]
     assert cfg.dataset == "synthetic" and cfg.model == "logreg" and cfg.seeds == [0, 1, 2]
 
 

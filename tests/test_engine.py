@@ -721,6 +721,28 @@ def test_run_stops_on_nan_at_first_bad_round_and_keeps_last_good_state(tmp_path)
     assert [h["round"] for h in meta["history"]] == [0, 2]
 
 
+def test_run_without_checkpoint_keeps_last_good_state_in_memory():
+    """Without a checkpoint the chunks are not donated, so the state before the bad
+    chunk is still there to hand back."""
+    alg = _nan_after(_seq_fedavg(), good_rounds=3)
+    with pytest.raises(NonFiniteError) as info:
+        _run(alg, num_rounds=6, eval_every=2)
+    assert int(info.value.last_good_state.round) == 2
+    assert helpers.tree_all_finite(info.value.last_good_state.params)
+    with pytest.raises(ValueError, match="donate"):
+        _run(_seq_fedavg(), num_rounds=2, donate=True)
+
+
+def test_donated_chunks_give_the_same_run_and_leave_the_callers_arrays_alone(tmp_path):
+    """Donating the state (the default with a checkpoint) changes no result, and the
+    caller's initial parameters, which the state starts out sharing, stay usable."""
+    plain = _run(_seq_fedavg(), num_rounds=4, eval_every=2, donate=False)
+    donated = _run(_seq_fedavg(), num_rounds=4, eval_every=2,
+                   checkpoint_dir=str(tmp_path / "ckpt"))
+    chex.assert_trees_all_equal(donated.state.params, plain.state.params)
+    assert not any(x.is_deleted() for x in jax.tree.leaves(PARAMS))
+
+
 # --------------------------------------------------------------------------------------
 # Samplers.
 
