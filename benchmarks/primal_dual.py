@@ -22,7 +22,7 @@ every A-FedPD table are compared with the dense run's, and with the float32
 sensitivity floor: the dense run started from theta^0 one ulp off (x (1 + 2^-23)).
 
 ``donation``: the live setup's chunk program (``simulate`` of 5 rounds, jitted as
-``runner.run`` jits it, which does not donate) against the same program with the
+``runner.run`` jits it without a checkpoint) against the same program with the
 server state donated (``donate_argnums``): seconds per round (the two alternate, best
 of 3) and XLA's memory analysis (arguments, outputs, temporaries, aliased). Then the
 scatter of 10 rows into 200 stored rows of 784 x 1024 with float32, bfloat16 and
