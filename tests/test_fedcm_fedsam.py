@@ -276,6 +276,7 @@ def test_vmap_over_hyperparameter(x64, name, values):
                                        atol=1e-14)
 
 
+@pytest.mark.slow  # the traced-alpha path is also covered by the vmap test
 def test_grad_in_alpha(x64):
     """d/d alpha of the mean training loss of FedCM's final model: finite, and equal
     to central differences of the forward run (float64)."""
