@@ -74,6 +74,7 @@ class FederatedAlgorithm(NamedTuple):
     personal: Optional[Callable] = None
     client_table: Optional[tables.ClientTable] = None
     evaluated_params: Optional[Callable] = None
+    client_rows: Optional[Callable] = None  # (state, client_ids) -> rows [n, ...]
 
     @property
     def evaluates(self) -> str:
@@ -90,7 +91,8 @@ def compose(client_update: ClientUpdate, *,
             broadcast: Optional[Callable] = None,
             drift: Optional[Callable] = None,
             personal_params: Optional[Callable] = None,
-            evaluated_params: Optional[Callable] = None) -> FederatedAlgorithm:
+            evaluated_params: Optional[Callable] = None,
+            client_state_fresh: Optional[Callable] = None) -> FederatedAlgorithm:
     """Builds a FederatedAlgorithm from pieces.
 
     Args:
@@ -111,6 +113,11 @@ def compose(client_update: ClientUpdate, *,
         algorithm is evaluated personally.
       evaluated_params: ``state -> params``, the global model to evaluate when it is
         not ``state.params`` (e.g. an average the aggregator keeps in its state).
+      client_state_fresh: ``client_id -> row``, the row of a client never written
+        (SuPerFed: a local model of the client's own random initialisation), drawn
+        whenever such a client's row is read, so it is deterministic per client and
+        costs no storage in the lazy table. None: every client starts from
+        ``client_state_init(params)``. Rows that drift cannot be fresh.
     """
     mixing = mixing or by_num_examples()
     aggregator = aggregator or weighted_mean()
@@ -119,6 +126,8 @@ def compose(client_update: ClientUpdate, *,
     stateful = client_state_init is not None
     if (drift is not None or personal_params is not None) and not stateful:
         raise ValueError("client_state_init: drift and personal_params need per-client state")
+    if client_state_fresh is not None and (drift is not None or not stateful):
+        raise ValueError("client_state_fresh: needs per-client state without a drift")
     if personal_params is not None and evaluated_params is not None:
         raise ValueError("evaluated_params: a personalised algorithm evaluates each "
                          "client's own model, not a global one")
@@ -133,7 +142,7 @@ def compose(client_update: ClientUpdate, *,
     def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
         k = cohort.client_ids.shape[0]
         keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(cohort.client_ids)
-        cs = table.gather(state.client_states, cohort.client_ids) if stateful else ()
+        cs = rows(state.client_states, cohort.client_ids) if stateful else ()
         payload = Broadcast(state.params, state.round,
                             broadcast(state) if broadcast is not None else ())
         run_clients = map_clients(lambda b, xs: client_update(b, *xs), execution, k)
@@ -172,12 +181,25 @@ def compose(client_update: ClientUpdate, *,
                                 state.round + 1)
         return new_state, metrics
 
+    def rows(client_states, client_ids):
+        """The clients' rows as they see them (fresh rows for clients never written)."""
+        stored = table.gather(client_states, client_ids)
+        if client_state_fresh is None:
+            return stored
+        never = client_states.last_round[client_ids] < 0
+        fresh = jax.vmap(client_state_fresh)(client_ids)
+        return jax.tree.map(
+            lambda f, r: jnp.where(never.reshape(never.shape + (1,) * (r.ndim - 1)),
+                                   f.astype(r.dtype), r), fresh, stored)
+
     def personal(state: ServerState, client_ids):
-        rows = table.gather(state.client_states, client_ids)
-        return jax.vmap(personal_params, in_axes=(None, 0))(state.params, rows)
+        return jax.vmap(personal_params, in_axes=(None, 0))(state.params,
+                                                            rows(state.client_states, client_ids))
 
     return FederatedAlgorithm(init, apply, personal if personal_params is not None else None,
-                              table if stateful else None, evaluated_params)
+                              table if stateful else None, evaluated_params,
+                              (lambda state, ids: rows(state.client_states, ids)) if stateful
+                              else None)
 
 
 def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:

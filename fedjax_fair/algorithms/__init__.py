@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple, Optional
 from fedjax_fair.algorithms import aaggff as _aaggff
 from fedjax_fair.algorithms import afedpd as _afedpd
 from fedjax_fair.algorithms import afl as _afl
+from fedjax_fair.algorithms import apfl as _apfl
 from fedjax_fair.algorithms import ditto as _ditto
 from fedjax_fair.algorithms import dqn_fed as _dqn_fed
 from fedjax_fair.algorithms import fedadmm as _fedadmm
@@ -31,15 +32,21 @@ from fedjax_fair.algorithms import fednl as _fednl
 from fedjax_fair.algorithms import fedopt as _fedopt
 from fedjax_fair.algorithms import fedpd as _fedpd
 from fedjax_fair.algorithms import fedprox as _fedprox
+from fedjax_fair.algorithms import fedrep as _fedrep
+from fedjax_fair.algorithms import finetune as _finetune
+from fedjax_fair.algorithms import lg_fedavg as _lg_fedavg
+from fedjax_fair.algorithms import pfedme as _pfedme
 from fedjax_fair.algorithms import propfair as _propfair
 from fedjax_fair.algorithms import qffl as _qffl
 from fedjax_fair.algorithms import fedsam as _fedsam
 from fedjax_fair.algorithms import scaffold as _scaffold
+from fedjax_fair.algorithms import superfed as _superfed
 from fedjax_fair.algorithms import fedspeed as _fedspeed
 from fedjax_fair.algorithms import term as _term
 from fedjax_fair.algorithms.aaggff import aaggff_d, aaggff_s
 from fedjax_fair.algorithms.afedpd import afedpd, afedpd_sam
 from fedjax_fair.algorithms.afl import afl
+from fedjax_fair.algorithms.apfl import apfl
 from fedjax_fair.algorithms.ditto import ditto
 from fedjax_fair.algorithms.dqn_fed import dqn_fed
 from fedjax_fair.algorithms.fedadmm import fedadmm
@@ -55,11 +62,16 @@ from fedjax_fair.algorithms.fednl import fednl, fednl_pp
 from fedjax_fair.algorithms.fedopt import fedadagrad, fedadam, fedavgm, fedyogi
 from fedjax_fair.algorithms.fedpd import fedpd
 from fedjax_fair.algorithms.fedprox import fedprox
+from fedjax_fair.algorithms.fedrep import fedper, fedrep
+from fedjax_fair.algorithms.finetune import fedavg_ft
+from fedjax_fair.algorithms.lg_fedavg import lg_fedavg
+from fedjax_fair.algorithms.pfedme import pfedme
 from fedjax_fair.algorithms.fedsam import fedsam
 from fedjax_fair.algorithms.fedspeed import fedspeed
 from fedjax_fair.algorithms.propfair import propfair
 from fedjax_fair.algorithms.qffl import qffl
 from fedjax_fair.algorithms.scaffold import scaffold
+from fedjax_fair.algorithms.superfed import superfed
 from fedjax_fair.algorithms.term import term
 from fedjax_fair.hparams import Range
 
@@ -121,6 +133,13 @@ REGISTRY = {
     "fedspeed": Method(fedspeed, _fedspeed.HPARAMS),
     "fedsam": Method(fedsam, _fedsam.HPARAMS),
     "fedcm": Method(fedcm, _fedcm.HPARAMS),
+    "superfed": Method(superfed, _superfed.HPARAMS),
+    "apfl": Method(apfl, _apfl.HPARAMS),
+    "pfedme": Method(pfedme, _pfedme.HPARAMS),
+    "fedper": Method(fedper, _fedrep.FEDPER_HPARAMS),
+    "fedrep": Method(fedrep, _fedrep.HPARAMS),
+    "lg_fedavg": Method(lg_fedavg, _lg_fedavg.HPARAMS),
+    "fedavg_ft": Method(fedavg_ft, _finetune.HPARAMS),
 }
 
 ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
@@ -162,7 +181,8 @@ def method_hparams(name: str) -> dict:
 
 
 __all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
-           "afedpd_sam", "afl", "fedadmm", "fedcm", "fedpd", "fedsam", "fedspeed",
+           "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedpd", "fedper", "fedrep",
+           "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
            "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
            "method_hparams", "propfair", "qffl", "scaffold", "term"]

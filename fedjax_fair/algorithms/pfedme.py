@@ -1,0 +1,158 @@
+"""pFedMe — Dinh, Tran, Nguyen, "Personalized Federated Learning with Moreau
+Envelopes", NeurIPS 2020 (arXiv:2006.08848), Algorithm 1.
+
+Client i's personal model theta_i solves the Moreau-envelope problem around its
+local copy w_i of the global model,
+
+    theta_i(w_i) = argmin_theta  f_i(theta) + (lambda / 2) ||theta - w_i||^2.
+
+When sampled, client i sets w_{i,0} = w^t and takes R local steps; local step r
+draws one minibatch D and
+
+    theta~ <- K gradient steps on h_i(theta; w_{i,r}, D) = f_i(theta; D)
+              + (lambda / 2) ||theta - w_{i,r}||^2  at the personal rate:
+              theta <- theta - personal_lr (grad f_i(theta; D) + lambda (theta - w_{i,r})),
+    w_{i,r+1} = w_{i,r} - eta lambda (w_{i,r} - theta~).
+
+The server moves the global model towards the cohort's average local model:
+
+    w^{t+1} = (1 - beta) w^t + beta sum_{i in S} p_i w_{i,R}
+            = w^t - beta sum_i p_i (w^t - w_{i,R}),
+
+i.e. ``optax.sgd(beta)`` on FedAvg's aggregated pseudo-gradient (beta = 1: FedAvg's
+averaging). p_i = n_i / sum n_j as in the authors' code (``weight_by_size=False``: the
+paper's 1 / |S|). The algorithm is evaluated personally on theta_i, the last personal
+solution of client i (its row; theta_i^0 = w^0; a client that takes no step keeps its
+row).
+
+The paper leaves the inner solver's starting point open. ``warm_start=True`` (default,
+as the authors' implementation) continues from the previous step's theta~ (w^t at the
+first step of a round); ``warm_start=False`` restarts it at w_{i,r} every step. With
+``warm_start=False`` and K = 1, a local step is w <- w - eta lambda personal_lr
+grad f_i(w; D): FedAvg at client rate eta lambda personal_lr. With lambda = 0 the global
+model never moves and theta_i is plain local SGD from w^t (each batch K times).
+Only the sampled clients train (the paper's Algorithm 1 lets every client train and
+samples S for the average; they coincide for the aggregated model).
+
+Pieces: a client update with its own masked local loop (the same batches, masking and
+step budget as ``client.local_sgd``, whose single gradient per step cannot hold the K
+inner steps); FedAvg's mixing and aggregator; the server optimizer ``optax.sgd(beta)``;
+theta_i is the client's row, read by ``personal_params``. The client's
+``train_loss`` is the mean loss, over its last local epoch, of the inner solver's
+starting point of each step (the personal model before its K steps).
+
+Symbols -> arguments: lambda = ``lam`` (paper: 15 on MNIST, 20 on Synthetic; may be
+traced), K = ``inner_steps`` (5), personal learning rate = ``personal_lr`` (0.01 - 0.1),
+eta = ``client_lr`` (0.005), beta = ``beta`` (1 or 2; may be traced), R = the local
+steps, E ceil(n_i / B) capped by ``max_steps`` (E = ``num_epochs``, B = ``batch_size``,
+20 in the paper).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_fair import execution
+from fedjax_fair import hparams as H
+from fedjax_fair.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
+from fedjax_fair.client import (batch_from_orders, data_loss, epoch_order, max_local_steps,
+                                round_value, skip_past, steps_per_epoch)
+from fedjax_fair.mixing import prior
+from fedjax_fair.types import Broadcast, ClientData, ClientOutput
+
+HPARAMS = {"lam": H.NONNEGATIVE, "inner_steps": H.COUNT, "personal_lr": H.POSITIVE,
+           "beta": H.POSITIVE, **CLIENT_HPARAMS}
+
+
+def _axpy(x, a, y):
+    """x + a y leaf by leaf, in x's dtypes (a may be a traced scalar)."""
+    return jax.tree.map(lambda u, v: (u + a * v).astype(u.dtype), x, y)
+
+
+def _sub(x, y):
+    return jax.tree.map(jnp.subtract, x, y)
+
+
+def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate = 0.1,
+           beta: float = 1.0, client_lr: Rate = 0.005, batch_size: int = 20,
+           num_epochs: int = 1, max_steps: Optional[int] = None, warm_start: bool = True,
+           client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
+    """pFedMe (Algorithm 1): bi-level local steps (K inner steps on the personal
+    problem, then the local-model step), server step beta towards the cohort's average;
+    evaluated personally on each client's last personal model theta_i.
+
+    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the personal models."""
+    H.check(HPARAMS, lam=lam, inner_steps=inner_steps, beta=beta)
+    if not callable(personal_lr):
+        HPARAMS["personal_lr"].check("personal_lr", personal_lr)
+    if not isinstance(warm_start, bool):
+        raise ValueError(f"warm_start: must be a bool, got {warm_start!r}")
+    check_client(client_lr, batch_size, num_epochs, max_steps)
+    unroll = execution.local_step_unroll(model.uses_xla_conv)
+
+    def batch_objective(theta, batch, batch_mask, key):
+        """(masked mean of f over the batch, its sum over the real rows)."""
+        per_example = jnp.where(batch_mask, model.per_example_loss(theta, batch, key), 0.0)
+        total = jnp.sum(per_example)
+        return total / jnp.maximum(jnp.sum(batch_mask), 1), total
+
+    grad_fn = jax.grad(batch_objective, has_aux=True)
+
+    def client_update(broadcast: Broadcast, personal, data: ClientData, local_steps, key):
+        eta = round_value(client_lr, broadcast.round)
+        rate = round_value(personal_lr, broadcast.round)
+        shuffle_key, dropout_key = jax.random.split(key)
+        length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
+        num_steps = jnp.minimum(jnp.minimum(local_steps, length),
+                                num_epochs * steps_per_epoch(data.num_examples, batch_size))
+        orders = jax.vmap(lambda e: epoch_order(data, shuffle_key, e, batch_size))(
+            jnp.arange(num_epochs))
+        spe = jnp.maximum(steps_per_epoch(data.num_examples, batch_size), 1)
+        last_epoch_start = jnp.maximum(num_steps - 1, 0) // spe * spe
+
+        def local_step(carry, t):
+            w, theta, loss_sum = carry
+            batch, batch_mask = batch_from_orders(data, orders, t, batch_size)
+            step_key = jax.random.fold_in(dropout_key, t)
+
+            def inner(inner_carry, j):
+                th, first = inner_carry
+                g, total = grad_fn(th, batch, batch_mask, jax.random.fold_in(step_key, j))
+                # theta <- theta - personal_lr (grad f(theta; D) + lambda (theta - w))
+                th = _axpy(th, -rate, jax.tree.map(lambda gi, a, b: gi + lam * (a - b),
+                                                   g, th, w))
+                return (th, jnp.where(j == 0, total.astype(first.dtype), first)), None
+
+            start = theta if warm_start else w
+            (theta, first_loss), _ = jax.lax.scan(
+                inner, (start, jnp.zeros((), jnp.float32)), jnp.arange(inner_steps))
+            w = _axpy(w, -eta * lam, _sub(w, theta))  # w - eta lambda (w - theta~)
+            loss_sum = loss_sum + jnp.where(t >= last_epoch_start, first_loss,
+                                            0.0).astype(loss_sum.dtype)
+            return w, theta, loss_sum
+
+        def step(carry, t):
+            return skip_past(num_steps, local_step, carry, t), None
+
+        carry = (broadcast.params, broadcast.params, jnp.zeros((), jnp.float32))
+        (w, theta, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(length), unroll=unroll)
+        last_epoch_rows = jnp.minimum(data.num_examples,
+                                      (num_steps - last_epoch_start) * batch_size)
+        new_personal = jax.tree.map(lambda new, old: jnp.where(num_steps > 0, new, old),
+                                    theta, personal)
+        output = ClientOutput(
+            delta=_sub(broadcast.params, w),
+            loss_before=data_loss(model, broadcast.params, data,
+                                  execution.loss_chunk_size_here()),
+            num_examples=data.num_examples, num_steps=num_steps,
+            train_loss=loss_sum / jnp.maximum(last_epoch_rows, 1))
+        return output, new_personal
+
+    return compose(client_update, mixing=prior(weight_by_size),
+                   server_optimizer=optax.sgd(beta),
+                   client_state_init=lambda params: params, client_table=client_table,
+                   personal_params=lambda server_params, personal: personal)
