@@ -31,9 +31,15 @@ def _sf(**kw):
     return superfed(MODEL, **args)
 
 
+_APPLY: dict = {}
+
+
 def _round(alg, state, ids=IDS, key=jax.random.key(1), execution="auto"):
-    return jax.jit(lambda s: alg.apply(s, helpers.cohort(DATA.train, ids), key, execution))(
-        state)
+    """One round of ``alg`` on clients ``ids``; one compiled program per algorithm and
+    strategy (the cohort and key are arguments)."""
+    if (alg, execution) not in _APPLY:
+        _APPLY[alg, execution] = jax.jit(lambda s, c, k: alg.apply(s, c, k, execution))
+    return _APPLY[alg, execution](state, helpers.cohort(DATA.train, ids), key)
 
 
 def _rows(alg, state, ids=range(N)):
