@@ -353,6 +353,38 @@ def _improved_kernel(before: Array, after: Array, m: Array) -> Array:
     return jnp.where(count == 0, 0, hits / jnp.where(count == 0, 1, count))
 
 
+def calibration_errors(logits, labels, mask=None, num_bins: int = 15) -> tuple[Array, Array]:
+    """(ECE, MCE) of one client's predictions (Guo, Pleiss, Sun, Weinberger, "On
+    Calibration of Modern Neural Networks", ICML 2017, arXiv:1706.04599).
+
+    Confidence is the max softmax probability of each row of ``logits`` [n, C]; rows
+    fall into ``num_bins`` equal-width bins of (0, 1] (the spec's 15, spec/superfed.md
+    §5), and with acc_b / conf_b the accuracy and mean confidence of bin b,
+
+        ECE = sum_b (|B_b| / n) |acc_b - conf_b|,   MCE = max_b |acc_b - conf_b|
+
+    over the rows with ``mask`` True (padded rows never count); empty bins do not
+    enter either. No real rows: (0, 0). Jittable and vmappable over clients.
+    """
+    logits = jnp.asarray(logits)
+    labels = jnp.asarray(labels)
+    m = jnp.ones(labels.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    probs = jax.nn.softmax(logits, axis=-1)
+    conf = jnp.max(probs, axis=-1)
+    correct = (jnp.argmax(probs, axis=-1) == labels).astype(conf.dtype)
+    # bin b holds confidences in (b / B, (b + 1) / B]
+    bins = jnp.clip(jnp.ceil(conf * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
+    w = m.astype(conf.dtype)
+    count = jax.ops.segment_sum(w, bins, num_segments=num_bins)
+    acc_sum = jax.ops.segment_sum(w * correct, bins, num_segments=num_bins)
+    conf_sum = jax.ops.segment_sum(w * conf, bins, num_segments=num_bins)
+    gap = jnp.abs(acc_sum - conf_sum) / jnp.maximum(count, 1)
+    n = jnp.maximum(jnp.sum(w), 1)
+    ece = jnp.sum(count * gap) / n
+    mce = jnp.max(jnp.where(count > 0, gap, 0.0))
+    return ece, mce
+
+
 # ------------------------------------------------------------------- host helpers
 
 

@@ -315,3 +315,37 @@ def test_select_evaluation_picks_the_first_best_finite_entry():
     assert M.select_evaluation([{"round": 0, "accuracy_mean": 0.3}]) is None
     with pytest.raises(ValueError, match="mode"):
         M.select_evaluation(history, mode="best")
+
+
+def test_calibration_errors_match_a_literal_binning():
+    """ECE / MCE with 15 equal-width bins against a plain NumPy loop; padded rows
+    (mask False) never count; a perfectly calibrated toy set gives 0."""
+    from fedjax_fair.metrics import calibration_errors
+    rng = np.random.default_rng(0)
+    logits = rng.normal(scale=2.0, size=(200, 5)).astype(np.float32)
+    labels = rng.integers(0, 5, size=200)
+    mask = np.arange(200) < 170
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    conf, pred = p.max(1), p.argmax(1)
+    ece, mce, n = 0.0, 0.0, mask.sum()
+    for b in range(15):
+        inside = mask & (conf > b / 15) & (conf <= (b + 1) / 15)
+        if inside.any():
+            gap = abs((pred[inside] == labels[inside]).mean() - conf[inside].mean())
+            ece += inside.sum() / n * gap
+            mce = max(mce, gap)
+    got = calibration_errors(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))
+    np.testing.assert_allclose([float(got[0]), float(got[1])], [ece, mce], rtol=1e-5, atol=1e-6)
+    garbage = logits.copy()
+    garbage[170:] = 1e4  # padded rows: anything
+    again = calibration_errors(jnp.asarray(garbage), jnp.asarray(labels), jnp.asarray(mask))
+    np.testing.assert_allclose([float(a) for a in again], [float(g) for g in got], rtol=1e-6)
+    # two classes, confidence 0.75 and exactly 3 of 4 right: calibrated
+    two = jnp.log(jnp.asarray([[3.0, 1.0]] * 4))
+    ece0, mce0 = calibration_errors(two, jnp.asarray([0, 0, 0, 1]))
+    assert float(ece0) < 1e-6 and float(mce0) < 1e-6
+    per_client = jax.vmap(calibration_errors)(jnp.stack([logits[:100], logits[100:]]),
+                                              jnp.stack([labels[:100], labels[100:]]),
+                                              jnp.stack([mask[:100], mask[100:]]))
+    assert per_client[0].shape == (2,)
