@@ -178,6 +178,47 @@ def round_value(value, round_):
     return value(round_) if callable(value) else value
 
 
+def masked_steps(step: Callable, carry, data: ClientData, local_steps, key, *,
+                 batch_size: int, num_epochs: int = 1, max_steps: Optional[int] = None,
+                 unroll: int | bool = 1):
+    """The client's masked minibatch schedule, around any step rule.
+
+    Runs ``step(carry, batch, batch_mask, step_key) -> (carry, batch_loss_sum)`` for
+    ``min(local_steps, E ceil(n / B))`` steps, in one ``lax.scan`` of static length
+    ``max_local_steps(M, B, E, max_steps)`` (steps past the count keep the carry, see
+    ``skip_past``), on the epoch-shuffled batches of ``batch_from_orders``; the step
+    key is ``fold_in(dropout key, t)``. Returns ``(carry, num_steps, train_loss)``,
+    ``train_loss`` the summed batch losses of the last epoch run over its real rows.
+    ``local_sgd`` is one optimizer step per batch; pFedMe nests an inner solve.
+    """
+    shuffle_key, dropout_key = jax.random.split(key)
+    length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
+    num_steps = jnp.minimum(jnp.minimum(local_steps, length),
+                            num_epochs * steps_per_epoch(data.num_examples, batch_size))
+    orders = jax.vmap(lambda e: epoch_order(data, shuffle_key, e, batch_size))(
+        jnp.arange(num_epochs))
+    # The last epoch the client runs starts at this step; its batches' losses are
+    # summed into the train_loss statistic.
+    spe = jnp.maximum(steps_per_epoch(data.num_examples, batch_size), 1)
+    last_epoch_start = jnp.maximum(num_steps - 1, 0) // spe * spe
+
+    def one_step(state, t):
+        inner, loss_sum = state
+        batch, batch_mask = batch_from_orders(data, orders, t, batch_size)
+        inner, batch_loss_sum = step(inner, batch, batch_mask, jax.random.fold_in(dropout_key, t))
+        loss_sum = loss_sum + jnp.where(t >= last_epoch_start, batch_loss_sum,
+                                        0.0).astype(loss_sum.dtype)
+        return inner, loss_sum
+
+    def scan_step(state, t):
+        return skip_past(num_steps, one_step, state, t), None
+
+    (carry, loss_sum), _ = jax.lax.scan(scan_step, (carry, jnp.zeros((), jnp.float32)),
+                                        jnp.arange(length), unroll=unroll)
+    last_epoch_rows = jnp.minimum(data.num_examples, (num_steps - last_epoch_start) * batch_size)
+    return carry, num_steps, loss_sum / jnp.maximum(last_epoch_rows, 1)
+
+
 def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
               max_steps: Optional[int] = None, regularizer: Optional[Callable] = None,
               unroll: int | bool = 1, batch_loss: Optional[Callable] = None,
@@ -225,35 +266,16 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
             return grads, loss_sum
 
     def train(params, optimizer, data: ClientData, local_steps, key, reg_args=()):
-        shuffle_key, dropout_key = jax.random.split(key)
-        length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
-        num_steps = jnp.minimum(jnp.minimum(local_steps, length),
-                                num_epochs * steps_per_epoch(data.num_examples, batch_size))
-        orders = jax.vmap(lambda e: epoch_order(data, shuffle_key, e, batch_size))(
-            jnp.arange(num_epochs))
-        # The last epoch the client runs starts at this step; its batches' losses are
-        # summed into the train_loss statistic.
-        spe = jnp.maximum(steps_per_epoch(data.num_examples, batch_size), 1)
-        last_epoch_start = jnp.maximum(num_steps - 1, 0) // spe * spe
-
-        def sgd_step(carry, t):
-            params, opt_state, loss_sum = carry
-            batch, batch_mask = batch_from_orders(data, orders, t, batch_size)
-            grads, batch_loss_sum = grad_fn(params, batch, batch_mask,
-                                            jax.random.fold_in(dropout_key, t), reg_args)
+        def sgd_step(carry, batch, batch_mask, step_key):
+            params, opt_state = carry
+            grads, batch_loss_sum = grad_fn(params, batch, batch_mask, step_key, reg_args)
             updates, opt_state = optimizer.update(grads, opt_state, params)
-            loss_sum = loss_sum + jnp.where(t >= last_epoch_start, batch_loss_sum,
-                                            0.0).astype(loss_sum.dtype)
-            return optax.apply_updates(params, updates), opt_state, loss_sum
+            return (optax.apply_updates(params, updates), opt_state), batch_loss_sum
 
-        def step(carry, t):
-            return skip_past(num_steps, sgd_step, carry, t), None
-
-        carry = (params, optimizer.init(params), jnp.zeros((), jnp.float32))
-        (params, _, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(length), unroll=unroll)
-        last_epoch_rows = jnp.minimum(data.num_examples,
-                                      (num_steps - last_epoch_start) * batch_size)
-        return params, num_steps, loss_sum / jnp.maximum(last_epoch_rows, 1)
+        (params, _), num_steps, train_loss = masked_steps(
+            sgd_step, (params, optimizer.init(params)), data, local_steps, key,
+            batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps, unroll=unroll)
+        return params, num_steps, train_loss
 
     return train
 

@@ -115,6 +115,22 @@ def cohort(data: ClientData, ids, budgets=None, mask=None) -> Cohort:
                   client_mask=mask, local_steps=budgets)
 
 
+def stacked_cohorts(train: ClientData, rounds) -> Cohort:
+    """One ``cohort(train, ids, budgets, mask)`` per ``(ids, mask, budgets)`` of
+    ``rounds``, stacked along a leading round axis (for a ``lax.scan`` over rounds)."""
+    cohorts = [cohort(train, ids, budgets, mask) for ids, mask, budgets in rounds]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *cohorts)
+
+
+def in_default_float(train: ClientData, params):
+    """``train``'s inputs and ``params`` in the current default float (float64 under
+    x64; the float32 values are exact there)."""
+    dtype = jnp.result_type(float)
+    train = train._replace(examples={**train.examples,
+                                     "x": jnp.asarray(train.examples["x"], dtype)})
+    return train, jax.tree.map(lambda v: jnp.asarray(v, dtype), params)
+
+
 def logreg():
     return logistic_regression((NUM_FEATURES,), NUM_CLASSES)
 

@@ -77,17 +77,11 @@ def x64():
 def _federation():
     """(train ClientData, params) in the current precision (float32 values, exact in
     float64)."""
-    train = DATA.train
-    dtype = jnp.result_type(float)
-    train = train._replace(examples={"x": jnp.asarray(train.examples["x"], dtype),
-                                     "y": train.examples["y"]})
-    params = jax.tree.map(lambda v: jnp.asarray(v, dtype), helpers.init_params(MODEL, 1))
-    return train, params
+    return helpers.in_default_float(DATA.train, helpers.init_params(MODEL, 1))
 
 
 def _cohorts(train):
-    cohorts = [helpers.cohort(train, ids, budgets, mask) for ids, mask, budgets in ROUNDS]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *cohorts)
+    return helpers.stacked_cohorts(train, ROUNDS)
 
 
 def _run(algorithm, params, cohorts):

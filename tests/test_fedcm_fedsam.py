@@ -76,18 +76,12 @@ def _arrays():
 def _federation():
     """(train ClientData [N, M], params) in the current precision (float32 values,
     exact in float64)."""
-    train = helpers.pack(_arrays())
-    dtype = jnp.result_type(float)
-    train = train._replace(examples={"x": jnp.asarray(train.examples["x"], dtype),
-                                     "y": train.examples["y"]})
-    params = jax.tree.map(lambda v: jnp.asarray(v, dtype), helpers.init_params(MODEL, 1))
-    return train, params
+    return helpers.in_default_float(helpers.pack(_arrays()), helpers.init_params(MODEL, 1))
 
 
 def _cohorts(train):
     """The ROUNDS stacked along a leading round axis (for ``lax.scan``)."""
-    cohorts = [helpers.cohort(train, ids, budgets, mask) for ids, mask, budgets in ROUNDS]
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *cohorts)
+    return helpers.stacked_cohorts(train, ROUNDS)
 
 
 def _run(algorithm, params, cohorts):

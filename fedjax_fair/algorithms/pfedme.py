@@ -59,8 +59,7 @@ from fedjax_fair import execution
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
-from fedjax_fair.client import (batch_from_orders, data_loss, epoch_order, max_local_steps,
-                                round_value, skip_past, steps_per_epoch)
+from fedjax_fair.client import data_loss, masked_steps, round_value
 from fedjax_fair.mixing import prior
 from fedjax_fair.types import Broadcast, ClientData, ClientOutput
 
@@ -105,19 +104,9 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
     def client_update(broadcast: Broadcast, personal, data: ClientData, local_steps, key):
         eta = round_value(client_lr, broadcast.round)
         rate = round_value(personal_lr, broadcast.round)
-        shuffle_key, dropout_key = jax.random.split(key)
-        length = max_local_steps(data.mask.shape[0], batch_size, num_epochs, max_steps)
-        num_steps = jnp.minimum(jnp.minimum(local_steps, length),
-                                num_epochs * steps_per_epoch(data.num_examples, batch_size))
-        orders = jax.vmap(lambda e: epoch_order(data, shuffle_key, e, batch_size))(
-            jnp.arange(num_epochs))
-        spe = jnp.maximum(steps_per_epoch(data.num_examples, batch_size), 1)
-        last_epoch_start = jnp.maximum(num_steps - 1, 0) // spe * spe
 
-        def local_step(carry, t):
-            w, theta, loss_sum = carry
-            batch, batch_mask = batch_from_orders(data, orders, t, batch_size)
-            step_key = jax.random.fold_in(dropout_key, t)
+        def local_step(carry, batch, batch_mask, step_key):
+            w, theta = carry
 
             def inner(inner_carry, j):
                 th, first = inner_carry
@@ -131,17 +120,11 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
             (theta, first_loss), _ = jax.lax.scan(
                 inner, (start, jnp.zeros((), jnp.float32)), jnp.arange(inner_steps))
             w = _axpy(w, -eta * lam, _sub(w, theta))  # w - eta lambda (w - theta~)
-            loss_sum = loss_sum + jnp.where(t >= last_epoch_start, first_loss,
-                                            0.0).astype(loss_sum.dtype)
-            return w, theta, loss_sum
+            return (w, theta), first_loss
 
-        def step(carry, t):
-            return skip_past(num_steps, local_step, carry, t), None
-
-        carry = (broadcast.params, broadcast.params, jnp.zeros((), jnp.float32))
-        (w, theta, loss_sum), _ = jax.lax.scan(step, carry, jnp.arange(length), unroll=unroll)
-        last_epoch_rows = jnp.minimum(data.num_examples,
-                                      (num_steps - last_epoch_start) * batch_size)
+        (w, theta), num_steps, train_loss = masked_steps(
+            local_step, (broadcast.params, broadcast.params), data, local_steps, key,
+            batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps, unroll=unroll)
         new_personal = jax.tree.map(lambda new, old: jnp.where(num_steps > 0, new, old),
                                     theta, personal)
         output = ClientOutput(
@@ -149,7 +132,7 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
             loss_before=data_loss(model, broadcast.params, data,
                                   execution.loss_chunk_size_here()),
             num_examples=data.num_examples, num_steps=num_steps,
-            train_loss=loss_sum / jnp.maximum(last_epoch_rows, 1))
+            train_loss=train_loss)
         return output, new_personal
 
     return compose(client_update, mixing=prior(weight_by_size),
