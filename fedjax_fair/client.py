@@ -45,6 +45,7 @@ import optax
 
 from fedjax_fair import execution
 from fedjax_fair import hparams as H
+from fedjax_fair.metrics import binned_calibration
 from fedjax_fair.models.base import Model
 from fedjax_fair.types import Array, Broadcast, ClientData, ClientOutput, ClientUpdate
 
@@ -128,7 +129,9 @@ def data_loss(model: Model, params, data: ClientData, chunk_size: int = 256) -> 
 
 
 def data_metrics(model: Model, params, data: ClientData, chunk_size: int = 256) -> dict:
-    """Masked means of every ``model.per_example_metrics`` value over one client."""
+    """Masked means of every ``model.per_example_metrics`` value over one client, and,
+    when the model reports per-row "confidence" and "accuracy", the client's
+    calibration errors "ece" and "mce" (``metrics.binned_calibration``, 15 bins)."""
     padded = data.mask.shape[0]
     if padded <= chunk_size:
         per_row = model.per_example_metrics(params, data.examples)
@@ -149,7 +152,11 @@ def data_metrics(model: Model, params, data: ClientData, chunk_size: int = 256) 
                                    lambda b: model.per_example_metrics(params, b), skip, a[1]),
             (jnp.arange(num_chunks), chunks))
         per_row = jax.tree.map(lambda v: v.reshape(-1)[:padded], per_chunk)
-    return {k: masked_mean(v, data.mask) for k, v in per_row.items()}
+    out = {k: masked_mean(v, data.mask) for k, v in per_row.items()}
+    if "confidence" in per_row and "accuracy" in per_row:
+        out["ece"], out["mce"] = binned_calibration(per_row["confidence"],
+                                                    per_row["accuracy"], data.mask)
+    return out
 
 
 FINISH_KEY_ID = 1  # finish's key: fold_in(client key, 1); training splits the client key

@@ -366,12 +366,21 @@ def calibration_errors(logits, labels, mask=None, num_bins: int = 15) -> tuple[A
     over the rows with ``mask`` True (padded rows never count); empty bins do not
     enter either. No real rows: (0, 0). Jittable and vmappable over clients.
     """
-    logits = jnp.asarray(logits)
-    labels = jnp.asarray(labels)
-    m = jnp.ones(labels.shape, bool) if mask is None else jnp.asarray(mask, bool)
-    probs = jax.nn.softmax(logits, axis=-1)
-    conf = jnp.max(probs, axis=-1)
-    correct = (jnp.argmax(probs, axis=-1) == labels).astype(conf.dtype)
+    probs = jax.nn.softmax(jnp.asarray(logits), axis=-1)
+    correct = jnp.argmax(probs, axis=-1) == jnp.asarray(labels)
+    return binned_calibration(jnp.max(probs, axis=-1), correct, mask, num_bins)
+
+
+def binned_calibration(confidence, correct, mask=None, num_bins: int = 15
+                       ) -> tuple[Array, Array]:
+    """(ECE, MCE) of ``calibration_errors`` from per-row confidences [n] (the max
+    softmax probability) and hits [n] (1 where the prediction is right), as
+    ``Model.per_example_metrics`` gives them ("confidence", "accuracy")."""
+    conf = jnp.asarray(confidence)
+    m = jnp.ones(conf.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    # padded rows are selected away, so NaN on them cannot leak in
+    conf = jnp.where(m, conf, 0)
+    correct = jnp.where(m, jnp.asarray(correct), 0).astype(conf.dtype)
     # bin b holds confidences in (b / B, (b + 1) / B]
     bins = jnp.clip(jnp.ceil(conf * num_bins).astype(jnp.int32) - 1, 0, num_bins - 1)
     w = m.astype(conf.dtype)

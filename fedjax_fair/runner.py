@@ -437,7 +437,9 @@ def split_summary(per_client: dict, split: str) -> dict:
     """The fairness summary of one split's per-client accuracy, named for what it
     measures: ``accuracy_mean``, ``accuracy_worst_10%`` (weighted by test size),
     ``accuracy_worst_10%_unweighted``, ... (``metrics.fairness_summary``'s keys
-    prefixed ``accuracy_``) and ``loss`` (the example-weighted mean loss), over the
+    prefixed ``accuracy_``), ``loss`` (the example-weighted mean loss) and, when the
+    model reports them, ``ece`` / ``mce`` (each client's calibration errors averaged
+    over clients, unweighted, as spec/superfed.md §5 reports them), over the
     clients that have examples in the split. Test keys are returned as they are
     (``loss`` as ``test_loss``); validation keys are prefixed ``validation_``. A split
     in which no client has examples gives {}."""
@@ -448,6 +450,9 @@ def split_summary(per_client: dict, split: str) -> dict:
     out = {f"accuracy_{k}": v for k, v in
            fairness.fairness_summary(per_client["accuracy"][has], weights=n).items()}
     out["loss"] = float(np.average(per_client["loss"][has], weights=n))
+    for name in ("ece", "mce"):  # per client over its split, then averaged over clients
+        if name in per_client:
+            out[name] = float(np.mean(per_client[name][has]))
     if split == "test":
         out["test_loss"] = out.pop("loss")
         return out

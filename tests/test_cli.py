@@ -64,7 +64,8 @@ def test_run_writes_all_outputs(tmp_path, capsys):
     with open(out / "clients.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert list(table[0]) == ["client_id", "client", "num_test_examples", "accuracy", "loss",
-                              "model"]
+                              "ece", "mce", "model"]
+    assert all(0.0 <= float(r["ece"]) <= float(r["mce"]) <= 1.0 for r in table)
     assert [r["client"] for r in table] == [str(i) for i in range(6)]  # no own ids
     assert {row["model"] for row in table} == {"global"}
     assert [int(r["client_id"]) for r in table] == list(range(6))
@@ -347,6 +348,31 @@ def test_compare_hparams_per_algorithm(tmp_path):
                   "fedadam": {"server_lr": 0.03, "b1": 0.8}}
 
 
+def test_compare_variants_of_one_method_get_their_own_hparams(tmp_path):
+    """NAME@LABEL compares one method under several settings: each variant is validated
+    against its method's signature and gets only its own block (plus shared keys)."""
+    path = tmp_path / "cmp.yaml"
+    path.write_text("algorithms: [qffl, qffl@q5, fedavg]\n"
+                    "hparams: {qffl@q5: {q: 5.0}, qffl.q: 1.0, max_steps: 3}\n")
+    cfg = _cfg(["compare", "--config", str(path)], C.CompareConfig)
+    cfg.output_dir = str(tmp_path / "out")
+    hp = C.validate_compare(cfg)
+    assert hp["qffl"]["q"] == 1.0 and hp["qffl@q5"]["q"] == 5.0 and "q" not in hp["fedavg"]
+    assert all(h["max_steps"] == 3 for h in hp.values())
+    for bad in ("qffl@", "qffl@a/b", "nosuch@x"):
+        path.write_text(f"algorithms: [fedavg, '{bad}']\n")
+        cfg = _cfg(["compare", "--config", str(path)], C.CompareConfig)
+        cfg.output_dir = str(tmp_path / "out")
+        with pytest.raises(C.ConfigError) as e:
+            C.validate_compare(cfg)
+        assert e.value.field == "algorithms"
+    path.write_text("algorithms: [qffl@q5]\nhparams: {qffl@q5: {nonsense: 1}}\n")
+    cfg = _cfg(["compare", "--config", str(path)], C.CompareConfig)
+    cfg.output_dir = str(tmp_path / "out")
+    with pytest.raises(C.ConfigError):
+        C.validate_compare(cfg)
+
+
 def test_hparams_come_from_the_factory_signature():
     import inspect
     params = C.algorithm_hparams("fedadam")
@@ -381,11 +407,14 @@ def test_lazy_table_too_small_is_a_config_error(tmp_path, capsys):
 
 
 def test_personal_run_and_round_diagnostics(tmp_path):
-    out = tmp_path / "ditto"
-    assert cli.main(["run", *TINY, "--algorithm", "ditto", "--num-rounds", "2",
+    out = tmp_path / "superfed"
+    assert cli.main(["run", *TINY, "--algorithm", "superfed", "--num-rounds", "2",
                      "--eval-every", "1", "--no-plots", "-o", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["evaluated"] == "personal"
+    grid = summary["personalised"]  # the lambda grid of spec/superfed.md §5
+    assert grid["acc_oracle_per_client"] >= grid["acc_best_lambda_avg"] >= grid["acc_lambda0"]
+    assert 0.0 <= grid["best_lambda"] <= 1.0
     assert summary["client_table"]["rows_stored"] == summary["dataset"]["num_clients"]
     with open(out / "clients.csv", newline="") as f:
         assert {row["model"] for row in csv.DictReader(f)} == {"personal"}

@@ -483,7 +483,16 @@ def test_run_evaluates_all_clients_and_logs_history(reference_run):
         y = np.asarray(DATA.test.examples["y"][k, :n])
         expected = float(np.mean(np.argmax(x @ w + b, -1) == y)) if n else 0.0
         np.testing.assert_allclose(result.client_metrics["accuracy"][k], expected, atol=1e-6)
+        if n:  # each client's calibration errors over its own test rows
+            from fedjax_fair.metrics import calibration_errors
+            ece, mce = calibration_errors(x @ w + b, y)
+            np.testing.assert_allclose(
+                [result.client_metrics["ece"][k], result.client_metrics["mce"][k]],
+                [float(ece), float(mce)], atol=1e-5)
     assert np.all(np.isfinite(result.client_metrics["loss"]))
+    has = np.asarray(helpers.TEST_SIZES) > 0
+    np.testing.assert_allclose(result.history[-1]["ece"],
+                               np.mean(result.client_metrics["ece"][has]), rtol=1e-6)
 
 
 def test_run_compiles_once_per_chunk_length(reference_run):
@@ -886,6 +895,24 @@ def test_masked_mean_of_all_false_mask_is_zero():
     np.testing.assert_allclose(f(values, jnp.array([True, False, True])), 2.0)
     grad = jax.grad(lambda v: masked_mean(v, jnp.zeros((3,), bool)))(values)
     np.testing.assert_array_equal(grad, np.zeros(3))
+
+
+def test_data_metrics_calibration_is_the_same_in_row_chunks():
+    """ECE / MCE over a client of 700 padded rows (chunked by 256) equal the unchunked
+    values, and padded rows never count."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(700, 10)).astype(np.float32)
+    y = rng.integers(0, 3, size=700).astype(np.int32)
+    data = ClientData({"x": jnp.asarray(x), "y": jnp.asarray(y)}, jnp.arange(700) < 650,
+                      jnp.asarray(650))
+    chunked = jax.jit(lambda p, d: client_lib.data_metrics(MODEL, p, d, chunk_size=256))(
+        PARAMS, data)
+    whole = client_lib.data_metrics(MODEL, PARAMS, data, chunk_size=1024)
+    from fedjax_fair.metrics import calibration_errors
+    logits = MODEL.apply(PARAMS, jnp.asarray(x[:650]))
+    expected = [float(v) for v in calibration_errors(logits, jnp.asarray(y[:650]))]
+    for m in (chunked, whole):
+        np.testing.assert_allclose([float(m["ece"]), float(m["mce"])], expected, atol=1e-6)
 
 
 def test_steps_per_epoch_and_scan_length():

@@ -61,8 +61,9 @@ def test_logistic_regression_shapes_and_count(input_shape, num_classes):
     assert _count(model) == d * num_classes + num_classes
     assert logits.shape == (5, num_classes) and logits.dtype == jnp.float32
     assert loss.shape == (5,)
-    assert set(metrics) == {"loss", "accuracy"}
-    assert metrics["loss"].shape == metrics["accuracy"].shape == (5,)
+    assert set(metrics) == {"loss", "accuracy", "confidence"}
+    assert metrics["loss"].shape == metrics["accuracy"].shape == metrics["confidence"].shape
+    assert metrics["confidence"].shape == (5,)
     assert (model.name, model.input_shape, model.num_classes) == ("logreg", input_shape,
                                                                   num_classes)
     assert not model.uses_xla_conv

@@ -233,6 +233,13 @@ def test_lambda_grid_metrics_and_summary():
     np.testing.assert_allclose(summary["acc_lambda0"], acc[has, 0].mean(), rtol=1e-6)
     np.testing.assert_allclose(summary["acc_lambda1"], acc[has, -1].mean(), rtol=1e-6)
     np.testing.assert_allclose(global_acc[has], acc[has, 0], rtol=1e-6)
+    # calibration at the best-average lambda, and the registry's end-of-run report
+    best = int(np.argmax(acc[has].mean(0)))
+    np.testing.assert_allclose(summary["ece_best_lambda"],
+                               np.asarray(grid["ece"])[has, best].mean(), rtol=1e-6)
+    assert 0.0 <= summary["ece_best_lambda"] <= summary["mce_best_lambda"] <= 1.0
+    from fedjax_fair.algorithms import REGISTRY
+    assert REGISTRY["superfed"].report(MODEL, alg, state, DATA.test) == summary
     # the runner's personal model is theta(eval_lambda)
     personal = alg.personal(state, jnp.arange(N, dtype=jnp.int32))
     _assert_trees(jax.tree.map(lambda x: x[0], personal),

@@ -77,13 +77,16 @@ from fedjax_fair.hparams import Range
 
 
 class Method(NamedTuple):
-    """A registry entry: the factory, the ranges of its numeric hyper-parameters, and
-    the participation it needs ("partial": any cohort; "full": every client every
-    round, sampler ``full``)."""
+    """A registry entry: the factory, the ranges of its numeric hyper-parameters, the
+    participation it needs ("partial": any cohort; "full": every client every round,
+    sampler ``full``), and an optional end-of-run ``report(model, algorithm, state,
+    test_split) -> dict`` of the method's own numbers (SuPerFed's lambda grid), which
+    the CLI writes under "personalised" in summary.json."""
 
     factory: Callable
     hparams: dict
     participation: str = "partial"
+    report: Optional[Callable] = None
 
 
 class HParam(NamedTuple):
@@ -133,7 +136,7 @@ REGISTRY = {
     "fedspeed": Method(fedspeed, _fedspeed.HPARAMS),
     "fedsam": Method(fedsam, _fedsam.HPARAMS),
     "fedcm": Method(fedcm, _fedcm.HPARAMS),
-    "superfed": Method(superfed, _superfed.HPARAMS),
+    "superfed": Method(superfed, _superfed.HPARAMS, report=_superfed.lambda_report),
     "apfl": Method(apfl, _apfl.HPARAMS),
     "pfedme": Method(pfedme, _pfedme.HPARAMS),
     "fedper": Method(fedper, _fedrep.FEDPER_HPARAMS),
@@ -144,6 +147,17 @@ REGISTRY = {
 
 ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
 """CLI name -> factory."""
+
+
+def base_name(name: str) -> str:
+    """The registered method of a compared entry: ``"superfed@lm"`` -> ``"superfed"``
+    (``NAME@LABEL`` compares one method under several settings side by side)."""
+    return name.partition("@")[0]
+
+
+def get_method(name: str) -> Method:
+    """The registry entry of ``name`` or of a ``NAME@LABEL`` variant."""
+    return REGISTRY[base_name(name)]
 
 
 def get_algorithm(name: str):
@@ -166,8 +180,9 @@ def method_hparams(name: str) -> dict:
     """``{name: HParam}`` of a registered method's keyword hyper-parameters, in
     signature order: default and type from the factory's signature, range from the
     registry. Parameters whose type names no value type (bool, int, float, str,
-    tuple, Rate) are Python objects: optimizers, mixing rules, aggregators."""
-    method = REGISTRY[name]
+    tuple, Rate) are Python objects: optimizers, mixing rules, aggregators. A
+    ``NAME@LABEL`` variant has its method's hyper-parameters."""
+    method = get_method(name)
     out = {}
     for p in inspect.signature(method.factory).parameters.values():
         if p.kind is not p.KEYWORD_ONLY:
@@ -180,7 +195,7 @@ def method_hparams(name: str) -> dict:
     return out
 
 
-__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
+__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "base_name", "get_method", "aaggff_d", "aaggff_s", "afedpd",
            "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedpd", "fedper", "fedrep",
            "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",

@@ -192,8 +192,9 @@ def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
 def lambda_grid_metrics(model: Model, algorithm: FederatedAlgorithm, state, split: ClientData,
                         lambdas=LAMBDA_GRID) -> dict:
     """Every client's test metrics at every lambda of ``lambdas`` (one lambda for every
-    layer): {"accuracy": [N, L], "loss": [N, L], "num_examples": [N]} over the clients
-    of ``split`` (ids 0..N-1), one client at a time (``lax.map``)."""
+    layer): {"accuracy": [N, L], "loss": [N, L], "ece": [N, L], "mce": [N, L],
+    "num_examples": [N]} over the clients of ``split`` (ids 0..N-1), one client at a
+    time (``lax.map``)."""
     lambdas = jnp.asarray(lambdas, jnp.float32)
     ids = jnp.arange(split.mask.shape[0], dtype=jnp.int32)
 
@@ -208,7 +209,7 @@ def lambda_grid_metrics(model: Model, algorithm: FederatedAlgorithm, state, spli
         return jax.lax.map(one, (ids, split))
 
     per = run(state, split)
-    return {"accuracy": per["accuracy"], "loss": per["loss"],
+    return {**{k: per[k] for k in ("accuracy", "loss", "ece", "mce") if k in per},
             "num_examples": split.num_examples}
 
 
@@ -217,13 +218,28 @@ def personalised_summary(grid: dict, lambdas=LAMBDA_GRID) -> dict:
     unweighted: ``acc_best_lambda_avg`` = max_lambda mean_i A[i, lambda] (and that
     lambda), ``acc_oracle_per_client`` = mean_i max_lambda A[i, lambda] (optimistic),
     ``acc_lambda0`` (the federated endpoint), ``acc_lambda1`` (the local endpoint),
-    each with its population std over clients."""
-    acc = jnp.asarray(grid["accuracy"])[jnp.asarray(grid["num_examples"]) > 0]
+    each with its population std over clients, and the calibration errors at the
+    best-average lambda (``ece_best_lambda``, ``mce_best_lambda``, averaged over
+    clients) when the grid has them."""
+    has = jnp.asarray(grid["num_examples"]) > 0
+    acc = jnp.asarray(grid["accuracy"])[has]
     mean = acc.mean(0)
     best = int(jnp.argmax(mean))
     oracle = acc.max(1)
-    return {"acc_best_lambda_avg": float(mean[best]), "acc_best_lambda_std": float(acc[:, best].std()),
-            "best_lambda": float(lambdas[best]),
-            "acc_oracle_per_client": float(oracle.mean()), "acc_oracle_std": float(oracle.std()),
-            "acc_lambda0": float(mean[0]), "acc_lambda0_std": float(acc[:, 0].std()),
-            "acc_lambda1": float(mean[-1]), "acc_lambda1_std": float(acc[:, -1].std())}
+    out = {"acc_best_lambda_avg": float(mean[best]),
+           "acc_best_lambda_std": float(acc[:, best].std()),
+           "best_lambda": float(lambdas[best]),
+           "acc_oracle_per_client": float(oracle.mean()), "acc_oracle_std": float(oracle.std()),
+           "acc_lambda0": float(mean[0]), "acc_lambda0_std": float(acc[:, 0].std()),
+           "acc_lambda1": float(mean[-1]), "acc_lambda1_std": float(acc[:, -1].std())}
+    for name in ("ece", "mce"):
+        if name in grid:
+            out[f"{name}_best_lambda"] = float(jnp.asarray(grid[name])[has][:, best].mean())
+    return out
+
+
+def lambda_report(model: Model, algorithm: FederatedAlgorithm, state, split: ClientData
+                  ) -> dict:
+    """``personalised_summary`` of the lambda grid on ``split`` at ``state``: what the
+    CLI writes under "personalised" in a SuPerFed run's summary.json."""
+    return personalised_summary(lambda_grid_metrics(model, algorithm, state, split))

@@ -176,13 +176,13 @@ def _narrowed(hparams, algorithms: list) -> dict:
     """A config file's comparison hyper-parameters without those of registered
     algorithms that an ``--algorithms`` flag left out (``ALGORITHM.NAME`` keys and
     ``ALGORITHM: {...}`` blocks); everything else is kept for validation."""
-    from fedjax_fair.algorithms import REGISTRY
+    from fedjax_fair.algorithms import REGISTRY, base_name
     if not isinstance(hparams, dict) or not algorithms:
         return hparams
     out = {}
     for key, value in hparams.items():
         owner = key if isinstance(value, dict) else str(key).partition(".")[0]
-        if owner in REGISTRY and owner not in algorithms and (isinstance(value, dict)
+        if base_name(owner) in REGISTRY and owner not in algorithms and (isinstance(value, dict)
                                                               or "." in str(key)):
             continue
         out[key] = value
@@ -343,7 +343,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     (client_lr, batch_size, num_epochs), the hyper-parameters, and the round-indexed
     schedules; wrapped to log the per-round improved fraction."""
     from fedjax_fair.algorithm import with_improvement
-    from fedjax_fair.algorithms import REGISTRY, method_hparams
+    from fedjax_fair.algorithms import get_method, method_hparams
     from fedjax_fair.schedules import parse as parse_schedule
     accepted = method_hparams(name)
     kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
@@ -362,7 +362,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
         kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
                                    client_schedule(1.0))
     try:
-        algorithm = REGISTRY[name].factory(model, **kwargs)
+        algorithm = get_method(name).factory(model, **kwargs)
     except (TypeError, ValueError) as e:
         raise C.error_from_message(str(e), "hparams") from None
     return with_improvement(algorithm, model)
@@ -557,6 +557,7 @@ def cmd_run(args) -> int:
 
     resumed_from = _fix_resumed_seconds(result.history, new_entries) if cfg.resume else None
     extra = {"resumed_from_round": resumed_from} if cfg.resume else {}
+    extra.update(_method_report(cfg.algorithm, model, alg, result, ds))
     summary = write_run_outputs(out, cfg_dict, ds, model, result, plots=cfg.plots,
                                 extra=extra)
     _write_client_history(out, result)
@@ -567,12 +568,28 @@ def cmd_run(args) -> int:
           f"{fin['accuracy_worst_10%']:.4f}, best 10% {fin['accuracy_best_10%']:.4f}, "
           f"gini {fin['accuracy_gini']:.4f}; "
           f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
+    grid = summary.get("personalised")
+    if grid:
+        print(f"personalised (lambda grid, spec/superfed.md §5): best average lambda "
+              f"{grid['best_lambda']:.1f} -> {grid['acc_best_lambda_avg']:.4f}; per-client "
+              f"oracle {grid['acc_oracle_per_client']:.4f}; lambda 0 (federated) "
+              f"{grid['acc_lambda0']:.4f}; lambda 1 (local) {grid['acc_lambda1']:.4f}")
     sel = summary["selected"]
     if sel:
         print(f"selected by validation accuracy: round {sel['round']} (validation average "
               f"{sel['validation_accuracy_mean']:.4f}); test accuracy there: average "
               f"{sel['accuracy_mean']:.4f}, worst 10% {sel['accuracy_worst_10%']:.4f}")
     return 0
+
+
+def _method_report(name: str, model, alg, result, ds) -> dict:
+    """{"personalised": the method's own end-of-run numbers} (``Method.report`` on the
+    test split, e.g. SuPerFed's lambda grid), or {} for a method without them."""
+    from fedjax_fair.algorithms import REGISTRY, base_name
+    method = REGISTRY.get(base_name(name))
+    if method is None or method.report is None:
+        return {}
+    return {"personalised": method.report(model, alg, result.state, ds.host_data.test)}
 
 
 def _fix_resumed_seconds(history: list, new_entries: list) -> int:
@@ -754,7 +771,8 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
                    "last_good_round": e.last_good_round}
         report.write_json(os.path.join(run_dir, "summary.json"), summary)
         return summary, entries, None
-    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False)
+    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False,
+                                extra=_method_report(name, model, alg, res, ds))
     report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
     _write_client_history(run_dir, res)
     acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]

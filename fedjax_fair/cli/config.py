@@ -421,8 +421,8 @@ def accepts(name: str, key: str) -> bool:
 
 
 def needs_full_participation(name: str) -> bool:
-    from fedjax_fair.algorithms import REGISTRY
-    return REGISTRY[name].participation == "full"
+    from fedjax_fair.algorithms import get_method
+    return get_method(name).participation == "full"
 
 
 _SCALAR_TYPES = (("bool", bool), ("int", int), ("float", float), ("Rate", float),
@@ -635,18 +635,21 @@ def validate_run(cfg: RunConfig) -> RunConfig:
 
 
 def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]:
-    """Per-algorithm hyper-parameters from ``NAME`` / ``ALGORITHM.NAME`` keys."""
+    """Per-algorithm hyper-parameters from ``NAME`` / ``ALGORITHM.NAME`` keys (an
+    ``ALGORITHM`` may be a compared ``NAME@LABEL`` variant)."""
+    from fedjax_fair.algorithms import base_name
+    known = lambda a: base_name(a) in registry and (a in cfg.algorithms or "@" not in a)
     per_alg: dict[str, dict] = {a: {} for a in cfg.algorithms}
     flat = {}
     for key, value in cfg.hparams.items():  # {"fedprox": {"mu": 0.1}} == {"fedprox.mu": 0.1}
-        if key in registry and isinstance(value, dict):
+        if known(key) and isinstance(value, dict):
             flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             flat[key] = value
     for key, value in flat.items():
         alg, dot, name = key.partition(".")
         if dot:
-            if alg not in registry:
+            if base_name(alg) not in registry:
                 _choice(f"hparams.{key}", alg, registry)
             if alg not in per_alg:
                 raise ConfigError(f"hparams.{key}", f"algorithm {alg!r} is not compared; "
@@ -667,8 +670,12 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     from fedjax_fair.algorithms import ALGORITHMS
     if not cfg.algorithms:  # every algorithm that runs with partial participation
         cfg.algorithms = [a for a in ALGORITHMS if not needs_full_participation(a)]
+    from fedjax_fair.algorithms import base_name
     for a in cfg.algorithms:
-        _choice("algorithms", a, ALGORITHMS)
+        _choice("algorithms", base_name(a), ALGORITHMS)
+        if "@" in a and not re.fullmatch(r"[A-Za-z0-9_.-]+", a.partition("@")[2]):
+            raise ConfigError("algorithms", f"{a!r}: a variant is NAME@LABEL with a label of "
+                                            f"letters, digits, '_', '-' or '.'")
     if len(set(cfg.algorithms)) != len(cfg.algorithms):
         raise ConfigError("algorithms", f"listed twice: {cfg.algorithms}")
     if not cfg.seeds:
@@ -694,10 +701,10 @@ def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> 
     if cfg.cohort_size > num_clients:
         raise ConfigError("cohort_size", f"{cfg.cohort_size} exceeds the {num_clients} clients "
                                          f"of the federation; allowed: 1..{num_clients}")
-    from fedjax_fair.algorithms import ALGORITHMS
+    from fedjax_fair.algorithms import ALGORITHMS, base_name
     names = getattr(cfg, "algorithms", None) or [getattr(cfg, "algorithm", None)]
     for name in names:
-        if name in ALGORITHMS and needs_full_participation(name) and (
+        if base_name(name) in ALGORITHMS and needs_full_participation(name) and (
                 cfg.cohort_size != num_clients):
             raise ConfigError("cohort_size", f"{name} needs every client every round: use "
                                              f"--cohort-size {num_clients} --sampler full")

@@ -29,13 +29,16 @@ TABLE_COLUMNS = (
     ("accuracy_worst_10%", "Worst 10% (%)", "accuracy_worst_10%_percent", 100.0),
     ("accuracy_best_10%", "Best 10% (%)", "accuracy_best_10%_percent", 100.0),
     ("accuracy_gini", "Gini", "accuracy_gini", 1.0),
+    ("ece", "ECE", "ece", 1.0),
     ("run_seconds", "Run (s)", "run_seconds", 1.0),
     ("compile_seconds", "Compile (s)", "compile_seconds", 1.0),
 )
-DECIMALS = {"accuracy_gini": 4, "run_seconds": 1, "compile_seconds": 1}
+DECIMALS = {"accuracy_gini": 4, "ece": 3, "run_seconds": 1, "compile_seconds": 1}
 TABLE_NOTE = ("Average/Std/Worst/Best: per-client final test accuracy in percent over all "
               "clients with test data (worst/best 10%: the lowest/highest max(1, floor(0.1 N)) "
-              "clients, averaged by test size); Gini of per-client accuracy; Run: seconds of "
+              "clients, averaged by test size); Gini of per-client accuracy; ECE: each "
+              "client's expected calibration error (15 confidence bins) averaged over "
+              "clients; Run: seconds of "
               "the compiled rounds (excluding compilation and evaluation); Compile: seconds "
               "to compile them. With several seeds each cell is mean ± std over seeds; "
               "comparison.csv holds the same values in the same units, the std in the "
@@ -89,7 +92,8 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-CLIENT_COLUMNS = ("client_id", "client", "num_test_examples", "accuracy", "loss", "model")
+CLIENT_COLUMNS = ("client_id", "client", "num_test_examples", "accuracy", "loss", "ece", "mce",
+                  "model")
 EVALUATED = {"global": "global model", "personal": "personal models"}
 
 
@@ -97,27 +101,25 @@ def write_client_csv(path: str, client_metrics: Mapping[str, np.ndarray],
                      evaluated: str = "global", names=None) -> None:
     """Per-client final test metrics: client_id (the row), client (the dataset's own
     identifier, e.g. the LEAF user id; the row number when it has none),
-    num_test_examples, accuracy, loss, model ("global": the global model; "personal":
-    the client's own model). A client without test rows has empty accuracy and loss
+    num_test_examples, accuracy, loss, ece and mce (the client's calibration errors,
+    empty for a model that reports no confidence), model ("global": the global model;
+    "personal": the client's own model). A client without test rows has empty metrics
     (read back as NaN).
 
-    ``client_metrics`` holds arrays [N] "num_examples", "accuracy", "loss" (as
-    ``RunResult.client_metrics``). Floats are written with ``repr`` precision so the
-    file round-trips exactly.
+    ``client_metrics`` holds arrays [N] "num_examples", "accuracy", "loss" and
+    optionally "ece", "mce" (as ``RunResult.client_metrics``). Floats are written with
+    ``repr`` precision so the file round-trips exactly.
     """
     n = np.asarray(client_metrics["num_examples"])
-    acc = np.asarray(client_metrics["accuracy"], np.float64)
-    loss = np.asarray(client_metrics["loss"], np.float64)
+    metrics = [np.asarray(client_metrics[k], np.float64) if k in client_metrics else None
+               for k in ("accuracy", "loss", "ece", "mce")]
     names = [str(i) for i in range(n.shape[0])] if names is None else [str(u) for u in names]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(CLIENT_COLUMNS)
         for i in range(n.shape[0]):
-            if n[i] == 0:  # no test rows: no accuracy, not 0.0
-                w.writerow([i, names[i], 0, "", "", evaluated])
-            else:
-                w.writerow([i, names[i], int(n[i]), repr(float(acc[i])),
-                            repr(float(loss[i])), evaluated])
+            values = ["" if v is None or n[i] == 0 else repr(float(v[i])) for v in metrics]
+            w.writerow([i, names[i], int(n[i]), *values, evaluated])
 
 
 def round_rows(first_round: int, metrics: Mapping[str, np.ndarray]) -> list[dict]:
@@ -144,8 +146,8 @@ def read_client_csv(path: str) -> dict[str, np.ndarray]:
     return {"client_id": np.array([int(r["client_id"]) for r in rows]),
             "client": np.array([r.get("client", r["client_id"]) for r in rows]),
             "num_test_examples": np.array([int(r["num_test_examples"]) for r in rows]),
-            "accuracy": np.array([float(r["accuracy"] or "nan") for r in rows]),
-            "loss": np.array([float(r["loss"] or "nan") for r in rows]),
+            **{k: np.array([float(r.get(k) or "nan") for r in rows])
+               for k in ("accuracy", "loss", "ece", "mce")},
             "model": np.array([r.get("model", "global") for r in rows])}
 
 

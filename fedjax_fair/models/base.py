@@ -23,7 +23,8 @@ class Model(NamedTuple):
     apply: (params, x, key | None) -> logits [B, C]; ``key`` drives dropout-like
       randomness in training and is None at evaluation.
     per_example_loss: (params, batch, key | None) -> [B] cross-entropy.
-    per_example_metrics: (params, batch) -> {"loss": [B], "accuracy": [B]}.
+    per_example_metrics: (params, batch) -> {"loss": [B], "accuracy": [B],
+      "confidence": [B]} (the max softmax probability, for calibration).
     name, input_shape, num_classes: static description.
     uses_xla_conv: True when the network runs XLA convolution ops; on CPU the
       local steps are then unrolled (execution.local_step_unroll, jax-ml/jax#12868).
@@ -80,7 +81,8 @@ def from_flax(module: nn.Module, input_shape: tuple, num_classes: int, name: str
     def per_example_metrics(params, batch):
         logits = apply(params, batch["x"])
         return {"loss": cross_entropy(logits, batch["y"]),
-                "accuracy": (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)}
+                "accuracy": (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32),
+                "confidence": jnp.max(jax.nn.softmax(logits, -1), -1)}
 
     return Model(init, apply, per_example_loss, per_example_metrics, name,
                  tuple(input_shape), int(num_classes), uses_xla_conv)
