@@ -1,4 +1,4 @@
-"""Runs the small-scale experiments (issues 4, 10 and 11) and writes docs/reproducing.md.
+"""Runs the small-scale experiments (issues 4, 10, 11 and 12) and writes docs/reproducing.md.
 
     python experiments/reproduce.py                 # every experiment (~20 min, 2-core CPU)
     python experiments/reproduce.py --only aaggff_cross_silo --seeds 0
@@ -17,6 +17,10 @@ runs it wrote under ``runs/reproduce/NAME/``, and renders the tables:
 * DQN-Fed experiments (CIFAR-10 setups 1 and 2 and the participation ablation at small
   scale): DQN-Fed's metrics (unweighted worst / best 10%), rounds to FedAvg's final
   accuracy and the share of improved clients (``dqn_table``);
+* SuPerFed and the personalisation baselines (pathological / Dirichlet non-IID and the
+  label-noise study; ``superfed_table``, ``noise_table``): each client's own model's
+  final accuracy, its spread over clients, ECE, and SuPerFed's lambda
+  grid (best-average lambda, per-client oracle, the two endpoints);
 * A-FedPD and the primal-dual family (IID / Dirichlet-1.0 / Dirichlet-0.1, 10%
   participation; ``afedpd_table``): the global model's test accuracy (max over
   evaluations and mean of the last 3), its late swing, rounds to FedAvg's and to
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -43,6 +48,9 @@ COMPHET = ("comphet_iid", "comphet_niid", "comphet_tniid")
 DQN = ("dqn_setup1", "dqn_setup2", "dqn_participation_50", "dqn_participation_10")
 AFEDPD = ("afedpd_iid", "afedpd_dir1", "afedpd_dir01")
 PRIMAL_DUAL = ("feddyn", "fedspeed", "afedpd", "afedpd_sam", "fedadmm", "fedpd")
+SUPERFED = ("superfed_pathological", "superfed_dirichlet")
+NOISE = ("superfed_noise_pair01", "superfed_noise_pair04", "superfed_noise_sym02",
+         "superfed_noise_sym06")
 LEVEL = 0.9
 
 
@@ -217,6 +225,79 @@ def afedpd_table(out: str) -> str:
     return "\n".join(rows)
 
 
+def _personal_runs(out: str) -> dict:
+    """{algorithm: [(accuracy, client std, worst 10%, ECE, seconds per round, lambda
+    grid or None) per seed]}
+    of a personalisation comparison: the final evaluation of each client's own model
+    (clients unweighted, spec/superfed.md §5); for SuPerFed the lambda grid's
+    best-average lambda (``summary["personalised"]``)."""
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    runs = {}
+    for alg in summary["config"]["algorithms"]:
+        runs[alg] = []
+        for seed in summary["config"]["seeds"]:
+            run = json.load(open(os.path.join(out, alg, f"seed{seed}", "summary.json")))
+            fin, grid = run["final"], run.get("personalised")
+            per_round = run["timings"]["run_seconds"] / run["config"]["num_rounds"]
+            if grid:
+                runs[alg].append((grid["acc_best_lambda_avg"], grid["acc_best_lambda_std"],
+                                  grid.get("acc_best_lambda_worst_10%", math.nan),
+                                  grid["ece_best_lambda"], per_round, grid))
+            else:
+                runs[alg].append((fin["accuracy_mean"], fin["accuracy_std"],
+                                  fin["accuracy_worst_10%_unweighted"], fin["ece"], per_round,
+                                  None))
+    return runs
+
+
+def superfed_table(out: str) -> str:
+    """Spec Table 2.3 / 2.4 columns: each client's own model's final test accuracy
+    (mean over clients, then mean ± std over seeds), the std over clients and the
+    unweighted worst 10% (seed means) and ECE (15 bins, per client then averaged);
+    then SuPerFed's lambda grid. (Round times: ``benchmarks/personalised.py``, which
+    times the methods side by side; these runs share the machine with other work.)"""
+    runs = _personal_runs(out)
+    rows = ["| method | accuracy (%) | std over clients (%) | worst 10% (%) | ECE |",
+            "|---|---|---|---|---|"]
+    for alg, rs in runs.items():
+        label = alg + (" (best-average lambda)" if rs[0][5] else "")
+        rows.append(f"| {label} | {_pm([r[0] for r in rs])} | "
+                    f"{100 * np.mean([r[1] for r in rs]):.1f} | "
+                    f"{100 * np.mean([r[2] for r in rs]):.1f} | "
+                    f"{np.mean([r[3] for r in rs]):.3f} |")
+    rows += ["", "| SuPerFed | best-average lambda | its accuracy (%) | per-client oracle (%) "
+             "| lambda = 0, federated (%) | lambda = 1, local (%) | ECE / MCE at best lambda |",
+             "|---|---|---|---|---|---|---|"]
+    for alg, rs in runs.items():
+        grids = [r[5] for r in rs if r[5]]
+        if not grids:
+            continue
+        g = lambda k: [x[k] for x in grids]
+        lams = ", ".join(f"{x:.1f}" for x in g("best_lambda"))
+        rows.append(f"| {alg} | {lams} | {_pm(g('acc_best_lambda_avg'))} | "
+                    f"{_pm(g('acc_oracle_per_client'))} | {_pm(g('acc_lambda0'))} | "
+                    f"{_pm(g('acc_lambda1'))} | {np.mean(g('ece_best_lambda')):.3f} / "
+                    f"{np.mean(g('mce_best_lambda')):.3f} |")
+    return "\n".join(rows)
+
+
+def noise_table(outs: dict) -> str:
+    """Spec Table 2.6 layout: per noise setting, accuracy (mean over clients, mean ±
+    std over seeds) / ECE (seed mean) of each client's own model; SuPerFed at its
+    best-average lambda."""
+    runs = {name: _personal_runs(out) for name, out in outs.items()}
+    algs = list(next(iter(runs.values())))
+    heads = [json.load(open(os.path.join(out, "summary.json")))["config"]["dataset_args"]
+             for out in outs.values()]
+    rows = ["| method | " + " | ".join(f"{h['label_noise']} {h['noise_rate']}" for h in heads)
+            + " |", "|---|" + "---|" * len(heads)]
+    for alg in algs:
+        cells = [f"{_pm([r[0] for r in rs[alg]])} / {np.mean([r[3] for r in rs[alg]]):.2f}"
+                 for rs in runs.values()]
+        rows.append(f"| {alg} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def afedpd_figure(out: str, path: str) -> None:
     """Seed-mean global test accuracy and the cohort's training loss at the broadcast
     model per round, one line per method (the loss as a 5-round moving average)."""
@@ -256,14 +337,22 @@ def main():
     ap.add_argument("--reuse", action="store_true",
                     help="render experiments already run under --runs instead of rerunning")
     args = ap.parse_args()
-    names = args.only.split(",") if args.only else list(FAIRNESS + COMPHET + DQN + AFEDPD)
+    names = (args.only.split(",") if args.only
+             else list(FAIRNESS + COMPHET + DQN + AFEDPD + SUPERFED + NOISE))
     sections = {}
     for name in names:
         out = os.path.join(args.runs, name)
         if not (args.reuse and os.path.exists(os.path.join(out, "summary.json"))):
             run_compare(name, out, args.seeds)
+        if name in NOISE:  # one table over the four noise settings, once all are in
+            sections[name] = os.path.join(args.runs, name)
+            if all(n in sections for n in NOISE):
+                sections["superfed_noise"] = noise_table({n: sections.pop(n) for n in NOISE})
+                print(f"\n## superfed_noise\n\n{sections['superfed_noise']}\n", flush=True)
+            continue
         table = (fairness_table(out) if name in FAIRNESS else dqn_table(out) if name in DQN
-                 else afedpd_table(out) if name in AFEDPD else comphet_table(out))
+                 else afedpd_table(out) if name in AFEDPD
+                 else superfed_table(out) if name in SUPERFED else comphet_table(out))
         figure = os.path.join(out, "improved_clients.png")
         if name in DQN and os.path.isfile(figure):
             os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)

@@ -87,23 +87,33 @@ def test_sampled_ids_are_the_cohorts_simulate_draws():
 
 
 @functools.lru_cache(maxsize=None)
-def _plain_run(placement, memory_limit=None):
-    """Runs shared by several tests (same arguments, same result)."""
-    return _run(placement, memory_limit)
+def _logged_run(placement):
+    """(result, log lines) of runs shared by several tests (same arguments, same result)."""
+    lines = []
+    return _run(placement, log=lines.append), lines
+
+
+def _plain_run(placement):
+    return _logged_run(placement)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _alg():  # one algorithm object: runs of the same placement reuse its programs
+    model = helpers.logreg()
+    return model, fedavg(model, client_lr=0.1, batch_size=2, num_epochs=1)
 
 
 def _run(placement, memory_limit=None, **kwargs):
-    model = helpers.logreg()
-    alg = fedavg(model, client_lr=0.1, batch_size=2, num_epochs=1)
+    model, alg = _alg()
     return run(alg, helpers.init_params(model), _skewed(), jax.random.key(0), model=model,
                num_rounds=4, cohort_size=3, eval_every=2, progress=False,
                placement=placement, memory_limit=memory_limit, **kwargs)
 
 
 def test_streamed_run_matches_the_resident_run():
-    lines = []
-    device, host = _run("device", log=lines.append), _run("host", log=lines.append)
-    assert _plain_run("auto").memory.placement == "device"  # no limit: the device fits and host.memory.placement == "host"
+    (device, device_log), (host, host_log) = _logged_run("device"), _logged_run("host")
+    lines = device_log + host_log
+    assert host.memory.placement == "host"
     helpers.assert_trees_close(host.state.params, device.state.params, rtol=1e-5, atol=1e-6)
     for name in ("accuracy", "loss", "num_examples"):
         np.testing.assert_allclose(host.client_metrics[name], device.client_metrics[name],

@@ -238,6 +238,8 @@ def test_lambda_grid_metrics_and_summary():
     np.testing.assert_allclose(summary["ece_best_lambda"],
                                np.asarray(grid["ece"])[has, best].mean(), rtol=1e-6)
     assert 0.0 <= summary["ece_best_lambda"] <= summary["mce_best_lambda"] <= 1.0
+    worst = np.sort(acc[has, best])[:max(1, int(0.1 * has.sum()))].mean()
+    np.testing.assert_allclose(summary["acc_best_lambda_worst_10%"], worst, rtol=1e-6)
     from fedjax_fair.algorithms import REGISTRY
     assert REGISTRY["superfed"].report(MODEL, alg, state, DATA.test) == summary
     # the runner's personal model is theta(eval_lambda)

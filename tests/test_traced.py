@@ -269,10 +269,12 @@ def test_grad_qffl_q_and_client_lr_match_finite_differences_with_remat(dtype):
 
 def test_client_lr_schedule_equals_per_round_rebuilt_fedavg():
     state = algorithms.fedavg(MODEL, batch_size=B).init(PARAMS, N)
-    for r in range(NUM_ROUNDS):  # one round at a time, the rate fixed for the round
-        alg = algorithms.fedavg(MODEL, client_lr=0.1 * 0.9 ** r, batch_size=B)
-        state, _ = simulate(alg, state, DATA, KEY, num_rounds=1, cohort_size=COHORT,
-                            execution=EXECUTION)
+    # one round at a time, the rate fixed for the round (one program, the rate its argument)
+    one_round = jax.jit(lambda lr, s: simulate(
+        algorithms.fedavg(MODEL, client_lr=lr, batch_size=B), s, DATA, KEY, num_rounds=1,
+        cohort_size=COHORT, execution=EXECUTION)[0])
+    for r in range(NUM_ROUNDS):
+        state = one_round(jnp.float32(0.1 * 0.9 ** r), state)
         assert int(state.round) == r + 1
     literal = state.params
 

@@ -52,6 +52,7 @@ from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
 from fedjax_fair.client import (data_loss, data_metrics, local_sgd, make_optimizer, round_value,
                                 sq_distance)
 from fedjax_fair.execution import local_step_unroll
+from fedjax_fair.metrics import worst_k
 from fedjax_fair.mixing import by_num_examples
 from fedjax_fair.models.base import Model
 from fedjax_fair.types import Broadcast, ClientData, ClientOutput
@@ -218,7 +219,8 @@ def personalised_summary(grid: dict, lambdas=LAMBDA_GRID) -> dict:
     unweighted: ``acc_best_lambda_avg`` = max_lambda mean_i A[i, lambda] (and that
     lambda), ``acc_oracle_per_client`` = mean_i max_lambda A[i, lambda] (optimistic),
     ``acc_lambda0`` (the federated endpoint), ``acc_lambda1`` (the local endpoint),
-    each with its population std over clients, and the calibration errors at the
+    each with its population std over clients, the unweighted worst 10% of clients at
+    the best-average lambda (``acc_best_lambda_worst_10%``), and the calibration errors at the
     best-average lambda (``ece_best_lambda``, ``mce_best_lambda``, averaged over
     clients) when the grid has them."""
     has = jnp.asarray(grid["num_examples"]) > 0
@@ -228,6 +230,7 @@ def personalised_summary(grid: dict, lambdas=LAMBDA_GRID) -> dict:
     oracle = acc.max(1)
     out = {"acc_best_lambda_avg": float(mean[best]),
            "acc_best_lambda_std": float(acc[:, best].std()),
+           "acc_best_lambda_worst_10%": float(worst_k(acc[:, best], 0.1)),
            "best_lambda": float(lambdas[best]),
            "acc_oracle_per_client": float(oracle.mean()), "acc_oracle_std": float(oracle.std()),
            "acc_lambda0": float(mean[0]), "acc_lambda0_std": float(acc[:, 0].std()),
