@@ -46,6 +46,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from primal_dual import gib, header, loadavg, proc_status  # noqa: E402
+from timing import alternate_rounds, compile_rounds  # noqa: E402
 
 NUM_CLIENTS, COHORT, EXAMPLES = 1000, 100, 60
 
@@ -80,12 +81,6 @@ def method_algorithms(model, lr: float = 0.01, batch_size: int = 10, num_epochs:
     }
 
 
-def _cost(compiled) -> tuple[float, float]:
-    ca = compiled.cost_analysis()
-    ca = ca[0] if isinstance(ca, list) else ca
-    return float(ca.get("flops", 0.0)), float(ca.get("bytes accessed", 0.0))
-
-
 def methods(args):
     from fedjax_fair.models import get_model
     from fedjax_fair.simulate import make_cohort
@@ -99,42 +94,22 @@ def methods(args):
     algs = method_algorithms(model)
     print(header(f"personalisation round | twonn (d = {d:,}) | N {NUM_CLIENTS} | cohort "
                  f"{COHORT} | 60 local steps of batch 10"), flush=True)
-    fns, states, cost, mem, compile_s = {}, {}, {}, {}, {}
-    for name, alg in algs.items():
-        states[name] = jax.tree.map(jnp.copy, alg.init(params, NUM_CLIENTS))
-        t = time.perf_counter()
-        fns[name] = jax.jit(lambda s, c, key, alg=alg: alg.apply(s, c, key),
-                            donate_argnums=0).lower(states[name], cohort,
-                                                    jax.random.key(0)).compile()
-        compile_s[name] = time.perf_counter() - t
-        cost[name] = _cost(fns[name])
-        ma = fns[name].memory_analysis()
-        mem[name] = (ma.argument_size_in_bytes, ma.temp_size_in_bytes) if ma else (0, 0)
-        states[name], _ = fns[name](states[name], cohort, jax.random.key(0))  # warm-up
-        jax.block_until_ready(states[name])
+    fns, states, info = compile_rounds(algs, params, NUM_CLIENTS, cohort)
     names = list(algs)
-    best = {name: float("inf") for name in names}
     loads = [loadavg()]
-    for trial in range(args.trials):
-        order = names[trial % len(names):] + names[:trial % len(names)]
-        for name in order:
-            t = time.perf_counter()
-            states[name], _ = fns[name](states[name], cohort, jax.random.key(trial + 1))
-            jax.block_until_ready(states[name])
-            best[name] = min(best[name], time.perf_counter() - t)
-        loads.append(loadavg())
+    best = alternate_rounds(fns, states, cohort, args.trials, lambda: loads.append(loadavg()))
     finite = {name: bool(np.all([np.isfinite(x).all() for x in jax.tree.leaves(s.params)]))
               for name, s in states.items()}
-    f0, b0 = cost["FedAvg"]
+    f0, b0 = info["FedAvg"]["flops"], info["FedAvg"]["bytes"]
     print(f"load average during the trials: {' -> '.join(loads)}")
     print("| method | s/round | x FedAvg | XLA flops x FedAvg | XLA bytes x FedAvg | "
           "arguments GiB | temporaries GiB | compile s | finite |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
-        f, b = cost[name]
+        i = info[name]
         print(f"| {name} | {best[name]:.3f} | {best[name] / best['FedAvg']:.2f} | "
-              f"{f / f0:.2f} | {b / b0:.2f} | {gib(mem[name][0])} | {gib(mem[name][1])} | "
-              f"{compile_s[name]:.1f} | {finite[name]} |", flush=True)
+              f"{i['flops'] / f0:.2f} | {i['bytes'] / b0:.2f} | {gib(i['argument_bytes'])} | "
+              f"{gib(i['temp_bytes'])} | {i['compile_s']:.1f} | {finite[name]} |", flush=True)
 
 
 def live_worker(table: str, rounds: int, out: str) -> dict:

@@ -69,6 +69,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import alternate_rounds, compile_rounds  # noqa: E402
+
 COHORT = 10
 
 
@@ -453,42 +456,21 @@ def methods_case(case: str, trials: int):
     algs = method_algorithms(model, batch, epochs, lr)
     print(header(f"round time | {case} (d = {d:,}) | N {n} | cohort {COHORT} | K {k} | B {batch}"),
           flush=True)
-    fns, states, cost, compile_s = {}, {}, {}, {}
-    for name, alg in algs.items():
-        # distinct buffers per leaf: the round donates its state
-        states[name] = jax.tree.map(jnp.copy, alg.init(params, n))
-        t = time.perf_counter()
-        fns[name] = jax.jit(lambda s, c, key, alg=alg: alg.apply(s, c, key),
-                            donate_argnums=0).lower(states[name], cohort,
-                                                    jax.random.key(0)).compile()
-        compile_s[name] = time.perf_counter() - t
-        ca = fns[name].cost_analysis()
-        ca = ca[0] if isinstance(ca, list) else ca
-        cost[name] = (float(ca.get("flops", 0.0)), float(ca.get("bytes accessed", 0.0)))
-        states[name], _ = fns[name](states[name], cohort, jax.random.key(0))  # warm-up
-        jax.block_until_ready(states[name])
+    fns, states, info = compile_rounds(algs, params, n, cohort)
     names = list(algs)
-    best = {name: float("inf") for name in names}
     loads = [loadavg()]
-    for trial in range(trials):
-        order = names[trial % len(names):] + names[:trial % len(names)]
-        for name in order:
-            t = time.perf_counter()
-            states[name], _ = fns[name](states[name], cohort, jax.random.key(trial + 1))
-            jax.block_until_ready(states[name])
-            best[name] = min(best[name], time.perf_counter() - t)
-        loads.append(loadavg())
+    best = alternate_rounds(fns, states, cohort, trials, lambda: loads.append(loadavg()))
     finite = {name: bool(np.all([np.isfinite(x).all() for x in jax.tree.leaves(s.params)]))
               for name, s in states.items()}
-    f0, b0 = cost["FedAvg"]
+    f0, b0 = info["FedAvg"]["flops"], info["FedAvg"]["bytes"]
     print(f"load average during the trials: {' -> '.join(loads[::max(1, trials // 3)])}")
     print("| method | s/round | x FedAvg | XLA flops x FedAvg | XLA bytes x FedAvg | "
           "compile s | finite |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
-        f, b = cost[name]
+        f, b = info[name]["flops"], info[name]["bytes"]
         print(f"| {name} | {best[name]:.4f} | {best[name] / best['FedAvg']:.2f} | "
-              f"{f / f0:.2f} | {b / b0:.2f} | {compile_s[name]:.1f} | {finite[name]} |",
+              f"{f / f0:.2f} | {b / b0:.2f} | {info[name]['compile_s']:.1f} | {finite[name]} |",
               flush=True)
 
 

@@ -16,3 +16,51 @@ def timeit(fn, reps: int) -> float:
         jax.block_until_ready(fn())
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def alternate_rounds(fns: dict, states: dict, cohort, trials: int, on_trial=None) -> dict:
+    """Fastest seconds of one round per method, the methods alternating within each
+    trial (the starting method rotates), so load on a shared machine hits all alike.
+
+    ``fns[name](state, cohort, key) -> (state, metrics)`` is a compiled round that
+    donates its state; ``states`` is updated in place with each method's last state.
+    ``on_trial()`` runs after every trial (e.g. to record the load average)."""
+    names = list(fns)
+    best = {name: float("inf") for name in names}
+    for trial in range(trials):
+        order = names[trial % len(names):] + names[:trial % len(names)]
+        for name in order:
+            t = time.perf_counter()
+            states[name], _ = fns[name](states[name], cohort, jax.random.key(trial + 1))
+            jax.block_until_ready(states[name])
+            best[name] = min(best[name], time.perf_counter() - t)
+        if on_trial:
+            on_trial()
+    return best
+
+
+def compile_rounds(algs: dict, params, num_clients: int, cohort):
+    """(fns, states, info) for ``alternate_rounds``: each algorithm's round
+    (``apply``) jitted with its state donated (tables updated in place), compiled for
+    ``cohort``, and run once (warm-up). ``info[name]``: compile seconds and XLA's cost
+    analysis (FLOPs and bytes accessed; a loop body counts once) and memory analysis
+    (argument and temporary bytes) of the compiled round."""
+    import jax.numpy as jnp
+    fns, states, info = {}, {}, {}
+    for name, alg in algs.items():
+        states[name] = jax.tree.map(jnp.copy, alg.init(params, num_clients))  # own buffers
+        t = time.perf_counter()
+        fns[name] = jax.jit(lambda s, c, key, alg=alg: alg.apply(s, c, key),
+                            donate_argnums=0).lower(states[name], cohort,
+                                                    jax.random.key(0)).compile()
+        ca = fns[name].cost_analysis()
+        ca = ca[0] if isinstance(ca, list) else ca
+        ma = fns[name].memory_analysis()
+        info[name] = {"compile_s": time.perf_counter() - t,
+                      "flops": float(ca.get("flops", 0.0)),
+                      "bytes": float(ca.get("bytes accessed", 0.0)),
+                      "argument_bytes": ma.argument_size_in_bytes if ma else 0,
+                      "temp_bytes": ma.temp_size_in_bytes if ma else 0}
+        states[name], _ = fns[name](states[name], cohort, jax.random.key(0))
+        jax.block_until_ready(states[name])
+    return fns, states, info

@@ -1,0 +1,587 @@
+"""FedEvg (fedjax_fair/algorithms/fedevg.py): the test properties of spec/fedevg.md §8.
+
+* Pure pieces against literal formulas (NumPy, float64 under ``jax.enable_x64``): the
+  server schedule (§2.4 values), the signed weights, eq. 4.13 (signed weights, and the
+  exact mixture gradient with ``energy_weighting="exp"``), its invariances, the server
+  SGLD step (eq. 4.14), the client SGLD direction, the PCD sign, the linear upload.
+* Rounds on the tiny federation of tests/helpers.py (logistic regression as the energy
+  model; one compiled round per algorithm and strategy, shared): padding garbage, cohort
+  order, masked / empty clients, vmap = sequential, determinism, persistent vs stateless
+  clients, tracers, the metrics ``with_improvement`` reads.
+* ``runner.run`` end to end on the spec's 2-D toy (two Gaussians, two clients, IID;
+  both splits, seeds 0-2 and the downstream accuracy of a fresh classifier trained on D~
+  under ``-m slow``): the synthetic samples move to their class means.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import helpers
+from fedjax_fair import sampling
+from fedjax_fair.algorithm import with_improvement
+from fedjax_fair.algorithms import fedevg as F
+from fedjax_fair.models import mlp
+from fedjax_fair.models.base import from_flax
+from fedjax_fair.models.resnet import SpectralDense, resnet10_gn_sn
+from fedjax_fair.runner import run
+from fedjax_fair.simulate import simulate
+from fedjax_fair.types import FederatedData
+
+E = math.e
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+# ----------------------------------------------------------------- 5. schedule
+
+
+def test_ddpm_cosine_beta_schedule_values():
+    beta = np.asarray(F.server_steps(500, 10.0, 0.01, "ddpm_cosine_beta"), np.float64)
+    assert beta.shape == (500,)
+    assert abs(beta[0] - 10.0) / 10.0 < 1e-3 and abs(beta[0] - 9.999) < 1e-3
+    np.testing.assert_allclose(beta[[250, 450, 490, 498]], [9.94, 9.61, 8.10, 2.51], atol=6e-3)
+    np.testing.assert_allclose(beta[-1], 0.01, rtol=1e-6)
+    assert np.all(np.diff(beta) <= 1e-6)
+
+
+def test_ddpm_cosine_beta_is_the_reference_formula(x64):
+    t_max, s, b0, b1 = 37, 0.008, 3.0, 0.2
+    u = np.arange(t_max + 1)
+    ab = np.cos(((u / t_max) + s) / (1 + s) * np.pi / 2) ** 2 / np.cos(s / (1 + s) * np.pi / 2) ** 2
+    b = 1 - ab[1:] / ab[:-1]
+    np.testing.assert_allclose(F.server_steps(t_max, b0, b1), b0 + b * (b1 - b0), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_cosine_alphabar_schedule_values():
+    beta = np.asarray(F.server_steps(500, 10.0, 0.01, "cosine_alphabar"), np.float64)
+    assert beta.shape == (500,)
+    np.testing.assert_allclose(beta[[0, 250, 450]], [10.0, 4.94, 0.25], atol=6e-3)
+    np.testing.assert_allclose(beta[-1], 0.01, rtol=1e-6)
+    assert np.all(np.diff(beta) <= 1e-6)
+
+
+def test_schedule_is_traceable_in_its_endpoints():
+    grad = jax.grad(lambda b0, b1: F.server_steps(50, b0, b1)[10], argnums=(0, 1))(10.0, 0.5)
+    np.testing.assert_allclose(float(grad[0]) + float(grad[1]), 1.0, rtol=1e-6)  # affine
+    out = jax.vmap(lambda b0: F.server_steps(5, b0, 0.1))(jnp.asarray([1.0, 2.0]))
+    assert out.shape == (2, 5)
+
+
+# ----------------------------------------------------------------- 1-3. weights, eq. 4.13
+
+
+def test_signed_weights_take_three_values_and_bound_the_ratio():
+    f = jnp.asarray([-3.0, -1e-6, 0.0, 2e-7, 40.0, -1e9])
+    s = np.asarray(F.signed_weights(f))
+    np.testing.assert_allclose(s, [1 / E, 1 / E, 1.0, E, E, 1 / E], rtol=1e-6)
+    np.testing.assert_allclose(np.exp(np.asarray(F.log_energy_weights(f))), s, rtol=1e-6)
+    assert s.max() / s.min() <= E ** 2 * (1 + 1e-6)
+
+
+def _numpy_eq_4_13(g, f_y, n):
+    """Literal eq. 4.13 with the signed weights, w_i = n_i / n."""
+    w = n / n.sum()
+    a = w[:, None] * np.exp(np.sign(f_y))
+    a = a.reshape(a.shape + (1,) * (g.ndim - 2))
+    return (a * g).sum(0) / a.sum(0)
+
+
+def test_mixture_gradient_matches_numpy_eq_4_13(x64):
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(4, 5, 2, 3))
+    f_y = rng.normal(size=(4, 5))
+    f_y[0, 0] = 0.0  # sign 0: weight 1
+    n = np.asarray([7.0, 12.0, 3.0, 9.0])
+    got = F.mixture_gradient(jnp.asarray(g), F.log_energy_weights(jnp.asarray(f_y)), jnp.asarray(n))
+    np.testing.assert_allclose(got, _numpy_eq_4_13(g, f_y, n), rtol=1e-12, atol=1e-12)
+
+
+class _TinyNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape(x.shape[0], -1)
+        return nn.Dense(3)(nn.silu(nn.Dense(8)(x)))
+
+
+def test_exp_weighting_is_the_gradient_of_the_mixture_energy(x64):
+    """Property 2: with exp(f_y) weights, G = grad_x E_mix(x), E_mix = -logsumexp_s(log w_s
+    - E_s(x)), E_s(x) = -f_s(x)[y]."""
+    net = _TinyNet()
+    apply = lambda p, x: net.apply(p, x)
+    params = [net.init(jax.random.key(i), jnp.zeros((1, 4))) for i in range(3)]
+    params = [jax.tree.map(lambda v: 3.0 * v, p) for p in params]  # energies far apart
+    x = jax.random.normal(jax.random.key(9), (6, 4), jnp.float64)
+    y = jnp.asarray([0, 1, 2, 0, 1, 2], jnp.int32)
+    n = jnp.asarray([5.0, 1.0, 30.0])
+
+    def e_mix(x):
+        neg_e = jnp.stack([jnp.take_along_axis(apply(p, x), y[:, None], 1)[:, 0] for p in params])
+        return -jnp.sum(jax.nn.logsumexp(jnp.log(n / n.sum())[:, None] + neg_e, axis=0))
+
+    @jax.jit
+    def server_g(x):
+        ups = [F.energy_and_grad(apply, p, x, y) for p in params]
+        g = jnp.stack([-gr for _, gr in ups])  # grad_x E_s
+        log_s = jnp.stack([F.log_energy_weights(fy, "exp") for fy, _ in ups])
+        return F.mixture_gradient(g, log_s, n), log_s, jax.grad(e_mix)(x)
+
+    got, log_s, expected = server_g(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-8)
+    assert np.ptp(np.asarray(log_s)) > 1.0  # the weights really differ
+
+
+def test_aggregation_invariances(x64):
+    mixture_gradient = jax.jit(F.mixture_gradient)
+    rng = np.random.default_rng(1)
+    g = jnp.asarray(rng.normal(size=(3, 4, 2)))
+    log_s = jnp.sign(jnp.asarray(rng.normal(size=(3, 4))))
+    n = jnp.asarray([2.0, 5.0, 3.0])
+    G = mixture_gradient(g, log_s, n)
+    # one client: G = g_1
+    np.testing.assert_allclose(mixture_gradient(g[:1], log_s[:1], n[:1]), g[0], rtol=1e-12)
+    # equal s: the n-weighted mean
+    np.testing.assert_allclose(mixture_gradient(g, jnp.ones_like(log_s), n),
+                               jnp.tensordot(n / n.sum(), g, axes=1), rtol=1e-12)
+    # scaling n, permuting the cohort
+    np.testing.assert_allclose(mixture_gradient(g, log_s, 7.5 * n), G, rtol=1e-12)
+    perm = jnp.asarray([2, 0, 1])
+    np.testing.assert_allclose(mixture_gradient(g[perm], log_s[perm], n[perm]), G, rtol=1e-12)
+    # convex combination
+    assert np.all(G >= g.min(0) - 1e-12) and np.all(G <= g.max(0) + 1e-12)
+    # a client of weight 0 (empty or masked) is ignored, even with non-finite uploads
+    g_bad = g.at[1].set(jnp.nan)
+    n0 = n.at[1].set(0.0)
+    np.testing.assert_allclose(mixture_gradient(g_bad, log_s, n0),
+                               mixture_gradient(g[jnp.asarray([0, 2])], log_s[jnp.asarray([0, 2])],
+                                                  n[jnp.asarray([0, 2])]), rtol=1e-12)
+    # nobody with weight: G = 0, never NaN
+    np.testing.assert_array_equal(mixture_gradient(g, log_s, jnp.zeros(3)), np.zeros((4, 2)))
+    # "exp" weights far out of float range stay finite (the log form)
+    big = mixture_gradient(g, jnp.asarray(rng.normal(size=(3, 4))) * 1e4, n)
+    assert np.all(np.isfinite(big))
+
+
+# ----------------------------------------------------------------- 4. server SGLD
+
+
+def test_server_sgld_step(x64):
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.uniform(size=(5, 3)))
+    G = jnp.asarray(rng.normal(size=(5, 3)))
+    key = jax.random.key(0)
+    np.testing.assert_allclose(F.server_sgld_step(x, G, 0.3, 0.0, key, None), x - 0.3 * G,
+                               rtol=1e-15)
+    big = jnp.zeros((200_000,))
+    moved = F.server_sgld_step(big, jnp.zeros_like(big), 10.0, 0.01, key, None)
+    np.testing.assert_allclose(np.std(np.asarray(moved)), 0.01, rtol=0.01)
+    clipped = F.server_sgld_step(x, 100.0 * G, 1.0, 0.5, key, (0.0, 1.0))
+    assert np.all((np.asarray(clipped) >= 0.0) & (np.asarray(clipped) <= 1.0))
+
+
+# ----------------------------------------------------------------- 7. client SGLD
+
+
+def _quadratic_energy(means):
+    """f(x)[y] = -1/2 ||x - m_y||^2: the energy E(x, y) = 1/2 ||x - m_y||^2."""
+    means = jnp.asarray(means)
+
+    def apply(params, x):
+        del params
+        return -0.5 * jnp.sum(jnp.square(x[:, None, :] - means[None]), axis=-1)
+
+    return apply
+
+
+def test_client_sgld_descends_the_energy(x64):
+    means = np.asarray([[0.2, 0.8], [0.9, 0.1]])
+    apply = _quadratic_energy(means)
+    x = jnp.asarray([[0.5, 0.5], [0.0, 0.0], [1.0, 1.0]])
+    y = jnp.asarray([0, 1, 0], jnp.int32)
+    kw = dict(steps=1, noise=0.0, grad_clip=None, data_range=None)
+    small = F.client_sgld(apply, None, x, y, jax.random.key(0), step_size=0.1, **kw)
+    np.testing.assert_allclose(small, x + 0.1 * (means[np.asarray(y)] - x), rtol=1e-12)
+    np.testing.assert_allclose(F.client_sgld(apply, None, x, y, jax.random.key(0),
+                                             step_size=1.0, **kw), means[np.asarray(y)],
+                               rtol=1e-12)
+    # clipped gradients (c = 0.05) move each coordinate by at most gamma c
+    clipped = F.client_sgld(apply, None, x, y, jax.random.key(0), step_size=1.0, steps=1,
+                            noise=0.0, grad_clip=0.05, data_range=None)
+    np.testing.assert_allclose(clipped, x + np.clip(means[np.asarray(y)] - x, -0.05, 0.05),
+                               rtol=1e-12)
+    energy = lambda z: 0.5 * np.sum((np.asarray(z) - means[np.asarray(y)]) ** 2, -1)
+    assert np.all(energy(small) < energy(x))
+
+
+# ----------------------------------------------------------------- 6. PCD sign
+
+
+def test_pcd_step_raises_real_over_negative_logits(x64):
+    net = _TinyNet()
+    apply = lambda p, x: net.apply(p, x)
+    params = net.init(jax.random.key(1), jnp.zeros((1, 4)))
+    kr, kn = jax.random.split(jax.random.key(2))
+    x_real, x_neg = jax.random.normal(kr, (16, 4)), jax.random.normal(kn, (16, 4))
+    y, y_neg = jnp.arange(16) % 3, (jnp.arange(16) + 1) % 3
+    mask = jnp.arange(16) < 12
+
+    def gap(p):
+        f_r = jnp.take_along_axis(apply(p, x_real), y[:, None], 1)[:, 0]
+        f_n = jnp.take_along_axis(apply(p, x_neg), y_neg[:, None], 1)[:, 0]
+        return jnp.sum(jnp.where(mask, f_r, 0.0)) / 12 - jnp.mean(f_n)
+
+    @jax.jit
+    def check(params):
+        loss, grads = jax.value_and_grad(
+            lambda p: F.pcd_loss(apply, p, x_real, y, mask, x_neg, y_neg))(params)
+        stepped = jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+        return loss, gap(params), gap(stepped)
+
+    loss, before, after = check(params)
+    np.testing.assert_allclose(loss, -before, rtol=1e-12)
+    assert after > before
+
+
+# ----------------------------------------------------------------- 1, 8. client upload
+
+
+def test_linear_client_upload_and_payload(x64):
+    """Property 1 and 8: for f(x) = x W + b the upload is g_j = -W[:, y_j] and
+    s_j = exp(sign(x_j W[:, y_j] + b[y_j])) at the final theta; the payload is g [M, D],
+    s [M] and scalar metrics; equal inputs give equal outputs."""
+    model = helpers.logreg()
+    data = helpers.client(helpers.tiny_federation().train, 1)
+    data = data._replace(examples={**data.examples, "x": jnp.asarray(data.examples["x"],
+                                                                        jnp.float64)})
+    params = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), helpers.init_params(model))
+    synth = F.init_synthetic(jax.random.key(3), 6, 3, (helpers.NUM_FEATURES,))
+    update = jax.jit(F.make_client_update(model, F.ClientConfig(
+        local_iters=3, batch_size=4, grad_clip=None, data_range=None)))
+    args = (synth.x, synth.y, data, jnp.asarray(2 ** 30), jax.random.key(4), 0.05, params)
+    upload, metrics, theta = update(*args)
+    w, b = helpers.logreg_to_numpy(theta)
+    assert not np.allclose(w, helpers.logreg_to_numpy(params)[0])  # it trained
+    y = np.asarray(synth.y)
+    np.testing.assert_allclose(upload.g, -w[:, y].T, rtol=1e-12)
+    f_y = np.einsum("md,dm->m", np.asarray(synth.x), w[:, y]) + b[y]
+    np.testing.assert_allclose(upload.s, np.exp(np.sign(f_y)), rtol=1e-12)
+    assert set(np.round(np.asarray(upload.s), 6)) <= {round(1 / E, 6), 1.0, round(E, 6)}
+    assert upload.g.shape == synth.x.shape and upload.log_s.shape == (6,)
+    assert all(np.shape(v) == () for v in metrics.values())
+    assert int(metrics["num_steps"]) == 3
+    again = update(*args)
+    for a, c in zip(jax.tree.leaves((upload, metrics)), jax.tree.leaves(again[:2])):
+        np.testing.assert_array_equal(a, c)
+
+
+class _GroupNormNet(nn.Module):
+    """Dense -> GroupNorm (2 groups, per sample) -> SiLU -> Dense."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.silu(nn.GroupNorm(num_groups=2, epsilon=1e-5)(nn.Dense(8)(x)))
+        return nn.Dense(3)(x)
+
+
+def _check_per_sample_gradients(apply, x, y):
+    @jax.jit
+    def both(x):
+        one = jax.vmap(jax.grad(lambda xi, yi: apply(None, xi[None])[0, yi]))
+        return F.energy_and_grad(apply, None, x, y), one(x, y)
+
+    (f_y, grad), per_sample = both(x)
+    np.testing.assert_allclose(grad, per_sample, rtol=1e-4, atol=1e-6)
+    assert f_y.shape == y.shape
+
+
+def test_per_sample_upload_gradients_with_groupnorm():
+    """Property 9: the batched upload gradient (one backward pass of the summed
+    energies) equals vmap(grad(one sample's energy)) for a GroupNorm network."""
+    net = _GroupNormNet()
+    params = net.init(jax.random.key(0), jnp.zeros((1, 5)))
+    _check_per_sample_gradients(lambda p, x: net.apply(params, x),
+                                jax.random.normal(jax.random.key(1), (6, 5)),
+                                jnp.asarray([0, 2, 1, 2, 0, 1], jnp.int32))
+
+
+@pytest.mark.slow
+def test_per_sample_upload_gradients_with_the_resnet10():
+    model = resnet10_gn_sn((8, 8, 1), 3, width=4)
+    params = model.init(jax.random.key(0))
+    _check_per_sample_gradients(lambda p, x: model.apply(params, x),
+                                jax.random.uniform(jax.random.key(1), (4, 8, 8, 1)),
+                                jnp.asarray([0, 2, 1, 2], jnp.int32))
+
+
+def test_balanced_labels_and_factory_checks():
+    np.testing.assert_array_equal(F.balanced_labels(6, 3), [0, 0, 1, 1, 2, 2])
+    model = helpers.logreg()
+    for bad in (dict(num_synth=7), dict(ce_weight=-1.0), dict(server_noise=-0.1),
+                dict(client_sgld_steps=-1), dict(batch_size=0), dict(grad_clip=0.0),
+                dict(data_range=(1.0, 0.0)), dict(schedule="linear"),
+                dict(energy_weighting="abs"), dict(client_lr=0.0), dict(num_rounds=0),
+                dict(local_iters=0), dict(client_table="nope", persistent_client_model=True)):
+        with pytest.raises(ValueError):
+            F.fedevg(model, **bad)
+
+
+# ----------------------------------------------------------------- rounds on a federation
+
+MODEL = helpers.logreg()  # the cheapest energy model to compile; engine-level properties
+PARAMS = helpers.init_params(MODEL)
+DATA = helpers.tiny_federation()
+TRAIN = helpers.repad(DATA.train, DATA.train.mask.shape[1] + 3)  # room for garbage rows
+N = DATA.num_clients
+IDS = [0, 3, 4, 1]
+CONFIG = dict(num_synth=6, batch_size=4, server_classifier_steps=2, data_range=(-4.0, 4.0),
+              server_step=0.5, server_step_end=0.05, num_rounds=10, client_step=0.1,
+              client_lr=0.01)
+ALG = F.fedevg(MODEL, **CONFIG)
+PERSISTENT = F.fedevg(MODEL, persistent_client_model=True, **CONFIG)
+_APPLY: dict = {}
+
+
+def _round(alg, state, ids=IDS, key=jax.random.key(7), execution="sequential", mask=None,
+           train=TRAIN):
+    if (alg, execution) not in _APPLY:
+        _APPLY[alg, execution] = jax.jit(lambda s, c, k: alg.apply(s, c, k, execution))
+    return _APPLY[alg, execution](state, helpers.cohort(train, ids, mask=mask), key)
+
+
+def _close(a, b, **kw):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **kw)
+
+
+def test_round_keeps_shapes_and_labels_and_moves_the_synthetic_set():
+    state = ALG.init(PARAMS, N)
+    x0, y0 = F.synthetic_data(state)
+    assert x0.shape == (6, helpers.NUM_FEATURES) and y0.dtype == jnp.int32
+    new, metrics = _round(ALG, state)
+    x1, y1 = F.synthetic_data(new)
+    assert x1.shape == x0.shape and int(new.round) == 1
+    np.testing.assert_array_equal(y1, [0, 0, 1, 1, 2, 2])
+    assert helpers.tree_all_finite((new, metrics))
+    assert not np.allclose(x1, x0) and np.all(np.abs(np.asarray(x1)) <= 4.0)
+    assert not np.allclose(jax.tree.leaves(new.params)[0], jax.tree.leaves(PARAMS)[0])
+    np.testing.assert_allclose(metrics["weights"],
+                               np.asarray(helpers.TRAIN_SIZES)[IDS] / sum(
+                                   np.asarray(helpers.TRAIN_SIZES)[IDS]), rtol=1e-6)
+    assert metrics["num_steps"].tolist() == [math.ceil(helpers.TRAIN_SIZES[i] / 4) for i in IDS]
+    # no hidden state: the same inputs and key give the same round
+    again, _ = _round(ALG, state)
+    _close(again, new, rtol=0, atol=0)
+
+
+def test_padding_garbage_changes_nothing():
+    x = np.asarray(TRAIN.examples["x"]).copy()
+    x[:, -3:] = 1e6
+    garbage = TRAIN._replace(examples={**TRAIN.examples, "x": jnp.asarray(x)})
+    state = ALG.init(PARAMS, N)
+    a, _ = _round(ALG, state)
+    b, _ = _round(ALG, state, train=garbage)
+    _close(a, b, rtol=0, atol=0)
+
+
+def test_cohort_order_invariance():
+    state = ALG.init(PARAMS, N)
+    a, ma = _round(ALG, state)
+    perm = np.asarray([2, 0, 3, 1])
+    b, mb = _round(ALG, state, ids=list(np.asarray(IDS)[perm]))
+    _close(F.synthetic_data(a), F.synthetic_data(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mb["client/pcd"], np.asarray(ma["client/pcd"])[perm], rtol=1e-5)
+
+
+def test_masked_client_counts_like_an_empty_one():
+    """A masked-out cohort row and the empty client both get weight 0."""
+    state = ALG.init(PARAMS, N)
+    a, _ = _round(ALG, state, ids=[0, 3, 4, 1], mask=[True, True, True, False])
+    b, _ = _round(ALG, state, ids=[0, 3, 4, helpers.EMPTY_CLIENT])
+    _close(F.synthetic_data(a), F.synthetic_data(b), rtol=1e-6, atol=1e-7)
+
+
+def test_persistent_clients_start_fresh_then_keep_their_model():
+    """Persistent clients run vmapped, stateless ones sequentially: a first visit starts
+    from the same fresh model, so round 0 agrees (vmap = sequential, property 9); then the
+    persistent clients continue from their stored model."""
+    st, sp = ALG.init(PARAMS, N), PERSISTENT.init(PARAMS, N)
+    a, _ = _round(ALG, st)
+    b, _ = _round(PERSISTENT, sp, execution="vmap")
+    _close(F.synthetic_data(a), F.synthetic_data(b), rtol=1e-5, atol=1e-6)
+    _close(a.params, b.params, rtol=1e-5, atol=1e-6)
+    last = np.asarray(b.client_states.last_round)
+    assert last[IDS].tolist() == [0, 0, 0, 0] and last[[2, 5]].tolist() == [-1, -1]
+    rows = PERSISTENT.client_rows(b, jnp.asarray(IDS))
+    assert not np.allclose(jax.tree.leaves(rows)[0][0], jax.tree.leaves(rows)[0][1])
+    # second round: stateless clients re-initialise, persistent ones continue
+    key = jax.random.key(8)
+    a2, _ = _round(ALG, a, key=key)
+    b2, _ = _round(PERSISTENT, b._replace(aggregator_state=a.aggregator_state), key=key,
+                   execution="vmap")
+    assert not np.allclose(F.synthetic_data(a2)[0], F.synthetic_data(b2)[0], atol=1e-4)
+    rows2 = PERSISTENT.client_rows(b2, jnp.asarray(IDS))
+    assert not np.allclose(jax.tree.leaves(rows2)[0], jax.tree.leaves(rows)[0])
+    np.testing.assert_array_equal(F.synthetic_data(b2)[1], F.synthetic_data(sp)[1])
+
+
+def test_factory_and_round_accept_tracers():
+    """Continuous hyper-parameters may be traced (vmap / grad): the round traces with
+    them as tracers (shapes only, nothing compiled) and its gradient in them exists."""
+    state = ALG.init(PARAMS, N)
+    cohort = helpers.cohort(TRAIN, IDS)
+
+    def final_x(h):
+        alg = F.fedevg(MODEL, **{**CONFIG, "ce_weight": h[0], "client_step": h[1],
+                                 "client_noise": h[2], "server_step": h[3],
+                                 "server_step_end": h[4], "server_noise": h[5],
+                                 "grad_clip": h[6], "client_lr": h[7], "weight_decay": h[8],
+                                 "server_classifier_lr": h[9],
+                                 "data_range": (-h[10], h[10])})
+        new, _ = alg.apply(state, cohort, jax.random.key(1), "sequential")
+        return jnp.sum(new.aggregator_state.x)
+
+    h = jnp.asarray([0.1, 0.1, 0.01, 0.5, 0.05, 0.01, 3.0, 0.01, 1e-4, 1e-3, 4.0])
+    assert jax.eval_shape(jax.grad(final_x), h).shape == h.shape
+    assert isinstance(jax.eval_shape(jax.vmap(final_x), jnp.stack([h, h])), jax.ShapeDtypeStruct)
+
+
+def test_round_metrics_serve_with_improvement():
+    """The CLI wraps every method in ``with_improvement``, which reads ``loss_before``."""
+    alg = with_improvement(ALG, MODEL)
+    _, metrics = jax.eval_shape(lambda s, c: alg.apply(s, c, jax.random.key(0), "sequential"),
+                                ALG.init(PARAMS, N), helpers.cohort(TRAIN, IDS))
+    k = len(IDS)
+    assert metrics["loss_before"].shape == (k,) and metrics["loss_after"].shape == (k,)
+    assert metrics["improved_fraction"].shape == () and metrics["train_loss"].shape == ()
+
+
+def test_synthetic_federation_and_downstream_report():
+    state, _ = _round(ALG, ALG.init(PARAMS, N))
+    x, y = F.synthetic_data(state)
+    fed = F.synthetic_federation(state, num_clients=2)
+    assert isinstance(fed, FederatedData)
+    np.testing.assert_array_equal(fed.train.num_examples, [3, 3])
+    np.testing.assert_array_equal(np.sort(np.asarray(fed.train.examples["y"]).ravel()),
+                                  np.asarray(y))
+    np.testing.assert_allclose(np.sort(np.asarray(fed.train.examples["x"]).ravel()),
+                               np.sort(np.asarray(x).ravel()))
+    assert int(np.asarray(fed.test.num_examples).sum()) == 0
+    with_test = F.synthetic_federation(state, N, test=DATA.test)
+    assert with_test.train.examples["x"].shape == (N, 1, helpers.NUM_FEATURES)
+    with pytest.raises(ValueError):
+        F.synthetic_federation(state, 1, test=DATA.test)  # one test row per client
+    report = F.downstream_report(MODEL, ALG, state, DATA.test, epochs=2, batch_size=4)
+    assert report["downstream_steps"] == 4 and report["num_synth"] == 6
+    assert 0.0 <= report["downstream_accuracy"] <= 1.0
+
+
+# ----------------------------------------------------------------- 10. the 2-D toy
+
+
+class _SNMLP(nn.Module):
+    """MLP 2-64-64-2, SiLU, spectral-normalised last layer (spec §8.10)."""
+
+    @nn.compact
+    def __call__(self, x):
+        for width in (64, 64):
+            x = nn.silu(nn.Dense(width)(x))
+        return SpectralDense(2)(x)
+
+
+TOY_MODEL = from_flax(_SNMLP(), (2,), 2, "toy_snmlp")
+TOY_MEANS = np.asarray([[0.25, 0.5], [0.75, 0.5]])
+TOY = F.fedevg(TOY_MODEL, num_synth=40, local_iters=30, batch_size=32, client_sgld_steps=1,
+               client_step=0.01, client_noise=0.01, grad_clip=3.0, ce_weight=0.1,
+               client_lr=1e-3, weight_decay=1e-4, server_step=0.01, server_step_end=0.001,
+               server_noise=0.01, num_rounds=200, schedule="ddpm_cosine_beta",
+               data_range=(0.0, 1.0), server_classifier_steps=5, server_classifier_lr=1e-2)
+_TOY_RUN: list = []
+
+
+def _toy_data(split: str, seed: int):
+    rng = np.random.default_rng(seed)
+    xs = [(TOY_MEANS[c] + 0.05 * rng.normal(size=(500, 2))).astype(np.float32) for c in (0, 1)]
+    ys = [np.full(500, c, np.int32) for c in (0, 1)]
+    if split == "iid":
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        p = rng.permutation(1000)
+        parts = [(x[p[:500]], y[p[:500]]), (x[p[500:]], y[p[500:]])]
+    else:
+        parts = list(zip(xs, ys))
+    return helpers.pack(parts)
+
+
+def _stats(state):
+    """(mean distance of each synthetic sample to its own class mean, share of samples
+    nearest to their own class mean), on the samples clipped to [0, 1]."""
+    x, y = (np.asarray(a) for a in F.synthetic_data(state))
+    d = np.linalg.norm(np.clip(x, 0, 1)[:, None] - TOY_MEANS[None], axis=-1)
+    return d[np.arange(len(y)), y].mean(), float(np.mean(d.argmin(1) == y))
+
+
+def _toy(split: str, seed: int):
+    """(initial distance, final distance, agreement, final state, data) of 200 rounds."""
+    if not _TOY_RUN:
+        _TOY_RUN.append(jax.jit(lambda s, d, k: simulate(
+            TOY, s, FederatedData(d, d), k, num_rounds=200, cohort_size=2,
+            sampler=sampling.uniform, execution="sequential")[0]))
+    state = TOY.init(TOY_MODEL.init(jax.random.key(seed)), 2)
+    state = state._replace(aggregator_state=F.init_synthetic(jax.random.key(100 + seed), 40, 2,
+                                                             (2,)))
+    train = _toy_data(split, seed)
+    final = _TOY_RUN[0](state, train, jax.random.key(seed))
+    (d0, _), (d1, agree) = _stats(state), _stats(final)
+    return d0, d1, agree, final, train
+
+
+def _check_toy(split, seed):
+    d0, d1, agree, final, train = _toy(split, seed)
+    assert 1 - d1 / d0 >= 0.25, (split, seed, d0, d1)
+    assert agree >= 0.7, (split, seed, agree)
+    return final, train
+
+
+def test_runner_on_the_toy_moves_samples_to_their_class_means():
+    """``runner.run`` end to end on the spec's toy (IID split; one class per client, where
+    only the composition of the clients' energies can place both classes, runs under
+    ``-m slow``): the thresholds of spec §8.10, and the runner's accuracy, that of the
+    server classifier trained on D~ only, on held-out real points."""
+    train = _toy_data("iid", 0)
+    data = FederatedData(train, _toy_data("iid", 1))
+    params = TOY_MODEL.init(jax.random.key(0))
+    state0 = TOY.init(params, 2)
+    result = run(TOY, params, data, jax.random.key(0), model=TOY_MODEL, num_rounds=200,
+                 cohort_size=2, eval_every=200, progress=False, execution="sequential")
+    state = result.state
+    assert int(state.round) == 200 and helpers.tree_all_finite(state)
+    x, y = F.synthetic_data(state)
+    assert x.shape == (40, 2) and np.all((np.asarray(x) >= 0) & (np.asarray(x) <= 1))
+    np.testing.assert_array_equal(y, np.repeat([0, 1], 20))
+    (d0, _), (d1, agree) = _stats(state0), _stats(state)
+    assert 1 - d1 / d0 >= 0.25 and agree >= 0.7, (d0, d1, agree)
+    assert [h["round"] for h in result.history] == [0, 200]
+    assert result.history[-1]["accuracy_mean"] >= 0.9
+    assert result.round_metrics["train_loss"].shape == (200,)
+    assert np.all(np.isfinite(result.round_metrics["train_loss"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("split", ["iid", "one_class_per_client"])
+def test_toy_all_seeds_and_downstream_accuracy(split, seed):
+    final, train = _check_toy(split, seed)
+    # spec §5.1: a fresh classifier trained on D~ only, tested on the real data
+    x, y = F.synthetic_data(final)
+    out = F.downstream_accuracy(mlp((2,), 2, hidden=(16,)), np.clip(np.asarray(x), 0, 1), y,
+                                train, jax.random.key(0), steps=100, lr=1e-2, batch_size=32)
+    assert out["accuracy"] >= 0.9 and out["per_client"].shape == (2,)
