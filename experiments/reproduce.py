@@ -230,14 +230,14 @@ def _personal_runs(out: str) -> dict:
     grid or None) per seed]}
     of a personalisation comparison: the final evaluation of each client's own model
     (clients unweighted, spec/superfed.md §5); for SuPerFed the lambda grid's
-    best-average lambda (``summary["personalised"]``)."""
+    best-average lambda (``summary["method_report"]``)."""
     summary = json.load(open(os.path.join(out, "summary.json")))
     runs = {}
     for alg in summary["config"]["algorithms"]:
         runs[alg] = []
         for seed in summary["config"]["seeds"]:
             run = json.load(open(os.path.join(out, alg, f"seed{seed}", "summary.json")))
-            fin, grid = run["final"], run.get("personalised")
+            fin, grid = run["final"], run.get("method_report")
             per_round = run["timings"]["run_seconds"] / run["config"]["num_rounds"]
             if grid:
                 runs[alg].append((grid["acc_best_lambda_avg"], grid["acc_best_lambda_std"],

@@ -412,7 +412,7 @@ def test_personal_run_and_round_diagnostics(tmp_path):
                      "--eval-every", "1", "--no-plots", "-o", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["evaluated"] == "personal"
-    grid = summary["personalised"]  # the lambda grid of spec/superfed.md §5
+    grid = summary["method_report"]  # the lambda grid of spec/superfed.md §5
     assert grid["acc_oracle_per_client"] >= grid["acc_best_lambda_avg"] >= grid["acc_lambda0"]
     assert 0.0 <= grid["best_lambda"] <= 1.0
     assert summary["client_table"]["rows_stored"] == summary["dataset"]["num_clients"]

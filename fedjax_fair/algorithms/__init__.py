@@ -81,7 +81,7 @@ class Method(NamedTuple):
     participation it needs ("partial": any cohort; "full": every client every round,
     sampler ``full``), and an optional end-of-run ``report(model, algorithm, state,
     test_split) -> dict`` of the method's own numbers (SuPerFed's lambda grid), which
-    the CLI writes under "personalised" in summary.json."""
+    the CLI writes under "method_report" in summary.json."""
 
     factory: Callable
     hparams: dict

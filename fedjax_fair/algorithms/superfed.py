@@ -244,5 +244,5 @@ def personalised_summary(grid: dict, lambdas=LAMBDA_GRID) -> dict:
 def lambda_report(model: Model, algorithm: FederatedAlgorithm, state, split: ClientData
                   ) -> dict:
     """``personalised_summary`` of the lambda grid on ``split`` at ``state``: what the
-    CLI writes under "personalised" in a SuPerFed run's summary.json."""
+    CLI writes under "method_report" in a SuPerFed run's summary.json."""
     return personalised_summary(lambda_grid_metrics(model, algorithm, state, split))

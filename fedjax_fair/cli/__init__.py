@@ -568,8 +568,8 @@ def cmd_run(args) -> int:
           f"{fin['accuracy_worst_10%']:.4f}, best 10% {fin['accuracy_best_10%']:.4f}, "
           f"gini {fin['accuracy_gini']:.4f}; "
           f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
-    grid = summary.get("personalised")
-    if grid:
+    grid = summary.get("method_report")
+    if grid and "acc_best_lambda_avg" in grid:
         print(f"personalised (lambda grid, spec/superfed.md §5): best average lambda "
               f"{grid['best_lambda']:.1f} -> {grid['acc_best_lambda_avg']:.4f}; per-client "
               f"oracle {grid['acc_oracle_per_client']:.4f}; lambda 0 (federated) "
@@ -583,13 +583,13 @@ def cmd_run(args) -> int:
 
 
 def _method_report(name: str, model, alg, result, ds) -> dict:
-    """{"personalised": the method's own end-of-run numbers} (``Method.report`` on the
+    """{"method_report": the method's own end-of-run numbers} (``Method.report`` on the
     test split, e.g. SuPerFed's lambda grid), or {} for a method without them."""
     from fedjax_fair.algorithms import REGISTRY, base_name
     method = REGISTRY.get(base_name(name))
     if method is None or method.report is None:
         return {}
-    return {"personalised": method.report(model, alg, result.state, ds.host_data.test)}
+    return {"method_report": method.report(model, alg, result.state, ds.host_data.test)}
 
 
 def _fix_resumed_seconds(history: list, new_entries: list) -> int:
