@@ -187,10 +187,14 @@ def compose(client_update: ClientUpdate, *,
         if client_state_fresh is None:
             return stored
         never = client_states.last_round[client_ids] < 0
-        fresh = jax.vmap(client_state_fresh)(client_ids)
-        return jax.tree.map(
-            lambda f, r: jnp.where(never.reshape(never.shape + (1,) * (r.ndim - 1)),
-                                   f.astype(r.dtype), r), fresh, stored)
+
+        def one(args):  # a fresh row is drawn only for a client never written
+            client_id, is_new, row = args
+            draw = lambda: jax.tree.map(lambda f, r: f.astype(r.dtype),
+                                        client_state_fresh(client_id), row)
+            return jax.lax.cond(is_new, draw, lambda: row)
+
+        return jax.lax.map(one, (client_ids, never, stored))
 
     def personal(state: ServerState, client_ids):
         return jax.vmap(personal_params, in_axes=(None, 0))(state.params,
