@@ -1,6 +1,6 @@
 """Runs the small-scale experiments (issues 4, 10, 11 and 12) and writes docs/reproducing.md.
 
-    python experiments/reproduce.py                 # every experiment (~20 min, 2-core CPU)
+    python experiments/reproduce.py                 # every experiment (~1 hour, 2-core CPU)
     python experiments/reproduce.py --only aaggff_cross_silo --seeds 0
     python experiments/reproduce.py --reuse         # re-render from runs/reproduce/
 
@@ -48,7 +48,7 @@ COMPHET = ("comphet_iid", "comphet_niid", "comphet_tniid")
 DQN = ("dqn_setup1", "dqn_setup2", "dqn_participation_50", "dqn_participation_10")
 AFEDPD = ("afedpd_iid", "afedpd_dir1", "afedpd_dir01")
 PRIMAL_DUAL = ("feddyn", "fedspeed", "afedpd", "afedpd_sam", "fedadmm", "fedpd")
-SUPERFED = ("superfed_pathological", "superfed_dirichlet")
+SUPERFED = ("superfed_pathological", "superfed_dirichlet", "superfed_ablation")
 NOISE = ("superfed_noise_pair01", "superfed_noise_pair04", "superfed_noise_sym02",
          "superfed_noise_sym06")
 LEVEL = 0.9
