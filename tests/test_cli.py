@@ -617,6 +617,7 @@ def test_resume_may_change_the_evaluation_frequency(tmp_path):
     assert [r["round"] for r in rows] == [0, 1, 2, 4, 6]
 
 
+@pytest.mark.slow  # heavy; the default run keeps test_resume_gives_the_uninterrupted_result
 def test_a_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
     """config.json records where the run was; a copied or moved run resumes from the
     checkpoint beside it, and writes only there."""
@@ -633,6 +634,7 @@ def test_a_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
     assert saved["checkpoint_dir"] == os.path.join(moved, "checkpoint")
 
 
+@pytest.mark.slow  # heavy; the default run keeps the SIGTERM compare test
 def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, monkeypatch):
     from fedjax_fair import runner
     out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")

@@ -85,6 +85,7 @@ def _toy(n, seed):
                           np.full(n, c, np.int32)) for c in (0, 1)])
 
 
+@pytest.mark.slow  # a 26 s run; the NumPy references of the loss stay in the default run
 def test_runner_on_the_toy_with_one_class_per_client():
     data = FederatedData(_toy(200, 0), _toy(50, 1))
     model = C.cvae((2,), 2, latent_dim=2, hidden=(32,))

@@ -177,7 +177,7 @@ def test_local_models_start_distinct_and_persist_for_clients_never_sampled():
     assert _equal(_rows(alg, new, untouched), _rows(alg, state, untouched))
 
 
-@pytest.mark.parametrize("table", ["lazy", "lazy:5"])
+@pytest.mark.parametrize("table", ["lazy", pytest.param("lazy:5", marks=pytest.mark.slow)])
 def test_lazy_table_equals_dense(table):
     dense, lazy = _sf(start_round=1), _sf(start_round=1, client_table=table)
     sd, sl = dense.init(PARAMS, N), lazy.init(PARAMS, N)
