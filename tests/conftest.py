@@ -1,4 +1,10 @@
-"""Test settings: strict rank promotion (DESIGN.md §9) and float32 by default."""
-import jax
+"""Test settings: strict rank promotion (DESIGN.md §9) and float32 by default; on a
+GPU, test workers (pytest-xdist, one per CPU) allocate device memory as they need it
+instead of each reserving most of it."""
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
