@@ -23,8 +23,9 @@ loader divides sklearn's 0..16 counts by 16; 80/20 stratified holdout per client
   thesis' MNIST clients, too little to train a fresh classifier whose energy gradients
   mean anything; ``--local-iters epoch`` runs that reading.
 * FedCVAE (``algorithms.fedcvae``): a conditional VAE (latent 16, hidden 256) trained
-  with FedAvg (Adam ``--cvae-lr``, B = 64, ``--cvae-epochs`` local epochs) for the same
-  T rounds and cohort; its synthetic set is 10 decoder means per class.
+  with FedAvg (Adam ``--cvae-lr``, B = 64) for the same T rounds and cohort and the same
+  local work as FedEvg (I Adam steps per client and round, or one epoch with
+  ``--local-iters epoch``); its synthetic set is 10 decoder means per class.
 * References: FedAvg's global ``mlp`` trained on the clients' real data (SGD 0.1, B =
   20, one epoch, T rounds; its per-client test accuracy), a fresh ``mlp`` trained on
   M = 10 random real training rows per class (pooled over clients, "same-size real
@@ -37,7 +38,13 @@ unweighted std across clients); the Fréchet classifier distance
 ``fedevg.feature_distance`` (FID stand-in: the logits of a fixed ``mlp`` trained on the
 cell's pooled real training rows, 2000 Adam steps) between the synthetic set and all
 pooled real held-out rows; its scale depends on that classifier, so compare FCDs within
-a column only. Cells are mean ± std over seeds.
+a column only. Diagnostics: "spread", the mean pairwise pixel distance between two
+samples of the same class (diversity; ``spread``), and the "border-pixel mean", the mean
+value of the near-empty pixels (mean < 0.02 over the cell's real training rows: the
+left and right border columns), where the clients' networks get almost no signal. Cells
+are mean ± std over seeds.
+``--schedule cosine_alphabar`` runs FedEvg with the spec's alternative (smoothly
+decaying) server step-size schedule.
 
 Figures (seed 1 of each cell): ``docs/img/PREFIX_k{K}_a{alpha}_fedevg.png`` (FedEvg's D~
 at rounds 0, T/4, T/2, 3T/4, T) and ``..._final.png`` (FedEvg's and FedCVAE's final
@@ -46,8 +53,8 @@ sets beside M random real rows), via ``fedevg.plot_sample_grid``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import math
 import os
 import sys
 import time
@@ -113,8 +120,10 @@ def with_snapshots(alg):
     return alg._replace(apply=apply)
 
 
-def run_fedevg(model, data, seed, rounds, cohort, snapshot_rounds, local_iters=None):
-    alg = F.fedevg(model, num_rounds=rounds, synth_seed=seed, local_iters=local_iters)
+def run_fedevg(model, data, seed, rounds, cohort, snapshot_rounds, local_iters=None,
+               schedule="ddpm_cosine_beta"):
+    alg = F.fedevg(model, num_rounds=rounds, synth_seed=seed, local_iters=local_iters,
+                   schedule=schedule)
     snaps = {}
 
     def on_rounds(first, metrics):
@@ -133,9 +142,29 @@ def run_fedevg(model, data, seed, rounds, cohort, snapshot_rounds, local_iters=N
     return np.asarray(x), np.asarray(y), snaps, res
 
 
-def run_fedcvae(data, seed, rounds, cohort, lr, epochs):
-    model = C.cvae(INPUT_SHAPE, NUM_CLASSES, latent_dim=16, hidden=(256,))
-    alg = C.fedcvae(model, client_lr=lr, batch_size=64, num_epochs=epochs)
+@functools.lru_cache(maxsize=1)
+def classifier():
+    """The zoo's ``mlp`` (ReLU 200-200) on 8x8x1: FedEvg's energy network, the
+    downstream and feature classifiers and FedAvg's model. One object for the whole
+    script, so that its compiled programs (evaluator, downstream training) are reused."""
+    return get_model("mlp", INPUT_SHAPE, NUM_CLASSES)
+
+
+@functools.lru_cache(maxsize=1)
+def cvae_model():
+    return C.cvae(INPUT_SHAPE, NUM_CLASSES, latent_dim=16, hidden=(256,))
+
+
+def run_fedcvae(data, seed, rounds, cohort, lr, local_iters):
+    """FedCVAE with ``local_iters`` Adam steps per client and round (as many epochs,
+    capped at that many steps: every client takes exactly ``local_iters`` steps, the
+    local work FedEvg gets), or one local epoch when None."""
+    model = cvae_model()
+    if local_iters is None:
+        alg = C.fedcvae(model, client_lr=lr, batch_size=64, num_epochs=1)
+    else:
+        alg = C.fedcvae(model, client_lr=lr, batch_size=64, num_epochs=local_iters,
+                        max_steps=local_iters)
     res = run(alg, model.init(jax.random.key(seed)), data, jax.random.key(seed), model=model,
               num_rounds=rounds, cohort_size=cohort, eval_every=rounds, progress=False)
     x, y = C.synthetic_data(model, res.state, jax.random.key(1000 + seed), SPC)
@@ -147,6 +176,18 @@ def run_fedavg(model, data, seed, rounds, cohort):
     res = run(alg, model.init(jax.random.key(seed)), data, jax.random.key(seed), model=model,
               num_rounds=rounds, cohort_size=cohort, eval_every=rounds, progress=False)
     return weighted(res.client_metrics["accuracy"], res.client_metrics["num_examples"])
+
+
+def spread(x, y):
+    """Diversity of a labelled sample set: the mean over classes of the mean pairwise
+    Euclidean pixel distance between two different samples of that class."""
+    x = np.asarray(x, np.float64).reshape(len(y), -1)
+    out = []
+    for c in np.unique(y):
+        xc = x[np.asarray(y) == c]
+        d = np.sqrt(np.maximum(((xc[:, None] - xc[None]) ** 2).sum(-1), 0.0))
+        out.append(d.sum() / max(1, len(xc) * (len(xc) - 1)))
+    return float(np.mean(out))
 
 
 def real_subset(train, seed):
@@ -163,9 +204,12 @@ def one_cell(k, alpha, seed, args, figures: bool):
     ds, partition, leaked = dataset(k, alpha, seed)
     data = ds.host_data
     cohort = min(10, k)
-    model = get_model("mlp", INPUT_SHAPE, NUM_CLASSES)
+    model = classifier()
     test = data.test
     x_test, _ = F.pooled_examples(test)
+    # near-empty pixels: mean < 0.02 over the real training rows (the left and right
+    # border columns, 17 of 64); the clients' networks get almost no signal there
+    dead = F.pooled_examples(data.train)[0].reshape(-1, 64).mean(0) < 0.02
     feat_params, _ = F.feature_classifier(model, data.train, jax.random.key(500 + seed),
                                           steps=FEATURE_STEPS)
     fcd = jax.jit(lambda a, b: F.feature_distance(model, feat_params, a, b))
@@ -173,8 +217,11 @@ def one_cell(k, alpha, seed, args, figures: bool):
     def score(x, y, name):
         out = F.downstream_accuracy(model, x, y, test, jax.random.key(700 + seed),
                                     steps=DOWNSTREAM_STEPS, lr=1e-3, batch_size=64)
+        x = np.asarray(x)
         return {f"{name}_acc": out["accuracy"], f"{name}_acc_client_std": out["accuracy_std"],
-                f"{name}_fcd": float(fcd(jnp.asarray(x), jnp.asarray(x_test)))}
+                f"{name}_fcd": float(fcd(jnp.asarray(x), jnp.asarray(x_test))),
+                f"{name}_spread": spread(x, np.asarray(y)),
+                f"{name}_dead": float(np.mean(x.reshape(len(x), -1)[:, dead]))}
 
     row = {"K": k, "alpha": alpha, "seed": seed, "partition": partition,
            "leaked_test_rows": leaked,
@@ -183,12 +230,13 @@ def one_cell(k, alpha, seed, args, figures: bool):
                           args.rounds})
     t = time.perf_counter()
     x_e, y_e, snaps, res_e = run_fedevg(model, data, seed, args.rounds, cohort, set(snap_rounds),
-                                       args.local_iters)
+                                       args.local_iters, args.schedule)
     row.update(score(x_e, y_e, "fedevg"))
     row["fedevg_server_classifier_acc"] = res_e.history[-1]["accuracy_mean"]
     row["fedevg_seconds"] = time.perf_counter() - t
     t = time.perf_counter()
-    x_c, y_c, res_c = run_fedcvae(data, seed, args.rounds, cohort, args.cvae_lr, args.cvae_epochs)
+    x_c, y_c, res_c = run_fedcvae(data, seed, args.rounds, cohort, args.cvae_lr,
+                                 args.local_iters)
     row.update(score(x_c, y_c, "fedcvae"))
     row["fedcvae_seconds"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -202,9 +250,10 @@ def one_cell(k, alpha, seed, args, figures: bool):
     row["seconds"] = time.perf_counter() - t0
     if figures:
         tag = f"k{k}_a{alpha:g}".replace(".", "")
-        local = "1 local epoch" if args.local_iters is None else f"I={args.local_iters}"
+        local = "1 epoch" if args.local_iters is None else f"I={args.local_iters}"
         context = (f"digits 8x8, K={k}, {cohort} clients/round, Dirichlet alpha={alpha:g} "
-                   f"({partition}), seed {seed}, M={SPC * NUM_CLASSES}, FedEvg {local}")
+                   f"({partition}), seed {seed}, M={SPC * NUM_CLASSES}, local work {local}"
+                   + ("" if args.schedule == "ddpm_cosine_beta" else f", {args.schedule}"))
         # D~^(0) ~ N(0, I) is shown clipped to [0, 1] like every later D~
         F.plot_sample_grid([snaps[r] for r in snap_rounds], y_e, snap_rounds,
                            os.path.join(args.img_dir, f"{args.img_prefix}_{tag}_fedevg.png"),
@@ -245,7 +294,13 @@ def table(rows, cells):
             ("FedEvg", "FCD ↓", "fedevg_fcd", 1, 2),
             ("FedCVAE", "FCD ↓", "fedcvae_fcd", 1, 2),
             ("real, M = 100 random rows", "FCD ↓", "real_m_fcd", 1, 2),
-            ("real, all train rows", "FCD ↓", "real_all_fcd", 1, 2)]
+            ("real, all train rows", "FCD ↓", "real_all_fcd", 1, 2),
+            ("FedEvg", "spread", "fedevg_spread", 1, 2),
+            ("FedCVAE", "spread", "fedcvae_spread", 1, 2),
+            ("real, M = 100 random rows", "spread", "real_m_spread", 1, 2),
+            ("FedEvg", "border-pixel mean", "fedevg_dead", 1, 2),
+            ("FedCVAE", "border-pixel mean", "fedcvae_dead", 1, 2),
+            ("real, M = 100 random rows", "border-pixel mean", "real_m_dead", 1, 2)]
     for name, metric, key, scale, dec in spec:
         vals = []
         for k, a in cells:
@@ -275,10 +330,12 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--local-iters", default="20",
-                   help="FedEvg's local iterations I per round (an int), or 'epoch' for one "
-                        "local epoch (the spec's default reading; see the module docstring)")
+                   help="local Adam iterations I per client and round of FedEvg and FedCVAE "
+                        "(an int), or 'epoch' for one local epoch each (the spec's default "
+                        "reading; see the module docstring)")
+    p.add_argument("--schedule", default="ddpm_cosine_beta", choices=F.SCHEDULES,
+                   help="FedEvg's server step-size schedule beta_t (spec §2.4)")
     p.add_argument("--cvae-lr", type=float, default=1e-3)
-    p.add_argument("--cvae-epochs", type=int, default=1)
     p.add_argument("--img-dir", default=os.path.join(REPO, "docs", "img"))
     p.add_argument("--img-prefix", default="fedevg_digits",
                    help="figure file names: PREFIX_k{K}_a{alpha}_{fedevg,final}.png")
@@ -302,8 +359,8 @@ def main(argv=None):
     print()
     print(table(rows, cells))
     local = "one epoch" if args.local_iters is None else f"I = {args.local_iters} iterations"
-    print(f"\n{len(args.seeds)} seed(s) {args.seeds}, T = {args.rounds} rounds, FedEvg local "
-          f"work {local}; total {time.perf_counter() - t0:.0f}s")
+    print(f"\n{len(args.seeds)} seed(s) {args.seeds}, T = {args.rounds} rounds, local work "
+          f"{local}, FedEvg schedule {args.schedule}; total {time.perf_counter() - t0:.0f}s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=1)

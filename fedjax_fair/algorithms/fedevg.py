@@ -58,7 +58,11 @@ Public pieces: ``server_steps`` (schedule), ``signed_weights`` / ``log_energy_we
 values and gradients), ``make_client_update`` (one client, spec §2.3), ``init_synthetic``
 / ``balanced_labels`` (eq. 4.12), ``mean_epoch_iters``; accessors ``synthetic_data``,
 ``synthetic_federation``, ``downstream_accuracy`` and ``downstream_report`` (spec §5.1,
-the shape of a registry ``report`` hook).
+the shape of a registry ``report`` hook); evaluation: ``frechet_distance`` and
+``feature_distance`` (a Fréchet *classifier* distance on a fixed classifier's logits,
+the offline stand-in for the spec's FID, §5.2; not FID), ``feature_classifier`` and
+``pooled_examples`` (its embedding network, trained on the pooled real training rows),
+``plot_sample_grid`` (class-wise sample grids over rounds, §5.3).
 
 Traced (vmappable / differentiable): ``ce_weight``, ``client_step``, ``client_noise``,
 ``server_step``, ``server_step_end``, ``server_noise``, ``grad_clip``, ``data_range``
@@ -698,3 +702,190 @@ def downstream_report(model: Model, algorithm: FederatedAlgorithm, state: Server
             "downstream_accuracy_std": out["accuracy_std"], "downstream_steps": steps,
             "num_synth": int(xs.shape[0]), "synthetic_min": float(xs.min()),
             "synthetic_max": float(xs.max())}
+
+
+# ----------------------------------------------------------------- evaluation: feature distance
+
+
+def _float_dtype(*arrays):
+    """The inputs' common float type, at least float32 (float64 stays float64)."""
+    return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
+
+
+def frechet_distance(feat_a, feat_b):
+    """Fréchet distance between Gaussians fitted to two feature sets [n_a, d], [n_b, d]
+    (Dowson & Landau 1982; the formula of FID, Heusel et al. 2017):
+
+        d^2 = ||mu_a - mu_b||^2 + Tr(C_a) + Tr(C_b) - 2 Tr((C_a^1/2 C_b C_a^1/2)^1/2),
+
+    mu = the feature mean, C = the unbiased covariance (1 / (n - 1), as ``numpy.cov``).
+    The last trace equals Tr((C_a C_b)^1/2) (same eigenvalues) and is computed from
+    symmetric eigendecompositions only: C_a^1/2 = V diag(sqrt(max(lambda, 0))) V^T, then
+    the eigenvalues of the symmetrised C_a^1/2 C_b C_a^1/2, clamped at 0 before their
+    square roots (round-off on singular covariances, e.g. n <= d). Pure and jittable;
+    computed in the inputs' float type, at least float32 (float64 inputs under
+    ``jax.enable_x64`` stay float64). The result is clamped at 0. Needs n_a, n_b >= 2.
+    """
+    a = jnp.asarray(feat_a)
+    b = jnp.asarray(feat_b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"feat_a, feat_b: must be [n, d] with the same d, got {a.shape} and "
+                         f"{b.shape}")
+    if a.shape[0] < 2 or b.shape[0] < 2:
+        raise ValueError(f"feat_a, feat_b: need at least 2 rows each for a covariance, got "
+                         f"{a.shape[0]} and {b.shape[0]}")
+    dtype = _float_dtype(a, b)
+    a, b = a.astype(dtype), b.astype(dtype)
+
+    def moments(f):
+        mu = jnp.mean(f, axis=0)
+        c = f - mu[None, :]
+        return mu, c.T @ c / (f.shape[0] - 1)
+
+    mu_a, cov_a = moments(a)
+    mu_b, cov_b = moments(b)
+    lam, vec = jnp.linalg.eigh(cov_a)
+    root_a = (vec * jnp.sqrt(jnp.maximum(lam, 0.0))[None, :]) @ vec.T
+    inner = root_a @ cov_b @ root_a
+    inner = 0.5 * (inner + inner.T)
+    trace_root = jnp.sum(jnp.sqrt(jnp.maximum(jnp.linalg.eigvalsh(inner), 0.0)))
+    d2 = (jnp.sum(jnp.square(mu_a - mu_b)) + jnp.trace(cov_a) + jnp.trace(cov_b)
+          - 2.0 * trace_root)
+    return jnp.maximum(d2, 0.0)
+
+
+def feature_distance(model: Model, params, x_synth, x_real):
+    """The Fréchet *classifier* distance (FCD) between a synthetic and a real image set:
+    ``frechet_distance`` of the **logits** f(x; theta) [n, L] of a fixed classifier
+    ``model`` / ``params`` (lower is better; 0 for identical sets).
+
+    A stand-in for the spec's FID (§5.2), which needs InceptionV3 pool3 features that
+    are not available offline. It is **not FID** and not on FID's scale: the embedding
+    is a small classifier trained on the federation's real pooled training rows
+    (``feature_classifier``), d = L; logits rather than penultimate features because
+    ``Model.apply`` returns logits only (the ``Model`` API exposes no hidden layer).
+    Logits are a class-discriminative embedding: the distance grows when the synthetic
+    set's class-conditional structure, confidence or spread differs from the real
+    data's, and it is blind to pixel detail the classifier ignores. The spec's two
+    variants are the caller's choice of ``x_real``: all real held-out images (the
+    default reading of FID, n_real = all), or M of them ("M vs M", the [ref-code]
+    variant, noisier with M <= d samples). Pure and jittable in ``params`` and both
+    sets."""
+    return frechet_distance(model.apply(params, jnp.asarray(x_synth)),
+                            model.apply(params, jnp.asarray(x_real)))
+
+
+def pooled_examples(split: ClientData):
+    """Every client's valid rows of a (host or device) split, stacked in client order:
+    (x [n, *X], y int32 [n]) as NumPy arrays (the padding rows dropped)."""
+    mask = np.asarray(split.mask, bool)
+    x = np.asarray(split.examples["x"])[mask]
+    y = np.asarray(split.examples["y"])[mask].astype(np.int32)
+    return x, y
+
+
+def feature_classifier(model: Model, train_split: ClientData, key, steps: int = 2000,
+                       lr=1e-3, batch_size: int = 64, weight_decay=0.0):
+    """The fixed embedding of ``feature_distance``: a fresh ``model`` (``model.init``
+    from ``key``) trained on the clients' pooled real training rows
+    (``pooled_examples``), ``steps`` Adam steps of minibatch cross-entropy (the program
+    of ``downstream_accuracy``). Returns (params, mean training loss)."""
+    H.COUNT.check("steps", steps)
+    H.COUNT.check("batch_size", batch_size)
+    x, y = pooled_examples(train_split)
+    params, loss = _downstream_program(model, int(steps), int(batch_size))(
+        jnp.asarray(x), jnp.asarray(y), key, lr, weight_decay)
+    return params, float(loss)
+
+
+# ----------------------------------------------------------------- evaluation: sample grids
+
+
+def _grid_image(x, y, num_classes: int, per_class: int, value_range):
+    """One mosaic [L (h+1) - 1, per_class (w+1) - 1, C] of the first ``per_class``
+    samples of each class (rows = classes; missing samples and the 1-pixel gutters are
+    blank at the top of the range), clipped to ``value_range`` and rescaled to [0, 1]."""
+    x = np.asarray(x, np.float64)
+    if x.ndim == 2:  # flat samples: square grey images when D is a square
+        side = int(round(math.sqrt(x.shape[1])))
+        if side * side != x.shape[1]:
+            raise ValueError(f"snapshots: flat samples of {x.shape[1]} features are not "
+                             f"square images")
+        x = x.reshape(x.shape[0], side, side, 1)
+    elif x.ndim == 3:
+        x = x[..., None]
+    if x.ndim != 4 or x.shape[-1] not in (1, 3):
+        raise ValueError(f"snapshots: need images [M, H, W] or [M, H, W, 1 | 3], got "
+                         f"{x.shape}")
+    lo, hi = value_range
+    x = (np.clip(x, lo, hi) - lo) / (hi - lo)
+    y = np.asarray(y)
+    h, w, c = x.shape[1:]
+    grid = np.ones((num_classes * (h + 1) - 1, per_class * (w + 1) - 1, c))
+    for cls in range(num_classes):
+        rows = np.flatnonzero(y == cls)[:per_class]
+        for col, j in enumerate(rows):
+            grid[cls * (h + 1):cls * (h + 1) + h, col * (w + 1):col * (w + 1) + w] = x[j]
+    return grid
+
+
+def plot_sample_grid(snapshots, labels, rounds, path: Optional[str], num_classes: int,
+                     per_class: int = 10, title: str = "Synthetic samples by class",
+                     context: str = "", value_range=(0.0, 1.0), class_names=None,
+                     panel_width: float = 2.6, dpi: int = 110):
+    """Class-wise grids of synthetic samples (spec §5.3), one panel per snapshot.
+
+    snapshots: a sequence of sample sets [M, H, W], [M, H, W, 1] (grey, e.g. 8x8,
+      28x28, 32x32), [M, H, W, 3] (RGB) or [M, H*W] (flat square grey images), e.g.
+      D~ after the rounds ``rounds``; labels: int [M], shared by all snapshots, or a
+      sequence with one label array per snapshot; rounds: one entry per snapshot, the
+      panel's title ("round r"; a string is used as it is).
+    Each panel is a mosaic with a row per class (0..num_classes-1, labelled on the
+    left) and the first ``per_class`` samples of that class as columns; pixels are
+    clipped to ``value_range`` (the data range) and shown on a fixed scale, grey
+    images with the grey colour map (black = lo). ``title`` / ``context`` form the
+    figure title as in ``cli.report`` (``context`` on a second line). The figure is
+    drawn on a ``matplotlib.figure.Figure`` with the Agg canvas (matplotlib is
+    imported here, never pyplot), written to ``path`` as PNG when given, and returned.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    snapshots = list(snapshots)
+    rounds = list(rounds)
+    if not snapshots or len(rounds) != len(snapshots):
+        raise ValueError(f"rounds: need one entry per snapshot ({len(snapshots)}), got "
+                         f"{len(rounds)}")
+    if isinstance(labels, (list, tuple)) and len(labels) == len(snapshots) and \
+            np.ndim(labels[0]) == 1:
+        label_sets = [np.asarray(v) for v in labels]
+    else:
+        label_sets = [np.asarray(labels)] * len(snapshots)
+    H.COUNT.check("num_classes", num_classes)
+    H.COUNT.check("per_class", per_class)
+    grids = [_grid_image(x, y, num_classes, per_class, value_range)
+             for x, y in zip(snapshots, label_sets)]
+    ratio = grids[0].shape[0] / grids[0].shape[1]
+    n = len(grids)
+    fig = Figure(figsize=(panel_width * n + 0.4, panel_width * ratio + 0.9),
+                 layout="constrained")
+    FigureCanvasAgg(fig)
+    names = [str(c) for c in range(num_classes)] if class_names is None else list(class_names)
+    h = (grids[0].shape[0] + 1) / num_classes
+    for i, (grid, r) in enumerate(zip(grids, rounds)):
+        ax = fig.add_subplot(1, n, i + 1)
+        if grid.shape[-1] == 1:
+            ax.imshow(grid[..., 0], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+        else:
+            ax.imshow(grid, interpolation="nearest")
+        ax.set_title(r if isinstance(r, str) else f"round {r}", fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([(c + 0.5) * h - 1 for c in range(num_classes)])
+        ax.set_yticklabels(names if i == 0 else [], fontsize=7)
+        ax.tick_params(length=0)
+    fig.suptitle(f"{title}\n{context}" if context else title, fontsize=10)
+    if path is not None:
+        import os
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    return fig
