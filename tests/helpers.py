@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import functools
 import json
 
 import jax
@@ -120,6 +121,46 @@ def stacked_cohorts(train: ClientData, rounds) -> Cohort:
     ``rounds``, stacked along a leading round axis (for a ``lax.scan`` over rounds)."""
     cohorts = [cohort(train, ids, budgets, mask) for ids, mask, budgets in rounds]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *cohorts)
+
+
+@functools.lru_cache(maxsize=None)
+def epoch_orders(epochs: int, batch_size: int):
+    from fedjax_fair.client import epoch_order
+    return jax.jit(lambda data, key: jax.vmap(
+        lambda e: epoch_order(data, key, e, batch_size))(jnp.arange(epochs)))
+
+
+def local_batches(train: ClientData, k: int, key, epochs: int, batch_size: int):
+    """The real rows (x float64, y) of each local step of client k run by
+    ``client.local_sgd`` with ``key``: epochs x ceil(n / B) steps, the last batch of
+    an epoch partial (a literal reference's minibatches)."""
+    n = int(train.num_examples[k])
+    if n == 0:
+        return []
+    shuffle_key, _ = jax.random.split(key)
+    orders = np.asarray(epoch_orders(epochs, batch_size)(client(train, k), shuffle_key))
+    x = np.asarray(train.examples["x"][k], np.float64)
+    y = np.asarray(train.examples["y"][k])
+    spe = -(-n // batch_size)
+    out = []
+    for t in range(epochs * spe):
+        e, i = divmod(t, spe)
+        rows = orders[e, i * batch_size:min((i + 1) * batch_size, n)]
+        assert np.all(rows < n)  # real rows only
+        out.append((x[rows], y[rows]))
+    return out
+
+
+def scan_rounds(algorithm, state, cohorts: Cohort, keys, collect):
+    """(final state, ``collect(state)`` after every round, stacked [R, ...]): the rounds
+    of ``cohorts`` (stacked on a leading round axis) and ``keys`` in one ``lax.scan``."""
+
+    def body(state, xs):
+        cohort, key = xs
+        state, _ = algorithm.apply(state, cohort, key)
+        return state, collect(state)
+
+    return jax.lax.scan(body, state, (cohorts, keys))
 
 
 def in_default_float(train: ClientData, params):

@@ -86,13 +86,8 @@ def _cohorts(train):
 
 def _run(algorithm, params, cohorts):
     """(final state, params after every round [R, ...]) over ROUNDS in one lax.scan."""
-
-    def body(state, xs):
-        cohort, key = xs
-        state, _ = algorithm.apply(state, cohort, key)
-        return state, state.params
-
-    return jax.lax.scan(body, algorithm.init(params, N), (cohorts, KEYS))
+    return helpers.scan_rounds(algorithm, algorithm.init(params, N), cohorts, KEYS,
+                               lambda state: state.params)
 
 
 def _rows(algorithm, state):
@@ -308,15 +303,21 @@ def test_apfl_with_alpha_zero_is_fedavg_and_evaluates_the_global_model(x64):
         _close(_row_k(personal, k), helpers.logreg_to_numpy(state.params), "personal", 0, 0)
 
 
-def test_apfl_vmap_over_alpha_equals_separate_runs(x64):
+def _assert_vmap_equals_separate_runs(name, values):
+    """One vmapped program over ``values`` of the method's traced hyper-parameter
+    equals the separate runs (iterates, rows, personal models)."""
     train, params = _federation()
-    values = jnp.asarray([0.1, 0.6])
-    batched = jax.jit(jax.vmap(_program("apfl"), in_axes=(0, None, None)))(
+    values = jnp.asarray(values)
+    batched = jax.jit(jax.vmap(_program(name), in_axes=(0, None, None)))(
         values, params, _cohorts(train))
     for i, value in enumerate(values):
-        single = _library("apfl", value)
+        single = _library(name, value)
         helpers.assert_trees_close(jax.tree.map(lambda v: v[i], batched[1:]), single[1:],
                                    rtol=1e-10, atol=1e-12)
+
+
+def test_apfl_vmap_over_alpha_equals_separate_runs(x64):
+    _assert_vmap_equals_separate_runs("apfl", [0.1, 0.6])
 
 
 # --------------------------------------------------------------------------------------
@@ -355,14 +356,7 @@ def test_pfedme_cold_start_one_inner_step_is_fedavg(x64):
 
 
 def test_pfedme_vmap_over_lambda_equals_separate_runs(x64):
-    train, params = _federation()
-    values = jnp.asarray([1.0, LAM])
-    batched = jax.jit(jax.vmap(_program("pfedme"), in_axes=(0, None, None)))(
-        values, params, _cohorts(train))
-    for i, value in enumerate(values):
-        single = _library("pfedme", value)
-        helpers.assert_trees_close(jax.tree.map(lambda v: v[i], batched[1:]), single[1:],
-                                   rtol=1e-10, atol=1e-12)
+    _assert_vmap_equals_separate_runs("pfedme", [1.0, LAM])
 
 
 # --------------------------------------------------------------------------------------

@@ -86,14 +86,8 @@ def _cohorts(train):
 
 def _run(algorithm, params, cohorts):
     """After every round, stacked: (params [R, ...], aggregator state [R, ...])."""
-
-    def body(state, xs):
-        cohort, key = xs
-        state, _ = algorithm.apply(state, cohort, key)
-        return state, (state.params, state.aggregator_state)
-
-    _, out = jax.lax.scan(body, algorithm.init(params, N), (cohorts, KEYS))
-    return out
+    return helpers.scan_rounds(algorithm, algorithm.init(params, N), cohorts, KEYS,
+                               lambda state: (state.params, state.aggregator_state))[1]
 
 
 COMMON = dict(batch_size=B, num_epochs=EPOCHS, weight_decay=WD)

@@ -30,7 +30,6 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair import client
 from fedjax_fair.algorithms import partial
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedrep import FEDPER_HPARAMS, HPARAMS as FEDREP_HPARAMS
@@ -123,30 +122,8 @@ def _grad(p, x, y):
             "Dense_1": {"kernel": h.T @ d, "bias": d.sum(0)}}
 
 
-@functools.cache
-def _orders_fn(epochs: int):
-    return jax.jit(lambda data, key: jax.vmap(
-        lambda e: client.epoch_order(data, key, e, B))(jnp.arange(epochs)))
-
-
 def _batches(k: int, key, epochs: int):
-    """The real rows (x float64, y) of each local step of client k run by ``local_sgd``
-    with ``key``: epochs x ceil(n / B) steps, the last batch of an epoch partial."""
-    n = int(SIZES[k])
-    if n == 0:
-        return []
-    shuffle_key, _ = jax.random.split(key)
-    orders = np.asarray(_orders_fn(epochs)(helpers.client(TRAIN, k), shuffle_key))
-    x = np.asarray(TRAIN.examples["x"][k], np.float64)
-    y = np.asarray(TRAIN.examples["y"][k])
-    spe = math.ceil(n / B)
-    out = []
-    for t in range(epochs * spe):
-        e, i = divmod(t, spe)
-        rows = orders[e, i * B:min((i + 1) * B, n)]
-        assert np.all(rows < n)
-        out.append((x[rows], y[rows]))
-    return out
+    return helpers.local_batches(TRAIN, k, key, epochs, B)
 
 
 def _sgd(params, batches, lr, layers):

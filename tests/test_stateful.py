@@ -113,31 +113,8 @@ def _close(actual, expected, what):
 # The NumPy float64 reference: parameters are (W [d, C], b [C]) tuples.
 
 
-@functools.cache
-def _orders_fn(epochs: int):
-    return jax.jit(lambda data, key: jax.vmap(
-        lambda e: client.epoch_order(data, key, e, B))(jnp.arange(epochs)))
-
-
 def _batches(k: int, key, epochs: int):
-    """The real rows (x float64, y) of each local step of client k, run by
-    ``local_sgd`` with ``key``: epochs x ceil(n / B) steps, the last batch of an
-    epoch partial."""
-    n = int(SIZES[k])
-    if n == 0:
-        return []
-    shuffle_key, _ = jax.random.split(key)
-    orders = np.asarray(_orders_fn(epochs)(helpers.client(TRAIN, k), shuffle_key))
-    x = np.asarray(TRAIN.examples["x"][k], np.float64)
-    y = np.asarray(TRAIN.examples["y"][k])
-    spe = math.ceil(n / B)
-    out = []
-    for t in range(epochs * spe):
-        e, i = divmod(t, spe)
-        rows = orders[e, i * B:min((i + 1) * B, n)]
-        assert np.all(rows < n)  # real rows only
-        out.append((x[rows], y[rows]))
-    return out
+    return helpers.local_batches(TRAIN, k, key, epochs, B)
 
 
 def _client_keys(round_key, k):
@@ -259,7 +236,7 @@ def test_batches_reference_matches_batch_from_orders():
     k, key = 0, jax.random.key(9)
     data = helpers.client(TRAIN, k)
     shuffle_key, _ = jax.random.split(key)
-    orders = _orders_fn(EPOCHS)(data, shuffle_key)
+    orders = helpers.epoch_orders(EPOCHS, B)(data, shuffle_key)
     mine = _batches(k, key, EPOCHS)
     assert len(mine) == EPOCHS * math.ceil(SIZES[k] / B)
     batch = jax.jit(lambda t: client.batch_from_orders(data, orders, t, B))
