@@ -25,6 +25,7 @@ import pytest
 import helpers
 from fedjax_fair import sampling
 from fedjax_fair.algorithm import with_improvement
+from fedjax_fair import synthetic as S
 from fedjax_fair.algorithms import fedevg as F
 from fedjax_fair.models import mlp
 from fedjax_fair.models.base import from_flax
@@ -324,7 +325,7 @@ def test_per_sample_upload_gradients_with_the_resnet10():
 
 
 def test_balanced_labels_and_factory_checks():
-    np.testing.assert_array_equal(F.balanced_labels(6, 3), [0, 0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(S.balanced_labels(6, 3), [0, 0, 1, 1, 2, 2])
     model = helpers.logreg()
     for bad in (dict(num_synth=7), dict(ce_weight=-1.0), dict(server_noise=-0.1),
                 dict(client_sgld_steps=-1), dict(batch_size=0), dict(grad_clip=0.0),
@@ -365,10 +366,10 @@ def _close(a, b, **kw):
 
 def test_round_keeps_shapes_and_labels_and_moves_the_synthetic_set():
     state = ALG.init(PARAMS, N)
-    x0, y0 = F.synthetic_data(state)
+    x0, y0 = S.synthetic_data(state)
     assert x0.shape == (6, helpers.NUM_FEATURES) and y0.dtype == jnp.int32
     new, metrics = _round(ALG, state)
-    x1, y1 = F.synthetic_data(new)
+    x1, y1 = S.synthetic_data(new)
     assert x1.shape == x0.shape and int(new.round) == 1
     np.testing.assert_array_equal(y1, [0, 0, 1, 1, 2, 2])
     assert helpers.tree_all_finite((new, metrics))
@@ -398,7 +399,7 @@ def test_cohort_order_invariance():
     a, ma = _round(ALG, state)
     perm = np.asarray([2, 0, 3, 1])
     b, mb = _round(ALG, state, ids=list(np.asarray(IDS)[perm]))
-    _close(F.synthetic_data(a), F.synthetic_data(b), rtol=1e-5, atol=1e-6)
+    _close(S.synthetic_data(a), S.synthetic_data(b), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(mb["client/pcd"], np.asarray(ma["client/pcd"])[perm], rtol=1e-5)
 
 
@@ -407,7 +408,7 @@ def test_masked_client_counts_like_an_empty_one():
     state = ALG.init(PARAMS, N)
     a, _ = _round(ALG, state, ids=[0, 3, 4, 1], mask=[True, True, True, False])
     b, _ = _round(ALG, state, ids=[0, 3, 4, helpers.EMPTY_CLIENT])
-    _close(F.synthetic_data(a), F.synthetic_data(b), rtol=1e-6, atol=1e-7)
+    _close(S.synthetic_data(a), S.synthetic_data(b), rtol=1e-6, atol=1e-7)
 
 
 def test_persistent_clients_start_fresh_then_keep_their_model():
@@ -417,7 +418,7 @@ def test_persistent_clients_start_fresh_then_keep_their_model():
     st, sp = ALG.init(PARAMS, N), PERSISTENT.init(PARAMS, N)
     a, _ = _round(ALG, st)
     b, _ = _round(PERSISTENT, sp, execution="vmap")
-    _close(F.synthetic_data(a), F.synthetic_data(b), rtol=1e-5, atol=1e-6)
+    _close(S.synthetic_data(a), S.synthetic_data(b), rtol=1e-5, atol=1e-6)
     _close(a.params, b.params, rtol=1e-5, atol=1e-6)
     last = np.asarray(b.client_states.last_round)
     assert last[IDS].tolist() == [0, 0, 0, 0] and last[[2, 5]].tolist() == [-1, -1]
@@ -428,10 +429,10 @@ def test_persistent_clients_start_fresh_then_keep_their_model():
     a2, _ = _round(ALG, a, key=key)
     b2, _ = _round(PERSISTENT, b._replace(aggregator_state=a.aggregator_state), key=key,
                    execution="vmap")
-    assert not np.allclose(F.synthetic_data(a2)[0], F.synthetic_data(b2)[0], atol=1e-4)
+    assert not np.allclose(S.synthetic_data(a2)[0], S.synthetic_data(b2)[0], atol=1e-4)
     rows2 = PERSISTENT.client_rows(b2, jnp.asarray(IDS))
     assert not np.allclose(jax.tree.leaves(rows2)[0], jax.tree.leaves(rows)[0])
-    np.testing.assert_array_equal(F.synthetic_data(b2)[1], F.synthetic_data(sp)[1])
+    np.testing.assert_array_equal(S.synthetic_data(b2)[1], S.synthetic_data(sp)[1])
 
 
 def test_factory_and_round_accept_tracers():
@@ -467,8 +468,8 @@ def test_round_metrics_serve_with_improvement():
 
 def test_synthetic_federation_and_downstream_report():
     state, _ = _round(ALG, ALG.init(PARAMS, N))
-    x, y = F.synthetic_data(state)
-    fed = F.synthetic_federation(state, num_clients=2)
+    x, y = S.synthetic_data(state)
+    fed = S.synthetic_federation(state, num_clients=2)
     assert isinstance(fed, FederatedData)
     np.testing.assert_array_equal(fed.train.num_examples, [3, 3])
     np.testing.assert_array_equal(np.sort(np.asarray(fed.train.examples["y"]).ravel()),
@@ -476,11 +477,11 @@ def test_synthetic_federation_and_downstream_report():
     np.testing.assert_allclose(np.sort(np.asarray(fed.train.examples["x"]).ravel()),
                                np.sort(np.asarray(x).ravel()))
     assert int(np.asarray(fed.test.num_examples).sum()) == 0
-    with_test = F.synthetic_federation(state, N, test=DATA.test)
+    with_test = S.synthetic_federation(state, N, test=DATA.test)
     assert with_test.train.examples["x"].shape == (N, 1, helpers.NUM_FEATURES)
     with pytest.raises(ValueError):
-        F.synthetic_federation(state, 1, test=DATA.test)  # one test row per client
-    report = F.downstream_report(MODEL, ALG, state, DATA.test, epochs=2, batch_size=4)
+        S.synthetic_federation(state, 1, test=DATA.test)  # one test row per client
+    report = S.downstream_report(MODEL, ALG, state, DATA.test, epochs=2, batch_size=4)
     assert report["downstream_steps"] == 4 and report["num_synth"] == 6
     assert 0.0 <= report["downstream_accuracy"] <= 1.0
 
@@ -524,7 +525,7 @@ def _toy_data(split: str, seed: int):
 def _stats(state):
     """(mean distance of each synthetic sample to its own class mean, share of samples
     nearest to their own class mean), on the samples clipped to [0, 1]."""
-    x, y = (np.asarray(a) for a in F.synthetic_data(state))
+    x, y = (np.asarray(a) for a in S.synthetic_data(state))
     d = np.linalg.norm(np.clip(x, 0, 1)[:, None] - TOY_MEANS[None], axis=-1)
     return d[np.arange(len(y)), y].mean(), float(np.mean(d.argmin(1) == y))
 
@@ -564,7 +565,7 @@ def test_runner_on_the_toy_moves_samples_to_their_class_means():
                  cohort_size=2, eval_every=200, progress=False, execution="sequential")
     state = result.state
     assert int(state.round) == 200 and helpers.tree_all_finite(state)
-    x, y = F.synthetic_data(state)
+    x, y = S.synthetic_data(state)
     assert x.shape == (40, 2) and np.all((np.asarray(x) >= 0) & (np.asarray(x) <= 1))
     np.testing.assert_array_equal(y, np.repeat([0, 1], 20))
     (d0, _), (d1, agree) = _stats(state0), _stats(state)
@@ -581,91 +582,7 @@ def test_runner_on_the_toy_moves_samples_to_their_class_means():
 def test_toy_all_seeds_and_downstream_accuracy(split, seed):
     final, train = _check_toy(split, seed)
     # spec §5.1: a fresh classifier trained on D~ only, tested on the real data
-    x, y = F.synthetic_data(final)
-    out = F.downstream_accuracy(mlp((2,), 2, hidden=(16,)), np.clip(np.asarray(x), 0, 1), y,
+    x, y = S.synthetic_data(final)
+    out = S.downstream_accuracy(mlp((2,), 2, hidden=(16,)), np.clip(np.asarray(x), 0, 1), y,
                                 train, jax.random.key(0), steps=100, lr=1e-2, batch_size=32)
     assert out["accuracy"] >= 0.9 and out["per_client"].shape == (2,)
-
-
-# ----------------------------------------------------------------- evaluation (§5.2, §5.3)
-
-
-def _numpy_frechet(a, b):
-    """The literal formula with scipy.linalg.sqrtm (float64)."""
-    from scipy import linalg
-
-    mu_a, mu_b = a.mean(0), b.mean(0)
-    ca, cb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    root = linalg.sqrtm(ca @ cb)
-    return float(np.sum((mu_a - mu_b) ** 2) + np.trace(ca) + np.trace(cb)
-                 - 2.0 * np.real(np.trace(root)))
-
-
-FRECHET = jax.jit(F.frechet_distance)
-
-
-def test_frechet_distance_matches_scipy_sqrtm(x64):
-    rng = np.random.default_rng(0)
-    frechet = FRECHET
-    a = rng.normal(size=(120, 10)) @ rng.normal(size=(10, 10))
-    for scale in (0.7, 3.0):
-        b = 0.5 + rng.normal(size=(120, 10)) @ rng.normal(size=(10, 10)) * scale
-        got = frechet(jnp.asarray(a), jnp.asarray(b))
-        assert got.dtype == jnp.float64
-        np.testing.assert_allclose(float(got), _numpy_frechet(a, b), rtol=1e-9)
-        # symmetric in its arguments
-        np.testing.assert_allclose(float(frechet(b, a)), float(got), rtol=1e-9)
-
-
-def test_frechet_distance_identical_and_shifted_sets(x64):
-    rng = np.random.default_rng(1)
-    a = rng.normal(size=(300, 6)) @ rng.normal(size=(6, 6))
-    assert abs(float(FRECHET(a, a))) < 1e-9
-    shift = rng.normal(size=6)
-    # equal covariances: the closed form ||delta mu||^2
-    np.testing.assert_allclose(float(FRECHET(a, a + shift)), np.sum(shift ** 2), rtol=1e-8)
-    # singular covariances (n <= d) stay finite and non-negative; float32 works too
-    few = rng.normal(size=(4, 6))
-    assert float(FRECHET(few, few)) < 1e-6
-    f32 = FRECHET(jnp.asarray(a, jnp.float32), jnp.asarray(a + shift, jnp.float32))
-    assert f32.dtype == jnp.float32
-    np.testing.assert_allclose(float(f32), np.sum(shift ** 2), rtol=1e-3)
-    with pytest.raises(ValueError):
-        F.frechet_distance(a[:1], a)
-    with pytest.raises(ValueError):
-        F.frechet_distance(a, a[:, :3])
-
-
-def test_feature_distance_uses_the_classifier_logits():
-    rng = np.random.default_rng(2)
-    model = mlp((4, 4, 1), 3, hidden=(8,))
-    train = helpers.pack([(rng.uniform(size=(20, 4, 4, 1)).astype(np.float32),
-                           np.full(20, c, np.int32)) for c in range(3)])
-    x, y = F.pooled_examples(train)
-    assert x.shape == (60, 4, 4, 1) and sorted(np.bincount(y)) == [20, 20, 20]
-    params, loss = F.feature_classifier(model, train, jax.random.key(0), steps=5, batch_size=16)
-    assert np.isfinite(loss)
-    xs = jnp.asarray(rng.uniform(size=(30, 4, 4, 1)), jnp.float32)
-    distance = jax.jit(lambda p, a, b: F.feature_distance(model, p, a, b))
-    want = FRECHET(model.apply(params, xs), model.apply(params, x[:30]))
-    np.testing.assert_allclose(float(distance(params, xs, x[:30])), float(want), rtol=1e-5)
-    assert float(want) > 0 and float(distance(params, x[:30], x[:30])) < 1e-3
-
-
-@pytest.mark.parametrize("shape", [(8, 8, 1), (28, 28), (32, 32, 3)])
-def test_plot_sample_grid_writes_a_png(tmp_path, shape):
-    rng = np.random.default_rng(3)
-    labels = np.repeat(np.arange(3), 4)
-    snaps = [rng.uniform(-0.2, 1.2, size=(12, *shape)) for _ in range(2)]
-    path = tmp_path / "grid.png"
-    fig = F.plot_sample_grid(snaps, labels, [0, 50], str(path), num_classes=3, per_class=4,
-                             context="test")
-    assert path.stat().st_size > 0 and len(fig.axes) == 2
-    grid = F._grid_image(snaps[0], labels, 3, 4, (0.0, 1.0))
-    h, w = shape[:2]
-    assert grid.shape[:2] == (3 * (h + 1) - 1, 4 * (w + 1) - 1)
-    assert grid.min() >= 0.0 and grid.max() <= 1.0
-    np.testing.assert_allclose(grid[:h, :w].reshape(h, w, -1),
-                               np.clip(snaps[0][0], 0, 1).reshape(h, w, -1))
-    with pytest.raises(ValueError):
-        F.plot_sample_grid(snaps, labels, [0], None, num_classes=3)

@@ -2,34 +2,46 @@
 Collaborative Machine Learning under Statistical Heterogeneity", PhD thesis, UNIST 2024,
 Chapter IV, §4.2 "Baselines" and Tables 4.2-4.5; spec/fedevg.md §4): a conditional VAE
 (Sohn, Lee, Yan, "Learning Structured Output Representation using Deep Conditional
-Generative Models", NeurIPS 2015) trained with FedAvg; after training the server draws
-``samples_per_class`` labelled samples per class from the decoder, the synthetic set
-that FedEvg's ``downstream_accuracy`` scores.
+Generative Models", NeurIPS 2015) trained with FedAvg, whose decoder gives the server a
+labelled synthetic set of ``samples_per_class`` samples per class.
 
 Network (``cvae``, fully connected, defined here as the model zoo has no generative
-network): encoder q(z | x, y) = N(mu, diag exp(logvar)) from [flatten(x), onehot(y)]
-through ReLU layers ``hidden``; decoder p(x | z, y) = Bernoulli(sigmoid(logits)) over the
-D inputs (data in [0, 1]) from [z, onehot(y)] through the reversed layers. The
+network): encoder q(z | x, y) = N(mu, diag exp(logvar)) from [flatten(u), onehot(y)]
+through ReLU layers ``hidden``; decoder p(u | z, y) = Bernoulli(sigmoid(logits)) over the
+D inputs from [z, onehot(y)] through the reversed layers, where u = (x - lo) / (hi - lo)
+rescales the data range [lo, hi] = ``data_range`` to [0, 1] (clipped there). The
 per-example loss is the negative ELBO with one reparameterised draw
 z = mu + exp(logvar / 2) eps, eps ~ N(0, I) from the training step's key:
 
-    L(x, y) = sum_d BCE(logits_d, x_d) + kl_weight * KL(N(mu, diag sigma^2) || N(0, I)),
+    L(x, y) = sum_d BCE(logits_d, u_d) + kl_weight * KL(N(mu, diag sigma^2) || N(0, I)),
     KL = -1/2 sum_k (1 + logvar_k - mu_k^2 - exp(logvar_k)).
 
-Without a key (evaluation) z = mu. ``Model.apply`` returns the CVAE as a generative
-classifier, logits_c = -L(x, c) at z = mu (Bayes' rule with a uniform label prior), so
-the runner's per-client "accuracy" of ``state.params`` measures how well the federated
-CVAE models each class, and "loss" is L(x, y) at z = mu.
+Without a key z = mu. The CVAE's own ``Model.apply`` is a generative classifier,
+logits_c = -L(x, c) at z = mu (Bayes' rule with a uniform label prior). Samples are
+decoder means x = lo + (hi - lo) sigmoid(logits) at z ~ N(0, I) (``sample``).
 
-Federated training (``fedcvae``): FedAvg (``algorithms.fedavg``) with Adam local steps
-(fresh Adam state every round), size-weighted parameter averaging of both encoder and
-decoder, server step sgd(1.0). Symbols -> arguments: eta = ``client_lr``, B =
-``batch_size``, E = ``num_epochs``, coupled L2 ``weight_decay``; network sizes
-``latent_dim``, ``hidden``, KL weight ``kl_weight`` (beta-VAE) are arguments of ``cvae``.
+Federated training (``fedcvae(model, ...)``), shaped like FedEvg so that both compare
+with every method in one table: ``model`` is the user's classifier, the CVAE is built
+inside from its input shape and classes. Every round the CVAE takes one FedAvg round
+(``algorithms.fedavg``: Adam local steps with a fresh Adam state every round,
+size-weighted averaging of encoder and decoder, server step sgd(1.0)); the server then
+draws a fresh synthetic set D~ of M = L ``samples_per_class`` decoder means
+(``fold_in(server_key, 0)``) and trains the classifier in ``state.params`` on it,
+warm-started, for ``server_classifier_steps`` Adam steps (``synthetic.fit_classifier``,
+as FedEvg does). The runner's accuracy is thus downstream accuracy (spec §5.1), and
+``synthetic.synthetic_data(state)`` / ``synthetic.downstream_report`` read the set as for
+FedEvg. ``state.aggregator_state`` is ``FedCVAEState(x, y, generator)``, ``generator``
+the CVAE's FedAvg ``ServerState`` (its parameters: ``generator.params``).
+
+Symbols -> arguments: eta = ``client_lr``, B = ``batch_size``, E = ``num_epochs`` (at
+most ``max_steps`` steps), coupled L2 ``weight_decay``; network sizes ``latent_dim``,
+``hidden``, KL weight ``kl_weight`` (beta-VAE), the data range ``data_range``; the CVAE's
+initialisation and D~^(0) come from ``jax.random.key(seed)``. Traced: ``client_lr``,
+``weight_decay``, ``kl_weight``, ``data_range`` bounds, ``server_classifier_lr``.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -37,14 +49,21 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.algorithm import SERVER_KEY_ID, FederatedAlgorithm, ServerState
 from fedjax_fair.algorithms.fedavg import HPARAMS as FEDAVG_HPARAMS
 from fedjax_fair.algorithms.fedavg import Rate, fedavg
-from fedjax_fair.algorithms.fedevg import balanced_labels
+from fedjax_fair.client import data_loss
+from fedjax_fair.execution import map_clients
 from fedjax_fair.models.base import Model, check_widths
+from fedjax_fair.synthetic import (balanced_labels, check_data_range, classifier_optimizer,
+                                   fit_classifier, synthetic_accuracy)
+from fedjax_fair.types import Cohort
 
-HPARAMS = dict(FEDAVG_HPARAMS)  # client_lr, batch_size, num_epochs, max_steps, weight_decay
 NETWORK_HPARAMS = {"latent_dim": H.COUNT, "kl_weight": H.NONNEGATIVE}
+HPARAMS = {**FEDAVG_HPARAMS,  # client_lr, batch_size, num_epochs, max_steps, weight_decay
+           **NETWORK_HPARAMS, "samples_per_class": H.COUNT,
+           "server_classifier_steps": H.Range(0, None, integer=True),
+           "server_classifier_lr": H.POSITIVE, "seed": H.Range(0, None, integer=True)}
 
 
 class _CVAE(nn.Module):
@@ -89,11 +108,13 @@ def negative_elbo(logits, x, mu, logvar, kl_weight=1.0):
 
 
 def cvae(input_shape, num_classes, latent_dim: int = 16, hidden: Sequence[int] = (256,),
-         kl_weight: float = 1.0) -> Model:
+         kl_weight: float = 1.0, data_range: tuple = (0.0, 1.0)) -> Model:
     """The conditional VAE as a ``Model`` (see the module docstring): ``per_example_loss``
     is -ELBO (one draw from the step's key; z = mu without a key), ``apply`` the
-    generative classifier's logits -L(x, c) [B, L], ``decoder(model)`` its decoder."""
+    generative classifier's logits -L(x, c) [B, L], ``decoder(model)`` its decoder; the
+    inputs' range [lo, hi] = ``data_range`` is the Bernoulli's [0, 1]."""
     H.check(NETWORK_HPARAMS, latent_dim=latent_dim, kl_weight=kl_weight)
+    lo, hi = _bounds(data_range)
     hidden = check_widths("hidden", hidden)
     input_shape = tuple(int(d) for d in input_shape)
     num_classes = int(num_classes)
@@ -113,8 +134,9 @@ def cvae(input_shape, num_classes, latent_dim: int = 16, hidden: Sequence[int] =
         dtype = jnp.result_type(x.dtype, jnp.float32)
         eps = (jnp.zeros((x.shape[0], latent_dim), dtype) if key is None
                else jax.random.normal(key, (x.shape[0], latent_dim), dtype))
-        logits, mu, logvar = module.apply(params, x.astype(dtype), onehot(y, dtype), eps)
-        return negative_elbo(logits, x, mu, logvar, kl_weight)
+        u = jnp.clip((x.astype(dtype) - lo) / (hi - lo), 0.0, 1.0)
+        logits, mu, logvar = module.apply(params, u, onehot(y, dtype), eps)
+        return negative_elbo(logits, u, mu, logvar, kl_weight)
 
     def per_example_loss(params, batch, key=None):
         return loss(params, batch["x"], batch["y"], key)
@@ -133,14 +155,22 @@ def cvae(input_shape, num_classes, latent_dim: int = 16, hidden: Sequence[int] =
                 "confidence": jnp.max(jax.nn.softmax(logits, -1), -1)}
 
     def decode(params, z, y):
-        """Decoder means sigmoid(logits) [B, *input_shape] at latents z [B, latent]."""
+        """Decoder means lo + (hi - lo) sigmoid(logits) [B, *input_shape] at latents
+        z [B, latent]."""
         logits = module.apply(params, z, onehot(y, z.dtype), method=_CVAE.decode)
-        return jax.nn.sigmoid(logits).reshape(z.shape[0], *input_shape)
+        return (lo + (hi - lo) * jax.nn.sigmoid(logits)).reshape(z.shape[0], *input_shape)
 
     apply.decode = decode
     apply.latent_dim = int(latent_dim)
     return Model(init, apply, per_example_loss, per_example_metrics, "cvae", input_shape,
                  num_classes)
+
+
+def _bounds(data_range):
+    if data_range is None:
+        raise ValueError("data_range: FedCVAE's Bernoulli decoder needs a pair (lo, hi), "
+                         "got None")
+    return check_data_range(data_range)
 
 
 def decoder(model: Model) -> Callable:
@@ -152,25 +182,78 @@ def decoder(model: Model) -> Callable:
     return decode
 
 
-def fedcvae(model: Model, *, client_lr: Rate = 1e-3, batch_size: int = 64,
-            num_epochs: int = 1, max_steps: Optional[int] = None,
-            weight_decay: float = 0.0) -> FederatedAlgorithm:
-    """FedCVAE: FedAvg of a conditional VAE (``cvae``) with Adam local steps at rate
-    ``client_lr`` (a number, a traced scalar or a schedule of the round)."""
-    decoder(model)  # refuses a network that is not a CVAE
-    H.check(HPARAMS, batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-            weight_decay=weight_decay)
-    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=optax.adam, weight_decay=weight_decay)
+class FedCVAEState(NamedTuple):
+    """The server's synthetic set (x [M, *X], y [M], drawn after the last round) and the
+    CVAE's FedAvg state."""
+
+    x: jax.Array
+    y: jax.Array
+    generator: ServerState
 
 
-def synthetic_data(model: Model, state, key, samples_per_class: int = 10):
-    """The server's labelled synthetic set drawn from the decoder (spec §4, spc = 10):
-    balanced labels [0]*spc + [1]*spc + ..., z ~ N(0, I), x = decoder mean.
-    ``state``: a ``ServerState`` or the CVAE parameters. Returns (x [L spc, *X], y)."""
+def sample(generator: Model, params, key, samples_per_class: int = 10):
+    """Labelled decoder means of a CVAE (``cvae``) at ``params`` (spec §4, spc = 10):
+    balanced labels [0]*spc + [1]*spc + ..., z ~ N(0, I) from ``key``. Returns
+    (x [L spc, *X], y int32 [L spc])."""
     H.COUNT.check("samples_per_class", samples_per_class)
-    decode = decoder(model)
-    params = state.params if isinstance(state, ServerState) else state
-    y = balanced_labels(model.num_classes * int(samples_per_class), model.num_classes)
-    z = jax.random.normal(key, (y.shape[0], model.apply.latent_dim))
+    decode = decoder(generator)
+    y = balanced_labels(generator.num_classes * int(samples_per_class), generator.num_classes)
+    z = jax.random.normal(key, (y.shape[0], generator.apply.latent_dim),
+                          jnp.result_type(float))
     return decode(params, z, y), y
+
+
+def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,),
+            kl_weight: float = 1.0, data_range: tuple = (0.0, 1.0), client_lr: Rate = 1e-3,
+            batch_size: int = 64, num_epochs: int = 1, max_steps: Optional[int] = None,
+            weight_decay: float = 0.0, samples_per_class: int = 10,
+            server_classifier_steps: int = 10, server_classifier_lr: float = 1e-3,
+            seed: int = 0) -> FederatedAlgorithm:
+    """FedCVAE for the classifier ``model`` (see the module docstring): a CVAE of
+    ``model``'s inputs and classes trained with FedAvg and Adam clients at rate
+    ``client_lr`` (a number, a traced scalar or a schedule of the round); after every
+    round the server classifier ``state.params`` trains on a fresh decoder set.
+
+    Round metrics: FedAvg's on the CVAE (``weights``, ``num_steps``, ``update_norm``,
+    ``train_loss`` = the clients' -ELBO), ``loss_before`` (the server classifier's
+    cross-entropy on each client's rows before the round), ``client/elbo_before`` (the
+    CVAE's), ``server/classifier_loss`` and ``server/synthetic_accuracy``."""
+    H.check(HPARAMS, latent_dim=latent_dim, kl_weight=kl_weight, batch_size=batch_size,
+            num_epochs=num_epochs, max_steps=max_steps, weight_decay=weight_decay,
+            samples_per_class=samples_per_class,
+            server_classifier_steps=server_classifier_steps,
+            server_classifier_lr=server_classifier_lr, seed=seed)
+    generator = cvae(model.input_shape, model.num_classes, latent_dim, hidden, kl_weight,
+                     data_range)
+    inner = fedavg(generator, client_lr=client_lr, batch_size=batch_size,
+                   num_epochs=num_epochs, max_steps=max_steps, client_optimizer=optax.adam,
+                   weight_decay=weight_decay)
+    server_opt = classifier_optimizer(server_classifier_lr, 0.0)
+
+    def init(params, num_clients: int) -> ServerState:
+        k_gen, k_synth = jax.random.split(jax.random.key(seed))
+        gen = inner.init(generator.init(k_gen), num_clients)
+        x, y = sample(generator, gen.params, k_synth, samples_per_class)
+        return ServerState(params=params, opt_state=server_opt.init(params), mixing_state=(),
+                           aggregator_state=FedCVAEState(x, y, gen), client_states=(),
+                           round=jnp.zeros((), jnp.int32))
+
+    def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
+        k = cohort.client_ids.shape[0]
+        loss_before = map_clients(lambda p, d: data_loss(model, p, d), execution, k)(
+            state.params, cohort.data, sizes=cohort.data.num_examples)
+        gen, metrics = inner.apply(state.aggregator_state.generator, cohort, key, execution)
+        server_key = jax.random.fold_in(key, SERVER_KEY_ID)
+        x, y = sample(generator, gen.params, jax.random.fold_in(server_key, 0),
+                      samples_per_class)
+        params, opt_state, cls_loss = fit_classifier(
+            model, state.params, state.opt_state, server_opt, x, y,
+            jax.random.fold_in(server_key, 1), server_classifier_steps, batch_size)
+        metrics = {**metrics, "client/elbo_before": metrics["loss_before"],
+                   "loss_before": loss_before, "server/classifier_loss": cls_loss,
+                   "server/synthetic_accuracy": synthetic_accuracy(model, params, x, y)}
+        new_state = ServerState(params, opt_state, state.mixing_state, FedCVAEState(x, y, gen),
+                                state.client_states, state.round + 1)
+        return new_state, metrics
+
+    return FederatedAlgorithm(init, apply)
