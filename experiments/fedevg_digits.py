@@ -25,7 +25,8 @@ loader divides sklearn's 0..16 counts by 16; 80/20 stratified holdout per client
 * FedCVAE (``algorithms.fedcvae``): a conditional VAE (latent 16, hidden 256) trained
   with FedAvg (Adam ``--cvae-lr``, B = 64) for the same T rounds and cohort and the same
   local work as FedEvg (I Adam steps per client and round, or one epoch with
-  ``--local-iters epoch``); its synthetic set is 10 decoder means per class.
+  ``--local-iters epoch``); its synthetic set is the last round's 10 decoder means per
+  class (``synthetic.synthetic_data``), scored exactly like FedEvg's.
 * References: FedAvg's global ``mlp`` trained on the clients' real data (SGD 0.1, B =
   20, one epoch, T rounds; its per-client test accuracy), a fresh ``mlp`` trained on
   M = 10 random real training rows per class (pooled over clients, "same-size real
@@ -44,7 +45,7 @@ value of the near-empty pixels (mean < 0.02 over the cell's real training rows: 
 left and right border columns), where the clients' networks get almost no signal. Cells
 are mean ± std over seeds.
 ``--schedule cosine_alphabar`` runs FedEvg with the spec's alternative (smoothly
-decaying) server step-size schedule.
+decaying) server step-size schedule, ``--server-step`` another first step size beta_0.
 
 Figures (seed 1 of each cell): ``docs/img/PREFIX_k{K}_a{alpha}_fedevg.png`` (FedEvg's D~
 at rounds 0, T/4, T/2, 3T/4, T) and ``..._final.png`` (FedEvg's and FedCVAE's final
@@ -64,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_fair import synthetic as S
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.algorithms import fedcvae as C
 from fedjax_fair.algorithms import fedevg as F
@@ -121,9 +123,9 @@ def with_snapshots(alg):
 
 
 def run_fedevg(model, data, seed, rounds, cohort, snapshot_rounds, local_iters=None,
-               schedule="ddpm_cosine_beta"):
-    alg = F.fedevg(model, num_rounds=rounds, synth_seed=seed, local_iters=local_iters,
-                   schedule=schedule)
+               schedule="ddpm_cosine_beta", server_step=10.0):
+    alg = F.fedevg(model, num_rounds=rounds, seed=seed, local_iters=local_iters,
+                   schedule=schedule, server_step=server_step)
     snaps = {}
 
     def on_rounds(first, metrics):
@@ -138,7 +140,7 @@ def run_fedevg(model, data, seed, rounds, cohort, snapshot_rounds, local_iters=N
     res = run(with_snapshots(alg), params, data, jax.random.key(seed), model=model,
               num_rounds=rounds, cohort_size=cohort, eval_every=max(1, rounds // 4),
               progress=False, execution="auto", on_rounds=on_rounds)
-    x, y = F.synthetic_data(res.state)
+    x, y = S.synthetic_data(res.state)
     return np.asarray(x), np.asarray(y), snaps, res
 
 
@@ -150,24 +152,18 @@ def classifier():
     return get_model("mlp", INPUT_SHAPE, NUM_CLASSES)
 
 
-@functools.lru_cache(maxsize=1)
-def cvae_model():
-    return C.cvae(INPUT_SHAPE, NUM_CLASSES, latent_dim=16, hidden=(256,))
-
-
-def run_fedcvae(data, seed, rounds, cohort, lr, local_iters):
+def run_fedcvae(model, data, seed, rounds, cohort, lr, local_iters):
     """FedCVAE with ``local_iters`` Adam steps per client and round (as many epochs,
     capped at that many steps: every client takes exactly ``local_iters`` steps, the
-    local work FedEvg gets), or one local epoch when None."""
-    model = cvae_model()
-    if local_iters is None:
-        alg = C.fedcvae(model, client_lr=lr, batch_size=64, num_epochs=1)
-    else:
-        alg = C.fedcvae(model, client_lr=lr, batch_size=64, num_epochs=local_iters,
-                        max_steps=local_iters)
+    local work FedEvg gets), or one local epoch when None; its synthetic set is the
+    last round's M decoder means."""
+    epochs = 1 if local_iters is None else local_iters
+    alg = C.fedcvae(model, latent_dim=16, hidden=(256,), client_lr=lr, batch_size=64,
+                    num_epochs=epochs, max_steps=local_iters, samples_per_class=SPC,
+                    seed=seed)
     res = run(alg, model.init(jax.random.key(seed)), data, jax.random.key(seed), model=model,
               num_rounds=rounds, cohort_size=cohort, eval_every=rounds, progress=False)
-    x, y = C.synthetic_data(model, res.state, jax.random.key(1000 + seed), SPC)
+    x, y = S.synthetic_data(res.state)
     return np.asarray(x), np.asarray(y), res
 
 
@@ -192,7 +188,7 @@ def spread(x, y):
 
 def real_subset(train, seed):
     """SPC random real training rows per class from the pooled clients (class-balanced)."""
-    x, y = F.pooled_examples(train)
+    x, y = S.pooled_examples(train)
     rng = np.random.default_rng(seed)
     idx = np.concatenate([rng.choice(np.flatnonzero(y == c), SPC, replace=False)
                           for c in range(NUM_CLASSES)])
@@ -206,16 +202,16 @@ def one_cell(k, alpha, seed, args, figures: bool):
     cohort = min(10, k)
     model = classifier()
     test = data.test
-    x_test, _ = F.pooled_examples(test)
+    x_test, _ = S.pooled_examples(test)
     # near-empty pixels: mean < 0.02 over the real training rows (the left and right
     # border columns, 17 of 64); the clients' networks get almost no signal there
-    dead = F.pooled_examples(data.train)[0].reshape(-1, 64).mean(0) < 0.02
-    feat_params, _ = F.feature_classifier(model, data.train, jax.random.key(500 + seed),
+    dead = S.pooled_examples(data.train)[0].reshape(-1, 64).mean(0) < 0.02
+    feat_params, _ = S.feature_classifier(model, data.train, jax.random.key(500 + seed),
                                           steps=FEATURE_STEPS)
-    fcd = jax.jit(lambda a, b: F.feature_distance(model, feat_params, a, b))
+    fcd = jax.jit(lambda a, b: S.feature_distance(model, feat_params, a, b))
 
     def score(x, y, name):
-        out = F.downstream_accuracy(model, x, y, test, jax.random.key(700 + seed),
+        out = S.downstream_accuracy(model, x, y, test, jax.random.key(700 + seed),
                                     steps=DOWNSTREAM_STEPS, lr=1e-3, batch_size=64)
         x = np.asarray(x)
         return {f"{name}_acc": out["accuracy"], f"{name}_acc_client_std": out["accuracy_std"],
@@ -230,14 +226,15 @@ def one_cell(k, alpha, seed, args, figures: bool):
                           args.rounds})
     t = time.perf_counter()
     x_e, y_e, snaps, res_e = run_fedevg(model, data, seed, args.rounds, cohort, set(snap_rounds),
-                                       args.local_iters, args.schedule)
+                                       args.local_iters, args.schedule, args.server_step)
     row.update(score(x_e, y_e, "fedevg"))
     row["fedevg_server_classifier_acc"] = res_e.history[-1]["accuracy_mean"]
     row["fedevg_seconds"] = time.perf_counter() - t
     t = time.perf_counter()
-    x_c, y_c, res_c = run_fedcvae(data, seed, args.rounds, cohort, args.cvae_lr,
+    x_c, y_c, res_c = run_fedcvae(model, data, seed, args.rounds, cohort, args.cvae_lr,
                                  args.local_iters)
     row.update(score(x_c, y_c, "fedcvae"))
+    row["fedcvae_server_classifier_acc"] = res_c.history[-1]["accuracy_mean"]
     row["fedcvae_seconds"] = time.perf_counter() - t
     t = time.perf_counter()
     row["fedavg_acc"], row["fedavg_acc_client_std"] = run_fedavg(model, data, seed,
@@ -245,7 +242,7 @@ def one_cell(k, alpha, seed, args, figures: bool):
     row["fedavg_seconds"] = time.perf_counter() - t
     x_r, y_r = real_subset(data.train, seed)
     row.update(score(x_r, y_r, "real_m"))
-    row["real_all_fcd"] = float(fcd(jnp.asarray(F.pooled_examples(data.train)[0]),
+    row["real_all_fcd"] = float(fcd(jnp.asarray(S.pooled_examples(data.train)[0]),
                                     jnp.asarray(x_test)))
     row["seconds"] = time.perf_counter() - t0
     if figures:
@@ -253,13 +250,14 @@ def one_cell(k, alpha, seed, args, figures: bool):
         local = "1 epoch" if args.local_iters is None else f"I={args.local_iters}"
         context = (f"digits 8x8, K={k}, {cohort} clients/round, Dirichlet alpha={alpha:g} "
                    f"({partition}), seed {seed}, M={SPC * NUM_CLASSES}, local work {local}"
-                   + ("" if args.schedule == "ddpm_cosine_beta" else f", {args.schedule}"))
+                   + ("" if args.schedule == "ddpm_cosine_beta" else f", {args.schedule}")
+                   + ("" if args.server_step == 10.0 else f", beta_0={args.server_step:g}"))
         # D~^(0) ~ N(0, I) is shown clipped to [0, 1] like every later D~
-        F.plot_sample_grid([snaps[r] for r in snap_rounds], y_e, snap_rounds,
+        S.plot_sample_grid([snaps[r] for r in snap_rounds], y_e, snap_rounds,
                            os.path.join(args.img_dir, f"{args.img_prefix}_{tag}_fedevg.png"),
                            NUM_CLASSES, per_class=SPC, title="FedEvg: the server's synthetic "
                            "set D~ over rounds", context=context, panel_width=2.4)
-        F.plot_sample_grid([x_e, x_c, x_r], [y_e, y_c, y_r],
+        S.plot_sample_grid([x_e, x_c, x_r], [y_e, y_c, y_r],
                            [f"FedEvg, round {args.rounds}", f"FedCVAE, round {args.rounds}",
                             "real (M random train rows)"],
                            os.path.join(args.img_dir, f"{args.img_prefix}_{tag}_final.png"),
@@ -335,6 +333,8 @@ def main(argv=None):
                         "reading; see the module docstring)")
     p.add_argument("--schedule", default="ddpm_cosine_beta", choices=F.SCHEDULES,
                    help="FedEvg's server step-size schedule beta_t (spec §2.4)")
+    p.add_argument("--server-step", type=float, default=10.0,
+                   help="FedEvg's first server step size beta_0 (the thesis: 10)")
     p.add_argument("--cvae-lr", type=float, default=1e-3)
     p.add_argument("--img-dir", default=os.path.join(REPO, "docs", "img"))
     p.add_argument("--img-prefix", default="fedevg_digits",
@@ -360,7 +360,7 @@ def main(argv=None):
     print(table(rows, cells))
     local = "one epoch" if args.local_iters is None else f"I = {args.local_iters} iterations"
     print(f"\n{len(args.seeds)} seed(s) {args.seeds}, T = {args.rounds} rounds, local work "
-          f"{local}, FedEvg schedule {args.schedule}; total {time.perf_counter() - t0:.0f}s")
+          f"{local}, FedEvg schedule {args.schedule}, beta_0 {args.server_step:g}; total {time.perf_counter() - t0:.0f}s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=1)

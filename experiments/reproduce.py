@@ -1,6 +1,6 @@
-"""Runs the small-scale experiments (issues 4, 10, 11 and 12) and writes docs/reproducing.md.
+"""Runs the small-scale experiments (issues 4 and 10-13) and writes docs/reproducing.md.
 
-    python experiments/reproduce.py                 # every experiment (~1 hour, 2-core CPU)
+    python experiments/reproduce.py                 # every experiment (~1.5 hours, 2-core CPU)
     python experiments/reproduce.py --only aaggff_cross_silo --seeds 0
     python experiments/reproduce.py --reuse         # re-render from runs/reproduce/
 
@@ -26,7 +26,11 @@ runs it wrote under ``runs/reproduce/NAME/``, and renders the tables:
   evaluations and mean of the last 3), its late swing, rounds to FedAvg's and to
   SCAFFOLD's final accuracy (spec Table 4 style) and seconds per round relative to
   FedAvg; the
-  Dirichlet-0.1 curves are drawn into docs/img/afedpd_dir01_curves.png.
+  Dirichlet-0.1 curves are drawn into docs/img/afedpd_dir01_curves.png;
+* FedEvg against FedCVAE, FedAvg and same-size real data on digits (``GENERATIVE``: not
+  ``compare`` configs but runs of ``experiments/fedevg_digits.py``, whose rows are kept
+  in ``runs/reproduce/NAME/rows.json`` and whose sample grids go to docs/img/):
+  downstream accuracy, the Fréchet classifier distance, diversity and border pixels.
 """
 from __future__ import annotations
 
@@ -51,6 +55,15 @@ PRIMAL_DUAL = ("feddyn", "fedspeed", "afedpd", "afedpd_sam", "fedadmm", "fedpd")
 SUPERFED = ("superfed_pathological", "superfed_dirichlet", "superfed_ablation")
 NOISE = ("superfed_noise_pair01", "superfed_noise_pair04", "superfed_noise_sym02",
          "superfed_noise_sym06")
+GENERATIVE = {  # experiments/fedevg_digits.py runs: name -> its arguments
+    "fedevg_digits": [],
+    "fedevg_digits_epoch": ["--local-iters", "epoch", "--rounds", "200",
+                            "--img-prefix", "fedevg_digits_epoch"],
+    "fedevg_digits_beta1": ["--server-step", "1", "--cells", "10:1.0,50:0.01",
+                            "--img-prefix", "fedevg_digits_beta1"],
+    "fedevg_digits_beta01": ["--server-step", "0.1", "--cells", "10:1.0,50:0.01",
+                             "--img-prefix", "fedevg_digits_beta01"],
+}
 LEVEL = 0.9
 
 
@@ -298,6 +311,25 @@ def noise_table(outs: dict) -> str:
     return "\n".join(rows)
 
 
+def generative_table(name: str, out: str, rerun: bool, seeds) -> str:
+    """FedEvg against FedCVAE, FedAvg and same-size real data on digits: runs
+    ``experiments/fedevg_digits.py`` with the experiment's arguments (its rows kept in
+    ``out/rows.json``) unless ``rerun`` is False and they exist, and renders its table."""
+    sys.path.insert(0, HERE)
+    import fedevg_digits
+    rows_path = os.path.join(out, "rows.json")
+    if rerun or not os.path.isfile(rows_path):
+        os.makedirs(out, exist_ok=True)
+        argv = GENERATIVE[name] + ["--json", rows_path]
+        if seeds:
+            argv += ["--seeds", *seeds.split(",")]
+        fedevg_digits.main(argv)
+    with open(rows_path) as f:
+        rows = json.load(f)["rows"]
+    cells = list(dict.fromkeys((r["K"], r["alpha"]) for r in rows))
+    return fedevg_digits.table(rows, cells)
+
+
 def afedpd_figure(out: str, path: str) -> None:
     """Seed-mean global test accuracy and the cohort's training loss at the broadcast
     model per round, one line per method (the loss as a 5-round moving average)."""
@@ -338,10 +370,14 @@ def main():
                     help="render experiments already run under --runs instead of rerunning")
     args = ap.parse_args()
     names = (args.only.split(",") if args.only
-             else list(FAIRNESS + COMPHET + DQN + AFEDPD + SUPERFED + NOISE))
+             else list(FAIRNESS + COMPHET + DQN + AFEDPD + SUPERFED + NOISE) + list(GENERATIVE))
     sections = {}
     for name in names:
         out = os.path.join(args.runs, name)
+        if name in GENERATIVE:
+            sections[name] = generative_table(name, out, not args.reuse, args.seeds)
+            print(f"\n## {name}\n\n{sections[name]}\n", flush=True)
+            continue
         if not (args.reuse and os.path.exists(os.path.join(out, "summary.json"))):
             run_compare(name, out, args.seeds)
         if name in NOISE:  # one table over the four noise settings, once all are in

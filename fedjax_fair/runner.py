@@ -296,8 +296,10 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                                                                execution=execution),
                              donate_argnums=donated)
                 args = (state, _cohort_shapes(data.train, length, cohort_size, padded_size), key)
-            signature = (algorithm, length, padded_size, cohort_size, sampler, drawn,
-                         execution, donate, _signature(args))
+            # the program never calls ``init``: algorithms that differ only there (the
+            # CLI's per-seed FedEvg / FedCVAE initial states) share their programs
+            signature = (algorithm._replace(init=None), length, padded_size, cohort_size,
+                         sampler, drawn, execution, donate, _signature(args))
             compiled[name] = _PROGRAMS.get(signature)
             if compiled[name] is None:  # not compiled by an earlier run of this process
                 compiled[name] = fn.lower(*args).compile()

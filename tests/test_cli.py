@@ -178,8 +178,10 @@ def test_compare_defaults_cover_every_algorithm():
     cfg = cli.config_from_args(cli.build_parser().parse_args(["compare"]), C.CompareConfig)
     C.validate_compare(cfg)
     # Every algorithm but the full-participation ones (AAggFF-S, FedPD), which need
-    # --cohort-size N --sampler full.
-    assert cfg.algorithms == [a for a in ALGORITHMS if a not in ("aaggff_s", "fedpd")]
+    # --cohort-size N --sampler full, and the generative ones (FedEvg, FedCVAE), whose
+    # product is a synthetic data set: they are compared when named.
+    assert cfg.algorithms == [a for a in ALGORITHMS
+                              if a not in ("aaggff_s", "fedpd", "fedevg", "fedcvae")]
     assert cfg.dataset == "synthetic" and cfg.model == "logreg" and cfg.seeds == [0, 1, 2]
 
 
@@ -426,6 +428,54 @@ def test_personal_run_and_round_diagnostics(tmp_path):
     for r in rounds:  # q-FFL's effective coefficients, one per participant
         assert len(r["server/coefficients"]) == len(r["client_ids"]) == len(r["weights"])
         assert 0 < sum(r["server/coefficients"]) <= 1 + 1e-6
+
+
+DIGITS = ["--dataset", "digits", "--num-clients", "6", "--model", "mlp", "--model-arg",
+          "hidden=[16]", "--cohort-size", "3", "--batch-size", "32", "--no-progress"]
+
+
+def test_generative_run_writes_its_synthetic_set_and_downstream_report(tmp_path, capsys):
+    out = tmp_path / "fedevg"
+    assert cli.main(["run", *DIGITS, "--algorithm", "fedevg", "--num-rounds", "2",
+                     "--hp", "local_iters=2", "--client-lr", "0.001", "-o", str(out)]) == 0
+    assert "synthetic set (100 samples" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    report_ = summary["method_report"]  # spec/fedevg.md §5.1
+    assert 0.0 <= report_["downstream_accuracy"] <= 1.0 and report_["num_synth"] == 100
+    saved = np.load(out / "synthetic.npz")
+    assert saved["x"].shape == (100, 8, 8, 1) and saved["y"].shape == (100,)
+    assert 0.0 <= saved["x"].min() and saved["x"].max() <= 1.0
+    _png_ok(out / "synthetic_samples.png")
+
+
+def test_compare_of_generative_methods_gives_each_seed_its_initial_set(tmp_path):
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", *DIGITS, "--algorithms", "fedevg,fedcvae", "--seeds", "0,1",
+                     "--num-rounds", "1", "--hp", "fedevg.local_iters=1",
+                     "--hp", "fedcvae.max_steps=1", "-o", str(out)]) == 0
+    for name in ("fedevg", "fedcvae"):
+        x0, x1 = (np.load(out / name / f"seed{s}" / "synthetic.npz")["x"] for s in (0, 1))
+        assert not np.allclose(x0, x1)
+        second = json.loads((out / name / "seed1" / "summary.json").read_text())
+        assert second["timings"]["compile_seconds"] < 1.0  # the first seed's program
+        assert "downstream_accuracy" in second["method_report"]
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_inputs_outside_the_synthetic_range_are_refused_before_compute(tmp_path, capsys,
+                                                                       command):
+    which = ["--algorithm", "fedevg"] if command == "run" else ["--algorithms", "fedevg"]
+    code = cli.main([command, *TINY, *which, "--num-rounds", "1", "-o", str(tmp_path / "x")])
+    assert code == cli.EXIT_CONFIG
+    assert "data_range" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    hp = "data_range=[-10,10]" if command == "run" else "fedevg.data_range=[-10,10]"
+    cfg = _cfg([command, *TINY, *which, "--hp", hp, "-o", str(tmp_path / "x")],
+               C.RunConfig if command == "run" else C.CompareConfig)
+    hparams = cfg.hparams if command == "run" else C.validate_compare(cfg)["fedevg"]
+    from fedjax_fair.data import get_dataset
+    train = get_dataset("synthetic", num_clients=6, max_examples=100).host_data.train
+    C.check_data_range("fedevg", C.validate_hparams("fedevg", hparams), train)  # accepted
 
 
 # ----------------------------------------------------------------------------- report

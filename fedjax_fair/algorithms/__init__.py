@@ -22,6 +22,8 @@ from fedjax_fair.algorithms import dqn_fed as _dqn_fed
 from fedjax_fair.algorithms import fedadmm as _fedadmm
 from fedjax_fair.algorithms import fedavg as _fedavg
 from fedjax_fair.algorithms import fedcm as _fedcm
+from fedjax_fair.algorithms import fedcvae as _fedcvae
+from fedjax_fair.algorithms import fedevg as _fedevg
 from fedjax_fair.algorithms import fedheal as _fedheal
 from fedjax_fair.algorithms import fedlf as _fedlf
 from fedjax_fair.algorithms import feddyn as _feddyn
@@ -52,6 +54,8 @@ from fedjax_fair.algorithms.dqn_fed import dqn_fed
 from fedjax_fair.algorithms.fedadmm import fedadmm
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedcm import fedcm
+from fedjax_fair.algorithms.fedcvae import fedcvae
+from fedjax_fair.algorithms.fedevg import fedevg
 from fedjax_fair.algorithms.fedheal import fedheal
 from fedjax_fair.algorithms.fedlf import fedlf
 from fedjax_fair.algorithms.feddyn import feddyn
@@ -74,19 +78,24 @@ from fedjax_fair.algorithms.scaffold import scaffold
 from fedjax_fair.algorithms.superfed import superfed
 from fedjax_fair.algorithms.term import term
 from fedjax_fair.hparams import Range
+from fedjax_fair.synthetic import downstream_report
 
 
 class Method(NamedTuple):
     """A registry entry: the factory, the ranges of its numeric hyper-parameters, the
     participation it needs ("partial": any cohort; "full": every client every round,
-    sampler ``full``), and an optional end-of-run ``report(model, algorithm, state,
+    sampler ``full``), an optional end-of-run ``report(model, algorithm, state,
     test_split) -> dict`` of the method's own numbers (SuPerFed's lambda grid), which
-    the CLI writes under "method_report" in summary.json."""
+    the CLI writes under "method_report" in summary.json, and whether the method is
+    ``generative``: its product is a synthetic data set (``fedjax_fair.synthetic``;
+    ``state.params`` is a classifier trained on it). A ``compare`` without
+    ``--algorithms`` leaves generative methods out."""
 
     factory: Callable
     hparams: dict
     participation: str = "partial"
     report: Optional[Callable] = None
+    generative: bool = False
 
 
 class HParam(NamedTuple):
@@ -143,6 +152,8 @@ REGISTRY = {
     "fedrep": Method(fedrep, _fedrep.HPARAMS),
     "lg_fedavg": Method(lg_fedavg, _lg_fedavg.HPARAMS),
     "fedavg_ft": Method(fedavg_ft, _finetune.HPARAMS),
+    "fedevg": Method(fedevg, _fedevg.HPARAMS, report=downstream_report, generative=True),
+    "fedcvae": Method(fedcvae, _fedcvae.HPARAMS, report=downstream_report, generative=True),
 }
 
 ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
@@ -196,7 +207,7 @@ def method_hparams(name: str) -> dict:
 
 
 __all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "base_name", "get_method", "aaggff_d", "aaggff_s", "afedpd",
-           "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedpd", "fedper", "fedrep",
+           "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedcvae", "fedevg", "fedpd", "fedper", "fedrep",
            "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
            "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",

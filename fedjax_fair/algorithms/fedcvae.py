@@ -209,8 +209,10 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
             weight_decay: float = 0.0, samples_per_class: int = 10,
             server_classifier_steps: int = 10, server_classifier_lr: float = 1e-3,
             seed: int = 0) -> FederatedAlgorithm:
-    """FedCVAE for the classifier ``model`` (see the module docstring): a CVAE of
-    ``model``'s inputs and classes trained with FedAvg and Adam clients at rate
+    """FedCVAE: a conditional VAE trained with FedAvg, its decoder's samples training
+    the server classifier ``model`` (see the module docstring).
+
+    The CVAE has ``model``'s inputs and classes; its clients take Adam steps at rate
     ``client_lr`` (a number, a traced scalar or a schedule of the round); after every
     round the server classifier ``state.params`` trains on a fresh decoder set.
 

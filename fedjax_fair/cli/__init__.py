@@ -368,6 +368,16 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     return with_improvement(algorithm, model)
 
 
+def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int):
+    """``alg`` of a ``compare`` for one seed: a factory with a ``seed`` argument (the
+    method's own initial state: FedEvg's synthetic set, FedCVAE's generator; ``run``
+    sets it from ``--seed``) gets the run's seed in its ``init``. The round programs
+    stay shared across seeds (the runner keys them without ``init``)."""
+    if not C.accepts(name, "seed"):
+        return alg
+    return alg._replace(init=build_algorithm(name, model, cfg, {**hparams, "seed": seed}).init)
+
+
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
                  progress=True, description="", on_eval=None, on_rounds=None, log=print):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
@@ -464,7 +474,32 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         if imp is not None and len(imp):
             report.save_figure(report.plot_improved_fraction(imp, context=ctx),
                                os.path.join(out, "improved_clients.png"))
+    _write_synthetic(out, cfg_dict, ds, result.state, plots)
     return summary
+
+
+def _write_synthetic(out: str, cfg_dict: dict, ds, state, plots: bool) -> None:
+    """A generative method's final synthetic set: synthetic.npz ("x", "y") and, for
+    image inputs, synthetic_samples.png (a row of samples per class)."""
+    from fedjax_fair.algorithms import REGISTRY, base_name, method_hparams
+    from fedjax_fair import synthetic
+    name = base_name(str(cfg_dict.get("algorithm")))
+    if name not in REGISTRY or not REGISTRY[name].generative:
+        return
+    x, y = (np.asarray(a) for a in synthetic.synthetic_data(state))
+    np.savez(os.path.join(out, "synthetic.npz"), x=x, y=y)
+    shape = tuple(ds.input_shape)
+    if not plots or not (len(shape) == 2 or (len(shape) == 3 and shape[-1] in (1, 3))):
+        return
+    bounds = (cfg_dict.get("hparams") or {}).get(
+        "data_range", method_hparams(name)["data_range"].default)
+    bounds = (float(x.min()), float(x.max())) if bounds is None else tuple(bounds)
+    per_class = int(np.bincount(y).max())
+    synthetic.plot_sample_grid(
+        [x], y, [f"round {int(state.round)}"], os.path.join(out, "synthetic_samples.png"),
+        ds.num_classes, per_class=min(per_class, 20), value_range=bounds,
+        title=f"{name}: the final synthetic set by class",
+        context=f"{ds.name}, {cfg_dict.get('model')}, seed {cfg_dict.get('seed')}")
 
 
 def _num_params(model) -> int:
@@ -496,6 +531,7 @@ def cmd_run(args) -> int:
 
     ds = build_dataset(cfg)
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
+    C.check_data_range(cfg.algorithm, cfg.hparams, ds.host_data.train)
     model = build_model(cfg, ds)
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams)
     _check_capacity(alg, ds.num_clients, cfg)
@@ -569,6 +605,10 @@ def cmd_run(args) -> int:
           f"gini {fin['accuracy_gini']:.4f}; "
           f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
     grid = summary.get("method_report")
+    if grid and "downstream_accuracy" in grid:
+        print(f"synthetic set ({grid['num_synth']} samples, {out}/synthetic.npz): a fresh "
+              f"{model.name} trained on it alone scores {grid['downstream_accuracy']:.4f} on "
+              f"the clients' test data (spec/fedevg.md §5.1)")
     if grid and "acc_best_lambda_avg" in grid:
         print(f"personalised (lambda grid, spec/superfed.md §5): best average lambda "
               f"{grid['best_lambda']:.1f} -> {grid['acc_best_lambda_avg']:.4f}; per-client "
@@ -671,6 +711,8 @@ def cmd_compare(args) -> int:
 
     ds = build_dataset(cfg)
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
+    for a in cfg.algorithms:
+        C.check_data_range(a, hparams[a], ds.host_data.train, f"hparams[{a}]")
     model = build_model(cfg, ds)
     algs = {a: build_algorithm(a, model, cfg, hparams[a]) for a in cfg.algorithms}
     for alg in algs.values():
@@ -713,7 +755,9 @@ def cmd_compare(args) -> int:
                         if stop_requested():
                             raise Interrupted(0)
                         bar.set_postfix(algorithm=name, seed=seed)
-                        done = _compare_one(name, alg, seed, run_dir, cfg, cfg_dict,
+                        done = _compare_one(name, _seeded(name, alg, model, cfg,
+                                                          hparams[name], seed),
+                                            seed, run_dir, cfg, cfg_dict,
                                             hparams[name], model, ds, NonFiniteError,
                                             log=log_first)
                     summary, history, acc = done

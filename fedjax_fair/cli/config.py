@@ -668,9 +668,10 @@ def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]
 def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     """Static checks of a CompareConfig; returns the hyper-parameters of each algorithm."""
     from fedjax_fair.algorithms import ALGORITHMS
-    if not cfg.algorithms:  # every algorithm that runs with partial participation
-        cfg.algorithms = [a for a in ALGORITHMS if not needs_full_participation(a)]
-    from fedjax_fair.algorithms import base_name
+    from fedjax_fair.algorithms import base_name, get_method
+    if not cfg.algorithms:  # every non-generative algorithm that runs with partial participation
+        cfg.algorithms = [a for a in ALGORITHMS if not needs_full_participation(a)
+                          and not get_method(a).generative]
     for a in cfg.algorithms:
         _choice("algorithms", base_name(a), ALGORITHMS)
         if "@" in a and not re.fullmatch(r"[A-Za-z0-9_.-]+", a.partition("@")[2]):
@@ -715,6 +716,28 @@ def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> 
         jax.eval_shape(lambda k: sampler(k, num_clients, cfg.cohort_size), jax.random.key(0))
     except ValueError as e:
         raise error_from_message(str(e), "sampler") from None
+
+
+def check_data_range(name: str, hparams: dict, train, field: str = "hparams") -> None:
+    """A method that keeps its samples in ``data_range`` (FedEvg, FedCVAE) must get
+    training inputs inside that range: checked on the data before anything compiles."""
+    from fedjax_fair.algorithms import method_hparams
+    every = method_hparams(name)
+    if "data_range" not in every:
+        return
+    bounds = hparams.get("data_range", every["data_range"].default)
+    if bounds is None:
+        return
+    import numpy as np
+    x = np.asarray(train.examples["x"])[np.asarray(train.mask, bool)]
+    if x.size == 0:
+        return
+    lo, hi = float(x.min()), float(x.max())
+    if lo < bounds[0] or hi > bounds[1]:
+        raise ConfigError(f"{field}.data_range",
+                          f"{name} keeps its synthetic samples in [{bounds[0]:g}, {bounds[1]:g}] "
+                          f"but the training inputs span [{lo:.4g}, {hi:.4g}]; set a range "
+                          f"that holds them, e.g. data_range=[{math.floor(lo)},{math.ceil(hi)}]")
 
 
 MIXINGS = ("default", "size", "uniform")
