@@ -122,7 +122,7 @@ class NonFiniteError(FloatingPointError):
     rounds completed when it appeared); ``last_good_state`` is the state kept."""
 
     def __init__(self, round_: int, last_good_round: int, last_good_state, where: str):
-        super().__init__(f"non-finite parameters at round {round_}; stopped. Last good state: "
+        super().__init__(f"non-finite server state at round {round_}; stopped. Last good state: "
                          f"round {last_good_round}{where}")
         self.round = round_
         self.last_good_round = last_good_round
@@ -187,7 +187,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     ``server/...`` diagnostics). ``execution``: how rounds map their clients. With
     ``checkpoint_dir`` the state is saved after every chunk; ``resume=True``
     continues from it and gives the same result as an uninterrupted run. If the
-    parameters become NaN/inf, ``NonFiniteError`` is raised with the round number;
+    server's state (parameters, optimizer, mixing or aggregator state; not the client
+    table) becomes NaN/inf, ``NonFiniteError`` is raised with the round number;
     the last good state stays in the checkpoint (and on the exception).
 
     ``donate`` (default: when ``checkpoint_dir`` is set): each chunk program takes the

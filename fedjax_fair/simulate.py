@@ -41,8 +41,18 @@ def make_cohort(data: FederatedData, client_ids, step_budgets=None) -> Cohort:
                   client_mask=jnp.ones((k,), bool), local_steps=budgets)
 
 
-def params_finite(params) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(params)]))
+def server_state_finite(state: ServerState) -> jax.Array:
+    """Whether every float of the server's own state is finite: the parameters, the
+    optimizer, mixing and aggregator states (FedEvg's synthetic set, FedCVAE's
+    generator, DQN-Fed's history). The per-client table is left out: a pass over N
+    rows every round would cost as much as the round for the table-bound methods, and
+    a non-finite row reaches the parameters the next time its client trains."""
+    leaves = [x for x in jax.tree.leaves((state.params, state.opt_state, state.mixing_state,
+                                          state.aggregator_state))
+              if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    if not leaves:
+        return jnp.asarray(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 def round_keys(key, round_):
@@ -53,7 +63,7 @@ def round_keys(key, round_):
 def _play(algorithm: FederatedAlgorithm, state: ServerState, cohort: Cohort, train_key,
           execution):
     new_state, metrics = algorithm.apply(state, cohort, train_key, execution)
-    metrics["finite"] = params_finite(new_state.params)
+    metrics["finite"] = server_state_finite(new_state)
     return new_state, metrics
 
 

@@ -730,6 +730,29 @@ def test_run_stops_on_nan_at_first_bad_round_and_keeps_last_good_state(tmp_path)
     assert [h["round"] for h in meta["history"]] == [0, 2]
 
 
+def test_nan_in_the_server_state_beyond_the_parameters_stops_the_run():
+    """A NaN in the aggregator's state (FedEvg's synthetic set, a generator, a
+    history) stops the run at its round even while the parameters are still finite;
+    integer and key leaves are not checked."""
+    inner = _seq_fedavg()
+
+    def init(params, num_clients):
+        state = inner.init(params, num_clients)
+        return state._replace(aggregator_state=(jnp.zeros((3,)), jnp.zeros((), jnp.int32),
+                                                jax.random.key(0)))
+
+    def apply(state, cohort, key, execution="auto"):
+        new, metrics = inner.apply(state, cohort, key, execution)
+        x, count, k = state.aggregator_state
+        x = jnp.where(new.round > 3, jnp.nan, x)
+        return new._replace(aggregator_state=(x, count + 1, k)), metrics
+
+    with pytest.raises(NonFiniteError) as info:
+        _run(FederatedAlgorithm(init, apply), num_rounds=6, eval_every=2)
+    assert info.value.round == 4 and int(info.value.last_good_state.round) == 2
+    assert helpers.tree_all_finite(info.value.last_good_state.params)
+
+
 def test_run_without_checkpoint_keeps_last_good_state_in_memory():
     """Without a checkpoint the chunks are not donated, so the state before the bad
     chunk is still there to hand back."""
