@@ -338,6 +338,12 @@ TRACED_FACTORIES = {
     "feddyn": lambda v: algorithms.feddyn(MODEL, alpha=v),
     "fedcm": lambda v: algorithms.fedcm(MODEL, alpha=v),
     "fedsam": lambda v: algorithms.fedsam(MODEL, sam_radius=v),
+    "fedevg": lambda v: algorithms.fedevg(MODEL, ce_weight=v, client_step=v, server_step=v,
+                                          server_noise=v, grad_clip=v + 1.0,
+                                          data_range=(v - 1.0, v + 1.0), client_lr=v + 0.1),
+    "fedcvae": lambda v: algorithms.fedcvae(MODEL, kl_weight=v, client_lr=v + 0.1,
+                                            data_range=(v - 1.0, v + 1.0),
+                                            server_classifier_lr=v + 0.1),
 }
 
 
