@@ -389,6 +389,9 @@ def plot_sample_grid(snapshots, labels, rounds, path: Optional[str], num_classes
         ax.set_yticks([(c + 0.5) * h - 1 for c in range(num_classes)])
         ax.set_yticklabels(names if i == 0 else [], fontsize=7)
         ax.tick_params(length=0)
+    if context:  # wrapped to the figure's width (about 13 characters per inch at 10 pt)
+        import textwrap
+        context = "\n".join(textwrap.wrap(context, max(20, int(13 * fig.get_figwidth()))))
     fig.suptitle(f"{title}\n{context}" if context else title, fontsize=10)
     if path is not None:
         import os
