@@ -53,6 +53,8 @@ sets beside M random real rows), via ``fedevg.plot_sample_grid``.
 """
 from __future__ import annotations
 
+import importlib
+
 import argparse
 import functools
 import json
@@ -67,11 +69,11 @@ import numpy as np
 
 from fedjax_fair import synthetic as S
 from fedjax_fair.algorithms import fedavg
-from fedjax_fair.algorithms import fedcvae as C
-from fedjax_fair.algorithms import fedevg as F
 from fedjax_fair.data import get_dataset
 from fedjax_fair.models import get_model
 from fedjax_fair.runner import run
+C = importlib.import_module("fedjax_fair.algorithms.fedcvae")  # the package exports the factories
+F = importlib.import_module("fedjax_fair.algorithms.fedevg")
 
 NUM_CLASSES = 10
 INPUT_SHAPE = (8, 8, 1)

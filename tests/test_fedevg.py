@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import importlib
+
 import math
 
 import flax.linen as nn
@@ -26,13 +28,13 @@ import helpers
 from fedjax_fair import sampling
 from fedjax_fair.algorithm import with_improvement
 from fedjax_fair import synthetic as S
-from fedjax_fair.algorithms import fedevg as F
 from fedjax_fair.models import mlp
 from fedjax_fair.models.base import from_flax
 from fedjax_fair.models.resnet import SpectralDense, resnet10_gn_sn
 from fedjax_fair.runner import run
 from fedjax_fair.simulate import simulate
 from fedjax_fair.types import FederatedData
+F = importlib.import_module("fedjax_fair.algorithms.fedevg")  # the package exports the factory
 
 E = math.e
 

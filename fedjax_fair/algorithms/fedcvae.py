@@ -53,7 +53,7 @@ from fedjax_fair.algorithm import SERVER_KEY_ID, FederatedAlgorithm, ServerState
 from fedjax_fair.algorithms.fedavg import HPARAMS as FEDAVG_HPARAMS
 from fedjax_fair.algorithms.fedavg import Rate, fedavg
 from fedjax_fair.client import data_loss
-from fedjax_fair.execution import map_clients
+from fedjax_fair.execution import local_step_unroll, map_clients
 from fedjax_fair.models.base import Model, check_widths
 from fedjax_fair.synthetic import (balanced_labels, check_data_range, classifier_optimizer,
                                    fit_classifier, synthetic_accuracy)
@@ -231,6 +231,7 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
                    num_epochs=num_epochs, max_steps=max_steps, client_optimizer=optax.adam,
                    weight_decay=weight_decay)
     server_opt = classifier_optimizer(server_classifier_lr, 0.0)
+    unroll = local_step_unroll(model.uses_xla_conv)  # XLA:CPU's rolled-conv slowdown
 
     def init(params, num_clients: int) -> ServerState:
         k_gen, k_synth = jax.random.split(jax.random.key(seed))
@@ -250,7 +251,7 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
                       samples_per_class)
         params, opt_state, cls_loss = fit_classifier(
             model, state.params, state.opt_state, server_opt, x, y,
-            jax.random.fold_in(server_key, 1), server_classifier_steps, batch_size)
+            jax.random.fold_in(server_key, 1), server_classifier_steps, batch_size, unroll)
         metrics = {**metrics, "client/elbo_before": metrics["loss_before"],
                    "loss_before": loss_before, "server/classifier_loss": cls_loss,
                    "server/synthetic_accuracy": synthetic_accuracy(model, params, x, y)}
