@@ -15,10 +15,12 @@ The pieces, bottom up (DESIGN.md, docs/architecture.md):
   and fairness summaries.
 * ``heterogeneity``: per-round local-step budgets; ``memory``: size buckets, the
   memory plan and ``MemoryBudgetError``.
+* ``sharding``: cohorts split over a device mesh's ``clients`` axis
+  (``Execution(mesh=sharding.make_mesh())``), multi-host start-up.
 """
 from fedjax_fair import (aggregators, algorithms, client, client_states, data, heterogeneity,
-                         hparams, memory, metrics, mixing, models, runner, sampling, simulate,
-                         solvers)
+                         hparams, memory, metrics, mixing, models, runner, sampling, sharding,
+                         simulate, solvers)
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState, compose, with_improvement
 from fedjax_fair.client import local_training, proximal_term
 from fedjax_fair.evaluation import make_evaluator
@@ -34,6 +36,6 @@ __all__ = [
     "FederatedData", "NonFiniteError", "RunResult", "ServerContext", "ServerState",
     "aggregators", "algorithms", "client", "client_states", "compose", "data",
     "heterogeneity", "hparams", "local_training", "make_cohort", "make_evaluator", "memory",
-    "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling", "simulate",
-    "solvers", "with_improvement",
+    "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling", "sharding",
+    "simulate", "solvers", "with_improvement",
 ]

@@ -8,6 +8,11 @@ What is evaluated is the algorithm's choice: the global model (``make_evaluator`
 or each client's own model (``make_personal_evaluator``: Ditto, SuPerFed, FedRep),
 whose parameters are gathered from the client table one chunk at a time, so a
 personalised evaluation never holds N models at once.
+
+Over a device mesh (sharding.py) whose ``clients`` axis splits the split's clients,
+``make_state_evaluator(..., mesh=mesh)`` evaluates the global model with
+``jax.shard_map``: each device evaluates its own clients (left to XLA's partitioner,
+every device would gather the whole split and evaluate every client).
 """
 from __future__ import annotations
 
@@ -60,14 +65,31 @@ def make_personal_evaluator(model: Model, personal: Callable, chunk_size: int = 
     return evaluate
 
 
+@functools.lru_cache(maxsize=32)
+def make_sharded_evaluator(model: Model, mesh, chunk_size: int = 64) -> Callable:
+    """``make_evaluator`` over ``mesh``: ``(params, split [N, ...]) -> {metric: [N]}``
+    with the split's clients (N a multiple of the ``clients`` axis) split over the
+    devices, each evaluating its own clients; the parameters replicated."""
+    from jax.sharding import PartitionSpec as P
+    from fedjax_fair.sharding import CLIENTS
+    local = make_evaluator(model, chunk_size)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(CLIENTS)),
+                                 out_specs=P(CLIENTS), axis_names=frozenset({CLIENTS}),
+                                 check_vma=False))
+
+
 def make_state_evaluator(model: Model, personal: Optional[Callable] = None,
-                         evaluated_params: Optional[Callable] = None) -> Callable:
+                         evaluated_params: Optional[Callable] = None,
+                         mesh=None) -> Callable:
     """``(state, split, client_ids) -> {metric: [n]}`` for an algorithm: each client's
     own model when ``personal`` is set, else the global model ``state.params`` (or
-    ``evaluated_params(state)``, e.g. A-FedPD's cohort average)."""
+    ``evaluated_params(state)``, e.g. A-FedPD's cohort average). ``mesh``: evaluate
+    the global model sharded by client (``make_sharded_evaluator``; splits whose
+    client count is a multiple of the mesh's ``clients`` axis). A personal
+    evaluation is left to XLA's partitioner."""
     if personal is not None:
         return make_personal_evaluator(model, personal)
-    evaluate = make_evaluator(model)
+    evaluate = make_evaluator(model) if mesh is None else make_sharded_evaluator(model, mesh)
     if evaluated_params is not None:
         return lambda state, split, client_ids: evaluate(evaluated_params(state), split)
     return lambda state, split, client_ids: evaluate(state.params, split)

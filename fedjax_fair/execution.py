@@ -13,7 +13,8 @@ Strategies (all produce identical results up to float rounding):
   each vmapped, and the outputs are put back in cohort order. For federations with
   skewed client sizes.
 
-Clients vmapped together share the named axis ``CLIENT_AXIS``. Local training asks
+Clients vmapped together share the named axis ``CLIENT_AXIS`` (``"client_group"``,
+distinct from the device mesh's ``"clients"`` axis). Local training asks
 for the largest step count in its group (``group_max``) and skips the steps past it
 with a real ``cond`` (an unbatched predicate), so a vmapped group runs only as many
 steps as its busiest client needs rather than the federation's padded maximum;
@@ -25,6 +26,12 @@ groups homogeneous, so little work is spent on masked steps.
 
 All strategies stay inside one traced program, so they compose with ``jit``,
 ``lax.scan`` over rounds, and ``jax.grad`` / ``jax.vmap`` of a whole run.
+
+Several devices: ``Execution(..., mesh=sharding.make_mesh(D))`` splits the cohort
+over the mesh's ``clients`` axis with ``jax.shard_map``; each device maps its K / D
+clients with the strategy above (``auto`` and ``chunk_size`` resolved for K / D).
+A cohort that does not divide D is padded and the padding's outputs dropped, so the
+results equal the unsharded run's (sharding.py, docs/scaling.md).
 
 XLA:CPU runs a convolution's weight-gradient inside a rolled loop 4-100x slower than
 unrolled (jax-ml/jax#12868). The built-in CNN therefore runs its convolutions as
@@ -38,18 +45,27 @@ from typing import Callable, NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
+from fedjax_fair import sharding
+
 STRATEGIES = ("auto", "vmap", "chunked", "sequential", "bucketed")
-CLIENT_AXIS = "clients"
+# vmap axis of the clients run together; not the mesh's ``sharding.CLIENTS`` axis,
+# which a shard_map binds around them (one name for both would make a collective
+# over the group reach across devices)
+CLIENT_AXIS = "client_group"
 NUM_BUCKETS = 4  # default bucket count of the "bucketed" strategy
 
 
 class Execution(NamedTuple):
     """How a round maps its clients: one value passed to ``apply`` / ``simulate`` /
     ``run`` (never to an algorithm factory). ``chunk_size``: clients per chunk
-    (``chunked``, default 8) or per bucket (``bucketed``, default K / 4)."""
+    (``chunked``, default 8) or per bucket (``bucketed``, default K / 4), per device
+    under a mesh. ``mesh``: a ``jax.sharding.Mesh`` with a ``clients`` axis
+    (``sharding.make_mesh``) splitting every cohort over its devices; None runs on
+    one device."""
 
     strategy: str = "auto"
     chunk_size: Optional[int] = None
+    mesh: Optional[jax.sharding.Mesh] = None
 
 
 def as_execution(execution: Union[str, Execution, None]) -> Execution:
@@ -64,6 +80,8 @@ def as_execution(execution: Union[str, Execution, None]) -> Execution:
     if execution.strategy not in STRATEGIES:
         raise ValueError(f"execution: unknown strategy {execution.strategy!r}; allowed: "
                          f"{list(STRATEGIES)}")
+    if execution.mesh is not None:
+        sharding.check_mesh(execution.mesh)
     return execution
 
 
@@ -147,9 +165,18 @@ def map_clients(fn: Callable, execution: Union[str, Execution, None],
     ``per_client`` has leading axis K. Returns ``mapped(shared, per_client,
     sizes=None)`` whose outputs have leading axis K, in cohort order. ``sizes``
     [K] (client sizes) orders the clients into buckets under ``"bucketed"``;
-    other strategies ignore it.
+    other strategies ignore it. Under ``execution.mesh`` each device maps its share
+    of the cohort (``sharding.map_sharded``) with the strategy.
     """
     execution = as_execution(execution)
+    if execution.mesh is None:
+        return _map_local(fn, execution, cohort_size)
+    local = _map_local(fn, execution, sharding.per_device(cohort_size, execution.mesh))
+    return sharding.map_sharded(local, execution.mesh, cohort_size)
+
+
+def _map_local(fn: Callable, execution: Execution, cohort_size: int) -> Callable:
+    """``map_clients`` on one device: the strategy over ``cohort_size`` clients."""
     strategy, chunk_size = resolve(execution.strategy, cohort_size,
                                    chunk_size=execution.chunk_size)
     vmapped = jax.vmap(fn, in_axes=(None, 0), axis_name=CLIENT_AXIS)

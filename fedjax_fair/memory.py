@@ -17,7 +17,9 @@ Two tools cut that cost:
   (``Compiled.memory_analysis``: arguments, outputs and temporaries), adds the
   evaluation split, and compares the total with the device's capacity. A plan that
   cannot fit raises ``MemoryBudgetError`` with what to change, instead of failing
-  with an out-of-memory crash halfway through.
+  with an out-of-memory crash halfway through. Over a device mesh (sharding.py)
+  every number is per device: XLA's accounting of an SPMD program is one device's
+  share, and the evaluation split counts its shard.
 """
 from __future__ import annotations
 
@@ -55,6 +57,18 @@ def device_capacity(device=None) -> Optional[int]:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def mesh_capacity(mesh) -> Optional[int]:
+    """Free bytes per device of ``mesh``: the least free of its local accelerators, or
+    on CPU the host's available memory divided among the mesh's devices (CPU devices
+    share the host's memory), or None if unknown."""
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    if local and local[0].platform == "cpu":
+        free = device_capacity(local[0])
+        return None if free is None else free // len(local)
+    free = [device_capacity(d) for d in local]
+    return None if not free or None in free else min(free)
 
 
 def size_bucket(size: int, padded_size: int) -> int:
@@ -99,12 +113,15 @@ class MemoryPlan(NamedTuple):
     program_bytes: XLA's accounting of one chunk's compiled program: arguments
       (state, and the training split or the streamed cohorts), outputs and temps.
     capacity: free device bytes, or None when unknown (then nothing is checked).
+    devices: how many devices share the run (a mesh); every byte count above is
+      then per device.
     """
 
     placement: str
     resident_bytes: int
     program_bytes: int
     capacity: Optional[int]
+    devices: int = 1
 
     @property
     def total(self) -> int:
@@ -118,6 +135,12 @@ class MemoryPlan(NamedTuple):
         cap = "unknown" if self.capacity is None else _mib(self.capacity)
         where = ("federation on the device" if self.placement == "device"
                  else "federation on the host, cohorts streamed per chunk")
+        if self.devices > 1:
+            where = where.replace("the device", "the devices")
+            return (f"memory: {_mib(self.total)} needed per device ({where}, split by "
+                    f"client: {_mib(self.resident_bytes)} resident + "
+                    f"{_mib(self.program_bytes)} per chunk program), {cap} free per device "
+                    f"on {self.devices} {jax.devices()[0].platform} devices")
         return (f"memory: {_mib(self.total)} needed ({where}: {_mib(self.resident_bytes)} "
                 f"resident + {_mib(self.program_bytes)} per chunk program), "
                 f"{cap} free on {jax.devices()[0].platform}")

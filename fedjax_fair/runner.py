@@ -10,7 +10,9 @@ per-round diagnostics handed to ``on_rounds``.
 Placement (memory.py): the federation stays on the device if the plan fits, else it
 stays on the host and each chunk's cohorts are gathered there, padded to their size
 bucket, and streamed in; a plan that cannot fit stops with a clear error before
-any data moves.
+any data moves. Under ``Execution(mesh=...)`` (sharding.py) "the device" is every
+device of the mesh: the federation, streamed cohorts and client tables are split by
+client, the rest of the state replicated, and the plan counts bytes per device.
 """
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ from fedjax_fair import checkpoint as ckpt
 from fedjax_fair import memory as mem
 from fedjax_fair import metrics as fairness
 from fedjax_fair import sampling
+from fedjax_fair import sharding
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.client_states import table_memory
-from fedjax_fair.evaluation import make_state_evaluator, to_numpy
+from fedjax_fair.evaluation import make_state_evaluator
 from fedjax_fair.execution import as_execution
 from fedjax_fair.heterogeneity import StepBudgets
 from fedjax_fair.simulate import (budget_tables, gather_cohorts, sample_client_ids, simulate,
@@ -144,7 +147,15 @@ class RunResult:
     client_history: Optional[dict] = None
 
 
-def _abstract(tree):
+def _replicated(mesh):
+    return None if mesh is None else sharding.replicated(mesh)
+
+
+def _abstract(tree, shardings=None):
+    """Shapes and dtypes of ``tree`` (and, under a mesh, the layout ``shardings``)."""
+    if shardings is not None:
+        return sharding.abstract(tree, jax.tree.map(lambda _: shardings, tree)
+                                 if isinstance(shardings, jax.sharding.Sharding) else shardings)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
 
 
@@ -152,9 +163,11 @@ def _host(tree):
     return jax.tree.map(np.asarray, tree)
 
 
-def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: int) -> dict:
+def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: int,
+                        layout=None) -> dict:
     """``evaluate`` over a host split, ``clients_per_call`` clients at a time (the last
-    call padded with empty clients, so one compiled program serves every call)."""
+    call padded with empty clients, so one compiled program serves every call); each
+    part placed as ``layout`` (a mesh's replicated sharding) when given."""
     n = split.mask.shape[0]
     parts = []
     for start in range(0, n, clients_per_call):
@@ -163,8 +176,8 @@ def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: in
         empty = np.arange(start, start + clients_per_call) >= n
         part = part._replace(mask=part.mask & ~empty[:, None],
                              num_examples=np.where(empty, 0, part.num_examples))
-        parts.append(to_numpy(evaluate(state, jax.device_put(part),
-                                       jnp.asarray(rows, jnp.int32))))
+        part = jax.device_put(part) if layout is None else sharding.put(part, layout)
+        parts.append(sharding.to_host(evaluate(state, part, rows.astype(np.int32))))
     return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
 
 
@@ -207,6 +220,15 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     device's free memory) before any data moves; ``log`` receives its one-line
     description. A plan that cannot fit raises ``memory.MemoryBudgetError``.
 
+    Several devices: ``execution=Execution(strategy, chunk_size, mesh=mesh)`` with a
+    mesh from ``sharding.make_mesh`` splits every cohort over the mesh's ``clients``
+    axis (each device runs its share with ``strategy``), places the federation's
+    splits and the client table split by client (replicated, with a note to ``log``,
+    when N does not divide the device count) and the rest of the state replicated,
+    and plans memory per device. Results equal the single-device run's up to float
+    rounding. In a multi-host job (``sharding.initialize_distributed``) only
+    process 0 writes checkpoints.
+
     Compiles one program per distinct chunk length (and, streamed, per size bucket).
 
     The arguments are checked before anything is compiled, moved or written:
@@ -236,6 +258,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     if placement not in mem.PLACEMENTS:
         raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
     execution = as_execution(execution)
+    mesh = execution.mesh
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
     if donate is None:
         donate = checkpoint_dir is not None
@@ -260,8 +283,15 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     client_log: dict = {}  # metric -> [E] list of per-client arrays [N]
     if resume:
         client_log = _load_client_history(checkpoint_dir, len(history), num_clients)
+    if mesh is not None:  # replicated server state, client table split by client
+        state = sharding.put(state, sharding.state_shardings(mesh, state))
+        key = sharding.put(key, sharding.replicated(mesh))
 
     def save(state):
+        if jax.process_count() > 1:  # every process gathers; process 0 writes
+            state = sharding.to_host(state)
+            if jax.process_index() != 0:
+                return
         ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
                                           "compile_seconds": compile_s, "run_seconds": run_s})
         ckpt.save_arrays(checkpoint_dir, CLIENT_HISTORY,
@@ -277,6 +307,11 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     drawn = step_budgets if isinstance(step_budgets, StepBudgets) else None
     if drawn is not None:  # a function, closed over; tables are the arguments otherwise
         step_budgets = None
+    data_layout = None
+    if mesh is not None:
+        data_layout, note = sharding.federation_shardings(mesh, data)
+        if note and log:
+            log(note)
 
     def program(length: int, padded_size: Optional[int] = None):
         """The compiled chunk program: resident data (padded_size None) or streamed."""
@@ -291,12 +326,16 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                     algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
                     sampler=sampler, step_budgets=drawn or b, execution=execution),
                     donate_argnums=donated)
-                args = (state, _abstract(data), key, step_budgets)
+                args = (state, _abstract(data, data_layout), key,
+                        step_budgets if mesh is None else _abstract(step_budgets,
+                                                                    _replicated(mesh)))
             else:
                 fn = jax.jit(lambda s, c, k: simulate_cohorts(algorithm, s, c, k,
                                                                execution=execution),
                              donate_argnums=donated)
-                args = (state, _cohort_shapes(data.train, length, cohort_size, padded_size), key)
+                shapes = _cohort_shapes(data.train, length, cohort_size, padded_size)
+                args = (state, _abstract(shapes, None if mesh is None
+                                          else sharding.cohort_shardings(mesh, shapes)), key)
             # the program never calls ``init``: algorithms that differ only there (the
             # CLI's per-seed FedEvg / FedCVAE initial states) share their programs
             signature = (algorithm._replace(init=None), length, padded_size, cohort_size,
@@ -310,12 +349,17 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         return compiled[name]
 
     # ---- memory plan, before any data moves to the device
-    capacity = mem.device_capacity() if memory_limit is None else int(memory_limit)
+    devices = 1 if mesh is None else mesh.devices.size
+    capacity = ((mem.device_capacity() if mesh is None else mem.mesh_capacity(mesh))
+                if memory_limit is None else int(memory_limit))
     first = max(1, min(eval_every, num_rounds - int(state.round)))
     plan = None
     if placement in ("auto", "device"):
-        plan = mem.MemoryPlan("device", mem.tree_bytes((data.test, data.validation)),
-                              mem.program_bytes(program(first)), capacity)
+        evaluated = (data.test, data.validation)
+        resident = (mem.tree_bytes(evaluated) if mesh is None else sharding.device_bytes(
+            evaluated, sharding.federation_shardings(mesh, data)[0][1:]))
+        plan = mem.MemoryPlan("device", resident, mem.program_bytes(program(first)),
+                              capacity, devices)
         if not plan.fits and placement == "device":
             bar.close()
             raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
@@ -325,7 +369,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         # Planned at the worst case, every cohort padded to the federation's M; the
         # chunks then compile per size bucket actually sampled (at most M).
         plan = mem.MemoryPlan("host", 0, mem.program_bytes(
-            program(first, data.train.mask.shape[1])), capacity)
+            program(first, data.train.mask.shape[1])), capacity, devices)
         if not plan.fits:
             bar.close()
             raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower "
@@ -335,20 +379,24 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         log(plan.describe())
 
     if plan.placement == "device":
-        data = jax.device_put(data)
-        step_budgets = None if step_budgets is None else jax.device_put(step_budgets)
+        put = jax.device_put if mesh is None else sharding.put
+        data = put(data, data_layout)
+        step_budgets = None if step_budgets is None else put(step_budgets, _replicated(mesh))
     else:
         data = _host(data)
         step_budgets = None if step_budgets is None else np.asarray(step_budgets)
         sizes = data.train.num_examples
 
-    evaluate = make_state_evaluator(model, algorithm.personal, algorithm.evaluated_params)
-    all_ids = jnp.arange(num_clients, dtype=jnp.int32)
+    split_by_client = (mesh is not None and plan.placement == "device"
+                       and num_clients % sharding.num_shards(mesh) == 0)
+    evaluate = make_state_evaluator(model, algorithm.personal, algorithm.evaluated_params,
+                                    mesh if split_by_client else None)
+    all_ids = np.arange(num_clients, dtype=np.int32)  # host: valid on every process
 
     def evaluate_split(state, split: ClientData) -> dict:
         if plan.placement == "device":
-            return to_numpy(evaluate(state, split, all_ids))
-        return _evaluate_in_chunks(evaluate, state, split, 256)
+            return sharding.to_host(evaluate(state, split, all_ids))
+        return _evaluate_in_chunks(evaluate, state, split, 256, _replicated(mesh))
 
     def evaluate_now(state):
         """Per-client test metrics and the summary of test (and validation) accuracy."""
@@ -384,12 +432,15 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
             m = mem.size_bucket(sizes[ids].max(), data.train.mask.shape[1])
             tables = (budget_tables(drawn, key, r0, length, sizes) if drawn is not None
                       else step_budgets)
-            cohorts = jax.device_put(gather_cohorts(data.train, ids, tables, m))
+            cohorts = gather_cohorts(data.train, ids, tables, m)
+            cohorts = (jax.device_put(cohorts) if mesh is None
+                       else sharding.put(cohorts, sharding.cohort_shardings(mesh, cohorts)))
             t_compile = time.perf_counter()
             fn = program(length, m)
             t += time.perf_counter() - t_compile  # a first compile is not run time
             new_state, metrics = fn(state, cohorts, key)
-        finite = np.asarray(metrics["finite"])
+        metrics = sharding.to_host(metrics)
+        finite = metrics["finite"]
         run_s += time.perf_counter() - t
         if not finite.all():
             bad = r0 + int(np.argmin(finite)) + 1

@@ -25,20 +25,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import sampling
+from fedjax_fair import sampling, sharding
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.client_states import gather
+from fedjax_fair.execution import as_execution
 from fedjax_fair.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
 from fedjax_fair.types import ClientData, Cohort, FederatedData
 
 
-def make_cohort(data: FederatedData, client_ids, step_budgets=None) -> Cohort:
-    """Gathers the cohort's training rows; ``step_budgets`` is an int32 table [N]."""
+def make_cohort(data: FederatedData, client_ids, step_budgets=None, mesh=None) -> Cohort:
+    """Gathers the cohort's training rows; ``step_budgets`` is an int32 table [N].
+
+    ``mesh``: when the federation's N splits over the mesh's ``clients`` axis, each
+    device receives only its share of the cohort's rows (``sharding.gather_clients``)."""
     k = client_ids.shape[0]
     budgets = (jnp.full((k,), UNLIMITED_STEPS, jnp.int32) if step_budgets is None
                else step_budgets[client_ids])
-    return Cohort(client_ids=client_ids, data=gather(data.train, client_ids),
-                  client_mask=jnp.ones((k,), bool), local_steps=budgets)
+    if mesh is not None and data.num_clients % sharding.num_shards(mesh) == 0:
+        rows = sharding.gather_clients(data.train, client_ids, mesh)
+    else:
+        rows = gather(data.train, client_ids)
+    return Cohort(client_ids=client_ids, data=rows, client_mask=jnp.ones((k,), bool),
+                  local_steps=budgets)
 
 
 def server_state_finite(state: ServerState) -> jax.Array:
@@ -62,7 +70,10 @@ def round_keys(key, round_):
 
 def _play(algorithm: FederatedAlgorithm, state: ServerState, cohort: Cohort, train_key,
           execution):
+    """One round; under a mesh the new state keeps the sharded layout (client table
+    split by client, the rest replicated) from round to round."""
     new_state, metrics = algorithm.apply(state, cohort, train_key, execution)
+    new_state = sharding.constrain_state(new_state, as_execution(execution).mesh)
     metrics["finite"] = server_state_finite(new_state)
     return new_state, metrics
 
@@ -96,8 +107,8 @@ def simulate(algorithm: FederatedAlgorithm, state: ServerState, data: FederatedD
         sample_key, train_key = round_keys(key, state.round)
         client_ids = sampler(sample_key, num_clients, cohort_size)
         budgets = budget_table(step_budgets, _budget_key(sample_key), data.train.num_examples)
-        return _play(algorithm, state, make_cohort(data, client_ids, budgets), train_key,
-                     execution)
+        cohort = make_cohort(data, client_ids, budgets, as_execution(execution).mesh)
+        return _play(algorithm, state, cohort, train_key, execution)
 
     if remat:
         round_fn = jax.checkpoint(round_fn)

@@ -125,6 +125,10 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
                    help="do not write PNG plots")
     p.add_argument("--overwrite", dest="overwrite", action="store_true", default=S,
                    help="write into an output directory that already holds results")
+    p.add_argument("--distributed", dest="distributed", action="store_true", default=S,
+                   help="join a multi-host job first (jax.distributed.initialize: SLURM, "
+                        "Open MPI and Kubernetes are detected, else JAX_COORDINATOR_ADDRESS, "
+                        "JAX_NUM_PROCESSES, JAX_PROCESS_ID); see docs/scaling.md")
     p.add_argument("--compensate-server-lr", "--compensate_server_lr",
                    dest="compensate_server_lr", action="store_true", default=S,
                    help=C.fields(cls)["compensate_server_lr"].metadata["help"])
@@ -395,7 +399,8 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                             on_eval=on_eval, description=description,
                             placement=cfg.placement, log=log,
-                            execution=Execution(cfg.execution, cfg.chunk_size),
+                            execution=Execution(cfg.execution, cfg.chunk_size,
+                                                C.mesh_of(cfg.devices)),
                             on_rounds=on_rounds)
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
@@ -521,8 +526,34 @@ def _ordered_config(cfg) -> dict:
 # ------------------------------------------------------------------------------- run
 
 
+def _other_process(cfg):
+    """In a multi-host job every process runs the same simulation and process 0 writes
+    the results: another process writes its copies into a temporary directory
+    (removed at exit) but keeps the shared checkpoint directory, which it reads on
+    ``--resume`` and never writes (``runner.run``). ``cfg`` as is in process 0 and in
+    a single-process run."""
+    if "jax" not in sys.modules:
+        return cfg
+    import jax
+    if not jax.distributed.is_initialized() or jax.process_index() == 0:
+        return cfg
+    import atexit
+    import shutil
+    import tempfile
+    if isinstance(cfg, C.CompareConfig) and cfg.resume:
+        raise C.ConfigError("resume", "a multi-host compare cannot resume (each process "
+                                      "would have to read process 0's finished runs); "
+                                      "start it again or resume on one host")
+    scratch = tempfile.mkdtemp(prefix=f"fedjax-fair-process{jax.process_index()}-")
+    atexit.register(shutil.rmtree, scratch, True)
+    changes = {"output_dir": scratch, "overwrite": True, "plots": False}
+    if isinstance(cfg, C.RunConfig):
+        changes["checkpoint_dir"] = cfg.resolved_checkpoint_dir()
+    return dataclasses.replace(cfg, **changes)
+
+
 def cmd_run(args) -> int:
-    cfg = run_config(args)
+    cfg = _other_process(run_config(args))
     C.validate_run(cfg)
     out = cfg.resolved_output_dir()
     ckdir = cfg.resolved_checkpoint_dir()
@@ -703,7 +734,7 @@ def _finished_run(run_dir: str):
 
 
 def cmd_compare(args) -> int:
-    cfg = compare_config(args)
+    cfg = _other_process(compare_config(args))
     hparams = C.validate_compare(cfg)
     out = cfg.resolved_output_dir()
     cfg_dict = _ordered_config(cfg)
@@ -1000,6 +1031,19 @@ LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
                  "samplers": _list_samplers, "metrics": _list_metrics}
 
 
+def _initialize_distributed() -> None:
+    """``--distributed``: ``sharding.initialize_distributed``, its failures reported as
+    a ``distributed`` configuration error (the job's environment is the config)."""
+    from fedjax_fair import sharding
+    try:
+        sharding.initialize_distributed()
+    except (ValueError, RuntimeError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise C.ConfigError("distributed", f"jax.distributed.initialize failed: {message}; "
+                                           f"see docs/scaling.md for the environment a "
+                                           f"multi-host launch needs") from None
+
+
 def cmd_list(args) -> int:
     sections = args.what or list(LIST_SECTIONS)
     for s in sections:
@@ -1022,6 +1066,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not getattr(args, "command", None):
             parser.print_help(sys.stderr)
             raise C.ConfigError("command", "choose one of run, compare, list")
+        if getattr(args, "distributed", False):  # before anything touches a device
+            _initialize_distributed()
         return args.func(args)
     except _Exit as e:
         return e.code

@@ -100,6 +100,11 @@ class _Common:
                            "(append :epochs to count epochs)")
     placement: str = _f("auto", "str", "federation on the device, or on the host with cohorts "
                         "streamed per chunk (auto: device if the memory plan fits)")
+    devices: Any = _f(1, "int|all", "devices to split every cohort over (a mesh with a "
+                      "'clients' axis; the federation and client tables are split by client "
+                      "too): 1 runs on one device, N > 1 on the first N devices, all on every "
+                      "device (every process's with --distributed); each device runs its "
+                      "share with --execution")
     output_dir: Optional[str] = _f(None, "str?", "output directory")  # default: per command
     overwrite: bool = _f(False, "bool", "write into an output directory that already holds "
                          "results, replacing them", flag=False)
@@ -258,9 +263,18 @@ def _as_list(v, field, item):
     return [item(x, field) for x in v]
 
 
+def _as_int_or_all(v, field):
+    if isinstance(v, str) and v.strip().lower() == "all":
+        return "all"
+    try:
+        return _as_int(v, field)
+    except ConfigError:
+        raise ConfigError(field, f"expected an integer or 'all', got {v!r}") from None
+
+
 def coerce(kind: str, value, field: str):
     """Converts ``value`` to the field kind ("int", "float", "str", "bool", "dict",
-    "list[str]", "list[int]"; a trailing "?" allows None)."""
+    "list[str]", "list[int]", "int|all"; a trailing "?" allows None)."""
     if kind.endswith("?"):
         if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
             return None
@@ -283,6 +297,8 @@ def coerce(kind: str, value, field: str):
         return _as_list(value, field, _as_str)
     if kind == "list[int]":
         return _as_list(value, field, _as_int)
+    if kind == "int|all":
+        return _as_int_or_all(value, field)
     raise AssertionError(kind)
 
 
@@ -505,6 +521,7 @@ def _validate_common(cfg: _Common) -> None:
     from fedjax_fair.models import INITIALIZERS
     _choice("initializer", cfg.initializer, ("default", *INITIALIZERS))
     _choice("placement", cfg.placement, PLACEMENTS)
+    check_devices(cfg.devices)
     _choice("augment", cfg.augment, STANDARD_AUGMENTATIONS)
     from fedjax_fair.schedules import parse as parse_schedule
     for name in ("client_lr_schedule", "server_lr_schedule"):
@@ -520,6 +537,30 @@ def _validate_common(cfg: _Common) -> None:
     datasets = dataset_registry()
     _choice("dataset", cfg.dataset, datasets)
     cfg.dataset_args = validate_dataset_args(cfg.dataset, cfg.dataset_args, datasets)
+
+
+def check_devices(devices) -> None:
+    """``devices`` is 'all' or an integer >= 1, at most the devices JAX sees (only a
+    value other than 1 asks JAX, so a one-device run never touches the backend
+    here)."""
+    if devices == "all" or devices == 1:
+        return
+    if not _is_int(devices) or devices < 1:
+        raise ConfigError("devices", f"must be an integer >= 1 or 'all', got {devices!r}")
+    from fedjax_fair.sharding import make_mesh
+    try:
+        make_mesh(devices)
+    except ValueError as e:
+        raise error_from_message(str(e), "devices") from None
+
+
+def mesh_of(devices):
+    """The mesh of a config's ``devices`` (None for one device)."""
+    if devices == 1:
+        return None
+    from fedjax_fair.sharding import make_mesh
+    mesh = make_mesh(None if devices == "all" else devices)
+    return mesh if mesh.devices.size > 1 else None
 
 
 def _validate_builder_args(kind: str, name: str, args: dict, allowed: dict) -> dict:

@@ -1,0 +1,363 @@
+"""Sharded cohorts: a device mesh with a ``clients`` axis (docs/scaling.md).
+
+A round's clients are independent until the server combines their outputs, so the
+cohort is the axis to spread over devices. This module holds the mesh and the
+layouts; the work itself stays JAX's:
+
+* ``make_mesh(num_devices, model=1)``: a ``jax.sharding.Mesh`` with axes
+  ``("clients", "model")`` over the local devices, or over every device of a
+  multi-host job after ``initialize_distributed``. Give it to the engine as
+  ``Execution(strategy, chunk_size, mesh=mesh)`` (``runner.run(...,
+  execution=...)``; the CLI's ``--devices N``).
+* Under a mesh, ``execution.map_clients`` runs ``jax.shard_map`` over the
+  ``clients`` axis: each device gets K / D of the cohort (its data, keys and
+  client-table rows) and runs them with the configured per-device strategy
+  (``vmap``, ``chunked``, ``sequential``, ``bucketed``); the server's broadcast
+  (parameters, control variates, ...) is replicated. When D does not divide K the
+  cohort is padded to the next multiple with copies of its first clients
+  (``pad_clients``), like the engine's masked cohort entries, and the copies'
+  outputs are dropped (``unpad``) before the server sees them, so the server's
+  pieces get exactly the K outputs of the unsharded run.
+* ``gather_clients``: the cohort's training rows, gathered from a federation split
+  by client so that each device receives only its own share (``simulate`` uses it
+  under a mesh).
+* Everything after the clients (mixing rules, aggregators, server optimizer,
+  the client table's gather / scatter) is ordinary jitted code on arrays whose
+  layouts are declared here; XLA's SPMD partitioner inserts the cross-device
+  reductions (weighted sums over clients become partial sums + all-reduce).
+* Layouts (``state_shardings``, ``federation_shardings``): the server's
+  parameters, optimizer, mixing and aggregator states are replicated; per-client
+  tables (``client_states.DenseTable`` / ``LazyTable`` rows, ``last_round``,
+  ``slot``) and the federation's splits (leading client axis N) are split over
+  ``clients`` when their leading axis divides the number of shards, and
+  replicated otherwise (``federation_shardings`` says so in a note).
+
+The ``model`` axis (default size 1) is left to the compiler: ``shard_map`` is
+manual over ``clients`` only, so inside it ``model`` stays an automatic axis of
+XLA's partitioner. With replicated parameters (what the runner places) XLA has no
+reason to split anything over it, so devices along ``model`` repeat the same work;
+a size above 1 is useful only to share one mesh with model-parallel code that
+shards the parameters itself.
+
+Multi-host: ``initialize_distributed`` calls ``jax.distributed.initialize``
+(before anything touches a device), after which ``jax.devices()`` lists every
+process's devices and ``make_mesh`` spans them; ``to_host`` brings sharded results
+back to every process (``process_allgather``).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fedjax_fair.client_states import DenseTable, LazyTable
+
+CLIENTS = "clients"  # mesh axis the cohort, the federation and client tables split over
+MODEL = "model"  # mesh axis left to the compiler (size 1 by default)
+GATHER_STEPS = 4  # gather_clients' steps per device: its staging is 1 / GATHER_STEPS share
+
+
+# ------------------------------------------------------------------------------ mesh
+
+
+def make_mesh(num_devices: Optional[int] = None, *, model: int = 1,
+              devices: Optional[Sequence] = None) -> Mesh:
+    """A mesh of axes (``clients``, ``model``) over ``num_devices`` devices.
+
+    ``devices`` defaults to ``jax.devices()``: the local devices, or every process's
+    devices in a multi-host job (after ``initialize_distributed``). ``num_devices``
+    None takes them all; ``model`` devices per client shard (default 1). Refuses,
+    before any compute, a count that is not a positive integer, more devices than
+    exist, a ``model`` size that does not divide the count, and, in a multi-host
+    job, a mesh that leaves some process's devices out.
+    """
+    available = list(jax.devices() if devices is None else devices)
+    n = len(available) if num_devices is None else _positive(num_devices, "devices")
+    model = _positive(model, "model")
+    if n > len(available):
+        raise ValueError(f"devices: {n} requested but only {len(available)} "
+                         f"{available[0].platform if available else ''} device(s) exist "
+                         f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                         f"before jax is imported makes N)")
+    if n % model:
+        raise ValueError(f"model: the model axis ({model}) must divide the number of "
+                         f"devices ({n})")
+    if jax.process_count() > 1 and devices is None and n != len(available):
+        raise ValueError(f"devices: a multi-host job ({jax.process_count()} processes) shards "
+                         f"over all {len(available)} devices; got {n}")
+    grid = np.asarray(available[:n], dtype=object).reshape(n // model, model)
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return Mesh(grid, (CLIENTS, MODEL), axis_types=auto)
+
+
+def check_mesh(mesh) -> Mesh:
+    """``mesh`` if it is a ``jax.sharding.Mesh`` with a ``clients`` axis."""
+    if not isinstance(mesh, Mesh) or CLIENTS not in mesh.axis_names:
+        raise ValueError(f"mesh: must be a jax.sharding.Mesh with a {CLIENTS!r} axis "
+                         f"(fedjax_fair.sharding.make_mesh), got {mesh!r}")
+    return mesh
+
+
+def num_shards(mesh: Mesh) -> int:
+    """How many parts the cohort is split into: the size of the ``clients`` axis."""
+    return int(mesh.shape[CLIENTS])
+
+
+def _positive(value, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{field}: must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+# ----------------------------------------------------------------------- the cohort
+
+
+def padded_size(cohort_size: int, shards: int) -> int:
+    """The cohort size rounded up to a multiple of the number of shards."""
+    return -(-cohort_size // shards) * shards
+
+
+def per_device(cohort_size: int, mesh: Mesh) -> int:
+    """Clients each device runs: the padded cohort's share."""
+    return padded_size(cohort_size, num_shards(mesh)) // num_shards(mesh)
+
+
+def pad_clients(tree, size: int):
+    """Leaves [K, ...] grown to [size, ...] with copies of the first clients.
+
+    The copies are real clients (finite inputs, the same work), standing in for
+    masked entries; their outputs are dropped by ``unpad``."""
+    def grow(v):
+        k = v.shape[0]
+        if k == size:
+            return v
+        return jnp.concatenate([v] * -(-size // k))[:size]
+
+    return jax.tree.map(grow, tree)
+
+
+def unpad(tree, size: int):
+    """The first ``size`` rows of every leaf: the real clients' outputs."""
+    return jax.tree.map(lambda v: v[:size], tree)
+
+
+def gather_clients(tree, client_ids, mesh: Mesh):
+    """Rows ``client_ids`` [K] of ``tree`` (leaves [N, ...], N a multiple of the shard
+    count, split by client), returned split by client: leaves [K, ...].
+
+    XLA's partitioner gathers from a split operand by gathering every requested row
+    on every device (masked to the rows it owns) and all-reducing, so each device
+    would hold the whole cohort. Here each device receives only its own share: in
+    ``GATHER_STEPS`` x D steps (at most one per slot), every device gathers the rows
+    it owns for a slice of every device's slots (zeros elsewhere) and a
+    ``psum_scatter`` hands each device its slice, written in place into its share; so
+    a device holds its share plus a quarter share of staging. Exactly one device
+    owns a row, so the sums are exact. The cohort is padded like ``pad_clients`` and
+    the padding dropped."""
+    shards = num_shards(mesh)
+    k = client_ids.shape[0]
+    per = per_device(k, mesh)  # slots per device
+    # slots per device gathered at each step: the staging buffer of a step holds a
+    # quarter of a device's share, in at most min(4 D, per) steps
+    step = -(-per // (GATHER_STEPS * shards))
+    ids = pad_clients(jnp.asarray(client_ids, jnp.int32), per * shards).reshape(shards, per)
+
+    def local(block, ids):
+        rows = jax.tree.leaves(block)[0].shape[0]
+        first = jax.lax.axis_index(CLIENTS) * rows
+
+        def take(v, index, owned):
+            got = v[jnp.clip(index, 0, rows - 1)]
+            wide = got.astype(jnp.int32) if got.dtype == jnp.bool_ else got
+            part = jnp.where(owned.reshape(owned.shape + (1,) * (v.ndim - 1)), wide,
+                             jnp.zeros((), wide.dtype))
+            return jax.lax.psum_scatter(part, CLIENTS, scatter_dimension=0).astype(v.dtype)
+
+        def body(t, out):
+            # the last step may overlap the one before: it rewrites the same rows
+            start = jnp.minimum(t * step, per - step)
+            index = jax.lax.dynamic_slice_in_dim(ids, start, step, axis=1) - first
+            owned = (index >= 0) & (index < rows)
+            return jax.tree.map(
+                lambda o, v: jax.lax.dynamic_update_slice_in_dim(o, take(v, index, owned),
+                                                                 start, axis=0), out, block)
+
+        out = jax.tree.map(lambda v: jnp.zeros((per, *v.shape[1:]), v.dtype), block)
+        return jax.lax.fori_loop(0, -(-per // step), body, out)
+
+    gathered = jax.shard_map(local, mesh=mesh, in_specs=(P(CLIENTS), P()),
+                             out_specs=P(CLIENTS), axis_names=frozenset({CLIENTS}),
+                             check_vma=False)(tree, ids)
+    return unpad(gathered, k)
+
+
+def map_sharded(local, mesh: Mesh, cohort_size: int):
+    """``local(shared, per_client, sizes)`` (mapping a device's share of clients)
+    run over the ``clients`` axis of ``mesh`` with ``jax.shard_map``.
+
+    Returns ``mapped(shared, per_client, sizes)`` on the whole cohort: inputs and
+    outputs have leading axis ``cohort_size``. ``shared`` is replicated; the cohort
+    is padded to a multiple of the shard count and the padding dropped again."""
+    size = padded_size(cohort_size, num_shards(mesh))
+    body = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(CLIENTS), P(CLIENTS)),
+                         out_specs=P(CLIENTS), axis_names=frozenset({CLIENTS}),
+                         check_vma=False)
+
+    def mapped(shared, per_client, sizes=None):
+        out = body(shared, pad_clients(per_client, size),
+                   None if sizes is None else pad_clients(sizes, size))
+        return unpad(out, cohort_size)
+
+    return mapped
+
+
+# -------------------------------------------------------------------------- layouts
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def by_client(mesh: Mesh) -> NamedSharding:
+    """Leading axis split over ``clients`` (every other axis replicated)."""
+    return NamedSharding(mesh, P(CLIENTS))
+
+
+def leading(mesh: Mesh, x) -> NamedSharding:
+    """``by_client`` when ``x``'s leading axis splits evenly over the shards, else
+    ``replicated`` (a device must hold whole rows)."""
+    shape = np.shape(x)
+    return (by_client(mesh) if shape and shape[0] % num_shards(mesh) == 0
+            else replicated(mesh))
+
+
+def table_shardings(mesh: Mesh, table):
+    """The layout of a client table: rows (and ``last_round`` / ``slot``, [N]) split
+    by client, the lazy table's initial row, offset and counters replicated. Any
+    other client state (a method's own) is replicated."""
+    split = lambda tree: jax.tree.map(lambda x: leading(mesh, x), tree)
+    rep = lambda tree: jax.tree.map(lambda _: replicated(mesh), tree)
+    if isinstance(table, DenseTable):
+        return DenseTable(split(table.rows), split(table.last_round))
+    if isinstance(table, LazyTable):
+        return LazyTable(rows=split(table.rows), initial=rep(table.initial),
+                         offset=rep(table.offset), slot=split(table.slot),
+                         last_round=split(table.last_round), used=rep(table.used),
+                         overflow=rep(table.overflow))
+    return rep(table)
+
+
+def state_shardings(mesh: Mesh, state):
+    """The layout of a ``ServerState``: everything replicated but the client table
+    (``table_shardings``)."""
+    rep = lambda tree: jax.tree.map(lambda _: replicated(mesh), tree)
+    return state._replace(params=rep(state.params), opt_state=rep(state.opt_state),
+                          mixing_state=rep(state.mixing_state),
+                          aggregator_state=rep(state.aggregator_state),
+                          client_states=table_shardings(mesh, state.client_states),
+                          round=replicated(mesh))
+
+
+def constrain_state(state, mesh: Optional[Mesh]):
+    """``state`` pinned to ``state_shardings`` inside a traced program (a no-op
+    without a mesh), so a round's output keeps the layout of its input."""
+    if mesh is None:
+        return state
+    return jax.lax.with_sharding_constraint(state, state_shardings(mesh, state))
+
+
+def federation_shardings(mesh: Mesh, data) -> tuple[object, Optional[str]]:
+    """(layout of a ``FederatedData``, note or None): every split's leaves
+    [N, ...] split by client when N divides the shard count, else replicated, with a
+    note saying so."""
+    shards = num_shards(mesh)
+    n = data.num_clients
+    if n % shards == 0:
+        return jax.tree.map(lambda _: by_client(mesh), data), None
+    note = (f"sharding: the federation's {n} clients do not split evenly over {shards} "
+            f"devices; its arrays are replicated on every device (cohorts are still "
+            f"split). A number of clients that is a multiple of {shards} shards them.")
+    return jax.tree.map(lambda _: replicated(mesh), data), note
+
+
+def cohort_shardings(mesh: Mesh, cohorts):
+    """The layout of streamed cohorts (leaves [R, K, ...]): K split by client when it
+    divides the shard count, else replicated."""
+    split = cohorts.client_ids.shape[1] % num_shards(mesh) == 0
+    spec = NamedSharding(mesh, P(None, CLIENTS)) if split else replicated(mesh)
+    return jax.tree.map(lambda _: spec, cohorts)
+
+
+def abstract(tree, shardings):
+    """``jax.ShapeDtypeStruct`` leaves with their shardings (nothing allocated)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def device_bytes(tree, shardings) -> int:
+    """Bytes one device holds of ``tree`` laid out as ``shardings`` (its shard of
+    every split leaf, the whole of every replicated one)."""
+    return int(sum(math.prod(s.shard_shape(np.shape(x))) * np.dtype(x.dtype).itemsize
+                   for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings))))
+
+
+# ------------------------------------------------------------------------ multi-host
+
+
+def initialize_distributed(coordinator_address: Optional[str] = None,
+                           num_processes: Optional[int] = None,
+                           process_id: Optional[int] = None) -> None:
+    """``jax.distributed.initialize``: joins this process to a multi-host job.
+
+    Must run before anything touches a device. With no arguments JAX detects the
+    cluster (SLURM, Open MPI, Kubernetes, TPU pods) or reads
+    ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``
+    (docs/scaling.md has launch recipes). Calling it twice is harmless."""
+    if jax.distributed.is_initialized():
+        return
+    kwargs = {k: v for k, v in (("coordinator_address", coordinator_address),
+                                ("num_processes", num_processes),
+                                ("process_id", process_id)) if v is not None}
+    env = {"coordinator_address": "JAX_COORDINATOR_ADDRESS",
+           "num_processes": "JAX_NUM_PROCESSES", "process_id": "JAX_PROCESS_ID"}
+    for key, name in env.items():
+        if key not in kwargs and os.environ.get(name):
+            value = os.environ[name]
+            kwargs[key] = value if key == "coordinator_address" else int(value)
+    jax.distributed.initialize(**kwargs)
+
+
+def put(tree, shardings):
+    """``tree`` laid out as ``shardings`` (one ``Sharding`` for every leaf, or a
+    matching pytree), always in new buffers (a donated program never deletes the
+    caller's arrays). In a multi-host job every process passes the same values and
+    each places the shards its devices hold (``jax.make_array_from_callback``),
+    since ``device_put`` cannot place a process's local array on other hosts."""
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, tree)
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings, may_alias=False)
+
+    def one(x, s):
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = one(jax.random.key_data(x), s)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, s, lambda index: host[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def to_host(tree):
+    """NumPy copies of ``tree``'s arrays on every process: ``np.asarray`` in one
+    process, ``multihost_utils.process_allgather`` (a collective every process must
+    call) when arrays span several hosts."""
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, tree)
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree, tiled=True)

@@ -1,0 +1,455 @@
+"""Sharded cohorts (fedjax_fair/sharding.py, docs/scaling.md).
+
+The multi-device checks run in a subprocess with 8 CPU devices
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``, set before jax is imported):
+``python tests/test_sharding.py CHECK...`` runs the named checks (functions
+``check_*`` below) in one process and prints their results as one JSON line, which
+the tests assert on. One subprocess runs several checks, since each pays for jax's
+start-up.
+
+Each check runs the same rounds twice, on one device and over a mesh of 8, and
+returns the largest absolute difference of the final server states (parameters,
+optimizer, mixing, aggregator states and client tables), and what the sharded
+arrays look like.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICES = 8
+TOL = 2e-5  # float32 rounding: the sharded reductions add in another order
+
+
+# ------------------------------------------------------------------ in the subprocess
+
+
+def _setup():
+    """The federation, model and initial parameters of every check: 16 clients of
+    unequal sizes (two empty), so the federation splits 2 per device."""
+    import helpers as H
+    sizes = (7, 12, 0, 3, 9, 5, 4, 8) * 2
+    data = H.tiny_federation(sizes, sizes)
+    model = H.logreg()
+    return data, model, H.init_params(model)
+
+
+def _compare(alg, cohort_size: int, strategy: str, num_rounds: int = 2, chunk_size=None):
+    """Max |sharded - single| over the final state of ``num_rounds`` jitted rounds
+    (``simulate``), the sharded final state, and the sharded program's per-device
+    argument bytes against the single-device program's."""
+    import jax
+    import numpy as np
+    from fedjax_fair import sharding
+    from fedjax_fair.execution import Execution
+    from fedjax_fair.simulate import simulate
+
+    data, model, params = _setup()
+    mesh = sharding.make_mesh(DEVICES)
+    key = jax.random.key(3)
+
+    def run(execution, state, data):
+        fn = jax.jit(lambda s, d: simulate(alg, s, d, key, num_rounds=num_rounds,
+                                           cohort_size=cohort_size, execution=execution))
+        compiled = fn.lower(state, data).compile()
+        return compiled(state, data), compiled.memory_analysis().argument_size_in_bytes
+
+    state = alg.init(params, data.num_clients)
+    (single, _), single_bytes = run(Execution(strategy, chunk_size), state, data)
+    layout, note = sharding.federation_shardings(mesh, data)
+    assert note is None
+    placed = jax.device_put(state, sharding.state_shardings(mesh, state))
+    (sharded, metrics), sharded_bytes = run(Execution(strategy, chunk_size, mesh),
+                                            placed, jax.device_put(data, layout))
+    diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+               for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)))
+    return diff, sharded, single_bytes, sharded_bytes, metrics
+
+
+def _table_layout(table) -> dict:
+    """How the first row leaf of a client table is laid out."""
+    import jax
+    from fedjax_fair import sharding
+    leaf = jax.tree.leaves(table.rows)[0]
+    s = leaf.sharding
+    return {"named": isinstance(s, jax.sharding.NamedSharding),
+            "spec": [str(a) for a in s.spec] if hasattr(s, "spec") else None,
+            "shards": len(leaf.addressable_shards),
+            "shard_rows": sorted({sh.data.shape[0] for sh in leaf.addressable_shards}),
+            "rows": leaf.shape[0], "axis": sharding.CLIENTS}
+
+
+def check_fedavg():
+    """FedAvg, cohort 5 (padded to 8: three copies dropped), sequential per device."""
+    from fedjax_fair.algorithms.fedavg import fedavg
+    _, model, _ = _setup()
+    diff, _, single_bytes, sharded_bytes, metrics = _compare(
+        fedavg(model, batch_size=4), 5, "sequential")
+    return {"diff": diff, "single_bytes": single_bytes, "sharded_bytes": sharded_bytes,
+            "weights_shape": list(metrics["weights"].shape)}
+
+
+def check_gather():
+    """``sharding.gather_clients`` (each device receives its share of the cohort's
+    rows) against a plain gather: float, int and bool leaves, cohorts that do and do
+    not divide the devices, repeated ids."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from fedjax_fair import sharding
+    mesh = sharding.make_mesh(DEVICES)
+    rng = np.random.default_rng(0)
+    tree = {"x": rng.normal(size=(64, 3, 2)).astype(np.float32),
+            "y": rng.integers(0, 9, size=(64, 3)).astype(np.int32),
+            "m": rng.random(size=(64, 3)) < 0.5}
+    placed = jax.device_put(tree, sharding.by_client(mesh))
+    out = {}
+    for k in (260, 3):  # 260: padded to 264, 33 slots a device in 17 steps of 2 (the
+        # last overlapping the one before); 3: fewer clients than devices
+        ids = jnp.asarray(rng.integers(0, 64, size=k), jnp.int32)
+        got = jax.jit(lambda t, i: sharding.gather_clients(t, i, mesh))(placed, ids)
+        want = jax.tree.map(lambda v: v[np.asarray(ids)], tree)
+        out[str(k)] = all(np.array_equal(np.asarray(got[n]), want[n]) for n in tree)
+    return out
+
+
+def check_qffl():
+    """q-FFL (a fair mixing rule and aggregator), cohort 8, vmap per device."""
+    from fedjax_fair.algorithms.qffl import qffl
+    _, model, _ = _setup()
+    return {"diff": _compare(qffl(model, q=1.0, batch_size=4), 8, "vmap")[0]}
+
+
+def check_scaffold():
+    """SCAFFOLD (per-client control variates), cohort 11 (padded to 16), chunked."""
+    from fedjax_fair.algorithms.scaffold import scaffold
+    _, model, _ = _setup()
+    diff, state, single_bytes, sharded_bytes, _ = _compare(
+        scaffold(model, batch_size=4), 11, "chunked", chunk_size=1)
+    return {"diff": diff, "table": _table_layout(state.client_states),
+            "single_bytes": single_bytes, "sharded_bytes": sharded_bytes}
+
+
+def check_dqn_fed():
+    """DQN-Fed (quasi-Newton directions combined by a Gram system), cohort 6."""
+    from fedjax_fair.algorithms.dqn_fed import dqn_fed
+    _, model, _ = _setup()
+    return {"diff": _compare(dqn_fed(model, mode="grad_at_global", batch_size=4), 6,
+                             "vmap")[0]}
+
+
+def check_afedpd():
+    """A-FedPD (per-client dual table with a drift of every inactive row), cohort 8."""
+    from fedjax_fair.algorithms.afedpd import afedpd
+    _, model, _ = _setup()
+    diff, state, _, _, _ = _compare(afedpd(model, batch_size=4), 8, "sequential",
+                                    num_rounds=3)
+    return {"diff": diff, "table": _table_layout(state.client_states)}
+
+
+def _runner_cases(cases, placement: str = "auto"):
+    """``runner.run`` over the mesh (SCAFFOLD, cohort 5: padded, two chunks) against
+    one device, for each federation of ``cases``: the differences of evaluations and
+    final states, the table's layout, the plan and the log."""
+    import jax
+    import numpy as np
+    from fedjax_fair import runner, sharding
+    from fedjax_fair.algorithms.scaffold import scaffold
+    from fedjax_fair.execution import Execution
+
+    out = {}
+    mesh = sharding.make_mesh(DEVICES)
+    for name, (data, model, params) in cases.items():
+        alg = scaffold(model, batch_size=4)
+        runs, logs = [], []
+        for ex in (Execution("sequential"), Execution("sequential", mesh=mesh)):
+            lines: list = []
+            runs.append(runner.run(alg, params, data, jax.random.key(0), model=model,
+                                   num_rounds=4, cohort_size=5, eval_every=2,
+                                   progress=False, execution=ex, log=lines.append,
+                                   placement=placement))
+            logs.append(lines)
+        single, sharded = runs
+        out[name] = {
+            "state_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                              for a, b in zip(jax.tree.leaves(single.state),
+                                              jax.tree.leaves(sharded.state))),
+            "accuracy_diff": float(np.max(np.abs(single.client_metrics["accuracy"]
+                                                 - sharded.client_metrics["accuracy"]))),
+            "rounds": [h["round"] for h in sharded.history],
+            "table": _table_layout(sharded.state.client_states),
+            "plan_devices": sharded.memory.devices,
+            "log": logs[1],
+            "notes": sum(line.startswith("sharding:") for line in logs[1]),
+        }
+    return out
+
+
+def check_runner():
+    """The runner over 16 clients (split 2 per device); and the layout of a
+    federation of 6 clients, which 8 devices cannot split: replicated, with a note."""
+    import helpers as H
+    from fedjax_fair import sharding
+    out = _runner_cases({"even": _setup()})
+    layout, note = sharding.federation_shardings(sharding.make_mesh(DEVICES),
+                                                 H.tiny_federation())
+    out["uneven_layout"] = {"note": note is not None,
+                            "replicated": all(s.is_fully_replicated
+                                              for s in jax_leaves(layout))}
+    return out
+
+
+def check_runner_uneven():
+    """The runner over 6 clients (replicated federation and table, cohorts split);
+    and over 16 clients kept on the host, cohorts streamed in (a cohort of 5 does not
+    split over 8 devices: replicated, then padded inside the round)."""
+    import helpers as H
+    out = _runner_cases({"uneven": (H.tiny_federation(), H.logreg(),
+                                    H.init_params(H.logreg()))})
+    out.update(_runner_cases({"streamed": _setup()}, placement="host"))
+    return out
+
+
+def jax_leaves(tree):
+    import jax
+    return jax.tree.leaves(tree)
+
+
+def check_cli():
+    """``fedjax-fair run --devices 8`` against ``--devices 1``: the same final summary."""
+    import tempfile
+    from fedjax_fair import cli
+    args = ["--num-clients", "16", "--dataset-arg", "max_examples=60", "--cohort-size",
+            "5", "--num-rounds", "2", "--eval-every", "1", "--no-progress", "--no-plots"]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for devices in ("1", "8"):
+            d = os.path.join(tmp, devices)
+            code = cli.main(["run", *args, "--devices", devices, "-o", d])
+            with open(os.path.join(d, "summary.json")) as f:
+                summary = json.load(f)
+            with open(os.path.join(d, "config.json")) as f:
+                saved = json.load(f)
+            out[devices] = {"code": code, "final": summary["final"],
+                            "saved_devices": saved["devices"]}
+    return out
+
+
+def main(names) -> None:
+    import time
+    results = {}
+    for name in names:
+        t = time.perf_counter()
+        results[name] = globals()[f"check_{name}"]()
+        print(f"check_{name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    print("RESULTS " + json.dumps(results))
+
+
+# ---------------------------------------------------------------------- in pytest
+
+
+def run_checks(*names, devices: int = DEVICES) -> dict:
+    """Runs ``check_<name>`` for every name in a fresh process with ``devices`` CPU
+    devices; returns {name: result}."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        f" --xla_force_host_platform_device_count={devices}").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *names], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")][-1]
+    return json.loads(line[len("RESULTS "):])
+
+
+def _assert_split_by_client(table: dict, num_clients: int = 16) -> None:
+    assert table["named"] and table["spec"][0] == table["axis"]
+    assert table["shards"] == DEVICES
+    assert table["rows"] == num_clients and table["shard_rows"] == [num_clients // DEVICES]
+
+
+@pytest.fixture(scope="module")
+def default_checks():
+    return run_checks("gather", "fedavg", "afedpd", "runner", "cli")
+
+
+@pytest.fixture(scope="module")
+def slow_checks():
+    return run_checks("qffl", "dqn_fed", "scaffold", "runner_uneven")
+
+
+def test_gather_clients_equals_a_plain_gather(default_checks):
+    assert default_checks["gather"] == {"260": True, "3": True}
+
+
+def test_fedavg_sharded_equals_single_device_with_padding(default_checks):
+    r = default_checks["fedavg"]
+    assert r["diff"] < TOL
+    assert r["weights_shape"] == [2, 5]  # the padding's outputs are dropped
+    # the federation is split: each device holds about an eighth of the arguments
+    assert r["sharded_bytes"] < r["single_bytes"] / 4
+
+
+@pytest.mark.slow
+def test_scaffold_chunked_sharded_equals_single_device_and_table_is_split(slow_checks):
+    r = slow_checks["scaffold"]
+    assert r["diff"] < TOL
+    _assert_split_by_client(r["table"])
+    assert r["sharded_bytes"] < r["single_bytes"] / 4
+
+
+def test_afedpd_sharded_equals_single_device_and_dual_table_is_split(default_checks):
+    r = default_checks["afedpd"]
+    assert r["diff"] < TOL
+    _assert_split_by_client(r["table"])
+
+
+def _assert_runs_equal(r) -> None:
+    assert r["state_diff"] < TOL and r["accuracy_diff"] < 1e-6
+    assert r["rounds"] == [0, 2, 4]
+    assert r["plan_devices"] == DEVICES
+
+
+def test_runner_over_a_mesh_equals_one_device(default_checks):
+    """SCAFFOLD through ``runner.run``: padded cohorts, its control-variate table split
+    by client, the same evaluations and state as on one device."""
+    even = default_checks["runner"]["even"]
+    _assert_runs_equal(even)
+    _assert_split_by_client(even["table"])
+    assert even["notes"] == 0
+    # 6 clients do not split over 8 devices: replicated, with a note
+    assert default_checks["runner"]["uneven_layout"] == {"note": True, "replicated": True}
+
+
+@pytest.mark.slow
+def test_runner_over_a_mesh_with_a_federation_that_does_not_split(slow_checks):
+    uneven = slow_checks["runner_uneven"]["uneven"]
+    _assert_runs_equal(uneven)
+    assert uneven["notes"] == 1  # the log says the federation is replicated
+    assert uneven["table"]["shards"] == DEVICES and uneven["table"]["shard_rows"] == [6]
+    streamed = slow_checks["runner_uneven"]["streamed"]
+    _assert_runs_equal(streamed)
+    _assert_split_by_client(streamed["table"])
+    assert any("cohorts streamed" in line for line in streamed["log"])
+
+
+def test_cli_devices_flag_runs_sharded_with_the_same_results(default_checks):
+    r = default_checks["cli"]
+    assert all(v["code"] == 0 for v in r.values())
+    assert r["8"]["saved_devices"] == 8
+    for k, v in r["1"]["final"].items():
+        if isinstance(v, float):
+            assert abs(r["8"]["final"][k] - v) < 1e-5, k
+
+
+@pytest.mark.slow
+def test_fair_and_quasi_newton_rules_sharded_equal_single_device(slow_checks):
+    assert slow_checks["qffl"]["diff"] < TOL
+    assert slow_checks["dqn_fed"]["diff"] < TOL
+
+
+# ------------------------------------------------------------ validation, one device
+
+
+def test_make_mesh_refuses_more_devices_than_exist():
+    import jax
+    from fedjax_fair import sharding
+    n = jax.device_count()
+    with pytest.raises(ValueError, match="^devices:"):
+        sharding.make_mesh(n + 1)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="^devices:"):
+            sharding.make_mesh(bad)
+    with pytest.raises(ValueError, match="^model:"):
+        sharding.make_mesh(n, model=n + 1)
+    mesh = sharding.make_mesh(n)
+    assert mesh.axis_names == (sharding.CLIENTS, sharding.MODEL)
+    assert sharding.num_shards(mesh) == n
+
+
+def test_execution_refuses_a_mesh_without_a_clients_axis():
+    import jax
+    import numpy as np
+    from fedjax_fair.execution import Execution, as_execution
+    with pytest.raises(ValueError, match="^mesh:"):
+        as_execution(Execution("vmap", None, "8 devices"))
+    other = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("batch",))
+    with pytest.raises(ValueError, match="^mesh:"):
+        as_execution(Execution("vmap", None, other))
+
+
+def test_runner_refuses_a_bad_mesh_before_compute(monkeypatch):
+    import jax
+    import helpers as H
+    from fedjax_fair import runner
+    from fedjax_fair.algorithms.fedavg import fedavg
+    from fedjax_fair.execution import Execution
+    model = H.logreg()
+    monkeypatch.setattr(runner, "simulate", lambda *a, **k: pytest.fail("compiled"))
+    with pytest.raises(ValueError, match="^mesh:"):
+        runner.run(fedavg(model), H.init_params(model), H.tiny_federation(),
+                   jax.random.key(0), model=model, num_rounds=1, cohort_size=2,
+                   progress=False, execution=Execution("vmap", None, "all"))
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "100000"])
+def test_cli_refuses_bad_devices_before_compute(tmp_path, capsys, value):
+    from fedjax_fair import cli
+    out = tmp_path / "run"
+    code = cli.main(["run", "--num-clients", "6", "--num-rounds", "1", "--no-progress",
+                     "--devices", value, "-o", str(out)])
+    assert code == cli.EXIT_CONFIG
+    assert "devices" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_distributed_without_a_cluster_fails_before_compute(tmp_path, capsys):
+    """``--distributed`` outside a multi-host launch: a ``distributed`` error, nothing
+    written (the coordinator address is missing before anything connects)."""
+    if any(k.startswith(("SLURM_", "OMPI_", "JAX_COORDINATOR", "KUBERNETES_"))
+           for k in os.environ):
+        pytest.skip("a cluster environment is set")
+    from fedjax_fair import cli
+    out = tmp_path / "run"
+    code = cli.main(["run", "--distributed", "--num-rounds", "1", "--no-progress",
+                     "-o", str(out)])
+    assert code == cli.EXIT_CONFIG
+    assert "distributed" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_devices_config_value():
+    import jax
+    from fedjax_fair.cli import config as C
+    assert C.coerce("int|all", "all", "devices") == "all"
+    assert C.coerce("int|all", "8", "devices") == 8
+    assert C.coerce("int|all", 8, "devices") == 8
+    with pytest.raises(C.ConfigError, match="^devices:"):
+        C.coerce("int|all", "many", "devices")
+    assert C.mesh_of(1) is None
+    if jax.device_count() == 1:  # one device: "all" needs no mesh
+        assert C.mesh_of("all") is None
+
+
+def test_pad_and_unpad_clients_keep_the_real_clients_in_order():
+    import jax.numpy as jnp
+    import numpy as np
+    from fedjax_fair import sharding
+    x = {"a": jnp.arange(3), "b": jnp.arange(6.0).reshape(3, 2)}
+    padded = sharding.pad_clients(x, 8)
+    assert padded["a"].shape == (8,) and padded["b"].shape == (8, 2)
+    np.testing.assert_array_equal(padded["a"], [0, 1, 2, 0, 1, 2, 0, 1])
+    back = sharding.unpad(padded, 3)
+    np.testing.assert_array_equal(back["b"], x["b"])
+    assert sharding.padded_size(5, 8) == 8 and sharding.padded_size(16, 8) == 16
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    main(sys.argv[1:])
