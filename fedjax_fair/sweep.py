@@ -1,0 +1,591 @@
+"""Vectorised sweeps: many whole runs as ONE compiled program (DESIGN.md §6).
+
+A run (init + ``simulate`` + a final evaluation of every client) is a pure function
+of its continuous hyper-parameters and its seed, so ``jax.vmap`` maps it over a grid
+of hyper-parameters times a list of seeds. ``sweep`` does that and returns the
+per-client metrics with labelled axes::
+
+    result = sweep(lambda hp: qffl(model, q=hp["q"], client_lr=hp["lr"], batch_size=10),
+                   {"q": [0.0, 0.1, 1.0, 5.0], "lr": [0.01, 0.03, 0.1, 0.3]},
+                   model=model, data=ds, seeds=(0, 1), num_rounds=50, cohort_size=10)
+    result.axes                         # (Axis q [4], Axis lr [4], Axis seed [2])
+    result.test["accuracy"].shape       # (4, 4, 2, N): [*grid, seeds, clients]
+    result.summary["accuracy_worst_10%"].shape   # (4, 4, 2)
+
+Seeds follow the command line (``fedjax-fair run --seed S``): the key
+``jax.random.key(S)`` initialises the model (unless ``params`` is given) and drives
+sampling and local training, so a sweep's run equals ``runner.run(algorithm,
+model.init(key), data, key, ...)`` with the same values, up to float rounding.
+
+How the runs are mapped. The runs form a rectangle of G grid points x S seeds, cut
+into tiles (``Tiles``) that go one after another through ONE compiled program:
+
+* the grid points of a tile are vmapped with the seed's key shared, so sampling,
+  cohorts and minibatch orders are computed once and only training is batched;
+* the seeds of a tile are vmapped too on accelerators (``vmap_seeds``); on CPU one
+  seed per tile is faster: different seeds train different clients, and clients
+  vmapped together all run as many local steps as the busiest of them (the same
+  trade-off as the cohort's ``execution`` strategies, benchmarks/sweep.py);
+* ``chunk_size`` bounds the runs per tile, hence memory. Tiles are called from a
+  host loop (``chunk_loop="host"``, the default) or mapped with ``lax.map`` inside
+  one program (``"map"``); on CPU the host loop compiled faster and ran as fast
+  (docs/meta.md). Edge tiles are padded with copies, whose results are dropped.
+
+The seeds' vmap binds ``execution.CLIENT_AXIS``, the axis the engine takes a group's
+largest step count over (``execution.group_max``): runs vmapped together skip, as one
+group, the local steps past the busiest of their clients, as a cohort vmapped by the
+``vmap`` strategy does, instead of computing every padded step and selecting the
+results away.
+"""
+from __future__ import annotations
+
+import functools
+import numbers
+import time
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_fair import algorithms, execution as _execution, sampling
+from fedjax_fair import metrics as fairness
+from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.evaluation import make_state_evaluator
+from fedjax_fair.simulate import simulate
+from fedjax_fair.types import ClientData, FederatedData
+
+SEED = "seed"  # name of the seeds' axis
+CONFIG = "config"  # name of the one axis of a zipped grid
+CHUNK_LOOPS = ("host", "map")
+
+Builder = Union[str, Callable[[dict], FederatedAlgorithm]]
+
+
+class Axis(NamedTuple):
+    """One labelled axis of a sweep's results.
+
+    name: the hyper-parameter that varies along it (a product grid), ``"config"``
+      (a zipped grid: several hyper-parameters vary together) or ``"seed"``.
+    values: ``{hyper-parameter: np.ndarray [size, ...]}``, the value of each
+      hyper-parameter at every position along the axis (``{"seed": seeds}`` for
+      the seeds).
+    """
+
+    name: str
+    values: dict
+
+    @property
+    def size(self) -> int:
+        return len(next(iter(self.values.values())))
+
+
+class SweepResult(NamedTuple):
+    """Stacked results of a sweep; every array's leading axes follow ``axes``.
+
+    axes: the grid's axes, then the seeds' (``Axis("seed", ...)``).
+    test / validation: per-client metrics of the final state, ``{metric: [*axes, N]}``
+      ("loss", "accuracy", and the model's other ``per_example_metrics`` averaged
+      per client, as ``runner.run`` reports them); validation is None when the
+      federation has no validation split with examples.
+    num_examples: ``{split: [N]}``, the same for every run; a client with 0 is left
+      out of every summary.
+    summary: fairness summaries of the per-client accuracies, ``{key: [*axes]}``,
+      under ``runner.split_summary``'s names: ``accuracy_mean``, ``accuracy_std``,
+      ``accuracy_worst_10%`` (groups averaged with test-size weights),
+      ``accuracy_worst_10%_unweighted``, ..., ``test_loss``; validation keys are
+      prefixed ``validation_``.
+    states: the final ``ServerState`` of every run, leaves ``[*axes, ...]``, when
+      asked for (``keep_states=True``), else None.
+    compile_seconds / run_seconds: the initial parameters and compiling the
+      program; running every tile.
+    """
+
+    axes: tuple
+    test: dict
+    validation: Optional[dict]
+    num_examples: dict
+    summary: dict
+    states: Optional[ServerState]
+    compile_seconds: float
+    run_seconds: float
+
+    @property
+    def shape(self) -> tuple:
+        """The sizes of ``axes``: (*grid, seeds)."""
+        return tuple(a.size for a in self.axes)
+
+    def hparams(self) -> dict:
+        """``{hyper-parameter: [*grid, ...]}``: the value every grid point ran with."""
+        grid = self.axes[:-1]
+        out = {}
+        for i, axis in enumerate(grid):
+            for name, values in axis.values.items():
+                shape = [1] * len(grid) + list(values.shape[1:])
+                shape[i] = axis.size
+                out[name] = np.broadcast_to(values.reshape(shape), tuple(
+                    a.size for a in grid) + values.shape[1:])
+        return out
+
+
+# ------------------------------------------------------------------ validation
+
+
+def check_count(value, field: str) -> int:
+    """A positive Python / NumPy integer as an int, else an error naming ``field``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{field}: must be an integer >= 1, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < 1:
+        raise ValueError(f"{field}: must be an integer >= 1, got {value}")
+    return int(value)
+
+
+def check_seeds(seeds) -> np.ndarray:
+    """``seeds`` as an int array [S]: a non-empty sequence of integers in [0, 2^32)."""
+    if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, (bool, np.bool_)):
+        seeds = [seeds]
+    try:
+        items = list(seeds)
+    except TypeError:
+        raise TypeError(f"seeds: must be a sequence of integers, got {seeds!r}") from None
+    if not items:
+        raise ValueError("seeds: needs at least one seed")
+    for s in items:
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise TypeError(f"seeds: must be integers, got {s!r}")
+        if not 0 <= s < 2 ** 32:
+            raise ValueError(f"seeds: must lie in [0, 2^32), got {s}")
+    return np.asarray(items, np.int64)
+
+
+def as_federation(data) -> FederatedData:
+    """The FederatedData of ``data`` (a ``data.Dataset`` or FederatedData), checked:
+    some client has a training and some a test example."""
+    if hasattr(data, "host_data") and hasattr(data, "data"):  # a data.Dataset
+        data = data.data
+    if not isinstance(data, FederatedData):
+        raise TypeError(f"data: must be a FederatedData or a data.Dataset, got "
+                        f"{type(data).__name__}")
+    for field in ("train", "test"):
+        if not np.asarray(getattr(data, field).num_examples).sum() > 0:
+            raise ValueError(f"data: no client has a {field} example")
+    return data
+
+
+def has_examples(split: Optional[ClientData]) -> bool:
+    return split is not None and bool(np.asarray(split.num_examples).sum() > 0)
+
+
+def _grid_values(name: str, values) -> np.ndarray:
+    """One grid entry as a float array [n, ...], n >= 1, every value finite."""
+    if isinstance(values, (numbers.Number, np.number)) or (
+            isinstance(values, (np.ndarray, jax.Array)) and np.ndim(values) == 0):
+        raise ValueError(f"grid: {name!r} must be a sequence of values, got the single "
+                         f"value {values!r} (write [{values!r}])")
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"grid: {name!r} must be a sequence of numbers (or of arrays of "
+                         f"one shape), got {values!r}") from None
+    if array.ndim == 0 or array.shape[0] == 0:
+        raise ValueError(f"grid: {name!r} has no values")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"grid: {name!r} has a non-finite value: {values!r}")
+    return array.astype(jnp.result_type(float))  # float32, or float64 under x64
+
+
+def check_grid(grid: Mapping, product: bool) -> tuple[list, dict]:
+    """(grid axes, ``{name: values [G, ...]}`` flattened in the axes' C order)."""
+    if not isinstance(grid, Mapping):
+        raise TypeError(f"grid: must be a mapping {{name: values}}, got {type(grid).__name__}")
+    for name in grid:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"grid: names must be identifiers, got {name!r}")
+        if name == SEED:
+            raise ValueError("grid: 'seed' is not a hyper-parameter; pass seeds=...")
+    values = {name: _grid_values(name, v) for name, v in grid.items()}
+    if not values:
+        return [], {}
+    if product:
+        axes = [Axis(name, {name: v}) for name, v in values.items()]
+        sizes = [len(v) for v in values.values()]
+        index = np.indices(sizes).reshape(len(sizes), -1)
+        return axes, {name: v[index[i]] for i, (name, v) in enumerate(values.items())}
+    sizes = {name: len(v) for name, v in values.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"grid: a zipped grid (product=False) needs as many values for "
+                         f"every name, got {sizes}")
+    return [Axis(CONFIG, values)], dict(values)
+
+
+def resolve_builder(builder: Builder, grid_names, model, fixed: Optional[dict]):
+    """``(hparams -> FederatedAlgorithm, registry entry or None)``; for a registered
+    name, checks that the grid's names are continuous hyper-parameters of the
+    method and ``fixed`` names its other arguments."""
+    if callable(builder):
+        if fixed:
+            raise ValueError("fixed: only for a registered method name; close over the "
+                             "values in the builder instead")
+        return builder, None
+    if not isinstance(builder, str):
+        raise TypeError(f"builder: must be a registered method name or a callable "
+                        f"hparams -> FederatedAlgorithm, got {builder!r}")
+    if algorithms.base_name(builder) not in algorithms.REGISTRY:
+        raise ValueError(f"builder: unknown method {builder!r}; allowed: "
+                         f"{sorted(algorithms.REGISTRY)}")
+    if model is None:
+        raise ValueError(f"model: a registered method ({builder!r}) is built from the model")
+    method = algorithms.get_method(builder)
+    hps = algorithms.method_hparams(builder)
+    continuous = sorted(k for k, h in hps.items() if h.continuous)
+    for name in grid_names:
+        if name not in hps:
+            raise ValueError(f"grid: {name!r} is not a hyper-parameter of {builder!r}; its "
+                             f"continuous ones: {continuous}")
+        if not hps[name].continuous:
+            raise ValueError(f"grid: {name!r} of {builder!r} is not continuous (a count, a "
+                             f"choice or an object is static: one program per value); its "
+                             f"continuous ones: {continuous}")
+    fixed = dict(fixed or {})
+    for name in fixed:
+        if name not in hps:
+            raise ValueError(f"fixed: {name!r} is not a hyper-parameter of {builder!r}; "
+                             f"allowed: {sorted(hps)}")
+        if name in grid_names:
+            raise ValueError(f"fixed: {name!r} is also in the grid")
+    factory = method.factory
+    return (lambda hp: factory(model, **fixed, **hp)), method
+
+
+def check_grid_ranges(method, flat: dict) -> None:
+    """Every value of a registered method's grid lies in its range (before tracing)."""
+    for name, values in flat.items():
+        rng = method.hparams.get(name)
+        if rng is None:
+            continue
+        for v in np.unique(values):
+            rng.check(f"grid: {name!r}", float(v))
+
+
+# ------------------------------------------------------------------ one run
+
+
+def final_state(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *,
+                num_rounds: int, cohort_size: int, sampler: Callable, execution="auto",
+                remat: bool = False, step_budgets=None) -> ServerState:
+    """The state after ``num_rounds`` rounds of ``simulate`` from ``algorithm.init``."""
+    state = algorithm.init(params, data.num_clients)
+    state, _ = simulate(algorithm, state, data, key, num_rounds=num_rounds,
+                        cohort_size=cohort_size, sampler=sampler, remat=remat,
+                        execution=execution, step_budgets=step_budgets)
+    return state
+
+
+def evaluate_state(model, algorithm: FederatedAlgorithm, state, split: ClientData) -> dict:
+    """Per-client metrics [N] of what ``algorithm`` evaluates (global, averaged or
+    personal model; evaluation.py), without ``num_examples``."""
+    evaluate = make_state_evaluator(model, algorithm.personal, algorithm.evaluated_params)
+    ids = jnp.arange(split.mask.shape[0], dtype=jnp.int32)
+    out = dict(evaluate(state, split, ids))
+    out.pop("num_examples")
+    return out
+
+
+def _run_fn(build: Callable, model, data_has_validation: bool, *, num_rounds, cohort_size,
+            sampler, execution, step_budgets, keep_states):
+    """``run(hparams, seed, params, data) -> (test, validation, state)`` of one run."""
+
+    def run(hp, seed, params, data):
+        key = jax.random.key(seed)
+        algorithm = build(hp)
+        state = final_state(algorithm, params, data, key, num_rounds=num_rounds,
+                            cohort_size=cohort_size, sampler=sampler, execution=execution,
+                            step_budgets=step_budgets)
+        test = evaluate_state(model, algorithm, state, data.test)
+        val = (evaluate_state(model, algorithm, state, data.validation)
+               if data_has_validation else None)
+        return test, val, (state if keep_states else None)
+
+    return run
+
+
+def initial_params(model, seeds: np.ndarray):
+    """``model.init(jax.random.key(s))`` of every seed, stacked [S, ...]: one compiled
+    init (as the command line's ``jax.jit(model.init)``), called once per seed, outside
+    the sweep's program (a vmapped flax init inside it doubled its compile time)."""
+    init = jax.jit(model.init)
+    return jax.tree.map(lambda *xs: jnp.stack(xs),
+                        *[init(jax.random.key(int(s))) for s in seeds])
+
+
+# ------------------------------------------------------------------ summaries
+
+
+@functools.lru_cache(maxsize=8)
+def _summary_fn(fractions: tuple) -> Callable:
+    """A jitted ``(accuracy [B, n], weights [n]) -> {key: [B]}`` of
+    ``metrics.fairness_summary``'s keys, vmapped over runs (the clients with
+    examples; groups weighted by size). Cached: compiled once per shape."""
+
+    def one(a, w):
+        out = {"mean": fairness.mean(a), "weighted_mean": fairness.weighted_mean(a, w),
+               "std": fairness.std(a), "variance": fairness.variance(a)}
+        for f in fractions:
+            tag = fairness._pct(f)
+            lo, hi = fairness.worst_k(a, f, w), fairness.best_k(a, f, w)
+            out[f"worst_{tag}"], out[f"best_{tag}"] = lo, hi
+            out[f"parity_gap_{tag}"] = hi - lo
+            out[f"worst_{tag}_unweighted"] = fairness.worst_k(a, f)
+            out[f"best_{tag}_unweighted"] = fairness.best_k(a, f)
+        out.update(gini=fairness.gini(a), angle=fairness.angle_to_uniform(a),
+                   kl_to_uniform=fairness.kl_to_uniform(a))
+        return out
+
+    # tiny arrays: XLA:CPU's cheaper pipeline halves the compile, the run is negligible
+    cheap = ({"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+             if jax.default_backend() == "cpu" else None)
+    return jax.jit(jax.vmap(one, in_axes=(0, None)), compiler_options=cheap)
+
+
+def summarise(per_client: dict, num_examples, split: str = "test",
+              fractions: Sequence[float] = (0.05, 0.1)) -> dict:
+    """Fairness summaries of stacked per-client metrics ``{metric: [B, N]}``:
+    ``{key: [B]}`` with ``runner.split_summary``'s keys and values (accuracy summary,
+    example-weighted loss, mean ECE / MCE), over the clients with examples."""
+    n = np.asarray(num_examples)
+    has = n > 0
+    if not has.any():
+        return {}
+    w = n[has].astype(np.float32)
+    acc = np.asarray(per_client["accuracy"])[:, has]
+    out = {f"accuracy_{k}": np.asarray(v)
+           for k, v in _summary_fn(tuple(fractions))(jnp.asarray(acc), jnp.asarray(w)).items()}
+    out["loss"] = np.average(np.asarray(per_client["loss"])[:, has], weights=w, axis=1)
+    for name in ("ece", "mce"):
+        if name in per_client:
+            out[name] = np.asarray(per_client[name])[:, has].mean(axis=1)
+    if split == "test":
+        out["test_loss"] = out.pop("loss")
+        return out
+    return {f"{split}_{k}": v for k, v in out.items()}
+
+
+# ------------------------------------------------------------------ sweep
+
+
+def _row(tree, i):
+    return jax.tree.map(lambda v: v[i], tree)
+
+
+def _tile_fn(run: Callable, g: int, s: int, params_axis: Optional[int]) -> Callable:
+    """``(hparams [g, ...], seeds [s], params ([s, ...] or shared), data) -> outputs
+    [s, g, ...]``: the runs of g grid points x s seeds.
+
+    The grid points of one seed share its key, so sampling, cohorts and batch orders
+    are computed once for all of them and only the training is batched over the
+    grid. The seeds' vmap binds ``execution.CLIENT_AXIS``: runs of different seeds
+    train different clients side by side, and the engine's ``group_max`` gives them
+    one step bound (a grid's points share their clients, hence their step counts).
+    An axis of size 1 is not vmapped (the program compiles faster without it)."""
+
+    def one_point(fn):
+        return lambda hp, seed, p, d: jax.tree.map(
+            lambda v: v[None], fn(jax.tree.map(lambda v: v[0], hp), seed, p, d))
+
+    over_grid = (jax.vmap(run, in_axes=(0, None, None, None)) if g > 1
+                 else one_point(run))
+    if s > 1:
+        return jax.vmap(over_grid, in_axes=(None, 0, params_axis, None),
+                        axis_name=_execution.CLIENT_AXIS)
+    take = (lambda p: jax.tree.map(lambda v: v[0], p)) if params_axis == 0 else (lambda p: p)
+    return lambda hp, seeds, p, d: jax.tree.map(lambda v: v[None],
+                                                over_grid(hp, seeds[0], take(p), d))
+
+
+class Tiles(NamedTuple):
+    """The (grid points x seeds) rectangle cut into tiles of ``g`` points x ``s``
+    seeds, ``count`` in all; the edges are padded with copies of the last point /
+    seed, whose results are dropped."""
+
+    num_points: int
+    num_seeds: int
+    g: int
+    s: int
+
+    @classmethod
+    def of(cls, num_points: int, num_seeds: int, chunk_size: Optional[int],
+           vmap_seeds: bool = True) -> "Tiles":
+        """Tiles of at most ``chunk_size`` runs (None: no bound), as many grid points
+        as fit, then seeds; one seed per tile unless ``vmap_seeds``."""
+        seeds = num_seeds if vmap_seeds else 1
+        chunk = chunk_size or num_points * seeds
+        g = min(num_points, chunk)
+        s = min(seeds, max(1, chunk // g))
+        return cls(num_points, num_seeds, g, s)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return -(-self.num_points // self.g), -(-self.num_seeds // self.s)
+
+    @property
+    def count(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def split(self, flat: dict, seeds: np.ndarray):
+        """``({name: [count, g, ...]}, seeds [count, s], seed positions [count, s])``,
+        tiles in (point, seed) C order."""
+        tg, ts = self.shape
+        points = np.minimum(np.arange(tg * self.g), self.num_points - 1).reshape(tg, self.g)
+        seed_rows = np.minimum(np.arange(ts * self.s), self.num_seeds - 1).reshape(ts, self.s)
+        hp = {k: np.repeat(v[points], ts, axis=0) for k, v in flat.items()}
+        positions = np.tile(seed_rows, (tg, 1))
+        return hp, seeds[positions].astype(np.uint32), positions
+
+    def merge(self, out):
+        """Tile outputs ``[count, s, g, ...]`` -> ``[num_points, num_seeds, ...]``."""
+        tg, ts = self.shape
+
+        def one(v):
+            v = v.reshape((tg, ts, self.s, self.g) + v.shape[3:])
+            v = np.moveaxis(v, 3, 1)  # [tg, g, ts, s, ...]
+            v = v.reshape((tg * self.g, ts * self.s) + v.shape[4:])
+            return v[:self.num_points, :self.num_seeds]
+
+        return jax.tree.map(one, out)
+
+
+def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size: int,
+          model=None, seeds: Sequence[int] = (0,), params=None, product: bool = True,
+          fixed: Optional[dict] = None, chunk_size: Optional[int] = None,
+          sampler: Optional[Callable] = None, execution="auto", step_budgets=None,
+          keep_states: bool = False, fractions: Sequence[float] = (0.05, 0.1),
+          vmap_seeds: Optional[bool] = None, chunk_loop: str = "host",
+          compiler_options: Optional[dict] = None) -> SweepResult:
+    """Runs every (grid point, seed) as one vmapped, compiled program.
+
+    Args:
+      builder: ``hparams -> FederatedAlgorithm`` (``hparams`` a dict of the grid's
+        names to traced scalars or arrays), or a registered method name, built as
+        ``REGISTRY[name].factory(model, **fixed, **hparams)``; the grid's names must
+        then be continuous hyper-parameters of the method, and its values in range.
+      grid: ``{name: values}``; each entry a sequence of numbers, or of arrays of one
+        shape (e.g. per-round schedules, ``[n, T]``). ``{}``: seeds only.
+      data: the federation (``data.Dataset`` or ``FederatedData``); its validation
+        split, when it has examples, is evaluated too.
+      num_rounds, cohort_size: of every run.
+      model: evaluates the final states (and initialises them unless ``params``).
+      seeds: one run per seed per grid point; seed s uses ``jax.random.key(s)`` for
+        the model's initialisation, sampling and training (as the command line).
+      params: initial parameters shared by every run; None: ``model.init(key)``.
+      product: the full product of the grid's values (one axis per name), or
+        ``False``: zipped (one ``"config"`` axis; every name as many values).
+      fixed: a registered method's other arguments.
+      chunk_size: at most this many runs (grid points x seeds) at once; None: no
+        bound. Bounds memory at about chunk_size runs. The rectangle of runs is cut
+        into tiles of g grid points x s seeds (g = min(G, chunk_size), s =
+        min(S, chunk_size // g), or s = 1 without ``vmap_seeds``), run one after
+        another through one compiled program.
+      vmap_seeds: vmap the seeds together (True) or run them one after another
+        (False); None: True on accelerators, False on CPU. The grid points of one
+        seed share its cohorts and batches, so vmapping them batches the same work;
+        different seeds train different clients, and vmapped together every client
+        runs as many local steps as the busiest client beside it (on CPU the
+        sequential loop wins, as for clients: benchmarks/sweep.py, docs/meta.md).
+      chunk_loop: ``"host"``: one compiled tile, called once per tile from Python;
+        ``"map"``: a ``lax.map`` over the tiles inside one program (one call).
+      sampler: default ``sampling.uniform`` (``sampling.full`` for a registered
+        method that needs every client every round).
+      execution: how each round maps its clients (an in-program strategy).
+      step_budgets: as ``simulate``'s.
+      keep_states: also return every final state (memory: one state per run).
+      fractions: the worst / best groups of the summaries.
+      compiler_options: passed to ``jax.jit`` (e.g. XLA:CPU's cheaper pipeline).
+
+    Every argument is checked before anything is compiled; a bad one raises
+    ``ValueError`` / ``TypeError`` whose message starts with its name.
+    """
+    data = as_federation(data)
+    num_rounds = check_count(num_rounds, "num_rounds")
+    cohort_size = check_count(cohort_size, "cohort_size")
+    if cohort_size > data.num_clients:
+        raise ValueError(f"cohort_size: {cohort_size} is more than the {data.num_clients} "
+                         f"clients of the federation")
+    seed_values = check_seeds(seeds)
+    axes, flat = check_grid(grid, product)
+    build, method = resolve_builder(builder, list(flat), model, fixed)
+    if method is not None:
+        check_grid_ranges(method, flat)
+    if model is None:
+        raise ValueError("model: needed to evaluate the final states")
+    if sampler is None:
+        sampler = (sampling.full if method is not None and method.participation == "full"
+                   else sampling.uniform)
+    if sampler is sampling.full and cohort_size != data.num_clients:
+        raise ValueError(f"cohort_size: the 'full' sampler (every client every round"
+                         f"{', as ' + repr(builder) + ' needs' if method else ''}) needs "
+                         f"cohort_size == {data.num_clients}, got {cohort_size}")
+    if chunk_size is not None:
+        chunk_size = check_count(chunk_size, "chunk_size")
+    if chunk_loop not in CHUNK_LOOPS:
+        raise ValueError(f"chunk_loop: must be one of {CHUNK_LOOPS}, got {chunk_loop!r}")
+    _execution.as_execution(execution)
+
+    num_points = len(next(iter(flat.values()))) if flat else 1
+    if vmap_seeds is None:
+        vmap_seeds = jax.default_backend() != "cpu"
+    tiles = Tiles.of(num_points, len(seed_values), chunk_size, bool(vmap_seeds))
+    validate = has_examples(data.validation)
+    run = _run_fn(build, model, validate, num_rounds=num_rounds, cohort_size=cohort_size,
+                  sampler=sampler, execution=execution, step_budgets=step_budgets,
+                  keep_states=keep_states)
+    hp_tiles, seed_tiles, positions = tiles.split(flat, seed_values)
+    per_seed = params is None
+    t = time.perf_counter()
+    if per_seed:
+        inits = initial_params(model, seed_values)
+        params_tiles = jax.tree.map(lambda v: v[positions], inits)  # [count, s, ...]
+    tile = _tile_fn(run, tiles.g, tiles.s, 0 if per_seed else None)
+    tile_params = (lambda i: _row(params_tiles, i)) if per_seed else (lambda i: params)
+
+    if chunk_loop == "host":
+        program = jax.jit(tile, compiler_options=compiler_options)
+        compiled = program.lower(_row(hp_tiles, 0), seed_tiles[0], tile_params(0),
+                                 data).compile()
+        compile_s = time.perf_counter() - t
+        t = time.perf_counter()
+        outputs = [jax.device_get(compiled(_row(hp_tiles, i), seed_tiles[i], tile_params(i),
+                                           data)) for i in range(tiles.count)]
+        out = jax.tree.map(lambda *xs: np.stack(xs), *outputs)
+    else:
+        if per_seed:
+            program = jax.jit(lambda hp, seeds, p, d: jax.lax.map(
+                lambda xs: tile(*xs, d), (hp, seeds, p)), compiler_options=compiler_options)
+            args = (hp_tiles, seed_tiles, params_tiles, data)
+        else:
+            program = jax.jit(lambda hp, seeds, p, d: jax.lax.map(
+                lambda xs: tile(*xs, p, d), (hp, seeds)), compiler_options=compiler_options)
+            args = (hp_tiles, seed_tiles, params, data)
+        compiled = program.lower(*args).compile()
+        compile_s = time.perf_counter() - t
+        t = time.perf_counter()
+        out = jax.device_get(compiled(*args))
+    run_s = time.perf_counter() - t
+
+    test, val, states = tiles.merge(out)  # [G, S, ...]
+    shape = tuple(a.size for a in axes) + (len(seed_values),)
+    grid_shape = lambda tree: jax.tree.map(lambda v: v.reshape(shape + v.shape[2:]), tree)
+    flat_runs = lambda tree: jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), tree)
+    num_examples = {"test": np.asarray(data.test.num_examples)}
+    summary = summarise(flat_runs(test), num_examples["test"], "test", fractions)
+    if validate:
+        num_examples["validation"] = np.asarray(data.validation.num_examples)
+        summary.update(summarise(flat_runs(val), num_examples["validation"], "validation",
+                                 fractions))
+    summary = jax.tree.map(lambda v: v.reshape((num_points, len(seed_values))), summary)
+    seed_axis = Axis(SEED, {SEED: seed_values})
+    return SweepResult(axes=tuple(axes) + (seed_axis,), test=grid_shape(test),
+                       validation=grid_shape(val) if validate else None,
+                       num_examples=num_examples, summary=grid_shape(summary),
+                       states=grid_shape(states) if keep_states else None,
+                       compile_seconds=compile_s, run_seconds=run_s)
