@@ -8,7 +8,8 @@ gives that function a validation objective and a small optimiser loop::
     objective = make_objective(lambda hp: qffl(model, q=jnp.exp(hp["log_q"]), ...),
                                worst_accuracy(0.1), model=model, data=ds,
                                num_rounds=20, cohort_size=10)
-    value, grads = jax.value_and_grad(objective)({"log_q": jnp.float32(0.0)}, ds.data)
+    value, grads = jax.jit(jax.value_and_grad(objective))({"log_q": jnp.float32(0.0)},
+                                                          ds.data)
     result = meta_optimize(objective, {"log_q": jnp.float32(0.0)}, ds.data, num_steps=20)
 
 What is not differentiable, and the surrogate used instead (docs/meta.md):
@@ -25,7 +26,8 @@ What is not differentiable, and the surrogate used instead (docs/meta.md):
 
 Memory: ``remat=True`` (the default) recomputes each round in the backward pass
 (``simulate(..., remat=True)``: ``jax.checkpoint`` per round), so the backward pass
-keeps one server state per round, not every local step's activations.
+keeps one server state per round and one round's local steps at a time, not every
+local step of the run (docs/meta.md §4).
 """
 from __future__ import annotations
 
@@ -109,9 +111,11 @@ def state_scores(model, algorithm: FederatedAlgorithm, state, split: ClientData,
 def cvar(values, alpha: float, mask) -> jax.Array:
     """Conditional value at risk: the mean of the largest ``alpha`` fraction of
     ``values`` [N] over the clients with ``mask`` True, k = alpha * n clients with a
-    fractional share of the boundary one (Rockafellar and Uryasev's form); the
-    largest value when k < 1, the plain mean of the k largest when k is an integer
-    (``metrics.worst_k`` of -values, negated). ``alpha`` in (0, 1], a Python number."""
+    fractional share of the boundary one (the form of "Optimization of Conditional
+    Value-at-Risk"); the largest value when k < 1, the plain mean of the k largest
+    when k is an integer (``metrics.worst_k`` of -values, negated). ``alpha`` in
+    (0, 1], a Python number. Its gradient averages the selected values; it is
+    defined wherever no two clients tie at the boundary."""
     values = jnp.asarray(values)
     n = jnp.sum(mask)
     ordered = -jnp.sort(-jnp.where(mask, values, -jnp.inf))  # descending, masked last
@@ -217,7 +221,8 @@ def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objec
 
     Seed s keys the run with ``jax.random.key(s)`` and initialises the model from it
     unless ``params`` is given (as ``sweep``). ``remat``: recompute each round in the
-    backward pass (memory grows with the rounds, not with the local steps).
+    backward pass (memory: a state per round plus one round's local steps, not every
+    local step of the run).
     """
     data_ = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
@@ -225,6 +230,9 @@ def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objec
     if cohort_size > data_.num_clients:
         raise ValueError(f"cohort_size: {cohort_size} is more than the "
                          f"{data_.num_clients} clients of the federation")
+    if sampler is sampling.full and cohort_size != data_.num_clients:
+        raise ValueError(f"cohort_size: the 'full' sampler needs cohort_size == "
+                         f"{data_.num_clients}, got {cohort_size}")
     seed_values = check_seeds(seeds).astype(np.uint32)
     if split not in SPLITS:
         raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")

@@ -6,7 +6,7 @@ of hyper-parameters times a list of seeds. ``sweep`` does that and returns the
 per-client metrics with labelled axes::
 
     result = sweep(lambda hp: qffl(model, q=hp["q"], client_lr=hp["lr"], batch_size=10),
-                   {"q": [0.0, 0.1, 1.0, 5.0], "lr": [0.01, 0.03, 0.1, 0.3]},
+                   {"q": [0.0, 0.1, 1.0, 5.0], "lr": [0.003, 0.01, 0.02, 0.03]},
                    model=model, data=ds, seeds=(0, 1), num_rounds=50, cohort_size=10)
     result.axes                         # (Axis q [4], Axis lr [4], Axis seed [2])
     result.test["accuracy"].shape       # (4, 4, 2, N): [*grid, seeds, clients]
@@ -28,8 +28,9 @@ into tiles (``Tiles``) that go one after another through ONE compiled program:
   trade-off as the cohort's ``execution`` strategies, benchmarks/sweep.py);
 * ``chunk_size`` bounds the runs per tile, hence memory. Tiles are called from a
   host loop (``chunk_loop="host"``, the default) or mapped with ``lax.map`` inside
-  one program (``"map"``); on CPU the host loop compiled faster and ran as fast
-  (docs/meta.md). Edge tiles are padded with copies, whose results are dropped.
+  one program (``"map"``); on CPU both cost the same within noise (docs/meta.md),
+  and the host loop keeps one tile's outputs on the device at a time. Edge tiles
+  are padded with copies, whose results are dropped.
 
 The seeds' vmap binds ``execution.CLIENT_AXIS``, the axis the engine takes a group's
 largest step count over (``execution.group_max``): runs vmapped together skip, as one
