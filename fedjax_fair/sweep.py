@@ -37,6 +37,10 @@ largest step count over (``execution.group_max``): runs vmapped together skip, a
 group, the local steps past the busiest of their clients, as a cohort vmapped by the
 ``vmap`` strategy does, instead of computing every padded step and selecting the
 results away.
+
+``run_seeds`` is ``runner.run`` for several seeds of ONE algorithm as one program, with
+its history (evaluations every ``eval_every`` rounds) and per-round metrics: the seeds
+of ``fedjax-fair compare``.
 """
 from __future__ import annotations
 
@@ -590,3 +594,178 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
                        num_examples=num_examples, summary=grid_shape(summary),
                        states=grid_shape(states) if keep_states else None,
                        compile_seconds=compile_s, run_seconds=run_s)
+
+
+# ------------------------------------------------------------------ seeds with history
+
+
+class SeedRuns(NamedTuple):
+    """The runs of one algorithm over several seeds (``run_seeds``), one entry per seed.
+
+    results: a ``runner.RunResult`` per seed, with ``runner.run``'s history (an
+      evaluation at round 0, every ``eval_every`` rounds and at the end),
+      per-client metrics, per-round metrics and client history. A diverged seed's
+      result stops at its last good evaluation.
+    rounds: per seed, the simulate metrics of every round kept ({name: [R, ...]},
+      the ``on_rounds`` values of ``runner.run``).
+    non_finite: per seed, None, or ``(round, last_good_round)`` where the server's
+      state first became NaN/inf (``runner.NonFiniteError``'s numbers).
+    compile_seconds / run_seconds: compiling the one program; running every seed.
+    """
+
+    results: list
+    rounds: list
+    non_finite: list
+    compile_seconds: float
+    run_seconds: float
+
+
+def _seeds_program(algorithm: FederatedAlgorithm, model, validate: bool, *, num_rounds: int,
+                   eval_every: int, cohort_size: int, sampler, execution, step_budgets):
+    """``(seed, state, data) -> (final state, per-round metrics [T, ...], per-client
+    test [E, N], validation [E, N] or None)``: a whole run with ``runner.run``'s chunks
+    of ``eval_every`` rounds, every client evaluated after each (and before the first)."""
+    full, rest = divmod(num_rounds, eval_every)
+
+    def one(seed, state, data):
+        key = jax.random.key(seed)
+
+        def evaluate(state):
+            test = evaluate_state(model, algorithm, state, data.test)
+            val = (evaluate_state(model, algorithm, state, data.validation)
+                   if validate else None)
+            return test, val
+
+        def chunk(state, length):
+            state, metrics = simulate(algorithm, state, data, key, num_rounds=length,
+                                      cohort_size=cohort_size, sampler=sampler,
+                                      execution=execution, step_budgets=step_budgets)
+            return state, (metrics, evaluate(state))
+
+        metrics, evals = [], [jax.tree.map(lambda v: v[None], evaluate(state))]
+        if full:
+            state, (m, e) = jax.lax.scan(lambda s, _: chunk(s, eval_every), state, None,
+                                         length=full)
+            metrics.append(jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), m))
+            evals.append(e)
+        if rest:
+            state, (m, e) = chunk(state, rest)
+            metrics.append(m)
+            evals.append(jax.tree.map(lambda v: v[None], e))
+        cat = lambda *xs: jnp.concatenate(xs)
+        test = jax.tree.map(cat, *[e[0] for e in evals])
+        val = jax.tree.map(cat, *[e[1] for e in evals]) if validate else None
+        return state, jax.tree.map(cat, *metrics), test, val
+
+    return one
+
+
+def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: Sequence[int],
+              *, num_rounds: int, cohort_size: int, eval_every: int = 10,
+              sampler: Callable = sampling.uniform, execution="auto", step_budgets=None,
+              inits: Optional[Sequence[Callable]] = None, vmap_seeds: Optional[bool] = None,
+              memory_limit: Optional[int] = None, log: Optional[Callable] = None
+              ) -> Optional[SeedRuns]:
+    """``runner.run`` of one algorithm for every seed, as ONE compiled program.
+
+    Seed s initialises the model with ``jax.random.key(s)`` and keys the run with it
+    (as ``fedjax-fair run --seed s``); each seed's result equals ``runner.run``'s
+    with those keys up to float rounding, history included (evaluations at round 0,
+    every ``eval_every`` rounds and at the end). The seeds are vmapped (``vmap_seeds``
+    True; None: on accelerators) or run one after another through the same compiled
+    program (CPU: different seeds train different clients, benchmarks/sweep.py).
+
+    ``inits``: per seed, the ``init`` to use instead of ``algorithm.init`` (a method
+    whose initial state depends on the seed; the round program is shared). The
+    federation must fit on the device: with ``memory_limit`` (default: the device's
+    free memory, when known) a program whose arguments, outputs and temporaries
+    exceed it returns None, and nothing has run (``runner.run`` streams cohorts from
+    the host instead). The per-seed ``compile_seconds`` are the program's for the
+    first seed and 0 for the others; ``run_seconds`` split evenly, and a history's
+    ``seconds`` grow with the rounds (one program has no per-chunk clock).
+    """
+    from fedjax_fair import memory as mem
+    from fedjax_fair.runner import RunResult, split_summary
+    from fedjax_fair.client_states import table_memory
+    data = as_federation(data)
+    num_rounds = check_count(num_rounds, "num_rounds")
+    cohort_size = check_count(cohort_size, "cohort_size")
+    eval_every = check_count(eval_every, "eval_every")
+    seed_values = check_seeds(seeds)
+    if inits is not None and len(inits) != len(seed_values):
+        raise ValueError(f"inits: one per seed, got {len(inits)} for {len(seed_values)}")
+    _execution.as_execution(execution)
+    if vmap_seeds is None:
+        vmap_seeds = jax.default_backend() != "cpu"
+    validate = has_examples(data.validation)
+    num_clients = data.num_clients
+    t = time.perf_counter()
+    init = jax.jit(model.init)
+    states = [(algorithm.init if inits is None else inits[i])(
+        init(jax.random.key(int(s))), num_clients) for i, s in enumerate(seed_values)]
+    one = _seeds_program(algorithm, model, validate, num_rounds=num_rounds,
+                         eval_every=eval_every, cohort_size=cohort_size, sampler=sampler,
+                         execution=execution, step_budgets=step_budgets)
+    data = jax.device_put(data)
+    seeds32 = seed_values.astype(np.uint32)
+    if vmap_seeds:
+        program = jax.jit(jax.vmap(one, in_axes=(0, 0, None), axis_name=_execution.CLIENT_AXIS))
+        args = [(seeds32, jax.tree.map(lambda *xs: jnp.stack(xs), *states), data)]
+    else:
+        program = jax.jit(one)
+        args = [(seeds32[i], states[i], data) for i in range(len(seed_values))]
+    compiled = program.lower(*args[0]).compile()
+    capacity = mem.device_capacity() if memory_limit is None else int(memory_limit)
+    plan = mem.MemoryPlan("device", 0, mem.program_bytes(compiled), capacity)
+    if not plan.fits:
+        return None
+    if log:
+        log(plan.describe().replace("per chunk program", "the seeds' program"))
+    compile_s = time.perf_counter() - t
+    t = time.perf_counter()
+    outputs = [jax.device_get(compiled(*a)) for a in args]
+    run_s = time.perf_counter() - t
+    if vmap_seeds:
+        stacked = outputs[0]
+        outputs = [jax.tree.map(lambda v: v[i], stacked) for i in range(len(seed_values))]
+
+    rounds_at = [0] + list(range(eval_every, num_rounds + 1, eval_every))
+    if rounds_at[-1] != num_rounds:
+        rounds_at.append(num_rounds)
+    n_test = np.asarray(data.test.num_examples)
+    n_val = np.asarray(data.validation.num_examples) if validate else None
+    results, rounds, non_finite = [], [], []
+    for i, (state, metrics, test, val) in enumerate(outputs):
+        seconds = run_s / len(seed_values)
+        finite = np.asarray(metrics["finite"], bool)
+        bad = None if finite.all() else int(np.argmin(finite)) + 1
+        last_good = None if bad is None else ((bad - 1) // eval_every) * eval_every
+        kept = len(rounds_at) if bad is None else rounds_at.index(last_good) + 1
+        history, per_client = [], None
+        for e in range(kept):
+            per_client = {**{k: np.asarray(v[e]) for k, v in test.items()},
+                          "num_examples": n_test}
+            summary = split_summary(per_client, "test")
+            if validate:
+                summary.update(split_summary({**{k: np.asarray(v[e]) for k, v in val.items()},
+                                              "num_examples": n_val}, "validation"))
+            entry = {"round": rounds_at[e], **summary}
+            if e:
+                entry["seconds"] = seconds * rounds_at[e] / num_rounds
+                entry["train_loss"] = float(metrics["train_loss"][rounds_at[e] - 1])
+            history.append(entry)
+        done = rounds_at[kept - 1]
+        metrics = {k: np.asarray(v)[:done] for k, v in metrics.items()}
+        round_log = {k: metrics[k] for k in ("train_loss", "update_norm", "improved_fraction")
+                     if k in metrics}
+        table = (table_memory(algorithm.client_table, state.client_states)
+                 if algorithm.client_table is not None else None)
+        results.append(RunResult(
+            state=state, history=history, client_metrics=per_client, round_metrics=round_log,
+            compile_seconds=compile_s if i == 0 else 0.0, run_seconds=seconds, memory=plan,
+            evaluated=algorithm.evaluates, client_table=table,
+            client_history={"round": np.asarray(rounds_at[:kept]),
+                            **{k: np.asarray(v[:kept], np.float32) for k, v in test.items()}}))
+        rounds.append(metrics)
+        non_finite.append(None if bad is None else (bad, last_good))
+    return SeedRuns(results, rounds, non_finite, compile_s, run_s)

@@ -949,3 +949,87 @@ def test_algorithms_flag_narrows_a_config_files_hyper_parameters(tmp_path):
     cfg.output_dir = str(tmp_path / "out")
     with pytest.raises(C.ConfigError, match="fedprox"):
         C.validate_compare(cfg)
+
+
+# ------------------------------------------------------- compare: seeds as one program
+
+
+def _run_files(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root)
+                  for d, _, files in os.walk(root) for f in files)
+
+
+def test_compare_seeds_as_one_program_equal_one_run_per_seed(tmp_path):
+    """``compare --seeds 0,1`` runs each algorithm's seeds through sweep.run_seeds; its
+    files and numbers equal one runner.run per seed (``--sweep-seeds false``), with a
+    validation split, a personalised method and a diverged method."""
+    args = [*TINY, "--algorithms", "fedavg,ditto,fedprox", "--hp", "fedprox.mu=1e38",
+            "--seeds", "0,1", "--num-rounds", "3", "--eval-every", "2",
+            "--resplit", "0.6,0.2,0.2", "--no-plots"]
+    swept, runs = str(tmp_path / "swept"), str(tmp_path / "runs")
+    assert cli.main(["compare", *args, "-o", swept]) == cli.EXIT_NONFINITE
+    assert cli.main(["compare", *args, "--sweep-seeds", "false", "-o", runs]) == \
+        cli.EXIT_NONFINITE
+    assert _run_files(swept) == _run_files(runs)
+    for alg in ("fedavg", "ditto", "fedprox"):
+        for seed in (0, 1):
+            a, b = (os.path.join(root, alg, f"seed{seed}") for root in (swept, runs))
+            ha, hb = (report.read_jsonl(os.path.join(d, "metrics.jsonl")) for d in (a, b))
+            assert [h["round"] for h in ha] == [h["round"] for h in hb]
+            for x, y in zip(ha, hb):
+                assert x.keys() == y.keys()
+                for k in x:
+                    if k != "seconds":
+                        np.testing.assert_allclose(x[k], y[k], rtol=1e-5, atol=1e-6)
+            ra, rb = (report.read_jsonl(os.path.join(d, "rounds.jsonl")) for d in (a, b))
+            assert [r["client_ids"] for r in ra] == [r["client_ids"] for r in rb]
+            sa, sb = (json.loads(open(os.path.join(d, "summary.json")).read()) for d in (a, b))
+            assert sa.keys() == sb.keys() and sa["status"] == sb["status"]
+            if alg == "fedprox":  # diverged: the same rounds, the same evaluations kept
+                assert sa["status"] == "non_finite"
+                assert (sa["non_finite_round"], sa["last_good_round"]) == (
+                    sb["non_finite_round"], sb["last_good_round"])
+                continue
+            assert sa["evaluated"] == sb["evaluated"]
+            ca, cb = (report.read_client_csv(os.path.join(d, "clients.csv")) for d in (a, b))
+            np.testing.assert_allclose(ca["accuracy"], cb["accuracy"], atol=1e-6)
+            np.testing.assert_allclose(ca["loss"], cb["loss"], rtol=1e-5)
+            na, nb = (np.load(os.path.join(d, "clients_over_time.npz")) for d in (a, b))
+            assert sorted(na.files) == sorted(nb.files)
+            for k in na.files:
+                np.testing.assert_allclose(na[k], nb[k], rtol=1e-5, atol=1e-6)
+    strip = lambda path: [l.split("|")[1:7] for l in open(path).read().splitlines()
+                          if l.startswith(("| fed", "| dit"))]
+    assert strip(os.path.join(swept, "comparison.md")) == strip(
+        os.path.join(runs, "comparison.md"))
+
+
+def test_compare_resume_runs_the_missing_seeds_as_one_program(tmp_path, monkeypatch):
+    """A comparison interrupted after its first algorithm resumes with the missing
+    seeds of the others run together; the table equals an uninterrupted one."""
+    from fedjax_fair import runner
+    out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")
+    args = [*TINY, "--algorithms", "fedavg,qffl", "--seeds", "0,1", "--num-rounds", "2",
+            "--no-plots"]
+    real = cli._compare_seeds
+    calls = []
+
+    def stop_after_first(*a, **k):  # as if Ctrl-C came during the first algorithm's seeds
+        calls.append((a[0], list(a[2])))
+        runner.request_stop()
+        return real(*a, **k)
+
+    monkeypatch.setattr(cli, "_compare_seeds", stop_after_first)
+    assert cli.main(["compare", *args, "-o", out]) == cli.EXIT_INTERRUPTED
+    assert calls == [("fedavg", [0, 1])]
+    assert not os.path.exists(os.path.join(out, "qffl"))
+    calls.clear()
+    monkeypatch.setattr(cli, "_compare_seeds", lambda *a, **k: (calls.append(a[0]),
+                                                                real(*a, **k))[1])
+    assert cli.main(["compare", "-o", out, "--resume", "--no-progress"]) == 0
+    assert calls == ["qffl"]
+    assert cli.main(["compare", *args, "-o", fresh]) == 0
+    strip = lambda path: [l.split("|")[1:7] for l in open(path).read().splitlines()
+                          if l.startswith(("| fed", "| qff"))]
+    assert strip(os.path.join(out, "comparison.md")) == strip(
+        os.path.join(fresh, "comparison.md"))

@@ -244,3 +244,35 @@ def test_lax_map_chunks_and_seeds_only_and_runner():
                                final["accuracy_worst_10%"], rtol=1e-5)
     np.testing.assert_allclose(full.summary["validation_loss"][1, 1, 1],
                                final["validation_loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("vmap_seeds", [True, False], ids=["vmapped", "host_loop"])
+def test_run_seeds_equals_runner_run_per_seed(vmap_seeds):
+    """``run_seeds`` (compare's seeds as one program) gives each seed runner.run's
+    history, per-client metrics, per-round metrics and client history."""
+    from fedjax_fair.sweep import run_seeds
+    algorithm = algorithms.qffl(MODEL, q=1.0, client_lr=0.3, batch_size=B)
+    runs = run_seeds(algorithm, MODEL, DATA, SEEDS, num_rounds=5, cohort_size=COHORT,
+                     eval_every=2, execution=EXECUTION, vmap_seeds=vmap_seeds)
+    assert runs.non_finite == [None, None]
+    for seed, got, rounds in zip(SEEDS, runs.results, runs.rounds):
+        key = jax.random.key(seed)
+        want = runner.run(algorithm, MODEL.init(key), DATA, key, model=MODEL, num_rounds=5,
+                          cohort_size=COHORT, eval_every=2, execution=EXECUTION,
+                          progress=False)
+        assert [h["round"] for h in got.history] == [0, 2, 4, 5]
+        for a, b in zip(got.history, want.history):
+            assert a.keys() == b.keys()
+            for k in a:
+                if k != "seconds":
+                    np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        for k in want.client_metrics:
+            np.testing.assert_allclose(got.client_metrics[k], want.client_metrics[k],
+                                       rtol=1e-5, atol=1e-6)
+        for k in want.round_metrics:
+            np.testing.assert_allclose(got.round_metrics[k], want.round_metrics[k], rtol=1e-5)
+        assert got.client_history.keys() == want.client_history.keys()
+        np.testing.assert_array_equal(got.client_history["round"], [0, 2, 4, 5])
+        np.testing.assert_allclose(got.client_history["accuracy"],
+                                   want.client_history["accuracy"], atol=1e-6)
+        assert rounds["weights"].shape[0] == 5 and got.evaluated == want.evaluated

@@ -158,7 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run every algorithm (default: all of them) for every seed "
                                    "on the same data and budget, print a table of final "
                                    "per-client accuracy statistics and timings, and save it "
-                                   "with overlaid plots.")
+                                   "with overlaid plots. An algorithm's seeds run as one "
+                                   "program (fedjax_fair.sweep.run_seeds; --sweep-seeds "
+                                   "false: one run per seed), except for generative "
+                                   "methods, --devices > 1, --placement host, a program "
+                                   "larger than the device and a single seed, which run "
+                                   "one runner.run per seed; the outputs are the same.")
     _add_common(p, C.CompareConfig)
     p.add_argument("--resume", dest="resume", action="store_true", default=S,
                    help="continue an interrupted comparison: finished runs are kept")
@@ -779,9 +784,18 @@ def cmd_compare(args) -> int:
     try:
         with stop_on_signals():
             for name, alg in algs.items():
+                found = {s: (_finished_run(os.path.join(out, name, f"seed{s}")) if cfg.resume
+                             else None) for s in cfg.seeds}
+                missing = [s for s in cfg.seeds if found[s] is None]
+                if _seeds_fallback(name, cfg, missing) is None:
+                    if stop_requested():
+                        raise Interrupted(0)
+                    bar.set_postfix(algorithm=name, seeds=",".join(map(str, missing)))
+                    found.update(_compare_seeds(name, alg, missing, out, cfg, cfg_dict,
+                                                hparams[name], model, ds, log=log_first))
                 for seed in cfg.seeds:
                     run_dir = os.path.join(out, name, f"seed{seed}")
-                    done = _finished_run(run_dir) if cfg.resume else None
+                    done = found[seed]
                     if done is None:
                         if stop_requested():
                             raise Interrupted(0)
@@ -827,10 +841,6 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
                  log=print):
     """One run of a comparison, written to ``run_dir`` as soon as it ends (diverged runs
     keep their metrics.jsonl); returns what ``_finished_run`` would read back."""
-    run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams, "seed": seed,
-               "output_dir": run_dir}
-    for k in ("algorithms", "seeds"):
-        run_cfg.pop(k)
     entries: list = []
     rounds: list = []
     try:
@@ -839,11 +849,27 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
                            on_rounds=lambda r0, m: rounds.extend(report.round_rows(r0, m)),
                            log=log)
     except NonFiniteError as e:
+        return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
+                                  None, entries, rounds, (e.round, e.last_good_round))
+    return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res,
+                              res.history, rounds)
+
+
+def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res, entries,
+                       rounds, non_finite=None):
+    """Writes one run of a comparison to ``run_dir``: the finished run ``res``, or,
+    with ``non_finite = (round, last_good_round)``, a diverged run's evaluations
+    ``entries`` and rounds; returns what ``_finished_run`` would read back."""
+    run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams, "seed": seed,
+               "output_dir": run_dir}
+    for k in ("algorithms", "seeds", "sweep_seeds"):
+        run_cfg.pop(k, None)
+    if non_finite is not None:
         os.makedirs(run_dir, exist_ok=True)
         report.write_jsonl(os.path.join(run_dir, "metrics.jsonl"), entries)
         report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
-        summary = {"status": "non_finite", "config": run_cfg, "non_finite_round": e.round,
-                   "last_good_round": e.last_good_round}
+        summary = {"status": "non_finite", "config": run_cfg,
+                   "non_finite_round": non_finite[0], "last_good_round": non_finite[1]}
         report.write_json(os.path.join(run_dir, "summary.json"), summary)
         return summary, entries, None
     summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False,
@@ -852,6 +878,49 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
     _write_client_history(run_dir, res)
     acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]
     return summary, res.history, acc
+
+
+def _seeds_fallback(name: str, cfg, seeds: list) -> Optional[str]:
+    """Why ``compare`` runs ``name``'s ``seeds`` one ``runner.run`` each instead of as one
+    program (``_compare_seeds``), or None when one program runs them all."""
+    from fedjax_fair.algorithms import REGISTRY, base_name
+    if not cfg.sweep_seeds:
+        return "sweep_seeds is off"
+    if len(seeds) < 2:
+        return "one seed to run"
+    if REGISTRY[base_name(name)].generative:
+        return "a generative method (per-seed synthetic sets, written per run)"
+    if cfg.devices != 1:
+        return "a device mesh (runner.run splits each cohort over the devices)"
+    if cfg.placement == "host":
+        return "placement host (runner.run streams each chunk's cohorts)"
+    return None
+
+
+def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log=print) -> dict:
+    """The runs of ``name`` for ``seeds`` as one program (``sweep.run_seeds``: vmapped
+    on accelerators, one compiled program called per seed on CPU), each written to its
+    run directory as ``_compare_one`` writes it; ``{seed: what _finished_run reads
+    back}``, or {} when the program does not fit the device (the caller then runs
+    each seed with ``runner.run``, which streams cohorts from the host)."""
+    from fedjax_fair import sampling
+    from fedjax_fair.execution import Execution
+    from fedjax_fair.heterogeneity import parse as parse_budgets
+    from fedjax_fair.sweep import run_seeds
+    runs = run_seeds(
+        alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
+        cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,
+        sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
+        execution=Execution(cfg.execution, cfg.chunk_size),
+        step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
+        inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log)
+    if runs is None:
+        return {}
+    return {seed: _write_compare_run(name, alg, seed, os.path.join(out, name, f"seed{seed}"),
+                                     cfg_dict, hparams, model, ds, res, res.history,
+                                     report.round_rows(0, rounds), bad)
+            for seed, res, rounds, bad in zip(seeds, runs.results, runs.rounds,
+                                              runs.non_finite)}
 
 
 def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies, notes,

@@ -149,6 +149,13 @@ class CompareConfig(_Common):
     resume: bool = _f(False, "bool", "continue an interrupted comparison", flag=False)
     hparams: dict = _f({}, "dict", "hyper-parameters, NAME or ALGORITHM.NAME", flag=False)
     seeds: list = _f([0, 1, 2], "list[int]", "comma-separated seeds")
+    sweep_seeds: bool = _f(True, "bool", "run each algorithm's seeds as one program "
+                           "(fedjax_fair.sweep.run_seeds: vmapped on accelerators, one "
+                           "compiled program called per seed on CPU; the same results as "
+                           "one run per seed up to float rounding); false: one runner.run "
+                           "per seed. Generative methods, --devices > 1, --placement host, "
+                           "a program too large for the device and a single seed always "
+                           "run per seed")
 
     def resolved_output_dir(self) -> str:
         return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
@@ -376,7 +383,7 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
 RESUMABLE = ("num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
              "output_dir")
 # A resumed comparison keeps every run's settings (finished runs are reused as they are).
-COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir")
+COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "sweep_seeds")
 
 
 def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[dict],
