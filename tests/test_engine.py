@@ -907,6 +907,65 @@ def test_resolve_rules():
         execution.resolve("chunked", 10, chunk_size=-2)
 
 
+def test_auto_mesh_only_for_several_cpu_devices():
+    """One device (the test process), accelerators, or a cohort of one: no mesh."""
+    assert execution.auto_mesh(100, backend="gpu") is None
+    assert execution.auto_mesh(1, backend="cpu") is None
+    if len(jax.local_devices(backend="cpu")) == 1:
+        assert execution.auto_mesh(100, backend="cpu") is None
+
+
+_AUTO_MESH_CHECK = """
+import jax, jax.numpy as jnp, numpy as np, optax
+import helpers
+from fedjax_fair.algorithms import fedavg
+from fedjax_fair import execution
+from fedjax_fair.execution import Execution
+model, data = helpers.logreg(), helpers.tiny_federation()
+params = helpers.init_params(model, 0)
+cohort = helpers.cohort(data.train, (4, 0, 3, 1, 5))  # 5 clients over 2 devices: padded
+assert execution.auto_mesh(5) is not None and execution.auto_mesh(5).devices.size == 2
+
+def run(strategy, lr=0.5):
+    alg = fedavg(model, batch_size=4, num_epochs=2, client_lr=lr)
+    return alg.apply(alg.init(params, 6), cohort, jax.random.key(1),
+                     execution=Execution(strategy))
+
+seq, auto = jax.jit(lambda: run("sequential"))(), jax.jit(lambda: run("auto"))()
+for a, b in zip(jax.tree.leaves((seq[0].params, seq[1]["loss_before"])),
+                jax.tree.leaves((auto[0].params, auto[1]["loss_before"]))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+text = jax.jit(lambda: run("auto")).lower().compile().as_text()
+assert "num_partitions=2" in text, text[:400]
+# a traced hyper-parameter: vmap and grad through the sharded round
+lrs = jnp.asarray([0.1, 0.5])
+seqs = jax.vmap(lambda lr: run("sequential", lr)[0].params)(lrs)
+autos = jax.jit(jax.vmap(lambda lr: run("auto", lr)[0].params))(lrs)
+for a, b in zip(jax.tree.leaves(seqs), jax.tree.leaves(autos)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+loss = lambda strategy: lambda lr: sum(jnp.sum(v ** 2) for v in jax.tree.leaves(
+    run(strategy, lr)[0].params))
+np.testing.assert_allclose(jax.grad(loss("auto"))(0.3), jax.grad(loss("sequential"))(0.3),
+                           rtol=1e-4)
+print("OK")
+"""
+
+
+def test_auto_splits_the_cohort_over_several_cpu_devices():
+    """With two CPU devices, ``auto`` runs the cohort on both (a 2-partition program)
+    and equals the one-device ``sequential`` round, also under vmap and grad."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + " --xla_force_host_platform_device_count=2").strip(),
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _AUTO_MESH_CHECK], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-4000:]
+
+
 # --------------------------------------------------------------------------------------
 # masked_mean, batch_at.
 
