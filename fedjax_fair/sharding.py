@@ -95,6 +95,31 @@ def make_mesh(num_devices: Optional[int] = None, *, model: int = 1,
     return Mesh(grid, (CLIENTS, MODEL), axis_types=auto)
 
 
+def provide_cpu_devices(devices) -> None:
+    """Makes a CPU job's ``devices`` exist before JAX starts its backends.
+
+    JAX's CPU backend has one device unless told otherwise before it starts, and one
+    XLA:CPU device computes a round on about one core (docs/bench/cpu_investigation.md).
+    ``devices`` N > 1 asks for N CPU devices (at most one per core), "all" for one
+    per core, so that
+    ``--devices all`` on a multi-core CPU runs one chain of clients per core. Does
+    nothing when the backends are already up, for ``devices`` 1, or when the user
+    already chose the count (``JAX_NUM_CPU_DEVICES`` /
+    ``--xla_force_host_platform_device_count``). Accelerators are unaffected: their
+    devices are still ``jax.devices()``.
+    """
+    from jax._src import xla_bridge
+    if devices == 1 or xla_bridge.backends_are_initialized():
+        return
+    if (jax.config.jax_num_cpu_devices > 0
+            or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")):
+        return
+    cores = os.cpu_count() or 1
+    count = cores if devices == "all" else int(devices)
+    if 1 < count <= cores:  # more than the cores: only on the user's explicit request
+        jax.config.update("jax_num_cpu_devices", count)
+
+
 def check_mesh(mesh) -> Mesh:
     """``mesh`` if it is a ``jax.sharding.Mesh`` with a ``clients`` axis."""
     if not isinstance(mesh, Mesh) or CLIENTS not in mesh.axis_names:

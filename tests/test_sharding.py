@@ -453,3 +453,26 @@ def test_pad_and_unpad_clients_keep_the_real_clients_in_order():
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
     main(sys.argv[1:])
+
+
+def _devices_after(devices, **env) -> int:
+    """How many devices a fresh process sees after the CLI's check of ``devices``."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    code = ("import jax; from fedjax_fair.cli import config as C; "
+            f"C.check_devices({devices!r}); print(len(jax.devices()))")
+    proc = subprocess.run([sys.executable, "-c", code], env={**clean, "JAX_PLATFORMS": "cpu",
+                                                             **env},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split()[-1])
+
+
+def test_devices_flag_makes_one_cpu_device_per_core_unless_the_user_chose():
+    """``--devices all`` on a CPU: one device per core before JAX starts (so the
+    cohort splits over the cores); a count the user set is kept; 1 asks for nothing."""
+    cores = os.cpu_count()
+    assert _devices_after("all") == cores
+    assert _devices_after(1) == 1
+    assert _devices_after(1, XLA_FLAGS="--xla_force_host_platform_device_count=3") == 3
+    assert _devices_after("all", JAX_NUM_CPU_DEVICES="3") == 3

@@ -104,7 +104,8 @@ class _Common:
                       "'clients' axis; the federation and client tables are split by client "
                       "too): 1 runs on one device, N > 1 on the first N devices, all on every "
                       "device (every process's with --distributed); each device runs its "
-                      "share with --execution")
+                      "share with --execution. On a CPU, N or all makes one device per "
+                      "core (up to N), so the cohort runs on every core")
     output_dir: Optional[str] = _f(None, "str?", "output directory")  # default: per command
     overwrite: bool = _f(False, "bool", "write into an output directory that already holds "
                          "results, replacing them", flag=False)
@@ -549,12 +550,16 @@ def _validate_common(cfg: _Common) -> None:
 def check_devices(devices) -> None:
     """``devices`` is 'all' or an integer >= 1, at most the devices JAX sees (only a
     value other than 1 asks JAX, so a one-device run never touches the backend
-    here)."""
-    if devices == "all" or devices == 1:
+    here). On a CPU, if JAX has not started yet, makes the devices asked for
+    (``sharding.provide_cpu_devices``)."""
+    if devices == 1:
         return
-    if not _is_int(devices) or devices < 1:
+    if devices != "all" and (not _is_int(devices) or devices < 1):
         raise ConfigError("devices", f"must be an integer >= 1 or 'all', got {devices!r}")
-    from fedjax_fair.sharding import make_mesh
+    from fedjax_fair.sharding import make_mesh, provide_cpu_devices
+    provide_cpu_devices(devices)
+    if devices == "all":
+        return
     try:
         make_mesh(devices)
     except ValueError as e:
