@@ -64,3 +64,50 @@ def compile_rounds(algs: dict, params, num_clients: int, cohort):
         states[name], _ = fns[name](states[name], cohort, jax.random.key(0))
         jax.block_until_ready(states[name])
     return fns, states, info
+
+
+def alternate(fns: dict, trials: int, warmup: bool = True, on_trial=None,
+              cpu: dict | None = None) -> dict:
+    """Fastest wall seconds of each zero-argument callable in ``fns``, the callables
+    alternating within each trial (the starting one rotates), so load on a shared
+    machine hits all alike. ``fns[name]()`` may return JAX arrays (they are waited
+    for) or, for a reference timed in another process, a float: the seconds that
+    process measured itself (then that value is used; its ``cpu`` attribute, if any,
+    is that process's CPU seconds). ``warmup``: call each once first, untimed.
+    ``on_trial()`` runs after every trial. ``cpu``: if a dict, it receives each
+    callable's fewest CPU seconds of a call (this process's user + system time, all
+    threads: less sensitive than wall time to other jobs on the machine)."""
+    names = list(fns)
+    if warmup:
+        for name in names:
+            jax.block_until_ready(fns[name]())
+    best = {name: float("inf") for name in names}
+    best_cpu = {name: float("inf") for name in names}
+    for trial in range(trials):
+        k = trial % len(names)
+        for name in names[k:] + names[:k]:
+            c = time.process_time()
+            t = time.perf_counter()
+            out = jax.block_until_ready(fns[name]())
+            seconds = time.perf_counter() - t
+            cpu_s = time.process_time() - c
+            if isinstance(out, float):
+                seconds, cpu_s = float(out), getattr(out, "cpu", float("nan"))
+            best[name] = min(best[name], seconds)
+            if cpu_s < best_cpu[name]:  # (a NaN never is)
+                best_cpu[name] = cpu_s
+        if on_trial:
+            on_trial()
+    if cpu is not None:
+        cpu.update({n: v if v < float("inf") else float("nan") for n, v in best_cpu.items()})
+    return best
+
+
+def load_average() -> str:
+    """The 1-, 5- and 15-minute load averages, e.g. "load 1.93 3.70 3.77" (other
+    jobs on a shared machine; compare timings only within one run)."""
+    try:
+        import os
+        return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except (OSError, AttributeError):
+        return "load n/a"
