@@ -70,7 +70,13 @@ def main():
     ap.add_argument("--cohort", type=int, default=10)
     ap.add_argument("--rounds", type=int, nargs="+", default=[800, 100])
     ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10_000])
+    ap.add_argument("--cohort-peaks", type=int, nargs="*", default=None,
+                    help="instead: measured peak RSS of one MLP FedAvg round at these "
+                         "cohorts (e.g. 1000 10000), chunked vs vmap, in subprocesses")
     args = ap.parse_args()
+    if args.cohort_peaks is not None:
+        cohort_peaks(args.cohort_peaks or [1000, 10_000])
+        return
     print(f"# {platform.machine()} | jax {jax.__version__} | shapes only (jax.eval_shape) | "
           f"cohort {args.cohort}, rounds {' / '.join(map(str, args.rounds))}")
 
@@ -99,6 +105,67 @@ def main():
                 b16 = table_bytes(client_states.lazy(cap, jnp.bfloat16), row, n)
                 cells.append(f"{fmt(f32)} / {fmt(b16)} ({cap:,} slots)")
             print(f"| {label} | {n:,} | {' | '.join(cells)} |")
+
+
+_PEAK_CHILD = r"""
+import json, sys, time
+import jax
+from fedjax_fair.algorithms import fedavg
+from fedjax_fair.data import get_dataset
+from fedjax_fair.models import mlp
+from fedjax_fair.runner import run
+cohort, strategy = int(sys.argv[1]), sys.argv[2]
+def rss():
+    with open("/proc/self/status") as f:
+        d = dict(l.split(":", 1) for l in f)
+    return int(d["VmRSS"].split()[0]) * 1024, int(d["VmHWM"].split()[0]) * 1024
+ds = get_dataset("femnist_like", num_clients=cohort, min_examples=20, max_examples=20,
+                 test_examples=5)
+model = mlp(ds.input_shape, ds.num_classes)
+params = jax.jit(model.init)(jax.random.key(0))
+alg = fedavg(model, client_lr=0.05, batch_size=20, num_epochs=1)
+before = rss()[1]
+lines = []
+t = time.perf_counter()
+import tempfile  # a checkpoint directory, as the CLI runs: the chunk donates its state
+res = run(alg, params, ds.host_data, jax.random.key(0), model=model, num_rounds=1,
+          cohort_size=cohort, eval_every=1, progress=False, log=lines.append,
+          execution=strategy, checkpoint_dir=tempfile.mkdtemp(), donate=True)
+print(json.dumps({"data_rss": before, "peak_rss": rss()[1], "plan": lines[-1],
+                  "round_s": res.run_seconds, "compile_s": res.compile_seconds,
+                  "seconds": time.perf_counter() - t}))
+"""
+
+
+def cohort_peaks(cohorts) -> None:
+    """Peak RSS (VmHWM) of one FedAvg round of the MLP 784-200-200-62 over every client
+    of a femnist_like federation of ``cohort`` clients (20 rows each, one local step
+    of 20), in a fresh subprocess per (cohort, strategy), run as the CLI runs it (a
+    checkpoint directory, the chunk program donating the state): the runner's printed
+    memory plan beside what the process actually peaked at."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    print("| cohort | execution | data GiB (RSS before the run) | peak RSS GiB | "
+          "run s (1 round) | compile s | memory plan printed before allocation |")
+    print("|---|---|---|---|---|---|---|")
+    for cohort in cohorts:
+        # vmap holds every client's parameters and gradients at once: at 10,000
+        # clients (over 8 GiB of parameters alone) only chunked is run
+        for strategy in ("chunked", "vmap") if cohort <= 1000 else ("chunked",):
+            proc = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(cohort), strategy],
+                                  env=env, capture_output=True, text=True)
+            if proc.returncode:
+                tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
+                print(f"| {cohort} | {strategy} | - | failed: {tail} | - | - | - |")
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(f"| {cohort} | {strategy} | {r['data_rss'] / 2**30:.2f} | "
+                  f"{r['peak_rss'] / 2**30:.2f} | {r['round_s']:.2f} | {r['compile_s']:.1f} | "
+                  f"{r['plan']} |", flush=True)
 
 
 if __name__ == "__main__":

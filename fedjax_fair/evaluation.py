@@ -95,5 +95,14 @@ def make_state_evaluator(model: Model, personal: Optional[Callable] = None,
     return lambda state, split, client_ids: evaluate(state.params, split)
 
 
+@functools.lru_cache(maxsize=32)
+def state_evaluator_program(model: Model, personal: Optional[Callable] = None,
+                            evaluated_params: Optional[Callable] = None) -> Callable:
+    """``make_state_evaluator`` (one device) as one jitted function of ``(state, split,
+    client_ids)``, which the runner compiles ahead of time (``.lower(...).compile()``)
+    in a background thread while the chunk program compiles. Cached per model."""
+    return jax.jit(make_state_evaluator(model, personal, evaluated_params))
+
+
 def to_numpy(metrics: dict) -> dict:
     return {k: np.asarray(v) for k, v in metrics.items()}

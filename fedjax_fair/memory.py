@@ -7,9 +7,11 @@ Two tools cut that cost:
 * **Size buckets.** Clients sorted by size fall into power-of-two buckets; a
   bucket's clients need only be padded to its bound ``min(M, 2^ceil(log2 n))``.
   ``bucket_report`` counts the padding of the single block against the bucketed
-  layout. The streamed runner pads every chunk's cohorts to the bucket of the chunk's
-  largest sampled client, and the ``"bucketed"`` execution strategy groups a cohort
-  by size so each vmapped group runs only its own busiest client's steps.
+  layout. The streamed runner sends a chunk's cohorts in the compact layout
+  (``compact_chunk``: only the real rows, concatenated; each round cuts its clients'
+  windows, at the bucket of the chunk's largest sampled client, out of them on the
+  device: ``compact_views``), and the ``"bucketed"`` execution strategy groups a
+  cohort by size so each vmapped group runs only its own busiest client's steps.
 * **Placement.** ``runner.run`` keeps the federation on the device
   (``"device"``), or on the host and streams each chunk's cohorts
   (``"host"``) when the device cannot hold it. Before anything is allocated it
@@ -161,3 +163,85 @@ def _mib(n: int) -> str:
 
 def too_big(plan: MemoryPlan, hint: str) -> MemoryBudgetError:
     return MemoryBudgetError(f"placement: {plan.describe()}; it does not fit. {hint}")
+
+
+# ------------------------------------------------------------ streamed compact layout
+
+
+class CompactChunk(NamedTuple):
+    """One chunk's cohorts in the compact layout: the sampled clients' real rows
+    concatenated (round by round, client by client) and read through offsets.
+
+    rows: {name: [T, ...]} the real rows, then zeros to the chunk's row bucket T
+      (at least the last offset + the padded size, so every client's window fits).
+    offsets, sizes: int32 [R, K] where client (r, k)'s rows start, and how many.
+    client_ids, local_steps: int32 [R, K] as in a ``Cohort``.
+    """
+
+    rows: dict
+    offsets: object
+    sizes: object
+    client_ids: object
+    local_steps: object
+
+
+def row_bucket(num_rows: int) -> int:
+    """Rows of a compact chunk: the next power of two (few distinct programs), at
+    least 8."""
+    return max(8, 1 << (max(int(num_rows), 1) - 1).bit_length())
+
+
+def compact_chunk(examples: dict, sizes, client_ids, local_steps,
+                  padded_size: int) -> CompactChunk:
+    """Host side: the compact layout of the cohorts ``client_ids`` [R, K] of a
+    federation stored as ``examples`` {name: [N, M, ...]} with ``sizes`` [N] real
+    rows per client (real rows first). Copies only the real rows (one NumPy gather
+    of sum n_k rows), padded with zeros to ``row_bucket(sum n_k + padded_size)``."""
+    ids = np.asarray(client_ids)
+    n = np.asarray(sizes)[ids].astype(np.int64)
+    flat_n = n.ravel()
+    offsets = np.concatenate([[0], np.cumsum(flat_n)[:-1]]) if flat_n.size else flat_n
+    total = int(flat_n.sum())
+    bucket = row_bucket(total + padded_size)
+    rows = {}
+    for name, v in examples.items():
+        v = np.asarray(v)
+        m = v.shape[1]
+        # row j of client (r, k): stored row ids[r, k] * M + j, for j < n[r, k]
+        index = (np.repeat(ids.ravel().astype(np.int64) * m - offsets, flat_n)
+                 + np.arange(total))
+        out = np.zeros((bucket, *v.shape[2:]), v.dtype)
+        np.take(v.reshape(-1, *v.shape[2:]), index, axis=0, out=out[:total])
+        rows[name] = out
+    return CompactChunk(rows, offsets.reshape(ids.shape).astype(np.int32),
+                        n.astype(np.int32), ids.astype(np.int32),
+                        np.asarray(local_steps, np.int32))
+
+
+def compact_views(rows: dict, offsets, sizes, padded_size: int):
+    """Device side (traced): the clients' ``ClientData`` [K, padded_size, ...] of one
+    round, each client's window of ``rows`` at its offset, rows past its size zeroed
+    and masked: the same arrays as the padded layout's."""
+    from fedjax_fair.types import ClientData
+    import jax.numpy as jnp
+
+    def view(offset, n):
+        mask = jnp.arange(padded_size) < n
+        examples = {}
+        for name, v in rows.items():
+            window = jax.lax.dynamic_slice_in_dim(v, offset, padded_size, axis=0)
+            keep = mask.reshape((padded_size,) + (1,) * (v.ndim - 1))
+            examples[name] = jnp.where(keep, window, jnp.zeros((), v.dtype))
+        return ClientData(examples=examples, mask=mask, num_examples=n)
+
+    return jax.vmap(view)(offsets, sizes)
+
+
+def compact_chunk_shapes(examples: dict, num_rounds: int, cohort_size: int,
+                         num_rows: int) -> CompactChunk:
+    """Shapes of ``compact_chunk``'s output (nothing allocated)."""
+    sds = jax.ShapeDtypeStruct
+    lead = (num_rounds, cohort_size)
+    rows = {k: sds((num_rows, *np.shape(v)[2:]), v.dtype) for k, v in examples.items()}
+    i32 = sds(lead, np.int32)
+    return CompactChunk(rows, i32, i32, i32, i32)

@@ -436,33 +436,75 @@ def fairness_summary(
     (DQN-Fed, q-FFL); with weights, the unweighted group means are given too, as
     ``"worst_x%_unweighted"`` and ``"best_x%_unweighted"``. If ``mask`` is given, only clients with ``mask`` True are summarised (see
     :func:`apply_mask`). Raises ``ValueError`` if no client is left.
+
+    Computed on the host with NumPy in float64 (the same formulas, groups and tie
+    rule as the jittable metrics above, which agree with it to float32 rounding): a
+    summary between chunks of a run costs microseconds and compiles nothing.
     """
     if mask is not None:
         if weights is None:
             a = apply_mask(a, mask)
         else:
             a, weights = apply_mask(a, mask, weights)
-    a = _as_vector(a)
-    _check_nonempty(a, "fairness_summary")
-    out: dict[str, float] = {"mean": float(mean(a))}
+    a = np.asarray(a)
+    if a.ndim != 1:
+        raise ValueError(f"a must have shape [N], got shape {a.shape}")
+    if a.shape[0] == 0:
+        raise ValueError("fairness_summary needs at least one client, got an empty array")
+    x = a.astype(np.float64)
+    w = None
     if weights is not None:
-        out["weighted_mean"] = float(weighted_mean(a, weights))
-    out["std"] = float(std(a))
-    out["variance"] = float(variance(a))
+        w = np.asarray(weights)
+        if w.ndim != 1 or w.shape != a.shape:
+            raise ValueError(f"weights must have shape {a.shape}, got {w.shape}")
+        w = w.astype(np.float64)
+    n = x.shape[0]
+    ascending = np.argsort(x, kind="stable")
+    # descending, lower index first among ties (NaN first, as jnp.argsort descending)
+    descending = n - 1 - np.argsort(x[::-1], kind="stable")[::-1]
+
+    def group(order, k, weighted):
+        sel = x[order[:k]]
+        if not weighted:
+            return float(sel.mean())
+        return _np_weighted_mean(sel, w[order[:k]])
+
+    m = float(x.mean())
+    var = float(np.mean((x - m) ** 2))
+    out: dict[str, float] = {"mean": m}
+    if w is not None:
+        out["weighted_mean"] = _np_weighted_mean(x, w)
+    out["std"] = math.sqrt(var) if var >= 0 else float("nan")
+    out["variance"] = var
     for f in fractions:
         tag = _pct(f)
-        lo = worst_k(a, f, weights)
-        hi = best_k(a, f, weights)
-        out[f"worst_{tag}"] = float(lo)
-        out[f"best_{tag}"] = float(hi)
-        out[f"parity_gap_{tag}"] = float(hi - lo)
-        if weights is not None:
-            out[f"worst_{tag}_unweighted"] = float(worst_k(a, f))
-            out[f"best_{tag}_unweighted"] = float(best_k(a, f))
-    out["gini"] = float(gini(a))
-    out["angle"] = float(angle_to_uniform(a))
-    out["kl_to_uniform"] = float(kl_to_uniform(a))
+        k = num_selected(n, f)
+        lo, hi = group(ascending, k, w is not None), group(descending, k, w is not None)
+        out[f"worst_{tag}"] = lo
+        out[f"best_{tag}"] = hi
+        out[f"parity_gap_{tag}"] = hi - lo
+        if w is not None:
+            out[f"worst_{tag}_unweighted"] = group(ascending, k, False)
+            out[f"best_{tag}_unweighted"] = group(descending, k, False)
+    s = x[ascending]
+    total = float(s.sum())
+    coef = 2.0 * np.arange(1, n + 1) - n - 1
+    out["gini"] = 1.0 if total == 0 else float(np.dot(coef, s) / (n * total))
+    all_equal = bool(x.max() == x.min())
+    perp = math.sqrt(float(np.sum((x - m) ** 2)))
+    out["angle"] = 0.0 if all_equal else math.degrees(math.atan2(perp, m * math.sqrt(n)))
+    p = x / (1.0 if total == 0 else total)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * np.log(np.where(p > 0, n * p, 1.0)), 0.0)
+    out["kl_to_uniform"] = 0.0 if all_equal else float(terms.sum())
     return out
+
+
+def _np_weighted_mean(a: np.ndarray, w: np.ndarray) -> float:
+    """NumPy twin of ``_safe_weighted_mean``: sum(w a) / sum(w), the plain mean when
+    the weights sum to 0."""
+    total = float(w.sum())
+    return float(a.mean()) if total == 0 else float(np.dot(w, a) / total)
 
 
 # ----------------------------------------------------------------- curves over rounds

@@ -34,9 +34,9 @@ from fedjax_fair import sampling
 from fedjax_fair import sharding
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.client_states import table_memory
-from fedjax_fair.evaluation import make_state_evaluator
-from fedjax_fair.execution import as_execution
-from fedjax_fair.heterogeneity import StepBudgets
+from fedjax_fair.evaluation import make_state_evaluator, state_evaluator_program
+from fedjax_fair.execution import as_execution, auto_mesh
+from fedjax_fair.heterogeneity import UNLIMITED_STEPS, StepBudgets
 from fedjax_fair.simulate import (budget_tables, gather_cohorts, sample_client_ids, simulate,
                                   simulate_cohorts)
 from fedjax_fair.types import ClientData, Cohort, FederatedData
@@ -78,6 +78,66 @@ def _signature(args):
     """Tree structure, shapes and dtypes of a program's arguments (a hashable key)."""
     leaves, tree = jax.tree.flatten(args)
     return tree, tuple((tuple(np.shape(x)), str(x.dtype)) for x in leaves)
+
+
+# XLA's compile pipeline as jax reports it (jax.monitoring): tracing to a jaxpr,
+# lowering to MLIR, and the backend compile. Nested jits nest their spans, so
+# ``CompileClock`` counts the union of the spans, never a second of it twice.
+_COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
+                             "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                             "/jax/core/compile/backend_compile_duration"})
+
+
+class CompileClock:
+    """Wall-clock seconds spent compiling while it is running: every span jax reports
+    for tracing, lowering and XLA compiles (``jax.monitoring`` time spans: the chunk
+    programs, the evaluator, one-off eager ops, ...), plus the spans added with
+    ``add`` (a program's whole ``lower().compile()``), merged so that nested or
+    concurrent compiles (a background thread) count once. Compiles of any thread of
+    the process count while the clock runs. ``start``/``stop``, or a context."""
+
+    def __init__(self):
+        self._spans: list = []
+        self._lock = threading.Lock()
+        self._running = False
+
+    def _listener(self, event, start, end, **kwargs):
+        if event in _COMPILE_EVENTS:
+            self.add(start, end)
+
+    def add(self, start: float, end: float) -> None:
+        """A span in ``time.time()`` seconds."""
+        with self._lock:
+            self._spans.append((float(start), float(end)))
+
+    def start(self) -> "CompileClock":
+        if not self._running:
+            jax.monitoring.register_event_time_span_listener(self._listener)
+            self._running = True
+        return self
+
+    def stop(self) -> None:
+        if self._running:
+            jax.monitoring.unregister_event_time_span_listener(self._listener)
+            self._running = False
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def seconds(self) -> float:
+        with self._lock:
+            spans = sorted(self._spans)
+        total, end = 0.0, -float("inf")
+        for a, b in spans:
+            if b <= end:
+                continue
+            total += b - max(a, end)
+            end = b
+        return total
 
 
 class Interrupted(Exception):
@@ -138,7 +198,8 @@ class RunResult:
     history: list  # one dict per evaluation: round, summary metrics, timings
     client_metrics: dict  # final per-client test metrics, numpy arrays [N]
     round_metrics: dict  # per-round scalars, numpy arrays [R]
-    compile_seconds: float
+    compile_seconds: float  # every compile during the run (CompileClock): programs,
+    # the evaluator, eager ops; a resumed run adds the checkpoint's
     run_seconds: float
     memory: Optional[mem.MemoryPlan] = None  # the plan the run used
     evaluated: str = "global"  # "global": state.params; "personal": each client's own model
@@ -161,6 +222,72 @@ def _abstract(tree, shardings=None):
 
 def _host(tree):
     return jax.tree.map(np.asarray, tree)
+
+
+_EVAL_CLIENTS = 256  # clients per evaluation call of a streamed (host) federation
+_COMPILER = None  # one background thread compiling evaluators for every run
+
+
+def _compile_evaluators(model, algorithm, state, data: FederatedData, num_clients: int,
+                        placement: str, validate: bool) -> dict:
+    """Futures of the compiled evaluators ``{(split, placement): Compiled}``, compiled in
+    a background thread: the placement asked for ("auto": the device) and the test and
+    validation splits. The arguments are the state's avals (weak types included: the
+    chunk program's carry) and the split's shapes."""
+    import concurrent.futures
+    global _COMPILER
+    if _COMPILER is None:
+        _COMPILER = concurrent.futures.ThreadPoolExecutor(1, "fedjax-fair-compile")
+    fn = state_evaluator_program(model, algorithm.personal, algorithm.evaluated_params)
+    splits = [("test", data.test)] + ([("validation", data.validation)] if validate else [])
+    state = jax.tree.map(_aval, state)  # the state may be donated before this runs
+    where = "host" if placement == "host" else "device"  # "auto" mostly stays
+    out = {}
+    n = num_clients if where == "device" else _EVAL_CLIENTS
+    for name, split in splits:
+        shapes = jax.tree.map(lambda v: jax.ShapeDtypeStruct((n, *np.shape(v)[1:]), v.dtype),
+                              split)
+        ids = jax.ShapeDtypeStruct((n,), np.int32)
+        out[(name, where)] = _COMPILER.submit(
+            lambda s=shapes, i=ids: fn.lower(state, s, i).compile())
+    return out
+
+
+def _cohort_budgets(client_ids: np.ndarray, tables) -> np.ndarray:
+    """The step budgets [R, K] of sampled clients (``gather_cohorts``' rule): none,
+    a table [N] for the run, or one table per round [R, N]."""
+    if tables is None:
+        return np.full(client_ids.shape, UNLIMITED_STEPS, np.int32)
+    tables = np.asarray(tables, np.int32)
+    return (tables[client_ids] if tables.ndim == 1
+            else np.take_along_axis(tables, client_ids, axis=1))
+
+
+def _simulate_compact(algorithm: FederatedAlgorithm, state: ServerState,
+                      chunk: "mem.CompactChunk", key, padded_size: int, execution):
+    """``simulate_cohorts`` over a chunk in the compact layout: each round builds its
+    cohort's client windows [K, padded_size] from the chunk's rows (one round's views
+    at a time, never the chunk's R x K x padded_size block)."""
+    from fedjax_fair.simulate import _play, round_keys
+
+    def round_fn(state, xs):
+        offsets, sizes, ids, steps = xs
+        cohort = Cohort(client_ids=ids,
+                        data=mem.compact_views(chunk.rows, offsets, sizes, padded_size),
+                        client_mask=jnp.ones(ids.shape, bool), local_steps=steps)
+        return _play(algorithm, state, cohort, round_keys(key, state.round)[1], execution)
+
+    return jax.lax.scan(round_fn, state, (chunk.offsets, chunk.sizes, chunk.client_ids,
+                                          chunk.local_steps))
+
+
+def _aval(x):
+    """Shape, dtype and weak type of an array (a host array is never weak); a Python
+    scalar as it is."""
+    if not hasattr(x, "dtype"):
+        return x
+    weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=weak)
 
 
 def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: int,
@@ -189,7 +316,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         placement: str = "auto", memory_limit: Optional[int] = None,
         log: Optional[Callable[[str], None]] = None, execution="auto",
         on_rounds: Optional[Callable[[int, dict], None]] = None,
-        donate: Optional[bool] = None) -> RunResult:
+        donate: Optional[bool] = None, stream_layout: str = "compact") -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     After every chunk all clients are evaluated on their test split — the global
@@ -212,9 +339,13 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     donating needs ``checkpoint_dir``.
 
     Placement (memory.py): ``"device"`` moves the federation to the device;
-    ``"host"`` keeps it in host memory and, per chunk, gathers the sampled cohorts
-    there, pads them to the size bucket of the chunk's largest client and streams
-    them in; ``"auto"`` uses the device when the plan fits and the host otherwise.
+    ``"host"`` keeps it in host memory and streams each chunk's sampled cohorts in;
+    ``"auto"`` uses the device when the plan fits and the host otherwise. Streamed
+    cohorts travel in ``stream_layout``: ``"compact"`` (default on one device) copies
+    only the chunk's real rows, concatenated, and each round reads its clients'
+    windows through their offsets, padded on the device to the size bucket of the
+    chunk's largest client; ``"padded"`` (always under a mesh) gathers every cohort
+    on the host padded to that bucket. Both give the same results.
     The plan (XLA's accounting of the compiled chunk program plus the resident
     evaluation split) is checked against ``memory_limit`` bytes (default: the
     device's free memory) before any data moves; ``log`` receives its one-line
@@ -257,8 +388,15 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 and bool(np.asarray(data.validation.num_examples).sum() > 0))
     if placement not in mem.PLACEMENTS:
         raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
+    if stream_layout not in ("compact", "padded"):
+        raise ValueError(f"stream_layout: must be 'compact' or 'padded', got {stream_layout!r}")
     execution = as_execution(execution)
+    if (execution.mesh is None and execution.strategy == "auto"
+            and auto_mesh(cohort_size) is not None):
+        # several CPU devices: the federation and tables are placed over them too
+        execution = execution._replace(mesh=sharding.make_mesh())
     mesh = execution.mesh
+    compact = stream_layout == "compact" and mesh is None  # a mesh streams padded cohorts
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
     if donate is None:
         donate = checkpoint_dir is not None
@@ -268,220 +406,259 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         raise ValueError("donate: a donated chunk consumes its input state, so the last good "
                          "state before a NaN is kept only in the checkpoint; give "
                          "checkpoint_dir or donate=False")
-    state = algorithm.init(params, num_clients)
-    history: list = []
-    round_log: dict = {}
-    compile_s = run_s = 0.0
-    if resume:
-        if checkpoint_dir is None or not ckpt.exists(checkpoint_dir):
-            raise FileNotFoundError(f"resume: no checkpoint in checkpoint_dir={checkpoint_dir!r}")
-        state, meta = ckpt.restore(checkpoint_dir, state)
-        _check_meta(meta, checkpoint_dir)
-        history, round_log = meta["history"], meta.get("round_metrics", {})
-        compile_s, run_s = meta.get("compile_seconds", 0.0), meta.get("run_seconds", 0.0)
+    clock = CompileClock().start()  # every compile from here on counts
+    try:
+        state = algorithm.init(params, num_clients)
+        history: list = []
+        round_log: dict = {}
+        compile_before = run_s = 0.0  # a resumed run's seconds, from its checkpoint
+        if resume:
+            if checkpoint_dir is None or not ckpt.exists(checkpoint_dir):
+                raise FileNotFoundError(f"resume: no checkpoint in "
+                                        f"checkpoint_dir={checkpoint_dir!r}")
+            state, meta = ckpt.restore(checkpoint_dir, state)
+            _check_meta(meta, checkpoint_dir)
+            history, round_log = meta["history"], meta.get("round_metrics", {})
+            compile_before = meta.get("compile_seconds", 0.0)
+            run_s = meta.get("run_seconds", 0.0)
 
-    client_log: dict = {}  # metric -> [E] list of per-client arrays [N]
-    if resume:
-        client_log = _load_client_history(checkpoint_dir, len(history), num_clients)
-    if mesh is not None:  # replicated server state, client table split by client
-        state = sharding.put(state, sharding.state_shardings(mesh, state))
-        key = sharding.put(key, sharding.replicated(mesh))
+        client_log: dict = {}  # metric -> [E] list of per-client arrays [N]
+        if resume:
+            client_log = _load_client_history(checkpoint_dir, len(history), num_clients)
+        if mesh is not None:  # replicated server state, client table split by client
+            state = sharding.put(state, sharding.state_shardings(mesh, state))
+            key = sharding.put(key, sharding.replicated(mesh))
 
-    def save(state):
-        if jax.process_count() > 1:  # every process gathers; process 0 writes
-            state = sharding.to_host(state)
-            if jax.process_index() != 0:
-                return
-        ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
-                                          "compile_seconds": compile_s, "run_seconds": run_s})
-        ckpt.save_arrays(checkpoint_dir, CLIENT_HISTORY,
-                         {k: np.stack(v) for k, v in client_log.items()})
+        def save(state):
+            if jax.process_count() > 1:  # every process gathers; process 0 writes
+                state = sharding.to_host(state)
+                if jax.process_index() != 0:
+                    return
+            ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
+                                              "compile_seconds": compile_before + clock.seconds,
+                                              "run_seconds": run_s})
+            ckpt.save_arrays(checkpoint_dir, CLIENT_HISTORY,
+                             {k: np.stack(v) for k, v in client_log.items()})
 
-    def log_clients(per_client):
-        for k, v in per_client.items():
-            if k != "num_examples":
-                client_log.setdefault(k, []).append(np.asarray(v, np.float32))
+        def log_clients(per_client):
+            for k, v in per_client.items():
+                if k != "num_examples":
+                    client_log.setdefault(k, []).append(np.asarray(v, np.float32))
 
-    compiled: dict = {}
-    bar = _progress(progress, num_rounds, int(state.round), description)
-    drawn = step_budgets if isinstance(step_budgets, StepBudgets) else None
-    if drawn is not None:  # a function, closed over; tables are the arguments otherwise
-        step_budgets = None
-    data_layout = None
-    if mesh is not None:
-        data_layout, note = sharding.federation_shardings(mesh, data)
-        if note and log:
-            log(note)
+        compiled: dict = {}
+        bar = _progress(progress, num_rounds, int(state.round), description)
+        drawn = step_budgets if isinstance(step_budgets, StepBudgets) else None
+        if drawn is not None:  # a function, closed over; tables are the arguments otherwise
+            step_budgets = None
+        data_layout = None
+        if mesh is not None:
+            data_layout, note = sharding.federation_shardings(mesh, data)
+            if note and log:
+                log(note)
 
-    def program(length: int, padded_size: Optional[int] = None):
-        """The compiled chunk program: resident data (padded_size None) or streamed."""
-        nonlocal compile_s
-        name = (length, padded_size)
-        if name not in compiled:
-            bar.set_postfix_str("compiling")
-            t = time.perf_counter()
-            donated = (0,) if donate else ()
-            if padded_size is None:
-                fn = jax.jit(lambda s, d, k, b: simulate(
-                    algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
-                    sampler=sampler, step_budgets=drawn or b, execution=execution),
-                    donate_argnums=donated)
-                args = (state, _abstract(data, data_layout), key,
-                        step_budgets if mesh is None else _abstract(step_budgets,
-                                                                    _replicated(mesh)))
-            else:
-                fn = jax.jit(lambda s, c, k: simulate_cohorts(algorithm, s, c, k,
-                                                               execution=execution),
-                             donate_argnums=donated)
-                shapes = _cohort_shapes(data.train, length, cohort_size, padded_size)
-                args = (state, _abstract(shapes, None if mesh is None
-                                          else sharding.cohort_shardings(mesh, shapes)), key)
-            # the program never calls ``init``: algorithms that differ only there (the
-            # CLI's per-seed FedEvg / FedCVAE initial states) share their programs
-            signature = (algorithm._replace(init=None), length, padded_size, cohort_size,
-                         sampler, drawn, execution, donate, _signature(args))
-            compiled[name] = _PROGRAMS.get(signature)
-            if compiled[name] is None:  # not compiled by an earlier run of this process
-                compiled[name] = fn.lower(*args).compile()
-                _PROGRAMS.put(signature, compiled[name])
-            compile_s += time.perf_counter() - t
-            bar.set_postfix_str("")
-        return compiled[name]
+        def program(length: int, padded_size: Optional[int] = None,
+                    num_rows: Optional[int] = None):
+            """The compiled chunk program: resident data (padded_size None) or streamed,
+            padded to ``padded_size`` rows per client, or compact (``num_rows`` rows)."""
+            name = (length, padded_size, num_rows)
+            if name not in compiled:
+                bar.set_postfix_str("compiling")
+                t = time.time()
+                donated = (0,) if donate else ()
+                if padded_size is None:
+                    fn = jax.jit(lambda s, d, k, b: simulate(
+                        algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
+                        sampler=sampler, step_budgets=drawn or b, execution=execution),
+                        donate_argnums=donated)
+                    args = (state, _abstract(data, data_layout), key,
+                            step_budgets if mesh is None else _abstract(step_budgets,
+                                                                        _replicated(mesh)))
+                elif num_rows is not None:
+                    fn = jax.jit(lambda s, c, k: _simulate_compact(
+                        algorithm, s, c, k, padded_size, execution), donate_argnums=donated)
+                    args = (state, mem.compact_chunk_shapes(data.train.examples, length,
+                                                            cohort_size, num_rows), key)
+                else:
+                    fn = jax.jit(lambda s, c, k: simulate_cohorts(algorithm, s, c, k,
+                                                                   execution=execution),
+                                 donate_argnums=donated)
+                    shapes = _cohort_shapes(data.train, length, cohort_size, padded_size)
+                    args = (state, _abstract(shapes, None if mesh is None
+                                              else sharding.cohort_shardings(mesh, shapes)), key)
+                # the program never calls ``init``: algorithms that differ only there (the
+                # CLI's per-seed FedEvg / FedCVAE initial states) share their programs
+                signature = (algorithm._replace(init=None), length, padded_size, num_rows,
+                             cohort_size, sampler, drawn, execution, donate,
+                             _signature(args))
+                compiled[name] = _PROGRAMS.get(signature)
+                if compiled[name] is None:  # not compiled by an earlier run of this process
+                    compiled[name] = fn.lower(*args).compile()
+                    _PROGRAMS.put(signature, compiled[name])
+                clock.add(t, time.time())  # the whole lower + compile, Python included
+                bar.set_postfix_str("")
+            return compiled[name]
 
-    # ---- memory plan, before any data moves to the device
-    devices = 1 if mesh is None else mesh.devices.size
-    capacity = ((mem.device_capacity() if mesh is None else mem.mesh_capacity(mesh))
-                if memory_limit is None else int(memory_limit))
-    first = max(1, min(eval_every, num_rounds - int(state.round)))
-    plan = None
-    if placement in ("auto", "device"):
-        evaluated = (data.test, data.validation)
-        resident = (mem.tree_bytes(evaluated) if mesh is None else sharding.device_bytes(
-            evaluated, sharding.federation_shardings(mesh, data)[0][1:]))
-        plan = mem.MemoryPlan("device", resident, mem.program_bytes(program(first)),
-                              capacity, devices)
-        if not plan.fits and placement == "device":
-            bar.close()
-            raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
-                                    "memory and stream each chunk's cohorts, or a smaller "
-                                    "cohort_size / chunk_size.")
-    if plan is None or not plan.fits:
-        # Planned at the worst case, every cohort padded to the federation's M; the
-        # chunks then compile per size bucket actually sampled (at most M).
-        plan = mem.MemoryPlan("host", 0, mem.program_bytes(
-            program(first, data.train.mask.shape[1])), capacity, devices)
-        if not plan.fits:
-            bar.close()
-            raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower "
-                                    "eval_every (rounds per chunk), cohort_size, or use "
-                                    "execution='chunked' with a smaller chunk_size.")
-    if log:
-        log(plan.describe())
+        # ---- the evaluator, compiled ahead of time in a background thread while the
+        # first chunk program compiles below (one device; XLA releases the GIL)
+        eval_programs = _compile_evaluators(model, algorithm, state, data, num_clients,
+                                            placement, validate) if mesh is None else {}
 
-    if plan.placement == "device":
-        put = jax.device_put if mesh is None else sharding.put
-        data = put(data, data_layout)
-        step_budgets = None if step_budgets is None else put(step_budgets, _replicated(mesh))
-    else:
-        data = _host(data)
-        step_budgets = None if step_budgets is None else np.asarray(step_budgets)
-        sizes = data.train.num_examples
+        # ---- memory plan, before any data moves to the device
+        devices = 1 if mesh is None else mesh.devices.size
+        capacity = ((mem.device_capacity() if mesh is None else mem.mesh_capacity(mesh))
+                    if memory_limit is None else int(memory_limit))
+        first = max(1, min(eval_every, num_rounds - int(state.round)))
+        plan = None
+        if placement in ("auto", "device"):
+            evaluated = (data.test, data.validation)
+            resident = (mem.tree_bytes(evaluated) if mesh is None else sharding.device_bytes(
+                evaluated, sharding.federation_shardings(mesh, data)[0][1:]))
+            plan = mem.MemoryPlan("device", resident, mem.program_bytes(program(first)),
+                                  capacity, devices)
+            if not plan.fits and placement == "device":
+                bar.close()
+                raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
+                                        "memory and stream each chunk's cohorts, or a smaller "
+                                        "cohort_size / chunk_size.")
+        if plan is None or not plan.fits:
+            # Planned at the worst case, every cohort padded to the federation's M; the
+            # chunks then compile per size bucket actually sampled (at most M).
+            plan = mem.MemoryPlan("host", 0, mem.program_bytes(
+                program(first, data.train.mask.shape[1])), capacity, devices)
+            if not plan.fits:
+                bar.close()
+                raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower "
+                                        "eval_every (rounds per chunk), cohort_size, or use "
+                                        "execution='chunked' with a smaller chunk_size.")
+        if log:
+            log(plan.describe())
 
-    split_by_client = (mesh is not None and plan.placement == "device"
-                       and num_clients % sharding.num_shards(mesh) == 0)
-    evaluate = make_state_evaluator(model, algorithm.personal, algorithm.evaluated_params,
-                                    mesh if split_by_client else None)
-    all_ids = np.arange(num_clients, dtype=np.int32)  # host: valid on every process
-
-    def evaluate_split(state, split: ClientData) -> dict:
         if plan.placement == "device":
-            return sharding.to_host(evaluate(state, split, all_ids))
-        return _evaluate_in_chunks(evaluate, state, split, 256, _replicated(mesh))
+            put = jax.device_put if mesh is None else sharding.put
+            data = put(data, data_layout)
+            step_budgets = None if step_budgets is None else put(step_budgets, _replicated(mesh))
+        else:
+            data = _host(data)
+            step_budgets = None if step_budgets is None else np.asarray(step_budgets)
+            sizes = data.train.num_examples
 
-    def evaluate_now(state):
-        """Per-client test metrics and the summary of test (and validation) accuracy."""
-        per_client = evaluate_split(state, data.test)
-        summary = split_summary(per_client, "test")
-        if validate:  # a validation split without examples has nothing to summarise
-            summary.update(split_summary(evaluate_split(state, data.validation),
-                                         "validation"))
-        return per_client, summary
+        split_by_client = (mesh is not None and plan.placement == "device"
+                           and num_clients % sharding.num_shards(mesh) == 0)
+        evaluate = make_state_evaluator(model, algorithm.personal, algorithm.evaluated_params,
+                                        mesh if split_by_client else None)
+        all_ids = np.arange(num_clients, dtype=np.int32)  # host: valid on every process
 
-    if not history:
-        first_clients, summary = evaluate_now(state)
-        log_clients(first_clients)
-        history.append({"round": 0, **summary})
-        if on_eval:
-            on_eval(history[-1])
-        if checkpoint_dir:
-            save(state)
+        def evaluator(name: str):
+            """The ahead-of-time compiled evaluator of split ``name`` when it was compiled
+            for this placement, else the jitted one."""
+            pending = eval_programs.get((name, plan.placement))
+            if pending is not None:
+                try:
+                    return pending.result()
+                except Exception:  # noqa: BLE001 (the jitted path reports any real error)
+                    eval_programs.pop((name, plan.placement))
+            return evaluate
 
-    per_client = None
-    if donate:  # the program may consume only buffers the state alone owns
-        state = _own_buffers(state, params)
-    while int(state.round) < num_rounds:
-        r0 = int(state.round)
-        length = min(eval_every, num_rounds - r0)
-        if plan.placement == "device":
-            fn = program(length)
-            t = time.perf_counter()
-            new_state, metrics = fn(state, data, key, step_budgets)
-        else:  # sampling, gathering and the transfer count as run time
-            t = time.perf_counter()
-            ids = sample_client_ids(key, r0, length, num_clients, cohort_size, sampler)
-            m = mem.size_bucket(sizes[ids].max(), data.train.mask.shape[1])
-            tables = (budget_tables(drawn, key, r0, length, sizes) if drawn is not None
-                      else step_budgets)
-            cohorts = gather_cohorts(data.train, ids, tables, m)
-            cohorts = (jax.device_put(cohorts) if mesh is None
-                       else sharding.put(cohorts, sharding.cohort_shardings(mesh, cohorts)))
-            t_compile = time.perf_counter()
-            fn = program(length, m)
-            t += time.perf_counter() - t_compile  # a first compile is not run time
-            new_state, metrics = fn(state, cohorts, key)
-        metrics = sharding.to_host(metrics)
-        finite = metrics["finite"]
-        run_s += time.perf_counter() - t
-        if not finite.all():
-            bad = r0 + int(np.argmin(finite)) + 1
-            bar.close()
-            where = f", saved in {checkpoint_dir}" if checkpoint_dir else ""
-            if donate:  # the chunk consumed its input: the checkpoint holds it
-                state, _ = ckpt.restore(checkpoint_dir, algorithm.init(params, num_clients))
-            raise NonFiniteError(bad, r0, state, where)
-        _check_table(new_state)
-        state = new_state
-        for name in ("train_loss", "update_norm", "improved_fraction"):
-            if name in metrics:
-                round_log.setdefault(name, []).extend(np.asarray(metrics[name]).tolist())
-        if on_rounds:
-            on_rounds(r0, {k: np.asarray(v) for k, v in metrics.items()})
-        per_client, summary = evaluate_now(state)
-        log_clients(per_client)
-        entry = {"round": int(state.round), **summary, "seconds": run_s,
-                 "train_loss": round_log["train_loss"][-1]}
-        history.append(entry)
-        if on_eval:
-            on_eval(entry)
-        if checkpoint_dir:
-            save(state)
-        bar.update(length)
-        bar.set_postfix(acc=f"{summary['accuracy_mean']:.3f}",
-                        worst10=f"{summary['accuracy_worst_10%']:.3f}")
-        if stop_requested() and int(state.round) < num_rounds:
-            bar.close()
-            raise Interrupted(int(state.round), checkpoint_dir)
-    bar.close()
-    if per_client is None:
-        per_client, _ = evaluate_now(state)
-    table = (table_memory(algorithm.client_table, state.client_states)
-             if algorithm.client_table is not None else None)
-    return RunResult(state=state, history=history, client_metrics=per_client,
-                     round_metrics={k: np.asarray(v) for k, v in round_log.items()},
-                     compile_seconds=compile_s, run_seconds=run_s, memory=plan,
-                     evaluated=algorithm.evaluates, client_table=table,
-                     client_history={"round": np.asarray([h["round"] for h in history]),
-                                     **{k: np.stack(v) for k, v in client_log.items()}})
+        def evaluate_split(state, split: ClientData, name: str) -> dict:
+            if plan.placement == "device":
+                return sharding.to_host(evaluator(name)(state, split, all_ids))
+            return _evaluate_in_chunks(evaluator(name), state, split, _EVAL_CLIENTS,
+                                       _replicated(mesh))
+
+        def evaluate_now(state):
+            """Per-client test metrics and the summary of test (and validation) accuracy."""
+            per_client = evaluate_split(state, data.test, "test")
+            summary = split_summary(per_client, "test")
+            if validate:  # a validation split without examples has nothing to summarise
+                summary.update(split_summary(evaluate_split(state, data.validation,
+                                                            "validation"), "validation"))
+            return per_client, summary
+
+        if not history:
+            first_clients, summary = evaluate_now(state)
+            log_clients(first_clients)
+            history.append({"round": 0, **summary})
+            if on_eval:
+                on_eval(history[-1])
+            if checkpoint_dir:
+                save(state)
+
+        per_client = None
+        if donate:  # the program may consume only buffers the state alone owns
+            state = _own_buffers(state, params)
+        while int(state.round) < num_rounds:
+            r0 = int(state.round)
+            length = min(eval_every, num_rounds - r0)
+            if plan.placement == "device":
+                fn = program(length)
+                t = time.perf_counter()
+                new_state, metrics = fn(state, data, key, step_budgets)
+            else:  # sampling, gathering and the transfer count as run time
+                t = time.perf_counter()
+                ids = sample_client_ids(key, r0, length, num_clients, cohort_size, sampler)
+                m = mem.size_bucket(sizes[ids].max(), data.train.mask.shape[1])
+                tables = (budget_tables(drawn, key, r0, length, sizes) if drawn is not None
+                          else step_budgets)
+                if compact:  # the real rows only, read through offsets in the program
+                    budgets = _cohort_budgets(ids, tables)
+                    cohorts = jax.device_put(mem.compact_chunk(
+                        data.train.examples, sizes, ids, budgets, m))
+                    rows = cohorts.rows[next(iter(cohorts.rows))].shape[0]
+                else:
+                    cohorts = gather_cohorts(data.train, ids, tables, m)
+                    cohorts = (jax.device_put(cohorts) if mesh is None else
+                               sharding.put(cohorts, sharding.cohort_shardings(mesh, cohorts)))
+                    rows = None
+                t_compile = time.perf_counter()
+                fn = program(length, m, rows)
+                t += time.perf_counter() - t_compile  # a first compile is not run time
+                new_state, metrics = fn(state, cohorts, key)
+            metrics = sharding.to_host(metrics)
+            finite = metrics["finite"]
+            run_s += time.perf_counter() - t
+            if not finite.all():
+                bad = r0 + int(np.argmin(finite)) + 1
+                bar.close()
+                where = f", saved in {checkpoint_dir}" if checkpoint_dir else ""
+                if donate:  # the chunk consumed its input: the checkpoint holds it
+                    state, _ = ckpt.restore(checkpoint_dir, algorithm.init(params, num_clients))
+                raise NonFiniteError(bad, r0, state, where)
+            _check_table(new_state)
+            state = new_state
+            for name in ("train_loss", "update_norm", "improved_fraction"):
+                if name in metrics:
+                    round_log.setdefault(name, []).extend(np.asarray(metrics[name]).tolist())
+            if on_rounds:
+                on_rounds(r0, {k: np.asarray(v) for k, v in metrics.items()})
+            per_client, summary = evaluate_now(state)
+            log_clients(per_client)
+            entry = {"round": int(state.round), **summary, "seconds": run_s,
+                     "train_loss": round_log["train_loss"][-1]}
+            history.append(entry)
+            if on_eval:
+                on_eval(entry)
+            if checkpoint_dir:
+                save(state)
+            bar.update(length)
+            bar.set_postfix(acc=f"{summary['accuracy_mean']:.3f}",
+                            worst10=f"{summary['accuracy_worst_10%']:.3f}")
+            if stop_requested() and int(state.round) < num_rounds:
+                bar.close()
+                raise Interrupted(int(state.round), checkpoint_dir)
+        bar.close()
+        if per_client is None:
+            per_client, _ = evaluate_now(state)
+        table = (table_memory(algorithm.client_table, state.client_states)
+                 if algorithm.client_table is not None else None)
+        return RunResult(state=state, history=history, client_metrics=per_client,
+                         round_metrics={k: np.asarray(v) for k, v in round_log.items()},
+                         compile_seconds=compile_before + clock.seconds, run_seconds=run_s,
+                         memory=plan,
+                         evaluated=algorithm.evaluates, client_table=table,
+                         client_history={"round": np.asarray([h["round"] for h in history]),
+                                         **{k: np.stack(v) for k, v in client_log.items()}})
+    finally:
+        clock.stop()
 
 
 CLIENT_HISTORY = "client_history.npz"
@@ -614,7 +791,8 @@ def _own_buffers(state, params):
     def own(x):
         shared = id(x) in theirs or id(x) in seen
         seen.add(id(x))
-        return jnp.array(x, copy=True) if shared else x
+        return x if not shared else (jax.device_put(x, may_alias=False)  # no compile
+                                     if isinstance(x, jax.Array) else jnp.array(x, copy=True))
 
     return jax.tree.map(own, state)
 

@@ -1033,3 +1033,25 @@ def test_compare_resume_runs_the_missing_seeds_as_one_program(tmp_path, monkeypa
                           if l.startswith(("| fed", "| qff"))]
     assert strip(os.path.join(out, "comparison.md")) == strip(
         os.path.join(fresh, "comparison.md"))
+
+
+def test_run_turns_on_the_persistent_compilation_cache_unless_off(tmp_path, monkeypatch):
+    """``run`` points jax's compilation cache at $FEDJAX_FAIR_COMPILATION_CACHE; "off"
+    leaves it off, and a directory the user gave jax is kept."""
+    import jax
+    saved = (jax.config.jax_compilation_cache_dir,
+             jax.config.jax_persistent_cache_min_compile_time_secs)
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        monkeypatch.setenv(cli.COMPILATION_CACHE_ENV, "off")
+        cli._persistent_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir is None
+        monkeypatch.setenv(cli.COMPILATION_CACHE_ENV, str(tmp_path / "xla"))
+        cli._persistent_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+        cli._persistent_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])

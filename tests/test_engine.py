@@ -501,6 +501,48 @@ def test_run_compiles_once_per_chunk_length(reference_run):
     assert result.compile_seconds > 0.0 and result.run_seconds > 0.0
 
 
+def _union(spans):
+    total, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b > end:
+            total, end = total + b - max(a, end), b
+    return total
+
+
+def test_compile_seconds_counts_every_compile_of_the_run():
+    """``compile_seconds`` covers every XLA compile during ``run`` (the chunk programs,
+    the evaluator of a model not evaluated before, one-off ops), as jax reports them,
+    and no more than the run's wall clock."""
+    import time
+    from fedjax_fair.runner import CompileClock
+    spans = []
+
+    def listener(event, start, end, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            spans.append((start, end))
+
+    model = helpers.logreg()  # a fresh model: its evaluator compiles in this run
+    alg = fedavg(model, client_lr=0.1, batch_size=4, num_epochs=1)
+    jax.monitoring.register_event_time_span_listener(listener)
+    try:
+        t0 = time.time()
+        result = run(alg, PARAMS, DATA, jax.random.key(3), model=model, num_rounds=3,
+                     cohort_size=3, eval_every=2, progress=False)
+        t1 = time.time()
+    finally:
+        jax.monitoring.unregister_event_time_span_listener(listener)
+    # (a persistent compilation cache, which the command line turns on, may serve
+    # some programs without a backend compile: then they have no span to count)
+    assert result.compile_seconds > 0.0
+    assert result.compile_seconds >= _union(spans) - 1e-6
+    assert result.compile_seconds <= t1 - t0
+    # the clock merges nested and concurrent spans: it counts no second twice
+    clock = CompileClock()
+    for a, b in ((0.0, 2.0), (1.0, 3.0), (0.5, 1.0), (5.0, 6.0)):
+        clock.add(a, b)
+    assert clock.seconds == pytest.approx(4.0)
+
+
 def test_a_second_run_of_the_same_algorithm_reuses_its_programs():
     """Runs of one algorithm object on data of the same shapes (a compare's seeds)
     compile each chunk program once per process; another seed still gives its own

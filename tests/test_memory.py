@@ -139,3 +139,35 @@ def test_a_plan_that_cannot_fit_stops_before_anything_runs(tmp_path):
     assert not os.path.exists(out)  # nothing was evaluated or saved
     with pytest.raises(ValueError, match="placement"):
         _run("gpu")
+
+
+def test_compact_chunk_holds_only_real_rows_and_views_equal_the_padded_cohorts():
+    data = _skewed()
+    ids = np.array([[4, 0, 6], [1, 5, 3]], np.int32)  # a big client, an empty one
+    m = mem.size_bucket(np.asarray(data.train.num_examples)[ids].max(),
+                        data.train.mask.shape[1])
+    padded = gather_cohorts(data.train, ids, None, m)
+    chunk = mem.compact_chunk(data.train.examples, data.train.num_examples, ids,
+                              padded.local_steps, m)
+    real = int(np.asarray(data.train.num_examples)[ids].sum())
+    assert chunk.rows["x"].shape[0] == mem.row_bucket(real + m) < ids.size * m * 2
+    for r in range(ids.shape[0]):
+        views = jax.jit(lambda o, s: mem.compact_views(chunk.rows, o, s, m))(
+            chunk.offsets[r], chunk.sizes[r])
+        for a, b in zip(jax.tree.leaves(views), jax.tree.leaves(
+                jax.tree.map(lambda v: v[r], padded.data))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_streamed_compact_layout_equals_the_padded_layout():
+    """Both streamed layouts give the same run (and the resident run's)."""
+    compact, padded = _plain_run("host"), _run("host", stream_layout="padded")
+    helpers.assert_trees_close(compact.state.params, padded.state.params, rtol=1e-6,
+                               atol=1e-7)
+    for name in ("accuracy", "loss"):
+        np.testing.assert_allclose(compact.client_metrics[name], padded.client_metrics[name],
+                                   rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(compact.round_metrics["train_loss"],
+                               padded.round_metrics["train_loss"], rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="stream_layout"):
+        _run("host", stream_layout="ragged")

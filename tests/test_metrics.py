@@ -349,3 +349,32 @@ def test_calibration_errors_match_a_literal_binning():
                                               jnp.stack([labels[:100], labels[100:]]),
                                               jnp.stack([mask[:100], mask[100:]]))
     assert per_client[0].shape == (2,)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_summary_equals_the_jittable_metrics(weighted):
+    """The host summary (NumPy) gives what the jittable metrics give, ties included
+    (values on a coarse grid, so groups cut through runs of equal values)."""
+    rng = np.random.default_rng(3)
+    a = (rng.integers(0, 11, 257) / 10).astype(np.float32)
+    w = rng.integers(0, 5, 257).astype(np.float32) if weighted else None
+    s = M.fairness_summary(a, weights=w, fractions=(0.05, 0.1, 0.5))
+    expected = {"mean": M.mean(a), "std": M.std(a), "variance": M.variance(a),
+                "gini": M.gini(a), "angle": M.angle_to_uniform(a),
+                "kl_to_uniform": M.kl_to_uniform(a)}
+    if weighted:
+        expected["weighted_mean"] = M.weighted_mean(a, w)
+    for f, tag in ((0.05, "5%"), (0.1, "10%"), (0.5, "50%")):
+        expected[f"worst_{tag}"] = M.worst_k(a, f, w)
+        expected[f"best_{tag}"] = M.best_k(a, f, w)
+        expected[f"parity_gap_{tag}"] = M.parity_gap(a, f, w)
+        if weighted:
+            expected[f"worst_{tag}_unweighted"] = M.worst_k(a, f)
+            expected[f"best_{tag}_unweighted"] = M.best_k(a, f)
+    assert set(s) == set(expected)
+    for key, value in expected.items():
+        np.testing.assert_allclose(s[key], float(value), rtol=2e-6, atol=2e-6, err_msg=key)
+    # a summary compiles nothing
+    before = M._group_kernel._cache_size()
+    M.fairness_summary(rng.random(123), weights=w[:123] if weighted else None)
+    assert M._group_kernel._cache_size() == before

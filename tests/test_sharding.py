@@ -215,6 +215,27 @@ def check_runner_uneven():
     return out
 
 
+def check_runner_auto():
+    """``runner.run`` with ``auto`` and no mesh, in a process with several CPU devices:
+    the cohort and federation go over every device (execution.auto_mesh), with the
+    results of one device's ``sequential`` run."""
+    import jax
+    import numpy as np
+    from fedjax_fair import runner
+    from fedjax_fair.algorithms.fedavg import fedavg
+    from fedjax_fair.execution import Execution
+    data, model, params = _setup()
+    runs = [runner.run(fedavg(model, batch_size=4), params, data, jax.random.key(0),
+                       model=model, num_rounds=3, cohort_size=8, eval_every=3,
+                       progress=False, execution=ex)
+            for ex in (Execution("sequential"), Execution("auto"))]
+    return {"state_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                              for a, b in zip(*(jax.tree.leaves(r.state) for r in runs))),
+            "accuracy_diff": float(np.max(np.abs(runs[0].client_metrics["accuracy"]
+                                                 - runs[1].client_metrics["accuracy"]))),
+            "plan_devices": [r.memory.devices for r in runs]}
+
+
 def jax_leaves(tree):
     import jax
     return jax.tree.leaves(tree)
@@ -276,7 +297,7 @@ def _assert_split_by_client(table: dict, num_clients: int = 16) -> None:
 
 @pytest.fixture(scope="module")
 def default_checks():
-    return run_checks("gather", "fedavg", "afedpd", "runner", "cli")
+    return run_checks("gather", "fedavg", "afedpd", "runner", "runner_auto", "cli")
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +358,12 @@ def test_runner_over_a_mesh_with_a_federation_that_does_not_split(slow_checks):
     _assert_runs_equal(streamed)
     _assert_split_by_client(streamed["table"])
     assert any("cohorts streamed" in line for line in streamed["log"])
+
+
+def test_runner_auto_uses_every_cpu_device_with_the_same_results(default_checks):
+    r = default_checks["runner_auto"]
+    assert r["plan_devices"] == [1, DEVICES]
+    assert r["state_diff"] < TOL and r["accuracy_diff"] < 1e-6
 
 
 def test_cli_devices_flag_runs_sharded_with_the_same_results(default_checks):

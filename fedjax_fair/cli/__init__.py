@@ -392,7 +392,6 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
     import jax
     from fedjax_fair import runner
-    from fedjax_fair.execution import Execution
     from fedjax_fair.heterogeneity import parse as parse_budgets
     from fedjax_fair import sampling
     params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
@@ -404,8 +403,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                             on_eval=on_eval, description=description,
                             placement=cfg.placement, log=log,
-                            execution=Execution(cfg.execution, cfg.chunk_size,
-                                                C.mesh_of(cfg.devices)),
+                            execution=C.execution_of(cfg),
                             on_rounds=on_rounds)
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
@@ -560,6 +558,9 @@ def _other_process(cfg):
 def cmd_run(args) -> int:
     cfg = _other_process(run_config(args))
     C.validate_run(cfg)
+    if cfg.plots:  # matplotlib's import overlaps the run instead of following it
+        _import_in_background("matplotlib.figure", "matplotlib.backends.backend_agg")
+    _persistent_compilation_cache()
     out = cfg.resolved_output_dir()
     ckdir = cfg.resolved_checkpoint_dir()
     cfg_dict = _ordered_config(cfg)
@@ -601,13 +602,17 @@ def cmd_run(args) -> int:
             for row in report.round_rows(first_round, metrics):
                 f.write(report.to_json(row) + "\n")
 
-    from fedjax_fair.runner import Interrupted, NonFiniteError, stop_on_signals
+    from fedjax_fair.runner import CompileClock, Interrupted, NonFiniteError, stop_on_signals
+    import jax
+    with CompileClock() as init_clock:  # simulate_one's jit(model.init) then hits the cache
+        jax.jit(model.init).lower(jax.random.key(cfg.seed)).compile()
     try:
         with stop_on_signals():
             result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                                   resume=cfg.resume, progress=cfg.progress,
                                   description=f"{cfg.algorithm}", on_eval=on_eval,
                                   on_rounds=on_rounds)
+        result.compile_seconds += init_clock.seconds  # the model's init counts too
     except NonFiniteError as e:
         where = f"kept in {ckdir}" if ckdir else "not saved (checkpoints are off)"
         report.write_json(os.path.join(out, "summary.json"), {
@@ -656,6 +661,44 @@ def cmd_run(args) -> int:
               f"{sel['validation_accuracy_mean']:.4f}); test accuracy there: average "
               f"{sel['accuracy_mean']:.4f}, worst 10% {sel['accuracy_worst_10%']:.4f}")
     return 0
+
+
+COMPILATION_CACHE_ENV = "FEDJAX_FAIR_COMPILATION_CACHE"
+
+
+def _persistent_compilation_cache() -> None:
+    """``run`` keeps XLA's compiled programs in jax's persistent compilation cache, so
+    running a job again (more rounds, another seed or learning rate of the same shapes)
+    loads its programs instead of compiling them; the same executables, the same
+    results. The directory is ``$FEDJAX_FAIR_COMPILATION_CACHE`` (default
+    ``~/.cache/fedjax_fair/xla``; ``off`` disables it); a cache directory the user gave
+    jax (``JAX_COMPILATION_CACHE_DIR``) is used as it is."""
+    import jax
+    if jax.config.jax_compilation_cache_dir:
+        return
+    path = os.environ.get(COMPILATION_CACHE_ENV, os.path.join(
+        os.path.expanduser("~"), ".cache", "fedjax_fair", "xla"))
+    if path.strip().lower() in ("", "0", "off", "none", "false"):
+        return
+    jax.config.update("jax_compilation_cache_dir", path)
+    # the evaluator and the model's init compile in well under jax's default 1 s
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+
+def _import_in_background(*modules: str) -> None:
+    """Imports ``modules`` in a daemon thread (the run's device work releases the GIL);
+    a failed import is left for the code that needs the module to report."""
+    import importlib
+    import threading
+
+    def load():
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001
+                return
+
+    threading.Thread(target=load, name="fedjax-fair-import", daemon=True).start()
 
 
 def _method_report(name: str, model, alg, result, ds) -> dict:
@@ -904,14 +947,13 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
     back}``, or {} when the program does not fit the device (the caller then runs
     each seed with ``runner.run``, which streams cohorts from the host)."""
     from fedjax_fair import sampling
-    from fedjax_fair.execution import Execution
     from fedjax_fair.heterogeneity import parse as parse_budgets
     from fedjax_fair.sweep import run_seeds
     runs = run_seeds(
         alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
         cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,
         sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
-        execution=Execution(cfg.execution, cfg.chunk_size),
+        execution=C.execution_of(cfg),
         step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
         inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log)
     if runs is None:

@@ -566,6 +566,18 @@ def check_devices(devices) -> None:
         raise error_from_message(str(e), "devices") from None
 
 
+def execution_of(cfg):
+    """The ``Execution`` of a config: ``execution`` and ``chunk_size`` over the mesh of
+    ``devices``. ``devices`` 1 keeps ``auto`` on one device even where JAX has several
+    CPU devices (``auto`` alone would split the cohort over them,
+    ``execution.auto_mesh``)."""
+    from fedjax_fair.execution import Execution, resolve
+    mesh, strategy = mesh_of(cfg.devices), cfg.execution
+    if mesh is None and strategy == "auto":
+        strategy = resolve("auto", cfg.cohort_size)[0]
+    return Execution(strategy, cfg.chunk_size, mesh)
+
+
 def mesh_of(devices):
     """The mesh of a config's ``devices`` (None for one device)."""
     if devices == 1:
