@@ -28,6 +28,7 @@ table compares contenders within its own run).
 | primal_dual | not run | ``methods`` |
 | sharding | ``--cohort 100`` | defaults (8 CPU devices, cohort 1000; memory only) |
 | sweep | ``seeds --rounds 10`` | ``all`` (50 rounds) |
+| short_run | 50 rounds, one pair | 50 and 10 rounds, 3 pairs, and ``--devices all`` |
 | cpu_investigation | not run | ``all`` with ``--with-investigation`` |
 
 Every script gets this checkout's ``fedjax_fair`` first on ``PYTHONPATH`` (so the
@@ -60,6 +61,8 @@ SUITE = {
     "primal_dual": ("primal_dual.py", None, ["methods"]),
     "sharding": ("sharding.py", ["--cohort", "100"], []),
     "sweep": ("sweep.py", ["seeds", "--rounds", "10"], ["all"]),
+    "short_run": ("short_run.py", ["--rounds", "50", "--repeats", "1"],
+                  ["--rounds", "50", "10", "--repeats", "3", "--variant=--devices all"]),
     "cpu_investigation": ("cpu_investigation.py", None, ["all"]),
 }
 OPTIONAL = {"cpu_investigation"}  # only with --with-investigation
