@@ -70,12 +70,35 @@ def max_local_steps(padded_size: int, batch_size: int, num_epochs: int,
     return steps if max_steps is None else min(steps, max_steps)
 
 
+# Clients of at most this many stored rows sort their epoch orders as one packed
+# integer key (``epoch_order``): 8 bits of row index under 24 bits of score.
+PACKED_SORT_ROWS = 256
+# ``masked_steps`` gathers a lone client's batches before its step loop when they fit
+# in its stored rows (False: always in the loop; for benchmarks/step_overhead.py).
+PREGATHER = True
+
+
 def epoch_order(data: ClientData, shuffle_key: Array, epoch: Array, batch_size: int) -> Array:
     """Row order of one epoch: a permutation of the real rows, padded rows last,
-    drawn from ``fold_in(shuffle_key, epoch)`` and padded to a multiple of B."""
+    drawn from ``fold_in(shuffle_key, epoch)`` and padded to a multiple of B.
+
+    The order is the stable argsort of the scores ``uniform(fold_in(shuffle_key,
+    epoch), (M,))`` with padded rows scored 2. For M <= ``PACKED_SORT_ROWS`` it is
+    computed as ONE sort of uint32 keys ``m << 8 | row``: a float32 uniform is
+    ``m * 2^-23`` with m < 2^23 an integer, padded rows take m = 2^23, so the keys
+    order like (score, row), i.e. like the stable argsort, and the row is the key's
+    low byte. XLA:CPU sorts one primitive array about 4x faster than the argsort's
+    (score, index) pair with its comparator (~24 vs ~100 us per client for 4 epochs
+    of 200 rows; benchmarks/step_overhead.py), a per-client cost of every round.
+    """
     padded = data.mask.shape[0]
     scores = jax.random.uniform(jax.random.fold_in(shuffle_key, epoch), (padded,))
-    order = jnp.argsort(jnp.where(data.mask, scores, 2.0))
+    if padded <= PACKED_SORT_ROWS:
+        m = jnp.where(data.mask, scores * 2.0 ** 23, 2.0 ** 23).astype(jnp.uint32)
+        keys = (m << 8) | jnp.arange(padded, dtype=jnp.uint32)
+        order = (jnp.sort(keys) & 0xFF).astype(jnp.int32)
+    else:
+        order = jnp.argsort(jnp.where(data.mask, scores, 2.0))
     return jnp.pad(order, (0, math.ceil(padded / batch_size) * batch_size - padded))
 
 
@@ -83,14 +106,19 @@ def batch_from_orders(data: ClientData, orders: Array, step: Array, batch_size: 
     """The batch of local step ``step`` given every epoch's row order [E, slots]:
     (examples dict [B, ...], mask [B]). Positions at or past ``num_examples`` within
     the epoch are masked (the last batch of an epoch may be partial)."""
+    rows, batch_mask = batch_rows(data, orders, step, batch_size)
+    return {k: v[rows] for k, v in data.examples.items()}, batch_mask
+
+
+def batch_rows(data: ClientData, orders: Array, step: Array, batch_size: int):
+    """The row indices [B] and mask [B] of ``batch_from_orders``' batch."""
     n = data.num_examples
     spe = jnp.maximum(steps_per_epoch(n, batch_size), 1)
     epoch, i = step // spe, step % spe
     start = i * batch_size
     rows = jax.lax.dynamic_slice(orders[jnp.minimum(epoch, orders.shape[0] - 1)], (start,),
                                  (batch_size,))
-    batch_mask = (start + jnp.arange(batch_size)) < n
-    return {k: v[rows] for k, v in data.examples.items()}, batch_mask
+    return rows, (start + jnp.arange(batch_size)) < n
 
 
 def batch_at(data: ClientData, step: Array, shuffle_key: Array, batch_size: int):
@@ -209,19 +237,47 @@ def masked_steps(step: Callable, carry, data: ClientData, local_steps, key, *,
     spe = jnp.maximum(steps_per_epoch(data.num_examples, batch_size), 1)
     last_epoch_start = jnp.maximum(num_steps - 1, 0) // spe * spe
 
-    def one_step(state, t):
+    # Examples of more than 2 dimensions (images) are gathered from a [M, -1] view
+    # and reshaped back: the same batches, but XLA:CPU then passes the client's rows
+    # into the step loop without two layout copies of them per client (logreg /
+    # MLP on FEMNIST-shaped clients: ~100 us of ~500 us per client;
+    # benchmarks/step_overhead.py).
+    shapes = {k: v.shape for k, v in data.examples.items()}
+    flat = data._replace(examples={k: v.reshape(v.shape[0], -1) if v.ndim > 2 else v
+                                   for k, v in data.examples.items()})
+    ts = jnp.arange(length)
+    # A client running alone (no client vmap) whose batches hold at most its stored
+    # rows gathers every step's batch before the loop, in one gather from the
+    # cohort's rows, instead of copying its rows into the loop and gathering there
+    # (the same batches; no more memory than that copy).
+    pregather = (PREGATHER and execution.group_max(num_steps) is None
+                 and length * batch_size <= data.mask.shape[0])
+    if pregather:
+        rows, masks = jax.vmap(lambda t: batch_rows(data, orders, t, batch_size))(ts)
+        batches = {k: v[rows.reshape(-1)].reshape(length, batch_size, *v.shape[1:])
+                   for k, v in flat.examples.items()}
+        xs = (ts, batches, masks)
+    else:
+        xs = (ts,)
+
+    def one_step(state, x):
         inner, loss_sum = state
-        batch, batch_mask = batch_from_orders(data, orders, t, batch_size)
+        t = x[0]
+        if pregather:
+            batch, batch_mask = x[1], x[2]
+        else:
+            batch, batch_mask = batch_from_orders(flat, orders, t, batch_size)
+        batch = {k: v.reshape(batch_size, *shapes[k][1:]) for k, v in batch.items()}
         inner, batch_loss_sum = step(inner, batch, batch_mask, jax.random.fold_in(dropout_key, t))
         loss_sum = loss_sum + jnp.where(t >= last_epoch_start, batch_loss_sum,
                                         0.0).astype(loss_sum.dtype)
         return inner, loss_sum
 
-    def scan_step(state, t):
-        return skip_past(num_steps, one_step, state, t), None
+    def scan_step(state, x):
+        return skip_past(num_steps, lambda c, _: one_step(c, x), state, x[0]), None
 
     (carry, loss_sum), _ = jax.lax.scan(scan_step, (carry, jnp.zeros((), jnp.float32)),
-                                        jnp.arange(length), unroll=unroll)
+                                        xs, unroll=unroll)
     last_epoch_rows = jnp.minimum(data.num_examples, (num_steps - last_epoch_start) * batch_size)
     return carry, num_steps, loss_sum / jnp.maximum(last_epoch_rows, 1)
 
