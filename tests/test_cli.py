@@ -448,6 +448,7 @@ def test_generative_run_writes_its_synthetic_set_and_downstream_report(tmp_path,
     _png_ok(out / "synthetic_samples.png")
 
 
+@pytest.mark.slow
 def test_compare_of_generative_methods_gives_each_seed_its_initial_set(tmp_path):
     out = tmp_path / "cmp"
     assert cli.main(["compare", *DIGITS, "--algorithms", "fedevg,fedcvae", "--seeds", "0,1",
@@ -770,6 +771,7 @@ def test_unprepared_tfds_dataset_prints_the_whole_instruction(tmp_path, capsys):
     assert err.endswith("(or set $TFDS_DATA_DIR)")
 
 
+@pytest.mark.slow
 def test_memory_plan_prints_once_per_compare_and_no_progress_floods_in_logs(tmp_path,
                                                                              capsys):
     # capsys's stderr is not a terminal: no progress bars, hence no carriage returns.
@@ -1004,6 +1006,7 @@ def test_compare_seeds_as_one_program_equal_one_run_per_seed(tmp_path):
         os.path.join(runs, "comparison.md"))
 
 
+@pytest.mark.slow
 def test_compare_resume_runs_the_missing_seeds_as_one_program(tmp_path, monkeypatch):
     """A comparison interrupted after its first algorithm resumes with the missing
     seeds of the others run together; the table equals an uninterrupted one."""

@@ -993,6 +993,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_auto_splits_the_cohort_over_several_cpu_devices():
     """With two CPU devices, ``auto`` runs the cohort on both (a 2-partition program)
     and equals the one-device ``sequential`` round, also under vmap and grad."""

@@ -72,6 +72,7 @@ def test_budgets_are_redrawn_every_round_inside_one_program():
     helpers.assert_trees_close(s1.params, s2.params)
 
 
+@pytest.mark.slow
 def test_streamed_placement_draws_the_same_budgets():
     data = jax.tree.map(np.asarray, helpers.tiny_federation())
     model = helpers.logreg()
