@@ -373,9 +373,9 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     """
     # ---- the arguments, before anything is compiled, moved or written
     num_clients = data.num_clients
-    num_rounds = _count(num_rounds, "num_rounds")
-    eval_every = _count(eval_every, "eval_every")
-    cohort_size = _count(cohort_size, "cohort_size")
+    num_rounds = check_count(num_rounds, "num_rounds")
+    eval_every = check_count(eval_every, "eval_every")
+    cohort_size = check_count(cohort_size, "cohort_size")
     if cohort_size > num_clients:
         raise ValueError(f"cohort_size: {cohort_size} is more than the {num_clients} clients "
                          f"of the federation")
@@ -708,7 +708,7 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
     return out
 
 
-def _count(value, field: str) -> int:
+def check_count(value, field: str) -> int:
     """A positive Python / NumPy integer as an int (booleans and floats refused)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{field}: must be an integer >= 1, got {type(value).__name__} "

@@ -57,6 +57,7 @@ from fedjax_fair import algorithms, execution as _execution, sampling
 from fedjax_fair import metrics as fairness
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.evaluation import make_state_evaluator
+from fedjax_fair.runner import check_count
 from fedjax_fair.simulate import simulate
 from fedjax_fair.types import ClientData, FederatedData
 
@@ -134,16 +135,6 @@ class SweepResult(NamedTuple):
 
 
 # ------------------------------------------------------------------ validation
-
-
-def check_count(value, field: str) -> int:
-    """A positive Python / NumPy integer as an int, else an error naming ``field``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{field}: must be an integer >= 1, got {type(value).__name__} "
-                        f"{value!r}")
-    if value < 1:
-        raise ValueError(f"{field}: must be an integer >= 1, got {value}")
-    return int(value)
 
 
 def check_seeds(seeds) -> np.ndarray:
