@@ -114,7 +114,7 @@ from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import get_dataset
 from fedjax_fair.models import mlp
 from fedjax_fair.runner import run
-cohort, strategy = int(sys.argv[1]), sys.argv[2]
+cohort, strategy, aggregation = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 def rss():
     with open("/proc/self/status") as f:
         d = dict(l.split(":", 1) for l in f)
@@ -123,7 +123,13 @@ ds = get_dataset("femnist_like", num_clients=cohort, min_examples=20, max_exampl
                  test_examples=5)
 model = mlp(ds.input_shape, ds.num_classes)
 params = jax.jit(model.init)(jax.random.key(0))
-alg = fedavg(model, client_lr=0.05, batch_size=20, num_epochs=1)
+# "stacked": the same weights without their per-client form, so the round stacks
+# every client's update [K, d] before the server step (the layout before streaming)
+from fedjax_fair.mixing import by_num_examples
+mixing = by_num_examples()
+mixing = mixing if aggregation == "streamed" else mixing._replace(logit=None)
+alg = fedavg(model, client_lr=0.05, batch_size=20, num_epochs=1, mixing=mixing)
+assert alg.streamed == (aggregation == "streamed")
 before = rss()[1]
 lines = []
 t = time.perf_counter()
@@ -140,30 +146,34 @@ print(json.dumps({"data_rss": before, "peak_rss": rss()[1], "plan": lines[-1],
 def cohort_peaks(cohorts) -> None:
     """Peak RSS (VmHWM) of one FedAvg round of the MLP 784-200-200-62 over every client
     of a femnist_like federation of ``cohort`` clients (20 rows each, one local step
-    of 20), in a fresh subprocess per (cohort, strategy), run as the CLI runs it (a
-    checkpoint directory, the chunk program donating the state): the runner's printed
-    memory plan beside what the process actually peaked at."""
+    of 20), in a fresh subprocess per (cohort, strategy, aggregation), run as the CLI
+    runs it (a checkpoint directory, the chunk program donating the state): the
+    runner's printed memory plan beside what the process actually peaked at.
+    Aggregation "streamed" (the default: updates summed as the clients finish) and
+    "stacked" (every update held [K, d] for the server step) side by side."""
     import json
     import os
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    print("| cohort | execution | data GiB (RSS before the run) | peak RSS GiB | "
+    print("| cohort | execution | aggregation | data GiB (RSS before the run) | peak RSS GiB | "
           "run s (1 round) | compile s | memory plan printed before allocation |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for cohort in cohorts:
+        cases = [("chunked", "streamed"), ("chunked", "stacked"), ("sequential", "streamed")]
         # vmap holds every client's parameters and gradients at once: at 10,000
-        # clients (over 8 GiB of parameters alone) only chunked is run
-        for strategy in ("chunked", "vmap") if cohort <= 1000 else ("chunked",):
-            proc = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(cohort), strategy],
-                                  env=env, capture_output=True, text=True)
+        # clients (over 8 GiB of parameters alone) it is not run
+        cases += [("vmap", "streamed")] if cohort <= 1000 else []
+        for strategy, aggregation in cases:
+            proc = subprocess.run([sys.executable, "-c", _PEAK_CHILD, str(cohort), strategy,
+                                   aggregation], env=env, capture_output=True, text=True)
             if proc.returncode:
                 tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
-                print(f"| {cohort} | {strategy} | - | failed: {tail} | - | - | - |")
+                print(f"| {cohort} | {strategy} | {aggregation} | - | failed: {tail} | - | - | - |")
                 continue
             r = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"| {cohort} | {strategy} | {r['data_rss'] / 2**30:.2f} | "
+            print(f"| {cohort} | {strategy} | {aggregation} | {r['data_rss'] / 2**30:.2f} | "
                   f"{r['peak_rss'] / 2**30:.2f} | {r['round_s']:.2f} | {r['compile_s']:.1f} | "
                   f"{r['plan']} |", flush=True)
 

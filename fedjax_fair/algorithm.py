@@ -38,6 +38,18 @@ One round, with Delta_k = theta^t - theta_k (the client's pseudo-gradient):
     theta^{t+1} = theta^t + server_opt(Delta)                     # optax.sgd(1.0): theta - Delta
     table <- scatter(drift(table), rows of the cohort)
 
+Streamed rounds: when the mixing rule is separable (``MixingRule.logit``: client
+k's weight from its own output) and the aggregator has a ``stream`` form, and no
+``drift`` reads the outputs, the map over clients folds each client's terms of the
+aggregate into running sums as it finishes (aggregators.STREAM_SUM, a log-sum-exp
+fold per client, chunk and device) and stacks only its small outputs: a round never
+holds the K updates [K, d] (``FederatedAlgorithm.streamed``). FedAvg, FedProx,
+the FedOpt family, FedSAM, q-FFL, TERM, PropFair, FedSoftMax, FedNova's aggregation
+and the personalised FedAvg-style methods stream (their personal rows are still
+stacked, to be written to the table); rules that read every update or keep
+per-client server tables (MGDA, DQN-Fed, AFL, AAggFF, FedMax, SCAFFOLD, the
+primal-dual family) stack them. Both forms give the same round up to float rounding (tested).
+
 Randomness: client k trains with ``fold_in(key, k)`` (cohort order never matters);
 the server pieces get ``fold_in(key, SERVER_KEY_ID)``.
 """
@@ -50,10 +62,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import client_states as tables
-from fedjax_fair.aggregators import Aggregator, weighted_mean
+from fedjax_fair.aggregators import STREAM_SUM, Aggregator, weighted_mean
 from fedjax_fair.client import data_loss
 from fedjax_fair.execution import map_clients
-from fedjax_fair.mixing import MixingRule, by_num_examples
+from fedjax_fair.mixing import MixingRule, by_num_examples, tiered_softmax
 from fedjax_fair.types import Broadcast, ClientUpdate, Cohort, ServerContext
 
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
@@ -75,6 +87,9 @@ class FederatedAlgorithm(NamedTuple):
     client_table: Optional[tables.ClientTable] = None
     evaluated_params: Optional[Callable] = None
     client_rows: Optional[Callable] = None  # (state, client_ids) -> rows [n, ...]
+    # True when a round sums the clients' updates as they finish (aggregators.Stream)
+    # instead of stacking them [K, ...]
+    streamed: bool = False
 
     @property
     def evaluates(self) -> str:
@@ -139,22 +154,33 @@ def compose(client_update: ClientUpdate, *,
                            aggregator_state=aggregator.init(params, num_clients),
                            client_states=cs, round=jnp.zeros((), jnp.int32))
 
+    streamed = (getattr(mixing, "logit", None) is not None
+                and getattr(aggregator, "stream", None) is not None and drift is None)
+
     def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
         k = cohort.client_ids.shape[0]
         keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(cohort.client_ids)
         cs = rows(state.client_states, cohort.client_ids) if stateful else ()
         payload = Broadcast(state.params, state.round,
                             broadcast(state) if broadcast is not None else ())
-        run_clients = map_clients(lambda b, xs: client_update(b, *xs), execution, k)
-        outputs, new_cs = run_clients(payload, (cs, cohort.data, cohort.local_steps, keys),
-                                      sizes=cohort.data.num_examples)
-
         ctx = ServerContext(params=state.params, round=state.round,
                             key=jax.random.fold_in(key, SERVER_KEY_ID),
                             client_ids=cohort.client_ids, client_mask=cohort.client_mask)
-        weights, mixing_state = mixing.update(state.mixing_state, outputs, ctx)
-        direction, agg_state, info = aggregator.aggregate(state.aggregator_state, outputs,
-                                                          weights, ctx)
+        per_client = (cs, cohort.data, cohort.local_steps, keys)
+        if streamed:
+            (outputs, new_cs, logits, stats), (_, _, sums) = map_clients(
+                streamed_client, execution, k, reduce=STREAM_SUM)(
+                    (payload, ctx), (*per_client, cohort.client_mask),
+                    sizes=cohort.data.num_examples)
+            weights, mixing_state = tiered_softmax(*logits), state.mixing_state
+            direction, agg_state, info = aggregator.stream.finish(
+                state.aggregator_state, sums, outputs, stats, weights, ctx)
+        else:
+            run_clients = map_clients(lambda b, xs: client_update(b, *xs), execution, k)
+            outputs, new_cs = run_clients(payload, per_client, sizes=cohort.data.num_examples)
+            weights, mixing_state = mixing.update(state.mixing_state, outputs, ctx)
+            direction, agg_state, info = aggregator.aggregate(state.aggregator_state, outputs,
+                                                              weights, ctx)
         updates, opt_state = server_optimizer.update(direction, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         client_table = state.client_states
@@ -181,6 +207,17 @@ def compose(client_update: ClientUpdate, *,
                                 state.round + 1)
         return new_state, metrics
 
+    def streamed_client(shared, xs):
+        """One client's update, split into what is stacked over the cohort (its
+        output without the delta, its new row, the mixing rule's (tier, logit) and the
+        aggregator's stats) and its terms of the streamed sums (aggregators.Stream)."""
+        payload, ctx = shared
+        *per_client, in_cohort = xs
+        out, row = client_update(payload, *per_client)
+        tier, z = mixing.logit(out, in_cohort)
+        z_term, summands, stats = aggregator.stream.term(out, z, ctx)
+        return (out._replace(delta=None), row, (tier, z), stats), (tier, z_term, summands)
+
     def rows(client_states, client_ids):
         """The clients' rows as they see them (fresh rows for clients never written)."""
         stored = table.gather(client_states, client_ids)
@@ -203,7 +240,7 @@ def compose(client_update: ClientUpdate, *,
     return FederatedAlgorithm(init, apply, personal if personal_params is not None else None,
                               table if stateful else None, evaluated_params,
                               (lambda state, ids: rows(state.client_states, ids)) if stateful
-                              else None)
+                              else None, streamed)
 
 
 def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:

@@ -154,22 +154,74 @@ def local_step_unroll(uses_xla_conv: bool, backend: Optional[str] = None) -> int
     return True if (uses_xla_conv and backend == "cpu") else 1
 
 
-def _map_chunks(fn: Callable, xs, chunk_size: int):
+class Reduction(NamedTuple):
+    """How ``map_clients(..., reduce=)`` combines a per-client value as the clients
+    finish, instead of stacking it over the cohort (aggregators.STREAM_SUM).
+
+    ``fold(batch)``: the elements of a tree with leading axis n combined into one
+    element (associative and commutative, so chunks, sequential chains and devices
+    may combine in any grouping). ``empty(shapes)``: the identity element for a tree
+    of element shapes (anything with ``.shape`` and ``.dtype``); it starts each fold
+    and stands in for a mesh's padding clients.
+    """
+
+    fold: Callable
+    empty: Callable
+
+
+def _fold_into(reduce: Reduction, acc, parts, batched: bool):
+    """``acc`` combined with one element ``parts`` (or a batch of them)."""
+    grow = (lambda p: p) if batched else (lambda p: p[None])
+    return reduce.fold(jax.tree.map(lambda a, p: jnp.concatenate([a[None], grow(p)]),
+                                    acc, parts))
+
+
+def _element_shapes(fn, arg, batched: bool):
+    """The shapes of one reduced element of ``fn(arg) -> (out, parts)``."""
+    parts = jax.eval_shape(fn, arg)[1]
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:] if batched else s.shape,
+                                                       s.dtype), parts)
+
+
+def _map_rows(fn: Callable, xs, reduce: Optional[Reduction], batched: bool):
+    """``lax.map`` of ``fn`` over the leading axis of ``xs``. With ``reduce``, ``fn``
+    returns ``(out, parts)``: ``out`` is stacked, ``parts`` (one element, or a batch
+    of them if ``batched``) folded into a running element carried by a ``lax.scan``,
+    so no [rows, ...] stack of them is ever built."""
+    if reduce is None:
+        return jax.lax.map(fn, xs)
+    first = jax.tree.map(lambda v: v[0], xs)
+
+    def body(acc, x):
+        out, parts = fn(x)
+        return _fold_into(reduce, acc, parts, batched), out
+
+    acc, out = jax.lax.scan(body, reduce.empty(_element_shapes(fn, first, batched)), xs)
+    return out, acc
+
+
+def _map_chunks(fn: Callable, xs, chunk_size: int, reduce: Optional[Reduction] = None):
     """``fn`` (batched over a leading axis) over chunks of ``chunk_size`` rows of ``xs``
-    with ``lax.map``; a last partial chunk runs as one extra call."""
+    with ``lax.map``; a last partial chunk runs as one extra call. With ``reduce``,
+    ``fn`` returns ``(out, parts)`` and ``parts`` are folded (``_map_rows``)."""
     k = jax.tree.leaves(xs)[0].shape[0]
     full = k - k % chunk_size
     head = jax.tree.map(lambda v: v[:full].reshape(full // chunk_size, chunk_size, *v.shape[1:]),
                         xs)
-    out = jax.tree.map(lambda v: v.reshape(full, *v.shape[2:]), jax.lax.map(fn, head))
-    if full == k:
-        return out
-    tail = fn(jax.tree.map(lambda v: v[full:], xs))
-    return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+    mapped = _map_rows(fn, head, reduce, batched=True)
+    out, acc = mapped if reduce is not None else (mapped, None)
+    out = jax.tree.map(lambda v: v.reshape(full, *v.shape[2:]), out)
+    if full < k:
+        tail = fn(jax.tree.map(lambda v: v[full:], xs))
+        if reduce is not None:
+            tail, parts = tail
+            acc = _fold_into(reduce, acc, parts, batched=True)
+        out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+    return out if reduce is None else (out, acc)
 
 
 def map_clients(fn: Callable, execution: Union[str, Execution, None],
-                cohort_size: int) -> Callable:
+                cohort_size: int, reduce: Optional[Reduction] = None) -> Callable:
     """Maps ``fn(shared, *per_client)`` over the leading axis of ``per_client``.
 
     ``shared`` (the server parameters) is broadcast to every client; every leaf of
@@ -178,15 +230,38 @@ def map_clients(fn: Callable, execution: Union[str, Execution, None],
     [K] (client sizes) orders the clients into buckets under ``"bucketed"``;
     other strategies ignore it. Under ``execution.mesh`` each device maps its share
     of the cohort (``sharding.map_sharded``) with the strategy.
+
+    ``reduce``: ``fn`` returns ``(out, part)``; ``mapped`` returns ``(outs, total)``
+    with ``outs`` stacked as above and ``total`` every client's ``part`` folded by
+    the ``Reduction``: inside a vmapped group, along a sequential chain or over
+    chunks (a ``lax.scan`` carry), then over the mesh's devices. No [K, ...] stack
+    of the parts is built, so a round's memory does not grow with K times their
+    size (a client's whole update, for ``compose``'s streamed aggregation).
     """
     execution = as_execution(execution)
     mesh = execution.mesh
     if mesh is None and execution.strategy == "auto":
         mesh = auto_mesh(cohort_size)
     if mesh is None:
-        return _map_local(fn, execution, cohort_size)
-    local = _map_local(fn, execution, sharding.per_device(cohort_size, mesh))
-    return sharding.map_sharded(local, mesh, cohort_size)
+        return _map_local(fn, execution, cohort_size, reduce)
+    if reduce is not None:  # a padding client's part is the identity
+        fn = _padding_folds_nothing(fn, reduce)
+    local = _map_local(fn, execution, sharding.per_device(cohort_size, mesh), reduce)
+    return sharding.map_sharded(local, mesh, cohort_size,
+                                fold=None if reduce is None else reduce.fold)
+
+
+def _padding_folds_nothing(fn: Callable, reduce: Reduction) -> Callable:
+    """``fn`` taking ``(per_client, real)``: where ``real`` is False (a mesh's padding
+    client) its part is replaced by the reduction's identity."""
+
+    def padded(shared, xs):
+        per_client, real = xs
+        out, part = fn(shared, per_client)
+        empty = reduce.empty(part)
+        return out, jax.tree.map(lambda p, e: jnp.where(real, p, e), part, empty)
+
+    return padded
 
 
 def auto_mesh(cohort_size: int, backend: Optional[str] = None) -> Optional[jax.sharding.Mesh]:
@@ -215,7 +290,8 @@ def auto_mesh(cohort_size: int, backend: Optional[str] = None) -> Optional[jax.s
                              axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def _map_local(fn: Callable, execution: Execution, cohort_size: int) -> Callable:
+def _map_local(fn: Callable, execution: Execution, cohort_size: int,
+               reduce: Optional[Reduction] = None) -> Callable:
     """``map_clients`` on one device: the strategy over ``cohort_size`` clients."""
     strategy, chunk_size = resolve(execution.strategy, cohort_size,
                                    chunk_size=execution.chunk_size)
@@ -223,15 +299,17 @@ def _map_local(fn: Callable, execution: Execution, cohort_size: int) -> Callable
 
     def mapped(shared, per_client, sizes=None):
         if strategy == "vmap":
-            return vmapped(shared, per_client)
+            out = vmapped(shared, per_client)
+            return out if reduce is None else (out[0], reduce.fold(out[1]))
         if strategy == "sequential":
-            return jax.lax.map(lambda xs: fn(shared, xs), per_client)
+            return _map_rows(lambda xs: fn(shared, xs), per_client, reduce, batched=False)
         if strategy == "chunked" or sizes is None:
-            return _map_chunks(lambda xs: vmapped(shared, xs), per_client, chunk_size)
+            return _map_chunks(lambda xs: vmapped(shared, xs), per_client, chunk_size, reduce)
         order = jnp.argsort(sizes, stable=True)
         out = _map_chunks(lambda xs: vmapped(shared, xs),
-                          jax.tree.map(lambda v: v[order], per_client), chunk_size)
+                          jax.tree.map(lambda v: v[order], per_client), chunk_size, reduce)
         inverse = jnp.argsort(order)
-        return jax.tree.map(lambda v: v[inverse], out)
+        unsort = lambda tree: jax.tree.map(lambda v: v[inverse], tree)
+        return unsort(out) if reduce is None else (unsort(out[0]), out[1])
 
     return mapped

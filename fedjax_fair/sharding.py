@@ -221,22 +221,37 @@ def gather_clients(tree, client_ids, mesh: Mesh):
     return unpad(gathered, k)
 
 
-def map_sharded(local, mesh: Mesh, cohort_size: int):
+def map_sharded(local, mesh: Mesh, cohort_size: int, fold=None):
     """``local(shared, per_client, sizes)`` (mapping a device's share of clients)
     run over the ``clients`` axis of ``mesh`` with ``jax.shard_map``.
 
     Returns ``mapped(shared, per_client, sizes)`` on the whole cohort: inputs and
     outputs have leading axis ``cohort_size``. ``shared`` is replicated; the cohort
-    is padded to a multiple of the shard count and the padding dropped again."""
+    is padded to a multiple of the shard count and the padding dropped again.
+
+    ``fold`` (a ``Reduction``'s, execution.py): ``local`` takes ``(per_client,
+    real)``, ``real`` [K] False on the padding, and returns ``(outs, total)``; the
+    devices' totals are folded into one (XLA gathers the D partial totals)."""
     size = padded_size(cohort_size, num_shards(mesh))
-    body = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(CLIENTS), P(CLIENTS)),
-                         out_specs=P(CLIENTS), axis_names=frozenset({CLIENTS}),
+    if fold is None:
+        per_device_fn, out_specs = local, P(CLIENTS)
+    else:
+        def per_device_fn(shared, per_client, sizes):
+            out, total = local(shared, per_client, sizes)
+            return out, jax.tree.map(lambda t: t[None], total)
+        out_specs = (P(CLIENTS), P(CLIENTS))
+    body = jax.shard_map(per_device_fn, mesh=mesh, in_specs=(P(), P(CLIENTS), P(CLIENTS)),
+                         out_specs=out_specs, axis_names=frozenset({CLIENTS}),
                          check_vma=False)
 
     def mapped(shared, per_client, sizes=None):
-        out = body(shared, pad_clients(per_client, size),
-                   None if sizes is None else pad_clients(sizes, size))
-        return unpad(out, cohort_size)
+        per_client = pad_clients(per_client, size)
+        if fold is not None:
+            per_client = (per_client, jnp.arange(size) < cohort_size)
+        out = body(shared, per_client, None if sizes is None else pad_clients(sizes, size))
+        if fold is None:
+            return unpad(out, cohort_size)
+        return unpad(out[0], cohort_size), fold(out[1])
 
     return mapped
 

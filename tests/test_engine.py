@@ -153,6 +153,27 @@ def test_map_clients_chunked_matches_vmap_on_a_plain_function():
     chex.assert_trees_all_close(out, ref)
 
 
+SUM = execution.Reduction(
+    fold=lambda batch: jax.tree.map(lambda v: jnp.sum(v, axis=0), batch),
+    empty=lambda shapes: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+
+@pytest.mark.parametrize("strategy,chunk_size", [
+    ("vmap", None), ("chunked", 3), ("chunked", 7), ("sequential", None),
+    ("bucketed", 2), ("bucketed", None)])
+def test_map_clients_folds_a_reduction_as_the_clients_finish(strategy, chunk_size):
+    # fn returns (stacked output, part to fold): the fold over every strategy equals
+    # the sum of the stacked parts, and the stacked outputs keep cohort order
+    fn = lambda shared, xs: (shared * xs[0], {"v": xs[1] * shared, "n": xs[0]})
+    xs = (jnp.arange(7.0), jnp.arange(14.0).reshape(7, 2))
+    sizes = jnp.array([5, 1, 4, 1, 9, 2, 6])
+    out, total = jax.jit(execution.map_clients(fn, Execution(strategy, chunk_size), 7,
+                                               reduce=SUM))(jnp.float32(2.0), xs, sizes)
+    np.testing.assert_allclose(out, 2.0 * np.arange(7.0))
+    np.testing.assert_allclose(total["v"], 2.0 * np.arange(14.0).reshape(7, 2).sum(0))
+    np.testing.assert_allclose(total["n"], np.arange(7.0).sum())
+
+
 def _count_steps(strategy, counts, chunk_size=None):
     """Steps each client takes through client.skip_past, and the traced program."""
     def fn(shared, count):

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.mixing import MixingRule, exponentiated, loss_rule
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 HPARAMS = {"beta": H.NONNEGATIVE, "k": H.Range(0.0, None, low_open=True, static=True), **CLIENT_HPARAMS}
@@ -171,8 +171,7 @@ def fedsoftmax_mixing(beta=5.0, *, weight_by_size: bool = True,
     """FedSoftMax as a stateless ``MixingRule``: alpha ∝ p_i exp(beta l_i)."""
     H.check(HPARAMS, beta=beta)
     _check_source(loss_source)
-    return loss_rule(lambda out, mask: fedsoftmax_weights(
-        client_losses(out, loss_source), size_prior(out, weight_by_size), mask, beta))
+    return exponentiated(lambda out: beta * client_losses(out, loss_source), weight_by_size)
 
 
 def fedmax(model, *, loss_source: str = "last_epoch", client_lr: Rate = 0.1,

@@ -64,7 +64,7 @@ class PrimalDualState(NamedTuple):
 
     mean_dual: lambda-bar^t, parameter-shaped.
     average: theta-bar^t, the last cohort average (theta^0 before the first round).
-    inv_num_clients: float32 [] 1 / N.
+    inv_num_clients: [] 1 / N in the default float type (float64 under x64).
     """
 
     mean_dual: object
@@ -120,7 +120,7 @@ def primal_dual_aggregator(rho, rule: str) -> Aggregator:
 
     def init(params, num_clients):
         return PrimalDualState(zero_dual(params), params,
-                               jnp.asarray(1.0 / num_clients, jnp.float32))
+                               jnp.asarray(1.0 / num_clients, jnp.result_type(float)))
 
     def aggregate(state: PrimalDualState, outputs, weights, ctx):
         mean_delta = weighted_sum(outputs.delta, weights)  # theta^t - theta-bar^{t+1}
@@ -128,7 +128,7 @@ def primal_dual_aggregator(rho, rule: str) -> Aggregator:
         if rule == "virtual":
             moved = mean_delta
         else:  # the participants' duals moved, the others' did not
-            share = ctx.client_mask.astype(jnp.float32) * state.inv_num_clients
+            share = ctx.client_mask.astype(state.inv_num_clients.dtype) * state.inv_num_clients
             moved = weighted_sum(outputs.delta, share)
         mean_dual = jax.tree.map(lambda lam, m: lam - rho * m, state.mean_dual, moved)
         # theta^{t+1} = theta-bar^{t+1} + (dual term) / rho: the mean dual, or the

@@ -52,7 +52,7 @@ from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, Transform,
                                            client_training, fedavg)
 from fedjax_fair.client import masked_mean
-from fedjax_fair.mixing import MixingRule, loss_rule, prior, size_prior
+from fedjax_fair.mixing import MixingRule, exponentiated, prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE, **CLIENT_HPARAMS}
@@ -82,15 +82,18 @@ def propfair_weights(losses, prior, mask, baseline=2.0, eps=0.2):
     eps : float or traced scalar
         Smallest utility M - F_k used (clip for F_k >= M - eps).
     """
-    utility = jnp.maximum(baseline - jnp.asarray(losses, jnp.float32), eps)
-    return exponentiated_gradient(-jnp.log(utility), prior, mask)
+    return exponentiated_gradient(_response(losses, baseline, eps), prior, mask)
+
+
+def _response(losses, baseline, eps):
+    """-log max(M - F_k, eps), PropFair's exponentiated-gradient response."""
+    return -jnp.log(jnp.maximum(baseline - jnp.asarray(losses, jnp.float32), eps))
 
 
 def propfair_mixing(baseline=2.0, *, eps=0.2, weight_by_size: bool = True) -> MixingRule:
     """PropFair's proportional-fairness weights as a stateless ``MixingRule``."""
     _check(baseline, eps)
-    return loss_rule(lambda out, mask: propfair_weights(
-        out.loss_before, size_prior(out, weight_by_size), mask, baseline, eps))
+    return exponentiated(lambda out: _response(out.loss_before, baseline, eps), weight_by_size)
 
 
 # ------------------------------------------------------------------ client form

@@ -51,14 +51,16 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, stateless, weighted_sum
+from fedjax_fair.aggregators import (Aggregator, ratio, stateless, stateless_stream,
+                                     weighted_sum)
 from fedjax_fair.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, Transform, check_client,
                                            fedavg)
 from fedjax_fair.client import round_value
-from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 MODES = ("faithful", "mixing")
@@ -106,14 +108,12 @@ def qffl_mixing(q=0.1, *, weight_by_size: bool = True) -> MixingRule:
     """The thesis's q-FFL mixing rule p_k ∝ n_k F_k^q (uniform prior if not
     ``weight_by_size``) as a stateless ``MixingRule``."""
     H.check(HPARAMS, q=q)
-    return loss_rule(lambda out, mask: qffl_weights(
-        out.loss_before, size_prior(out, weight_by_size), mask, q))
+    return exponentiated(lambda out: _q_log_loss(out.loss_before, q), weight_by_size)
 
 
 def prior_mixing(weight_by_size: bool = False) -> MixingRule:
     """pi_k: uniform over the participating clients that hold data, or ∝ n_k."""
-    return loss_rule(lambda out, mask: exponentiated_gradient(
-        jnp.zeros_like(out.loss_before, jnp.float32), size_prior(out, weight_by_size), mask))
+    return exponentiated(lambda out: 0.0, weight_by_size)
 
 
 def _per_client_sq_norms(deltas, keep):
@@ -180,7 +180,22 @@ def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
         # deltas: 10x slower at K = 1000, benchmarks/server_step.py).
         return weighted_sum(outputs.delta, coef), {"coefficients": coef}
 
-    return stateless(direction)
+    def term(out, z, ctx):
+        # client k's share of both sums carries pi_k F_k^q = exp(z_k + q log F_k);
+        # its denominator term is 1 + q L ||Delta_k||^2 / F_k (0 at F_k = 0 < q).
+        loss = _floats(out.loss_before)
+        sq = _floats(optax.tree.norm(out.delta, squared=True))
+        positive = loss > 0
+        curvature = jnp.where(positive, q * round_value(lipschitz, ctx.round) * sq
+                              / jnp.where(positive, loss, 1.0), 0.0)
+        return z + _q_log_loss(loss, q), (out.delta, 1.0 + curvature), sq
+
+    def finish(sums, outputs, sq, weights, ctx):
+        coef = qffl_coefficients(outputs.loss_before, jnp.where(weights > 0, sq, 0.0), weights,
+                                 q, round_value(lipschitz, ctx.round))
+        return ratio(*sums), {"coefficients": coef}
+
+    return stateless(direction, stream=stateless_stream(term, finish))
 
 
 def qffl(model, *, q: float = 0.1, mode: str = "faithful",

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.mixing import MixingRule, loss_rule, size_prior
+from fedjax_fair.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 HPARAMS = {"tilt": H.REAL, **CLIENT_HPARAMS}
@@ -59,8 +59,7 @@ def term_weights(losses, prior, mask, tilt):
 def term_mixing(tilt=0.1, *, weight_by_size: bool = True) -> MixingRule:
     """TERM's client-level tilt as a stateless ``MixingRule`` (see the module doc)."""
     H.check(HPARAMS, tilt=tilt)
-    return loss_rule(lambda out, mask: term_weights(
-        out.loss_before, size_prior(out, weight_by_size), mask, tilt))
+    return exponentiated(lambda out: tilt * out.loss_before, weight_by_size)
 
 
 def term(model, *, tilt: float = 0.1, weight_by_size: bool = True, client_lr: Rate = 0.1,
