@@ -203,12 +203,17 @@ def _map_rows(fn: Callable, xs, reduce: Optional[Reduction], batched: bool):
 def _map_chunks(fn: Callable, xs, chunk_size: int, reduce: Optional[Reduction] = None):
     """``fn`` (batched over a leading axis) over chunks of ``chunk_size`` rows of ``xs``
     with ``lax.map``; a last partial chunk runs as one extra call. With ``reduce``,
-    ``fn`` returns ``(out, parts)`` and ``parts`` are folded (``_map_rows``)."""
+    ``fn`` returns ``(out, parts)`` and ``parts`` are folded (``_map_rows``).
+
+    Each chunk is sliced out of ``xs`` inside the loop: a [chunks, chunk_size, ...]
+    reshape of the cohort's data would make XLA copy all of it (627 MiB for 1,000
+    MLP clients of 200 rows)."""
     k = jax.tree.leaves(xs)[0].shape[0]
     full = k - k % chunk_size
-    head = jax.tree.map(lambda v: v[:full].reshape(full // chunk_size, chunk_size, *v.shape[1:]),
-                        xs)
-    mapped = _map_rows(fn, head, reduce, batched=True)
+    chunk = lambda i: jax.tree.map(
+        lambda v: jax.lax.dynamic_slice_in_dim(v, i * chunk_size, chunk_size), xs)
+    mapped = _map_rows(lambda i: fn(chunk(i)), jnp.arange(full // chunk_size), reduce,
+                       batched=True)
     out, acc = mapped if reduce is not None else (mapped, None)
     out = jax.tree.map(lambda v: v.reshape(full, *v.shape[2:]), out)
     if full < k:
