@@ -20,6 +20,7 @@ table compares contenders within its own run).
 |---|---|---|
 | round_throughput | ``--quick`` (MLP, cohorts 10 and 100) | cohorts 10 ... 10,000 (CNN 10 ... 1,000), widths, every strategy and reference |
 | server_step | ``--quick`` (K = 10, 100) | K = 10, 100, 1000 |
+| streamed_aggregation | ``--quick`` (MLP, cohort 1,000, sequential) | MLP and logistic regression, cohorts 100 and 1,000, every strategy |
 | dqn_server_step | ``--quick`` | K = 10 ... 1000, d = 1e4 ... 1e7 |
 | table_memory | shapes only | shapes only |
 | skewed_federation | ``--quick`` | ``--quick`` on CPU (its defaults are GPU-sized) |
@@ -53,6 +54,7 @@ from timing import load_average  # noqa: E402
 SUITE = {
     "round_throughput": ("round_throughput.py", ["--quick"], []),
     "server_step": ("server_step.py", ["--quick"], []),
+    "streamed_aggregation": ("streamed_aggregation.py", ["--quick"], []),
     "dqn_server_step": ("dqn_server_step.py", ["--quick"], []),
     "table_memory": ("table_memory.py", [], []),
     "skewed_federation": ("skewed_federation.py", ["--quick"], None),  # full: see below
