@@ -961,6 +961,7 @@ def _run_files(root):
                   for d, _, files in os.walk(root) for f in files)
 
 
+@pytest.mark.slow  # heavy; the default run keeps test_sweep's run_seeds == runner.run per seed
 def test_compare_seeds_as_one_program_equal_one_run_per_seed(tmp_path):
     """``compare --seeds 0,1`` runs each algorithm's seeds through sweep.run_seeds; its
     files and numbers equal one runner.run per seed (``--sweep-seeds false``), with a
