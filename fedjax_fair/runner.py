@@ -782,19 +782,11 @@ def _check_meta(meta, directory: str) -> None:
 
 
 def _own_buffers(state, params):
-    """``state`` with a private copy of every leaf that is one of the caller's
-    ``params`` or appears twice in it (an aggregator keeping theta^0 as its average),
-    so donating the state never deletes an array someone else holds."""
-    theirs = {id(x) for x in jax.tree.leaves(params)}
-    seen: set = set()
-
-    def own(x):
-        shared = id(x) in theirs or id(x) in seen
-        seen.add(id(x))
-        return x if not shared else (jax.device_put(x, may_alias=False)  # no compile
-                                     if isinstance(x, jax.Array) else jnp.array(x, copy=True))
-
-    return jax.tree.map(own, state)
+    """``state`` with a private copy of every array that shares a device buffer with
+    one of the caller's ``params`` or with another leaf (an aggregator keeping theta^0
+    as its average; replicated copies of one array on a mesh), so donating the state
+    never deletes an array someone else holds (``sharding.unaliased``)."""
+    return sharding.unaliased(state, params)
 
 
 def check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size: int,

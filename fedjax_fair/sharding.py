@@ -381,7 +381,7 @@ def put(tree, shardings):
     if isinstance(shardings, jax.sharding.Sharding):
         shardings = jax.tree.map(lambda _: shardings, tree)
     if jax.process_count() == 1:
-        return jax.device_put(tree, shardings, may_alias=False)
+        return unaliased(jax.device_put(tree, shardings, may_alias=False), tree)
 
     def one(x, s):
         if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -391,6 +391,33 @@ def put(tree, shardings):
         return jax.make_array_from_callback(host.shape, s, lambda index: host[index])
 
     return jax.tree.map(one, tree, shardings)
+
+
+def buffers(x) -> set:
+    """The device buffers behind array ``x`` (one per addressable shard), as pointers;
+    empty for anything else."""
+    if not isinstance(x, jax.Array):
+        return set()
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    return {shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards}
+
+
+def unaliased(tree, avoid=()):
+    """``tree`` with a fresh copy of every array that shares a device buffer with an
+    array of ``avoid`` or with an earlier leaf of ``tree``. ``jax.device_put(...,
+    may_alias=False)`` of a one-device array to a replicated sharding keeps the source's
+    buffer as the shard on that device (jax 0.10), so two leaves put from one array
+    share it, and a program donating both fails ("donate the same buffer twice")."""
+    taken = set().union(*map(buffers, jax.tree.leaves(avoid)))
+
+    def fresh(x):
+        if taken & buffers(x):
+            x = jax.device_put(x, x.sharding, may_alias=False)
+        taken.update(buffers(x))
+        return x
+
+    return jax.tree.map(fresh, tree)
 
 
 def to_host(tree):
