@@ -269,24 +269,35 @@ def _padding_folds_nothing(fn: Callable, reduce: Reduction) -> Callable:
     return padded
 
 
-def auto_mesh(cohort_size: int, backend: Optional[str] = None) -> Optional[jax.sharding.Mesh]:
-    """The mesh ``auto`` splits a cohort over when no mesh is given: every local CPU
-    device when the backend is a CPU with more than one (a single-process job, a cohort
+def auto_mesh(cohort_size: int, backend: Optional[str] = None,
+              num_clients: Optional[int] = None) -> Optional[jax.sharding.Mesh]:
+    """The mesh ``auto`` splits a cohort over when no mesh is given: local CPU
+    devices when the backend is a CPU with more than one (a single-process job, a cohort
     of at least two clients); None otherwise (one device, accelerators, multi-host,
     or a cohort of one).
+
+    The mesh takes at most ``cohort_size`` devices (more would only compute padding
+    clients). With ``num_clients`` (a federation to be placed over the mesh, as
+    ``runner.run`` does) it takes the most devices that split the federation evenly,
+    so that each device holds its share instead of a copy of the whole federation
+    (``sharding.federation_shardings``); None when only one device would.
 
     On CPU each device runs its share of the clients as its own ``sequential`` chain
     on its own thread (2-core CPU, MLP cohort 100, benchmarks/cpu_investigation.py
     ``cores``: 1.9x one device's best round at load 3, 1.1-1.25x at load 4.5 when
     other jobs hold the cores; 13-15% fewer CPU seconds). The outputs equal the
     one-device round's to float rounding (sums over clients split into partial sums).
-    CPU devices are made before JAX starts (``jax_num_cpu_devices``); by default there
-    is one and ``auto`` runs unsharded.
+    CPU devices are made before JAX starts (``jax_num_cpu_devices``;
+    ``sharding.provide_cpu_devices``); by default there is one and ``auto`` runs
+    unsharded.
     """
     backend = backend or jax.default_backend()
     if backend != "cpu" or cohort_size < 2 or jax.process_count() > 1:
         return None
-    devices = jax.local_devices(backend="cpu")
+    devices = jax.local_devices(backend="cpu")[:cohort_size]
+    if num_clients is not None:
+        count = max(d for d in range(1, len(devices) + 1) if num_clients % d == 0)
+        devices = devices[:count]
     if len(devices) < 2:
         return None
     # the clients axis alone (no size-1 model axis): every axis of the mesh is then

@@ -35,7 +35,7 @@ from fedjax_fair import sharding
 from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.client_states import table_memory
 from fedjax_fair.evaluation import make_state_evaluator, state_evaluator_program
-from fedjax_fair.execution import as_execution, auto_mesh
+from fedjax_fair.execution import as_execution, auto_mesh, resolve
 from fedjax_fair.heterogeneity import UNLIMITED_STEPS, StepBudgets
 from fedjax_fair.simulate import (budget_tables, gather_cohorts, sample_client_ids, simulate,
                                   simulate_cohorts)
@@ -391,10 +391,13 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     if stream_layout not in ("compact", "padded"):
         raise ValueError(f"stream_layout: must be 'compact' or 'padded', got {stream_layout!r}")
     execution = as_execution(execution)
-    if (execution.mesh is None and execution.strategy == "auto"
-            and auto_mesh(cohort_size) is not None):
-        # several CPU devices: the federation and tables are placed over them too
-        execution = execution._replace(mesh=sharding.make_mesh())
+    if execution.mesh is None and execution.strategy == "auto":
+        # several CPU devices that split the federation: it and the client tables are
+        # placed over them too; else one device (the strategy fixed here, so that the
+        # round does not split its cohort over devices its arguments are not on)
+        mesh = auto_mesh(cohort_size, num_clients=num_clients)
+        execution = (execution._replace(mesh=mesh) if mesh is not None else
+                     execution._replace(strategy=resolve("auto", cohort_size)[0]))
     mesh = execution.mesh
     compact = stream_layout == "compact" and mesh is None  # a mesh streams padded cohorts
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)

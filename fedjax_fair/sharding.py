@@ -100,9 +100,9 @@ def provide_cpu_devices(devices) -> None:
 
     JAX's CPU backend has one device unless told otherwise before it starts, and one
     XLA:CPU device computes a round on about one core (docs/bench/cpu_investigation.md).
-    ``devices`` N > 1 asks for N CPU devices (at most one per core), "all" for one
-    per core, so that
-    ``--devices all`` on a multi-core CPU runs one chain of clients per core. Does
+    ``devices`` N > 1 asks for N CPU devices (at most one per core: ``usable_cores``),
+    "all" for one per core, so that ``--devices all`` (and the command line's default
+    ``auto``) on a multi-core CPU runs one chain of clients per core. Does
     nothing when the backends are already up, for ``devices`` 1, or when the user
     already chose the count (``JAX_NUM_CPU_DEVICES`` /
     ``--xla_force_host_platform_device_count``). Accelerators are unaffected: their
@@ -114,10 +114,28 @@ def provide_cpu_devices(devices) -> None:
     if (jax.config.jax_num_cpu_devices > 0
             or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")):
         return
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     count = cores if devices == "all" else int(devices)
     if 1 < count <= cores:  # more than the cores: only on the user's explicit request
         jax.config.update("jax_num_cpu_devices", count)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup (v2)
+    CPU quota, as in a container limited to a few CPUs of a large host
+    (``os.cpu_count`` counts the host's)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 def check_mesh(mesh) -> Mesh:

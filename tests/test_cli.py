@@ -606,7 +606,10 @@ def test_signal_stops_run_cleanly_and_resume_finishes_it(tmp_path, signal_name):
     import sys
     import time
     out, full = str(tmp_path / "run"), str(tmp_path / "full")
-    args = ["run", *TINY, "--num-rounds", "400", "--eval-every", "1", "--no-plots"]
+    # one device, as in this process (the default, auto, would split the cohort over
+    # the subprocess's CPU devices: equal to float rounding, not bit for bit)
+    args = ["run", *TINY, "--num-rounds", "400", "--eval-every", "1", "--no-plots",
+            "--devices", "1"]
     proc = subprocess.Popen([sys.executable, "-m", "fedjax_fair.cli", *args, "-o", out],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     meta = os.path.join(out, "checkpoint", "meta.json")
@@ -626,7 +629,7 @@ def test_signal_stops_run_cleanly_and_resume_finishes_it(tmp_path, signal_name):
     target = str(done + 2)
     assert cli.main(["run", "-o", out, "--resume", "--num-rounds", target, "--no-progress"]) == 0
     assert cli.main(["run", *TINY, "--num-rounds", target, "--eval-every", "1", "--no-plots",
-                     "-o", full]) == 0
+                     "--devices", "1", "-o", full]) == 0
     with open(os.path.join(full, "clients.csv")) as a, open(os.path.join(out, "clients.csv")) as b:
         assert a.read() == b.read()
 

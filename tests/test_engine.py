@@ -988,6 +988,9 @@ model, data = helpers.logreg(), helpers.tiny_federation()
 params = helpers.init_params(model, 0)
 cohort = helpers.cohort(data.train, (4, 0, 3, 1, 5))  # 5 clients over 2 devices: padded
 assert execution.auto_mesh(5) is not None and execution.auto_mesh(5).devices.size == 2
+# a federation to place: only devices that split it evenly (7 clients: none of 2)
+assert execution.auto_mesh(5, num_clients=6).devices.size == 2
+assert execution.auto_mesh(5, num_clients=7) is None
 
 def run(strategy, lr=0.5):
     alg = fedavg(model, batch_size=4, num_epochs=2, client_lr=lr)

@@ -229,11 +229,24 @@ def check_runner_auto():
                        model=model, num_rounds=3, cohort_size=8, eval_every=3,
                        progress=False, execution=ex)
             for ex in (Execution("sequential"), Execution("auto"))]
+    # 14 clients: the most of 8 devices that split them evenly is 7 (cohort 8);
+    # 13 clients split over none: one device, no copy of the federation on each
+    odd = {n: runner.run(fedavg(model, batch_size=4), params, _first(data, n),
+                         jax.random.key(0), model=model, num_rounds=2, cohort_size=8,
+                         eval_every=2, progress=False, execution=Execution("auto"))
+           for n in (14, 13)}
     return {"state_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                               for a, b in zip(*(jax.tree.leaves(r.state) for r in runs))),
             "accuracy_diff": float(np.max(np.abs(runs[0].client_metrics["accuracy"]
                                                  - runs[1].client_metrics["accuracy"]))),
-            "plan_devices": [r.memory.devices for r in runs]}
+            "plan_devices": [r.memory.devices for r in runs],
+            "odd_devices": {str(n): r.memory.devices for n, r in odd.items()}}
+
+
+def _first(data, n: int):
+    """The federation of ``data``'s first ``n`` clients."""
+    import jax
+    return jax.tree.map(lambda v: v[:n], data)
 
 
 def check_fresh_buffers():
@@ -274,7 +287,7 @@ def check_cli():
             "5", "--num-rounds", "2", "--eval-every", "1", "--no-progress", "--no-plots"]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for devices in ("1", "8"):
+        for devices in ("1", "8", "auto"):
             d = os.path.join(tmp, devices)
             code = cli.main(["run", *args, "--devices", devices, "-o", d])
             with open(os.path.join(d, "summary.json")) as f:
@@ -282,7 +295,16 @@ def check_cli():
             with open(os.path.join(d, "config.json")) as f:
                 saved = json.load(f)
             out[devices] = {"code": code, "final": summary["final"],
-                            "saved_devices": saved["devices"]}
+                            "saved_devices": saved["devices"],
+                            "used_devices": summary["devices"]}
+        # auto, stopped after a round and resumed: the uninterrupted auto run's clients
+        d = os.path.join(tmp, "resumed")
+        cli.main(["run", *args[:-6], "--num-rounds", "1", "--eval-every", "1",
+                  "--no-progress", "--no-plots", "-o", d])
+        code = cli.main(["run", "-o", d, "--resume", "--num-rounds", "2", "--no-progress"])
+        with open(os.path.join(d, "clients.csv")) as a, \
+                open(os.path.join(tmp, "auto", "clients.csv")) as b:
+            out["resumed"] = {"code": code, "same_clients": a.read() == b.read()}
     return out
 
 
@@ -389,16 +411,22 @@ def test_runner_over_a_mesh_with_a_federation_that_does_not_split(slow_checks):
 def test_runner_auto_uses_every_cpu_device_with_the_same_results(default_checks):
     r = default_checks["runner_auto"]
     assert r["plan_devices"] == [1, DEVICES]
+    assert r["odd_devices"] == {"14": 7, "13": 1}
     assert r["state_diff"] < TOL and r["accuracy_diff"] < 1e-6
 
 
 def test_cli_devices_flag_runs_sharded_with_the_same_results(default_checks):
     r = default_checks["cli"]
     assert all(v["code"] == 0 for v in r.values())
-    assert r["8"]["saved_devices"] == 8
+    assert r["8"]["saved_devices"] == 8 and r["8"]["used_devices"] == 8
+    # auto: the most devices that split the 16 clients, at most the cohort of 5
+    assert r["auto"]["saved_devices"] == "auto" and r["auto"]["used_devices"] == 4
+    assert r["1"]["used_devices"] == 1
+    assert r["resumed"] == {"code": 0, "same_clients": True}
     for k, v in r["1"]["final"].items():
         if isinstance(v, float):
             assert abs(r["8"]["final"][k] - v) < 1e-5, k
+            assert abs(r["auto"]["final"][k] - v) < 1e-5, k
 
 
 def test_put_gives_fresh_buffers_and_a_donated_run_over_a_mesh_survives(default_checks):
@@ -488,14 +516,16 @@ def test_cli_distributed_without_a_cluster_fails_before_compute(tmp_path, capsys
 def test_devices_config_value():
     import jax
     from fedjax_fair.cli import config as C
-    assert C.coerce("int|all", "all", "devices") == "all"
-    assert C.coerce("int|all", "8", "devices") == 8
-    assert C.coerce("int|all", 8, "devices") == 8
+    assert C.coerce("devices", "all", "devices") == "all"
+    assert C.coerce("devices", "Auto", "devices") == "auto"
+    assert C.coerce("devices", "8", "devices") == 8
+    assert C.coerce("devices", 8, "devices") == 8
     with pytest.raises(C.ConfigError, match="^devices:"):
-        C.coerce("int|all", "many", "devices")
-    assert C.mesh_of(1) is None
-    if jax.device_count() == 1:  # one device: "all" needs no mesh
-        assert C.mesh_of("all") is None
+        C.coerce("devices", "many", "devices")
+    assert C.RunConfig().devices == "auto" and C.CompareConfig().devices == "auto"
+    assert C.mesh_of(1, 50, 100) is None
+    if jax.device_count() == 1:  # one device: "all" and "auto" need no mesh
+        assert C.mesh_of("all", 50, 100) is None and C.mesh_of("auto", 50, 100) is None
 
 
 def test_pad_and_unpad_clients_keep_the_real_clients_in_order():
@@ -532,8 +562,10 @@ def _devices_after(devices, **env) -> int:
 def test_devices_flag_makes_one_cpu_device_per_core_unless_the_user_chose():
     """``--devices all`` on a CPU: one device per core before JAX starts (so the
     cohort splits over the cores); a count the user set is kept; 1 asks for nothing."""
-    cores = os.cpu_count()
+    from fedjax_fair.sharding import usable_cores
+    cores = usable_cores()
     assert _devices_after("all") == cores
+    assert _devices_after("auto") == cores  # the command line's default
     assert _devices_after(1) == 1
     assert _devices_after(1, XLA_FLAGS="--xla_force_host_platform_device_count=3") == 3
     assert _devices_after("all", JAX_NUM_CPU_DEVICES="3") == 3

@@ -161,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with overlaid plots. An algorithm's seeds run as one "
                                    "program (fedjax_fair.sweep.run_seeds; --sweep-seeds "
                                    "false: one run per seed), except for generative "
-                                   "methods, --devices > 1, --placement host, a program "
-                                   "larger than the device and a single seed, which run "
+                                   "methods, a device mesh (--devices), --placement host, "
+                                   "a program larger than the device and a single seed, "
+                                   "which run "
                                    "one runner.run per seed; the outputs are the same.")
     _add_common(p, C.CompareConfig)
     p.add_argument("--resume", dest="resume", action="store_true", default=S,
@@ -403,7 +404,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                             on_eval=on_eval, description=description,
                             placement=cfg.placement, log=log,
-                            execution=C.execution_of(cfg),
+                            execution=C.execution_of(cfg, ds.host_data.num_clients),
                             on_rounds=on_rounds)
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
@@ -458,6 +459,7 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
                     "run_seconds": result.run_seconds,
                     "run_seconds_cumulative": result.history[-1].get("seconds", 0.0)},
         "client_table": result.client_table,
+        "devices": 1 if result.memory is None else result.memory.devices,  # --devices auto
         **(extra or {}),
     }
     report.write_json(os.path.join(out, "summary.json"), summary)
@@ -830,7 +832,7 @@ def cmd_compare(args) -> int:
                 found = {s: (_finished_run(os.path.join(out, name, f"seed{s}")) if cfg.resume
                              else None) for s in cfg.seeds}
                 missing = [s for s in cfg.seeds if found[s] is None]
-                if _seeds_fallback(name, cfg, missing) is None:
+                if _seeds_fallback(name, cfg, missing, ds.host_data.num_clients) is None:
                     if stop_requested():
                         raise Interrupted(0)
                     bar.set_postfix(algorithm=name, seeds=",".join(map(str, missing)))
@@ -923,7 +925,7 @@ def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, r
     return summary, res.history, acc
 
 
-def _seeds_fallback(name: str, cfg, seeds: list) -> Optional[str]:
+def _seeds_fallback(name: str, cfg, seeds: list, num_clients: int) -> Optional[str]:
     """Why ``compare`` runs ``name``'s ``seeds`` one ``runner.run`` each instead of as one
     program (``_compare_seeds``), or None when one program runs them all."""
     from fedjax_fair.algorithms import REGISTRY, base_name
@@ -933,7 +935,7 @@ def _seeds_fallback(name: str, cfg, seeds: list) -> Optional[str]:
         return "one seed to run"
     if REGISTRY[base_name(name)].generative:
         return "a generative method (per-seed synthetic sets, written per run)"
-    if cfg.devices != 1:
+    if C.mesh_of(cfg.devices, cfg.cohort_size, num_clients) is not None:
         return "a device mesh (runner.run splits each cohort over the devices)"
     if cfg.placement == "host":
         return "placement host (runner.run streams each chunk's cohorts)"
@@ -953,7 +955,7 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
         alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
         cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,
         sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
-        execution=C.execution_of(cfg),
+        execution=C.execution_of(cfg, ds.host_data.num_clients),
         step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
         inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log)
     if runs is None:

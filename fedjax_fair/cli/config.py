@@ -100,12 +100,15 @@ class _Common:
                            "(append :epochs to count epochs)")
     placement: str = _f("auto", "str", "federation on the device, or on the host with cohorts "
                         "streamed per chunk (auto: device if the memory plan fits)")
-    devices: Any = _f(1, "int|all", "devices to split every cohort over (a mesh with a "
-                      "'clients' axis; the federation and client tables are split by client "
-                      "too): 1 runs on one device, N > 1 on the first N devices, all on every "
-                      "device (every process's with --distributed); each device runs its "
-                      "share with --execution. On a CPU, N or all makes one device per "
-                      "core (up to N), so the cohort runs on every core")
+    devices: Any = _f("auto", "devices", "devices to split every cohort over (a mesh with "
+                      "a 'clients' axis; the federation and client tables are split by "
+                      "client too); each device runs its share with --execution. auto: on a "
+                      "CPU, one device per core, as many as split the federation evenly "
+                      "(results equal one device's to float rounding, not bit for bit), one "
+                      "device on an accelerator, every device of a --distributed job; 1: "
+                      "one device; N > 1: the first N devices; all: every device (every "
+                      "process's with --distributed). On a CPU, N, all and auto make one "
+                      "device per core (up to N) before JAX starts")
     output_dir: Optional[str] = _f(None, "str?", "output directory")  # default: per command
     overwrite: bool = _f(False, "bool", "write into an output directory that already holds "
                          "results, replacing them", flag=False)
@@ -154,9 +157,9 @@ class CompareConfig(_Common):
                            "(fedjax_fair.sweep.run_seeds: vmapped on accelerators, one "
                            "compiled program called per seed on CPU; the same results as "
                            "one run per seed up to float rounding); false: one runner.run "
-                           "per seed. Generative methods, --devices > 1, --placement host, "
-                           "a program too large for the device and a single seed always "
-                           "run per seed")
+                           "per seed. Generative methods, a device mesh (--devices), "
+                           "--placement host, a program too large for the device and a "
+                           "single seed always run per seed")
 
     def resolved_output_dir(self) -> str:
         return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
@@ -271,18 +274,19 @@ def _as_list(v, field, item):
     return [item(x, field) for x in v]
 
 
-def _as_int_or_all(v, field):
-    if isinstance(v, str) and v.strip().lower() == "all":
-        return "all"
+def _as_devices(v, field):
+    if isinstance(v, str) and v.strip().lower() in ("all", "auto"):
+        return v.strip().lower()
     try:
         return _as_int(v, field)
     except ConfigError:
-        raise ConfigError(field, f"expected an integer or 'all', got {v!r}") from None
+        raise ConfigError(field, f"expected an integer, 'all' or 'auto', got {v!r}") from None
 
 
 def coerce(kind: str, value, field: str):
     """Converts ``value`` to the field kind ("int", "float", "str", "bool", "dict",
-    "list[str]", "list[int]", "int|all"; a trailing "?" allows None)."""
+    "list[str]", "list[int]", "devices" (an integer, 'all' or 'auto'); a trailing "?"
+    allows None)."""
     if kind.endswith("?"):
         if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
             return None
@@ -305,8 +309,8 @@ def coerce(kind: str, value, field: str):
         return _as_list(value, field, _as_str)
     if kind == "list[int]":
         return _as_list(value, field, _as_int)
-    if kind == "int|all":
-        return _as_int_or_all(value, field)
+    if kind == "devices":
+        return _as_devices(value, field)
     raise AssertionError(kind)
 
 
@@ -548,17 +552,18 @@ def _validate_common(cfg: _Common) -> None:
 
 
 def check_devices(devices) -> None:
-    """``devices`` is 'all' or an integer >= 1, at most the devices JAX sees (only a
-    value other than 1 asks JAX, so a one-device run never touches the backend
-    here). On a CPU, if JAX has not started yet, makes the devices asked for
-    (``sharding.provide_cpu_devices``)."""
+    """``devices`` is 'auto', 'all' or an integer >= 1, at most the devices JAX sees
+    (only an integer other than 1 asks JAX, so that no other value starts the backend
+    here). On a CPU, if JAX has not started yet, makes the devices asked for, one per
+    core for 'auto' and 'all' (``sharding.provide_cpu_devices``)."""
     if devices == 1:
         return
-    if devices != "all" and (not _is_int(devices) or devices < 1):
-        raise ConfigError("devices", f"must be an integer >= 1 or 'all', got {devices!r}")
+    if devices not in ("all", "auto") and (not _is_int(devices) or devices < 1):
+        raise ConfigError("devices", f"must be an integer >= 1, 'all' or 'auto', "
+                                     f"got {devices!r}")
     from fedjax_fair.sharding import make_mesh, provide_cpu_devices
-    provide_cpu_devices(devices)
-    if devices == "all":
+    provide_cpu_devices("all" if devices == "auto" else devices)
+    if devices in ("all", "auto"):
         return
     try:
         make_mesh(devices)
@@ -566,24 +571,31 @@ def check_devices(devices) -> None:
         raise error_from_message(str(e), "devices") from None
 
 
-def execution_of(cfg):
-    """The ``Execution`` of a config: ``execution`` and ``chunk_size`` over the mesh of
-    ``devices``. ``devices`` 1 keeps ``auto`` on one device even where JAX has several
-    CPU devices (``auto`` alone would split the cohort over them,
-    ``execution.auto_mesh``)."""
+def execution_of(cfg, num_clients: int):
+    """The ``Execution`` of a config over a federation of ``num_clients``: ``execution``
+    and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh,
+    ``auto`` is fixed for one device even where JAX has several CPU devices (``auto``
+    alone would split the cohort over them, ``execution.auto_mesh``)."""
     from fedjax_fair.execution import Execution, resolve
-    mesh, strategy = mesh_of(cfg.devices), cfg.execution
+    mesh, strategy = mesh_of(cfg.devices, cfg.cohort_size, num_clients), cfg.execution
     if mesh is None and strategy == "auto":
         strategy = resolve("auto", cfg.cohort_size)[0]
     return Execution(strategy, cfg.chunk_size, mesh)
 
 
-def mesh_of(devices):
-    """The mesh of a config's ``devices`` (None for one device)."""
+def mesh_of(devices, cohort_size: int, num_clients: int):
+    """The mesh of a config's ``devices`` for cohorts of ``cohort_size`` out of
+    ``num_clients`` clients (None for one device). ``auto``: ``execution.auto_mesh``
+    (the CPU devices that split the federation evenly), or every device of a
+    multi-process job."""
+    import jax
+    from fedjax_fair.sharding import make_mesh
     if devices == 1:
         return None
-    from fedjax_fair.sharding import make_mesh
-    mesh = make_mesh(None if devices == "all" else devices)
+    if devices == "auto" and jax.process_count() == 1:
+        from fedjax_fair.execution import auto_mesh
+        return auto_mesh(cohort_size, num_clients=num_clients)
+    mesh = make_mesh(None if devices in ("all", "auto") else devices)
     return mesh if mesh.devices.size > 1 else None
 
 
