@@ -269,8 +269,18 @@ def _padding_folds_nothing(fn: Callable, reduce: Reduction) -> Callable:
     return padded
 
 
+# FLOPs of one client's local step (3 x batch x the forward FLOPs of an example) from
+# which one XLA:CPU device already keeps the cores busy, splitting the step's large
+# products over its threads, so that ``auto_mesh`` keeps to one device. Measured
+# (docs/performance.md, "Final CPU re-run"): the MLP at batch 20 (25 MFLOP a step)
+# ran 1.7-2.5x faster on two CPU devices than on one; the LEAF CNN at batch 20
+# (1.5 GFLOP a step, patches + matmul) 0.90x.
+SPLIT_MAX_STEP_FLOPS = 2e8
+
+
 def auto_mesh(cohort_size: int, backend: Optional[str] = None,
-              num_clients: Optional[int] = None) -> Optional[jax.sharding.Mesh]:
+              num_clients: Optional[int] = None,
+              step_flops: Optional[float] = None) -> Optional[jax.sharding.Mesh]:
     """The mesh ``auto`` splits a cohort over when no mesh is given: local CPU
     devices when the backend is a CPU with more than one (a single-process job, a cohort
     of at least two clients); None otherwise (one device, accelerators, multi-host,
@@ -281,6 +291,8 @@ def auto_mesh(cohort_size: int, backend: Optional[str] = None,
     ``runner.run`` does) it takes the most devices that split the federation evenly,
     so that each device holds its share instead of a copy of the whole federation
     (``sharding.federation_shardings``); None when only one device would.
+    ``step_flops``: the FLOPs of a client's local step; from ``SPLIT_MAX_STEP_FLOPS``
+    on, None (one device already uses the cores inside each step).
 
     On CPU each device runs its share of the clients as its own ``sequential`` chain
     on its own thread (2-core CPU, MLP cohort 100, benchmarks/cpu_investigation.py
@@ -293,6 +305,8 @@ def auto_mesh(cohort_size: int, backend: Optional[str] = None,
     """
     backend = backend or jax.default_backend()
     if backend != "cpu" or cohort_size < 2 or jax.process_count() > 1:
+        return None
+    if step_flops is not None and step_flops >= SPLIT_MAX_STEP_FLOPS:
         return None
     devices = jax.local_devices(backend="cpu")[:cohort_size]
     if num_clients is not None:

@@ -991,6 +991,9 @@ assert execution.auto_mesh(5) is not None and execution.auto_mesh(5).devices.siz
 # a federation to place: only devices that split it evenly (7 clients: none of 2)
 assert execution.auto_mesh(5, num_clients=6).devices.size == 2
 assert execution.auto_mesh(5, num_clients=7) is None
+# local steps that busy one device's cores (execution.SPLIT_MAX_STEP_FLOPS): no split
+assert execution.auto_mesh(5, step_flops=execution.SPLIT_MAX_STEP_FLOPS) is None
+assert execution.auto_mesh(5, step_flops=1e6).devices.size == 2
 
 def run(strategy, lr=0.5):
     alg = fedavg(model, batch_size=4, num_epochs=2, client_lr=lr)

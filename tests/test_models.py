@@ -69,6 +69,19 @@ def test_logistic_regression_shapes_and_count(input_shape, num_classes):
     assert not model.uses_xla_conv
 
 
+def test_example_flops_counts_the_forward_products():
+    """XLA's count for one example: 2 FLOPs per multiply-add of the dense layers, plus
+    the bias, activation and loss terms (a little more, never less)."""
+    from fedjax_fair.models import mlp
+    from fedjax_fair.models.base import example_flops
+    one = {"x": jax.ShapeDtypeStruct((28, 28, 1), jnp.float32),
+           "y": jax.ShapeDtypeStruct((), jnp.int32)}
+    macs = 784 * 200 + 200 * 200 + 200 * 62
+    flops = example_flops(mlp((28, 28, 1), 62), one)
+    assert 2 * macs <= flops <= 1.05 * 2 * macs
+    assert example_flops(logistic_regression((28, 28, 1), 62), one) < flops / 4
+
+
 def test_logistic_regression_matches_numpy():
     model = logistic_regression((10,), 3)
     batch = _batch((10,), 3, size=7)

@@ -305,6 +305,13 @@ def check_cli():
         with open(os.path.join(d, "clients.csv")) as a, \
                 open(os.path.join(tmp, "auto", "clients.csv")) as b:
             out["resumed"] = {"code": code, "same_clients": a.read() == b.read()}
+    # auto keeps one device for local steps big enough to busy its cores (a CNN's)
+    from fedjax_fair.cli import config as C
+    from fedjax_fair.execution import SPLIT_MAX_STEP_FLOPS as big
+    out["mesh_by_step"] = [None if m is None else int(m.devices.size)
+                           for m in (C.mesh_of("auto", 5, 16, big / 100),
+                                     C.mesh_of("auto", 5, 16, big),
+                                     C.mesh_of(8, 5, 16, big))]
     return out
 
 
@@ -417,12 +424,13 @@ def test_runner_auto_uses_every_cpu_device_with_the_same_results(default_checks)
 
 def test_cli_devices_flag_runs_sharded_with_the_same_results(default_checks):
     r = default_checks["cli"]
-    assert all(v["code"] == 0 for v in r.values())
+    assert all(r[k]["code"] == 0 for k in ("1", "8", "auto"))
     assert r["8"]["saved_devices"] == 8 and r["8"]["used_devices"] == 8
     # auto: the most devices that split the 16 clients, at most the cohort of 5
     assert r["auto"]["saved_devices"] == "auto" and r["auto"]["used_devices"] == 4
     assert r["1"]["used_devices"] == 1
     assert r["resumed"] == {"code": 0, "same_clients": True}
+    assert r["mesh_by_step"] == [4, None, 8]  # an explicit count is kept
     for k, v in r["1"]["final"].items():
         if isinstance(v, float):
             assert abs(r["8"]["final"][k] - v) < 1e-5, k

@@ -388,6 +388,21 @@ def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int):
     return alg._replace(init=build_algorithm(name, model, cfg, {**hparams, "seed": seed}).init)
 
 
+def execution_of(cfg, ds, model):
+    """``config.execution_of`` for this federation and model: ``--devices auto`` splits
+    the cohort over the CPU's cores unless a client's local step (3 x batch x the
+    forward FLOPs of one example) is large enough to keep one device's cores busy
+    (``execution.SPLIT_MAX_STEP_FLOPS``)."""
+    import jax
+    from fedjax_fair.models.base import example_flops
+    step_flops = None
+    if cfg.devices == "auto":  # the federation's arrays are [clients, rows, ...]
+        one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
+               for k, v in ds.host_data.train.examples.items()}
+        step_flops = 3 * cfg.batch_size * example_flops(model, one)
+    return C.execution_of(cfg, ds.host_data.num_clients, step_flops)
+
+
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
                  progress=True, description="", on_eval=None, on_rounds=None, log=print):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
@@ -404,7 +419,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
                             on_eval=on_eval, description=description,
                             placement=cfg.placement, log=log,
-                            execution=C.execution_of(cfg, ds.host_data.num_clients),
+                            execution=execution_of(cfg, ds, model),
                             on_rounds=on_rounds)
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
@@ -832,7 +847,7 @@ def cmd_compare(args) -> int:
                 found = {s: (_finished_run(os.path.join(out, name, f"seed{s}")) if cfg.resume
                              else None) for s in cfg.seeds}
                 missing = [s for s in cfg.seeds if found[s] is None]
-                if _seeds_fallback(name, cfg, missing, ds.host_data.num_clients) is None:
+                if _seeds_fallback(name, cfg, missing, ds, model) is None:
                     if stop_requested():
                         raise Interrupted(0)
                     bar.set_postfix(algorithm=name, seeds=",".join(map(str, missing)))
@@ -925,7 +940,7 @@ def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, r
     return summary, res.history, acc
 
 
-def _seeds_fallback(name: str, cfg, seeds: list, num_clients: int) -> Optional[str]:
+def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
     """Why ``compare`` runs ``name``'s ``seeds`` one ``runner.run`` each instead of as one
     program (``_compare_seeds``), or None when one program runs them all."""
     from fedjax_fair.algorithms import REGISTRY, base_name
@@ -935,7 +950,7 @@ def _seeds_fallback(name: str, cfg, seeds: list, num_clients: int) -> Optional[s
         return "one seed to run"
     if REGISTRY[base_name(name)].generative:
         return "a generative method (per-seed synthetic sets, written per run)"
-    if C.mesh_of(cfg.devices, cfg.cohort_size, num_clients) is not None:
+    if execution_of(cfg, ds, model).mesh is not None:
         return "a device mesh (runner.run splits each cohort over the devices)"
     if cfg.placement == "host":
         return "placement host (runner.run streams each chunk's cohorts)"
@@ -955,7 +970,7 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
         alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
         cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,
         sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
-        execution=C.execution_of(cfg, ds.host_data.num_clients),
+        execution=execution_of(cfg, ds, model),
         step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
         inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log)
     if runs is None:

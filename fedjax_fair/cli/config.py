@@ -104,6 +104,8 @@ class _Common:
                       "a 'clients' axis; the federation and client tables are split by "
                       "client too); each device runs its share with --execution. auto: on a "
                       "CPU, one device per core, as many as split the federation evenly "
+                      "(one device for local steps large enough to busy the cores, a "
+                      "CNN's) "
                       "(results equal one device's to float rounding, not bit for bit), one "
                       "device on an accelerator, every device of a --distributed job; 1: "
                       "one device; N > 1: the first N devices; all: every device (every "
@@ -571,30 +573,34 @@ def check_devices(devices) -> None:
         raise error_from_message(str(e), "devices") from None
 
 
-def execution_of(cfg, num_clients: int):
-    """The ``Execution`` of a config over a federation of ``num_clients``: ``execution``
-    and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh,
-    ``auto`` is fixed for one device even where JAX has several CPU devices (``auto``
-    alone would split the cohort over them, ``execution.auto_mesh``)."""
+def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None):
+    """The ``Execution`` of a config over a federation of ``num_clients`` whose local
+    steps take ``step_flops``: ``execution`` and ``chunk_size`` over the mesh of
+    ``devices`` (``mesh_of``). Without a mesh, ``auto`` is fixed for one device even
+    where JAX has several CPU devices (``auto`` alone would split the cohort over
+    them, ``execution.auto_mesh``)."""
     from fedjax_fair.execution import Execution, resolve
-    mesh, strategy = mesh_of(cfg.devices, cfg.cohort_size, num_clients), cfg.execution
+    mesh = mesh_of(cfg.devices, cfg.cohort_size, num_clients, step_flops)
+    strategy = cfg.execution
     if mesh is None and strategy == "auto":
         strategy = resolve("auto", cfg.cohort_size)[0]
     return Execution(strategy, cfg.chunk_size, mesh)
 
 
-def mesh_of(devices, cohort_size: int, num_clients: int):
+def mesh_of(devices, cohort_size: int, num_clients: int,
+            step_flops: Optional[float] = None):
     """The mesh of a config's ``devices`` for cohorts of ``cohort_size`` out of
     ``num_clients`` clients (None for one device). ``auto``: ``execution.auto_mesh``
-    (the CPU devices that split the federation evenly), or every device of a
-    multi-process job."""
+    (the CPU devices that split the federation evenly, none for local steps of
+    ``step_flops`` large enough to keep one device's cores busy), or every device of
+    a multi-process job."""
     import jax
     from fedjax_fair.sharding import make_mesh
     if devices == 1:
         return None
     if devices == "auto" and jax.process_count() == 1:
         from fedjax_fair.execution import auto_mesh
-        return auto_mesh(cohort_size, num_clients=num_clients)
+        return auto_mesh(cohort_size, num_clients=num_clients, step_flops=step_flops)
     mesh = make_mesh(None if devices in ("all", "auto") else devices)
     return mesh if mesh.devices.size > 1 else None
 

@@ -43,6 +43,19 @@ class Model(NamedTuple):
         return sum(int(p.size) for p in jax.tree.leaves(params))
 
 
+def example_flops(model: Model, example) -> float:
+    """FLOPs of the loss's forward pass on one example of ``example``'s shapes (a dict
+    of arrays or ``ShapeDtypeStruct``, one example, no batch axis): XLA's cost
+    analysis of the lowered program, nothing compiled or run. 0 where the backend
+    reports none."""
+    one = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in example.items()}
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    lowered = jax.jit(lambda p, b: model.per_example_loss(p, b, jax.random.key(0))).lower(
+        params, one)
+    cost = lowered.cost_analysis() or {}
+    return float(cost.get("flops", 0.0)) if isinstance(cost, dict) else 0.0
+
+
 def check_widths(field: str, widths) -> tuple:
     """Layer widths as a tuple of positive ints (errors name ``field``)."""
     try:
