@@ -163,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "false: one run per seed), except for generative "
                                    "methods, a device mesh (--devices), --placement host, "
                                    "a program larger than the device and a single seed, "
-                                   "which run "
-                                   "one runner.run per seed; the outputs are the same.")
+                                   "which run one runner.run per seed; the outputs are the "
+                                   "same.")
     _add_common(p, C.CompareConfig)
     p.add_argument("--resume", dest="resume", action="store_true", default=S,
                    help="continue an interrupted comparison: finished runs are kept")

@@ -103,14 +103,13 @@ class _Common:
     devices: Any = _f("auto", "devices", "devices to split every cohort over (a mesh with "
                       "a 'clients' axis; the federation and client tables are split by "
                       "client too); each device runs its share with --execution. auto: on a "
-                      "CPU, one device per core, as many as split the federation evenly "
-                      "(one device for local steps large enough to busy the cores, a "
-                      "CNN's) "
-                      "(results equal one device's to float rounding, not bit for bit), one "
-                      "device on an accelerator, every device of a --distributed job; 1: "
-                      "one device; N > 1: the first N devices; all: every device (every "
-                      "process's with --distributed). On a CPU, N, all and auto make one "
-                      "device per core (up to N) before JAX starts")
+                      "CPU, one device per core, as many as split the federation evenly, "
+                      "or one device for local steps large enough to keep the cores busy "
+                      "(a CNN's); results equal one device's to float rounding, not bit for "
+                      "bit; one device on an accelerator; every device of a --distributed "
+                      "job. 1: one device; N > 1: the first N devices; all: every device "
+                      "(every process's with --distributed). On a CPU, N, all and auto make "
+                      "one device per core (up to N) before JAX starts")
     output_dir: Optional[str] = _f(None, "str?", "output directory")  # default: per command
     overwrite: bool = _f(False, "bool", "write into an output directory that already holds "
                          "results, replacing them", flag=False)
