@@ -280,14 +280,16 @@ def jax_leaves(tree):
 
 
 def check_cli():
-    """``fedjax-fair run --devices 8`` against ``--devices 1``: the same final summary."""
+    """``fedjax-fair run`` with the default ``--devices auto`` (a mesh of 4 of the 8
+    devices) against ``--devices 1``: the same final summary; an auto run resumed;
+    the mesh ``auto`` and an explicit count pick by step size."""
     import tempfile
     from fedjax_fair import cli
     args = ["--num-clients", "16", "--dataset-arg", "max_examples=60", "--cohort-size",
             "5", "--num-rounds", "2", "--eval-every", "1", "--no-progress", "--no-plots"]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for devices in ("1", "8", "auto"):
+        for devices in ("1", "auto"):  # auto: 4 of the 8 devices (mesh_by_step: 8 kept)
             d = os.path.join(tmp, devices)
             code = cli.main(["run", *args, "--devices", devices, "-o", d])
             with open(os.path.join(d, "summary.json")) as f:
@@ -424,8 +426,7 @@ def test_runner_auto_uses_every_cpu_device_with_the_same_results(default_checks)
 
 def test_cli_devices_flag_runs_sharded_with_the_same_results(default_checks):
     r = default_checks["cli"]
-    assert all(r[k]["code"] == 0 for k in ("1", "8", "auto"))
-    assert r["8"]["saved_devices"] == 8 and r["8"]["used_devices"] == 8
+    assert all(r[k]["code"] == 0 for k in ("1", "auto"))
     # auto: the most devices that split the 16 clients, at most the cohort of 5
     assert r["auto"]["saved_devices"] == "auto" and r["auto"]["used_devices"] == 4
     assert r["1"]["used_devices"] == 1
@@ -433,7 +434,6 @@ def test_cli_devices_flag_runs_sharded_with_the_same_results(default_checks):
     assert r["mesh_by_step"] == [4, None, 8]  # an explicit count is kept
     for k, v in r["1"]["final"].items():
         if isinstance(v, float):
-            assert abs(r["8"]["final"][k] - v) < 1e-5, k
             assert abs(r["auto"]["final"][k] - v) < 1e-5, k
 
 
