@@ -468,23 +468,32 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 bar.set_postfix_str("compiling")
                 t = time.time()
                 donated = (0,) if donate else ()
+
+                def pinned(f):
+                    """``f`` whose returned state keeps the state's layout on a mesh
+                    (the next chunk's program takes it as compiled; XLA may otherwise
+                    give a per-client aggregator table, FedLF's, another layout)."""
+                    def g(*args):
+                        new_state, metrics = f(*args)
+                        return sharding.constrain_state(new_state, mesh), metrics
+                    return g
+
                 if padded_size is None:
-                    fn = jax.jit(lambda s, d, k, b: simulate(
+                    fn = jax.jit(pinned(lambda s, d, k, b: simulate(
                         algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
-                        sampler=sampler, step_budgets=drawn or b, execution=execution),
+                        sampler=sampler, step_budgets=drawn or b, execution=execution)),
                         donate_argnums=donated)
                     args = (state, _abstract(data, data_layout), key,
                             step_budgets if mesh is None else _abstract(step_budgets,
                                                                         _replicated(mesh)))
                 elif num_rows is not None:
-                    fn = jax.jit(lambda s, c, k: _simulate_compact(
-                        algorithm, s, c, k, padded_size, execution), donate_argnums=donated)
+                    fn = jax.jit(pinned(lambda s, c, k: _simulate_compact(
+                        algorithm, s, c, k, padded_size, execution)), donate_argnums=donated)
                     args = (state, mem.compact_chunk_shapes(data.train.examples, length,
                                                             cohort_size, num_rows), key)
                 else:
-                    fn = jax.jit(lambda s, c, k: simulate_cohorts(algorithm, s, c, k,
-                                                                   execution=execution),
-                                 donate_argnums=donated)
+                    fn = jax.jit(pinned(lambda s, c, k: simulate_cohorts(
+                        algorithm, s, c, k, execution=execution)), donate_argnums=donated)
                     shapes = _cohort_shapes(data.train, length, cohort_size, padded_size)
                     args = (state, _abstract(shapes, None if mesh is None
                                               else sharding.cohort_shardings(mesh, shapes)), key)
