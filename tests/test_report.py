@@ -167,6 +167,24 @@ def test_moving_average_is_a_trailing_mean():
     np.testing.assert_allclose(report.moving_average([4, 0, 2], 10), [4, 2, 2])
 
 
+@pytest.mark.parametrize("plot", ["improved", "ecdf", "lorenz"])
+def test_every_method_plots_keep_their_axes_beside_a_long_legend(tmp_path, plot):
+    """The README's compare plots 37 methods: the legend beside the axes must leave the
+    axes their size (the improved-fraction plot's collapsed under one 37-row column)."""
+    import warnings
+    names = [f"method_{i}" for i in range(40)]
+    rng = np.random.default_rng(0)
+    fig = {"improved": lambda: report.plot_improved_fraction(
+               {n: [rng.uniform(size=150)] for n in names}),
+           "ecdf": lambda: report.plot_compare_ecdf({n: rng.uniform(size=30) for n in names}),
+           "lorenz": lambda: report.plot_lorenz({n: rng.uniform(size=30) for n in names})}[plot]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when constrained layout collapses
+        report.save_figure(fig, str(tmp_path / f"{plot}.png"))
+    box = fig.axes[0].get_position()
+    assert box.height > 0.5 and box.width > 0.3
+
+
 def test_improved_fraction_plot_draws_one_smoothed_line_per_algorithm(tmp_path):
     curves = {"a": [np.array([1.0, 0.5, 1.0, 1.0]), np.array([1.0, 1.0, 0.0, 1.0])],
               "b": [np.array([0.0, 0.0, 1.0, 1.0])]}

@@ -269,6 +269,18 @@ def _legend(ax, **kwargs) -> None:
         ax.legend(**kwargs)
 
 
+def _side_columns(num_entries: int) -> int:
+    """Columns of a legend beside the axes: two past 20 entries, so that the every-method
+    comparison's legend fits the figure's height."""
+    return 1 if num_entries <= 20 else 2
+
+
+def _side_legend(ax, ncol: int) -> None:
+    """The legend to the right of ``ax``, in ``ncol`` columns."""
+    _legend(ax, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
+            ncols=ncol, frameon=False)
+
+
 def _title(title: str, context: str = "") -> str:
     return f"{title}\n{context}" if context else title
 
@@ -485,7 +497,7 @@ def plot_compare_ecdf(accuracies: Mapping[str, np.ndarray], ax=None,
     of clients at or below each accuracy (curves further right are better; the left
     tail shows the worst clients)."""
     names = list(accuracies)
-    ncol = 1 if len(names) <= 20 else 2
+    ncol = _side_columns(len(names))
     fig, ax = _new_axes(ax, figsize=(6.5 + 2.2 * ncol, 5.0))
     styles = algorithm_styles(names)
     for name in names:
@@ -501,9 +513,7 @@ def plot_compare_ecdf(accuracies: Mapping[str, np.ndarray], ax=None,
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.set_title(_title(title, context))
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
-                  ncols=ncol, frameon=False)
+    _side_legend(ax, ncol)
     return fig
 
 
@@ -542,7 +552,7 @@ def plot_lorenz(accuracies, ax=None, title: str = "Lorenz curve of final per-cli
     single = not isinstance(accuracies, Mapping)
     data = {"clients": accuracies} if single else dict(accuracies)
     names = list(data)
-    ncol = 1 if len(names) <= 20 else 2
+    ncol = _side_columns(len(names))
     fig, ax = _new_axes(ax, figsize=(5.2 if single else 4.8 + 2.8 * ncol, 5.0))
     styles = algorithm_styles(names)
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="equality")
@@ -565,8 +575,7 @@ def plot_lorenz(accuracies, ax=None, title: str = "Lorenz curve of final per-cli
     if single:
         ax.legend(loc="upper left")
     else:
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
-                  ncols=ncol, frameon=False)
+        _side_legend(ax, ncol)
     return fig
 
 
@@ -590,7 +599,8 @@ def plot_improved_fraction(curves, ax=None, title: str = "Participants whose tra
     list (over seeds) of arrays, averaged over the seeds."""
     single = not isinstance(curves, Mapping)
     data = {"run": [curves]} if single else {k: list(v) for k, v in curves.items()}
-    fig, ax = _new_axes(ax, figsize=(7.5 if single else 9.0, 4.4))
+    ncol = _side_columns(len(data))
+    fig, ax = _new_axes(ax, figsize=(7.5 if single else 6.5 + 2.2 * ncol, 4.4 if single else 5.0))
     styles = algorithm_styles(list(data))
     longest = max((len(c) for runs in data.values() for c in runs), default=0)
     window = window or max(1, longest // 30)
@@ -609,6 +619,5 @@ def plot_improved_fraction(curves, ax=None, title: str = "Participants whose tra
     ax.grid(alpha=0.3)
     ax.set_title(_title(title, context))
     if not single:
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
-                  frameon=False)
+        _side_legend(ax, ncol)
     return fig
