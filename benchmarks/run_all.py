@@ -28,6 +28,7 @@ table compares contenders within its own run).
 | personalised | not run | ``methods`` (cohort 100, every method) |
 | primal_dual | not run | ``methods`` |
 | sharding | ``--cohort 100`` | defaults (8 CPU devices, cohort 1000; memory only) |
+| mesh_server | FedAvg, FedLF, FedMGDA+ | ten server rules, one device against 2 CPU devices |
 | sweep | ``seeds --rounds 10`` | ``all`` (50 rounds) |
 | short_run | 50 rounds, one pair | 50 and 10 rounds, 3 pairs, and ``--devices all`` |
 | cpu_investigation | not run | ``all`` with ``--with-investigation`` |
@@ -62,6 +63,7 @@ SUITE = {
     "personalised": ("personalised.py", None, ["methods"]),
     "primal_dual": ("primal_dual.py", None, ["methods"]),
     "sharding": ("sharding.py", ["--cohort", "100"], []),
+    "mesh_server": ("mesh_server.py", ["--methods", "fedavg,fedlf,fedmgda_plus"], []),
     "sweep": ("sweep.py", ["seeds", "--rounds", "10"], ["all"]),
     "short_run": ("short_run.py", ["--rounds", "50", "--repeats", "1"],
                   ["--rounds", "50", "10", "--repeats", "3", "--variant=--devices all"]),

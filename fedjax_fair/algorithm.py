@@ -62,9 +62,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import client_states as tables
+from fedjax_fair.sharding import on_mesh
 from fedjax_fair.aggregators import STREAM_SUM, Aggregator, weighted_mean
 from fedjax_fair.client import data_loss
-from fedjax_fair.execution import map_clients
+from fedjax_fair.execution import as_execution, map_clients
 from fedjax_fair.mixing import MixingRule, by_num_examples, tiered_softmax
 from fedjax_fair.types import Broadcast, ClientUpdate, Cohort, ServerContext
 
@@ -178,9 +179,10 @@ def compose(client_update: ClientUpdate, *,
         else:
             run_clients = map_clients(lambda b, xs: client_update(b, *xs), execution, k)
             outputs, new_cs = run_clients(payload, per_client, sizes=cohort.data.num_examples)
-            weights, mixing_state = mixing.update(state.mixing_state, outputs, ctx)
-            direction, agg_state, info = aggregator.aggregate(state.aggregator_state, outputs,
-                                                              weights, ctx)
+            with on_mesh(as_execution(execution).mesh):  # the server's solvers run replicated
+                weights, mixing_state = mixing.update(state.mixing_state, outputs, ctx)
+                direction, agg_state, info = aggregator.aggregate(state.aggregator_state,
+                                                                  outputs, weights, ctx)
         updates, opt_state = server_optimizer.update(direction, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         client_table = state.client_states

@@ -276,11 +276,20 @@ def _padding_folds_nothing(fn: Callable, reduce: Reduction) -> Callable:
 # ran 1.7-2.5x faster on two CPU devices than on one; the LEAF CNN at batch 20
 # (1.5 GFLOP a step, patches + matmul) 0.90x.
 SPLIT_MAX_STEP_FLOPS = 2e8
+# FLOPs of a round's local training (cohort x local steps x step FLOPs) below which
+# ``auto_mesh`` keeps to one device: a mesh adds cross-device exchanges to every round
+# (the gather of the cohort's rows, the server's reductions over clients; about
+# 1-8 ms a round on two CPU devices) that only a round with enough work pays back.
+# Measured (docs/performance.md, "Final CPU re-run"): logistic regression at cohort
+# 10 (5.8e8 FLOPs a round, 11 ms) broke even on two CPU devices (1.03x one device's
+# round); the MLP at cohort 10 (2.5e9) ran 1.74x faster.
+SPLIT_MIN_ROUND_FLOPS = 1e9
 
 
 def auto_mesh(cohort_size: int, backend: Optional[str] = None,
               num_clients: Optional[int] = None,
-              step_flops: Optional[float] = None) -> Optional[jax.sharding.Mesh]:
+              step_flops: Optional[float] = None,
+              round_flops: Optional[float] = None) -> Optional[jax.sharding.Mesh]:
     """The mesh ``auto`` splits a cohort over when no mesh is given: local CPU
     devices when the backend is a CPU with more than one (a single-process job, a cohort
     of at least two clients); None otherwise (one device, accelerators, multi-host,
@@ -292,7 +301,9 @@ def auto_mesh(cohort_size: int, backend: Optional[str] = None,
     so that each device holds its share instead of a copy of the whole federation
     (``sharding.federation_shardings``); None when only one device would.
     ``step_flops``: the FLOPs of a client's local step; from ``SPLIT_MAX_STEP_FLOPS``
-    on, None (one device already uses the cores inside each step).
+    on, None (one device already uses the cores inside each step). ``round_flops``:
+    the FLOPs of a round's local training; below ``SPLIT_MIN_ROUND_FLOPS``, None (the
+    mesh's exchanges would cost more than the split saves).
 
     On CPU each device runs its share of the clients as its own ``sequential`` chain
     on its own thread (2-core CPU, MLP cohort 100, benchmarks/cpu_investigation.py
@@ -307,6 +318,8 @@ def auto_mesh(cohort_size: int, backend: Optional[str] = None,
     if backend != "cpu" or cohort_size < 2 or jax.process_count() > 1:
         return None
     if step_flops is not None and step_flops >= SPLIT_MAX_STEP_FLOPS:
+        return None
+    if round_flops is not None and round_flops < SPLIT_MIN_ROUND_FLOPS:
         return None
     devices = jax.local_devices(backend="cpu")[:cohort_size]
     if num_clients is not None:

@@ -25,6 +25,11 @@ layouts; the work itself stays JAX's:
   the client table's gather / scatter) is ordinary jitted code on arrays whose
   layouts are declared here; XLA's SPMD partitioner inserts the cross-device
   reductions (weighted sums over clients become partial sums + all-reduce).
+* ``on_mesh`` / ``replicated_here``: the engine traces its server step (mixing
+  rule, aggregator) inside ``on_mesh(mesh)``, and the server's iterative solvers
+  (solvers/qp.py, solvers/online.py) pass their small [K] / [K, K] inputs through
+  ``replicated_here``: every device then runs the loop on its own copy, where a
+  loop over arrays split by client would exchange them at every iteration.
 * Layouts (``state_shardings``, ``federation_shardings``): the server's
   parameters, optimizer, mixing and aggregator states are replicated; per-client
   tables (``client_states.DenseTable`` / ``LazyTable`` rows, ``last_round``,
@@ -46,6 +51,7 @@ back to every process (``process_allgather``).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Optional, Sequence
@@ -319,6 +325,27 @@ def state_shardings(mesh: Mesh, state):
                           aggregator_state=rep(state.aggregator_state),
                           client_states=table_shardings(mesh, state.client_states),
                           round=replicated(mesh))
+
+
+def on_mesh(mesh: Optional[Mesh]):
+    """A context (for tracing) in which ``replicated_here`` knows ``mesh``; a
+    no-op context without one."""
+    if mesh is None:
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
+
+
+def replicated_here(tree):
+    """``tree`` replicated over the mesh of the surrounding ``on_mesh`` (unchanged
+    outside one, or on a mesh with explicit axes).
+
+    For the inputs of a loop over a cohort-sized problem: FedLF's and FedMGDA+'s
+    200-iteration QP on a [K, K] Gram split by client costs 11 ms a solve on two CPU
+    devices (a cross-device exchange per iteration) against 0.75 ms replicated."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+        return tree
+    return jax.lax.with_sharding_constraint(tree, P())
 
 
 def constrain_state(state, mesh: Optional[Mesh]):

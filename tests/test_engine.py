@@ -994,6 +994,10 @@ assert execution.auto_mesh(5, num_clients=7) is None
 # local steps that busy one device's cores (execution.SPLIT_MAX_STEP_FLOPS): no split
 assert execution.auto_mesh(5, step_flops=execution.SPLIT_MAX_STEP_FLOPS) is None
 assert execution.auto_mesh(5, step_flops=1e6).devices.size == 2
+# rounds whose local training is too small to pay for the mesh: no split
+floor = execution.SPLIT_MIN_ROUND_FLOPS
+assert execution.auto_mesh(5, step_flops=1e6, round_flops=floor / 2) is None
+assert execution.auto_mesh(5, step_flops=1e6, round_flops=floor).devices.size == 2
 
 def run(strategy, lr=0.5):
     alg = fedavg(model, batch_size=4, num_epochs=2, client_lr=lr)

@@ -280,24 +280,82 @@ def check_fresh_buffers():
     return out
 
 
+def _loop_exchanges(compiled) -> int:
+    """Cross-device collectives inside the while-loop bodies of a compiled program."""
+    import re
+    text = compiled.as_text()
+    bodies = set(re.findall(r"while\(.*?body=(%?[\w.\-]+)", text))
+    count = 0
+    for comp in re.split(r"\n(?=\S.*\{\n)", text):
+        if comp.split(" ", 1)[0] in bodies:
+            count += len(re.findall(r"(?:all-reduce|all-gather|all-to-all|reduce-scatter|"
+                                    r"collective-permute)(?:-start)?\(", comp))
+    return count
+
+
+def check_server_solvers():
+    """The server's iterative solvers under ``sharding.on_mesh`` (how the engine traces
+    a server step), fed a Gram matrix computed from updates split by client: no
+    cross-device exchange inside their loops (FedLF's layer QPs took 320 ms a round
+    over two devices, an exchange per iteration, against 4 ms on one), and the
+    one-device answers."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from fedjax_fair import sharding
+    from fedjax_fair.algorithms.fedlf import fedlf_direction
+    from fedjax_fair.solvers import online, qp
+    mesh = sharding.make_mesh(DEVICES)
+    k = 2 * DEVICES
+    grads = {"w": jax.random.normal(jax.random.key(0), (k, 12, 3)),
+             "b": jax.random.normal(jax.random.key(1), (k, 3))}
+    losses = jnp.linspace(0.5, 2.0, k)
+    active = jnp.arange(k) % 5 != 0
+    flat = lambda g: jnp.concatenate([v.reshape(k, -1) for v in jax.tree.leaves(g)], 1)
+    solvers = {
+        "fedlf": lambda g, l, a: fedlf_direction(g, l, a)[0],
+        "qp": lambda g, l, a: qp.solve_box_simplex_qp(
+            flat(g) @ flat(g).T, l, jnp.zeros(k), a.astype(jnp.float32)),
+        "online": lambda g, l, a: online.simplex_qp(flat(g) @ flat(g).T, l)}
+    split = jax.device_put((grads, losses, active), sharding.by_client(mesh))
+    out = {}
+    for name, fn in solvers.items():
+        def on(g, l, a, fn=fn):
+            with sharding.on_mesh(mesh):
+                return fn(g, l, a)
+        compiled = jax.jit(on).lower(*split).compile()
+        diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree.leaves(compiled(*split)),
+                                   jax.tree.leaves(jax.jit(fn)(grads, losses, active))))
+        out[name] = {"loop_exchanges": _loop_exchanges(compiled), "diff": diff}
+    # without on_mesh the same program exchanges inside the loop: the check can fail
+    out["unpinned"] = _loop_exchanges(jax.jit(solvers["qp"]).lower(*split).compile())
+    return out
+
+
 def jax_leaves(tree):
     import jax
     return jax.tree.leaves(tree)
 
 
 def check_cli():
-    """``fedjax-fair run`` with the default ``--devices auto`` (a mesh of 4 of the 8
-    devices) against ``--devices 1``: the same final summary; an auto run resumed;
-    the mesh ``auto`` and an explicit count pick by step size."""
+    """``fedjax-fair run`` with the default ``--devices auto`` against ``--devices 1``:
+    the job's rounds are too small for a mesh, so auto stays on one device; with
+    ``SPLIT_MIN_ROUND_FLOPS`` lowered to 0 it takes a mesh of 4 of the 8 devices, with
+    the same final summary; an auto run resumed; the mesh ``auto`` and an explicit
+    count pick by step and round size."""
     import tempfile
-    from fedjax_fair import cli
+    from fedjax_fair import cli, execution
     args = ["--num-clients", "16", "--dataset-arg", "max_examples=60", "--cohort-size",
             "5", "--num-rounds", "2", "--eval-every", "1", "--no-progress", "--no-plots"]
     out = {}
+    floor = execution.SPLIT_MIN_ROUND_FLOPS
     with tempfile.TemporaryDirectory() as tmp:
-        for devices in ("1", "auto"):  # auto: 4 of the 8 devices (mesh_by_step: 8 kept)
+        for devices in ("1", "small", "auto"):  # auto: 4 of the 8 devices
+            execution.SPLIT_MIN_ROUND_FLOPS = floor if devices == "small" else 0.0
             d = os.path.join(tmp, devices)
-            code = cli.main(["run", *args, "--devices", devices, "-o", d])
+            code = cli.main(["run", *args, "--devices", devices.replace("small", "auto"),
+                             "-o", d])
             with open(os.path.join(d, "summary.json")) as f:
                 summary = json.load(f)
             with open(os.path.join(d, "config.json")) as f:
@@ -313,13 +371,16 @@ def check_cli():
         with open(os.path.join(d, "clients.csv")) as a, \
                 open(os.path.join(tmp, "auto", "clients.csv")) as b:
             out["resumed"] = {"code": code, "same_clients": a.read() == b.read()}
+    execution.SPLIT_MIN_ROUND_FLOPS = floor
     # auto keeps one device for local steps big enough to busy its cores (a CNN's)
+    # and for rounds too small to pay for the mesh
     from fedjax_fair.cli import config as C
-    from fedjax_fair.execution import SPLIT_MAX_STEP_FLOPS as big
+    big, small = execution.SPLIT_MAX_STEP_FLOPS, execution.SPLIT_MIN_ROUND_FLOPS
     out["mesh_by_step"] = [None if m is None else int(m.devices.size)
-                           for m in (C.mesh_of("auto", 5, 16, big / 100),
-                                     C.mesh_of("auto", 5, 16, big),
-                                     C.mesh_of(8, 5, 16, big))]
+                           for m in (C.mesh_of("auto", 5, 16, big / 100, small),
+                                     C.mesh_of("auto", 5, 16, big, small),
+                                     C.mesh_of("auto", 5, 16, big / 100, small / 2),
+                                     C.mesh_of(8, 5, 16, big, small / 2))]
     return out
 
 
@@ -360,7 +421,7 @@ def _assert_split_by_client(table: dict, num_clients: int = 16) -> None:
 @pytest.fixture(scope="module")
 def default_checks():
     return run_checks("gather", "fedavg", "afedpd", "runner", "runner_auto", "cli",
-                      "fresh_buffers")
+                      "fresh_buffers", "server_solvers")
 
 
 @pytest.fixture(scope="module")
@@ -432,15 +493,18 @@ def test_runner_auto_uses_every_cpu_device_with_the_same_results(default_checks)
 
 def test_cli_devices_flag_runs_sharded_with_the_same_results(default_checks):
     r = default_checks["cli"]
-    assert all(r[k]["code"] == 0 for k in ("1", "auto"))
-    # auto: the most devices that split the 16 clients, at most the cohort of 5
+    assert all(r[k]["code"] == 0 for k in ("1", "small", "auto"))
+    # auto: the most devices that split the 16 clients, at most the cohort of 5,
+    # unless the rounds are too small for a mesh (this job's are)
     assert r["auto"]["saved_devices"] == "auto" and r["auto"]["used_devices"] == 4
+    assert r["small"]["saved_devices"] == "auto" and r["small"]["used_devices"] == 1
     assert r["1"]["used_devices"] == 1
     assert r["resumed"] == {"code": 0, "same_clients": True}
-    assert r["mesh_by_step"] == [4, None, 8]  # an explicit count is kept
+    assert r["mesh_by_step"] == [4, None, None, 8]  # an explicit count is kept
     for k, v in r["1"]["final"].items():
         if isinstance(v, float):
             assert abs(r["auto"]["final"][k] - v) < 1e-5, k
+            assert abs(r["small"]["final"][k] - v) < 1e-5, k
 
 
 def test_put_gives_fresh_buffers_and_a_donated_run_over_a_mesh_survives(default_checks):
@@ -450,6 +514,14 @@ def test_put_gives_fresh_buffers_and_a_donated_run_over_a_mesh_survives(default_
     assert r["disjoint"] and r["buffers"] == [1, DEVICES, DEVICES]
     assert r["dqn_fed"] < TOL
     assert r["fedlf"] < TOL  # its client table kept its layout across chunk programs
+
+
+def test_server_solvers_loop_on_every_device_without_exchanges(default_checks):
+    r = default_checks["server_solvers"]
+    for name in ("fedlf", "qp", "online"):
+        assert r[name]["loop_exchanges"] == 0, name
+        assert r[name]["diff"] < 1e-4, name
+    assert r["unpinned"] > 0
 
 
 @pytest.mark.slow

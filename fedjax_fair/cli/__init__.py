@@ -392,15 +392,21 @@ def execution_of(cfg, ds, model):
     """``config.execution_of`` for this federation and model: ``--devices auto`` splits
     the cohort over the CPU's cores unless a client's local step (3 x batch x the
     forward FLOPs of one example) is large enough to keep one device's cores busy
-    (``execution.SPLIT_MAX_STEP_FLOPS``)."""
+    (``execution.SPLIT_MAX_STEP_FLOPS``), or a round's local training (cohort x the
+    federation's mean local steps x a step) too small to pay for the mesh
+    (``execution.SPLIT_MIN_ROUND_FLOPS``)."""
     import jax
+    import numpy as np
     from fedjax_fair.models.base import example_flops
-    step_flops = None
+    step_flops = round_flops = None
     if cfg.devices == "auto":  # the federation's arrays are [clients, rows, ...]
         one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
                for k, v in ds.host_data.train.examples.items()}
         step_flops = 3 * cfg.batch_size * example_flops(model, one)
-    return C.execution_of(cfg, ds.host_data.num_clients, step_flops)
+        sizes = np.asarray(ds.host_data.train.num_examples)
+        steps = cfg.num_epochs * float(np.mean(np.ceil(sizes / cfg.batch_size)))
+        round_flops = cfg.cohort_size * steps * step_flops
+    return C.execution_of(cfg, ds.host_data.num_clients, step_flops, round_flops)
 
 
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,

@@ -105,7 +105,8 @@ class _Common:
                       "client too); each device runs its share with --execution. auto: on a "
                       "CPU, one device per core, as many as split the federation evenly, "
                       "or one device for local steps large enough to keep the cores busy "
-                      "(a CNN's); results equal one device's to float rounding, not bit for "
+                      "(a CNN's) or rounds too small to gain from a split (a small "
+                      "logistic regression's); results equal one device's to float rounding, not bit for "
                       "bit; one device on an accelerator; every device of a --distributed "
                       "job. 1: one device; N > 1: the first N devices; all: every device "
                       "(every process's with --distributed). On a CPU, N, all and auto make "
@@ -572,14 +573,15 @@ def check_devices(devices) -> None:
         raise error_from_message(str(e), "devices") from None
 
 
-def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None):
+def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None,
+                 round_flops: Optional[float] = None):
     """The ``Execution`` of a config over a federation of ``num_clients`` whose local
-    steps take ``step_flops``: ``execution`` and ``chunk_size`` over the mesh of
-    ``devices`` (``mesh_of``). Without a mesh, ``auto`` is fixed for one device even
+    steps take ``step_flops`` and rounds' local training ``round_flops``: ``execution``
+    and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh, ``auto`` is fixed for one device even
     where JAX has several CPU devices (``auto`` alone would split the cohort over
     them, ``execution.auto_mesh``)."""
     from fedjax_fair.execution import Execution, resolve
-    mesh = mesh_of(cfg.devices, cfg.cohort_size, num_clients, step_flops)
+    mesh = mesh_of(cfg.devices, cfg.cohort_size, num_clients, step_flops, round_flops)
     strategy = cfg.execution
     if mesh is None and strategy == "auto":
         strategy = resolve("auto", cfg.cohort_size)[0]
@@ -587,19 +589,21 @@ def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None):
 
 
 def mesh_of(devices, cohort_size: int, num_clients: int,
-            step_flops: Optional[float] = None):
+            step_flops: Optional[float] = None, round_flops: Optional[float] = None):
     """The mesh of a config's ``devices`` for cohorts of ``cohort_size`` out of
     ``num_clients`` clients (None for one device). ``auto``: ``execution.auto_mesh``
-    (the CPU devices that split the federation evenly, none for local steps of
-    ``step_flops`` large enough to keep one device's cores busy), or every device of
-    a multi-process job."""
+    (the CPU devices that split the federation evenly; none for local steps of
+    ``step_flops`` large enough to keep one device's cores busy, or for rounds of
+    ``round_flops`` too small to pay for the mesh), or every device of a
+    multi-process job."""
     import jax
     from fedjax_fair.sharding import make_mesh
     if devices == 1:
         return None
     if devices == "auto" and jax.process_count() == 1:
         from fedjax_fair.execution import auto_mesh
-        return auto_mesh(cohort_size, num_clients=num_clients, step_flops=step_flops)
+        return auto_mesh(cohort_size, num_clients=num_clients, step_flops=step_flops,
+                         round_flops=round_flops)
     mesh = make_mesh(None if devices in ("all", "auto") else devices)
     return mesh if mesh.devices.size > 1 else None
 

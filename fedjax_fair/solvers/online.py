@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_fair.sharding import replicated_here
 from fedjax_fair.solvers.simplex import project_simplex
 
 _TINY = 1e-30
@@ -67,7 +68,7 @@ def simplex_qp(B, b, init=None, *, num_iters: int = 300, strong_convexity=0.0,
     b = jnp.asarray(b)
     dtype = b.dtype
     k = b.shape[0]
-    B = jnp.asarray(B, dtype)
+    B, b, init = replicated_here((jnp.asarray(B, dtype), b, init))
     x0 = (jnp.full((k,), 1.0 / k, dtype) if init is None
           else project_simplex(jnp.asarray(init, dtype)))
     lip = psd_lipschitz_bound(B) if lipschitz is None else jnp.asarray(lipschitz, dtype)
@@ -90,7 +91,7 @@ def simplex_qp(B, b, init=None, *, num_iters: int = 300, strong_convexity=0.0,
         return x_new, y_new, t_new
 
     x, _, _ = lax.fori_loop(0, num_iters, body, (x0, x0, jnp.ones((), dtype)))
-    return x
+    return replicated_here(x)  # pinned at both ends: the loop stays on every device
 
 
 def simplex_qp_kkt_residual(B, b, p):

@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_fair.sharding import replicated_here
+
 PROJECTIONS = ("sort", "bisect")
 
 
@@ -191,9 +193,8 @@ def solve_box_simplex_qp(q, c, lo, hi, *, num_iters: int = 200, x0=None,
         raise ValueError(f"num_iters: must be an integer >= 0, got {num_iters!r}")
     q = jnp.asarray(q)
     dtype = q.dtype
-    c = jnp.asarray(c, dtype)
-    lo = jnp.asarray(lo, dtype)
-    hi = jnp.asarray(hi, dtype)
+    q, c, lo, hi, x0 = replicated_here((q, jnp.asarray(c, dtype), jnp.asarray(lo, dtype),
+                                        jnp.asarray(hi, dtype), x0))
     proj = lambda v: project_box_simplex(v, lo, hi, method=method, num_bisect=num_bisect)
     lip = lipschitz_bound(q) if lipschitz is None else jnp.asarray(lipschitz, dtype)
     # Floor L so that a step moves at most ~10 units (a larger L is always safe): with
@@ -215,7 +216,7 @@ def solve_box_simplex_qp(q, c, lo, hi, *, num_iters: int = 200, x0=None,
         return x_new, y_new, t_new
 
     x, _, _ = lax.fori_loop(0, num_iters, body, (x, x, jnp.ones((), dtype)))
-    return x
+    return replicated_here(x)  # pinned at both ends: the loop stays on every device
 
 
 def kkt_residual(q, c, x, lo, hi, *, method: str = "sort", num_bisect: int = 40):
