@@ -29,6 +29,7 @@ table compares contenders within its own run).
 | primal_dual | not run | ``methods`` |
 | sharding | ``--cohort 100`` | defaults (8 CPU devices, cohort 1000; memory only) |
 | mesh_server | FedAvg, FedLF, FedMGDA+ | ten server rules, one device against 2 CPU devices |
+| gpu_targets | not run | on an accelerator only: FEMNIST CNN at 1,000 clients, ResNet-18-GN 10 x 50 steps |
 | sweep | ``seeds --rounds 10`` | ``all`` (50 rounds) |
 | short_run | 50 rounds, one pair | 50 and 10 rounds, 3 pairs, and ``--devices all`` |
 | cpu_investigation | not run | ``all`` with ``--with-investigation`` |
@@ -64,6 +65,7 @@ SUITE = {
     "primal_dual": ("primal_dual.py", None, ["methods"]),
     "sharding": ("sharding.py", ["--cohort", "100"], []),
     "mesh_server": ("mesh_server.py", ["--methods", "fedavg,fedlf,fedmgda_plus"], []),
+    "gpu_targets": ("gpu_targets.py", None, []),  # accelerator only (command())
     "sweep": ("sweep.py", ["seeds", "--rounds", "10"], ["all"]),
     "short_run": ("short_run.py", ["--rounds", "50", "--repeats", "1"],
                   ["--rounds", "50", "10", "--repeats", "3", "--variant=--devices all"]),
@@ -77,6 +79,8 @@ def command(name: str, quick: bool, out: str | None, gpu: bool) -> list | None:
     args = quick_args if quick else full_args
     if name == "skewed_federation" and not quick:
         args = [] if gpu else ["--quick"]
+    if name == "gpu_targets" and not gpu:
+        args = None
     if args is None:
         return None
     args = list(args)
