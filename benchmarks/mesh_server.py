@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import os
 import platform
-import re
 import sys
 import time
 
@@ -57,21 +56,11 @@ from fedjax_fair.execution import Execution  # noqa: E402
 from fedjax_fair.models import get_model  # noqa: E402
 from fedjax_fair.simulate import simulate  # noqa: E402
 
-COLLECTIVE = re.compile(r"(?:all-reduce|all-gather|all-to-all|reduce-scatter|"
-                        r"collective-permute)(?:-start)?\(")
-
-
 def loop_exchanges(compiled) -> int:
-    """Collectives inside while bodies, the outermost (the round scan) left out."""
-    text = compiled.as_text()
-    bodies = re.findall(r"while\(.*?body=(%?[\w.\-]+)", text)
-    counts = {}
-    for comp in re.split(r"\n(?=\S.*\{\n)", text):
-        name = comp.split(" ", 1)[0]
-        if name in bodies:
-            counts[name] = len(COLLECTIVE.findall(comp))
-    # the round scan's body is the one holding the most: it runs once a round
-    return sum(counts.values()) - max(counts.values(), default=0)
+    """Collectives inside loops, the round scan's own left out: it holds the most and
+    runs once a round."""
+    counts = sharding.loop_collectives(compiled).values()
+    return sum(counts) - max(counts, default=0)
 
 
 def program(alg, state, data, execution, pinned: bool):

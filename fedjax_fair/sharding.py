@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 from typing import Optional, Sequence
 
 import jax
@@ -346,6 +347,22 @@ def replicated_here(tree):
     if mesh.empty or any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
         return tree
     return jax.lax.with_sharding_constraint(tree, P())
+
+
+def loop_collectives(compiled) -> dict:
+    """{while-loop body: number of cross-device collectives in it} of a compiled
+    program (``jax.stages.Compiled``, read from its HLO text): exchanges that repeat
+    on every iteration of a loop (``benchmarks/mesh_server.py``, tests)."""
+    text = compiled.as_text()
+    bodies = set(re.findall(r"while\(.*?body=(%?[\w.\-]+)", text))
+    counts = {}
+    for comp in re.split(r"\n(?=\S.*\{\n)", text):
+        name = comp.split(" ", 1)[0]
+        if name in bodies:
+            counts[name] = len(re.findall(r"(?:all-reduce|all-gather|all-to-all|"
+                                          r"reduce-scatter|collective-permute)(?:-start)?\(",
+                                          comp))
+    return counts
 
 
 def constrain_state(state, mesh: Optional[Mesh]):

@@ -280,19 +280,6 @@ def check_fresh_buffers():
     return out
 
 
-def _loop_exchanges(compiled) -> int:
-    """Cross-device collectives inside the while-loop bodies of a compiled program."""
-    import re
-    text = compiled.as_text()
-    bodies = set(re.findall(r"while\(.*?body=(%?[\w.\-]+)", text))
-    count = 0
-    for comp in re.split(r"\n(?=\S.*\{\n)", text):
-        if comp.split(" ", 1)[0] in bodies:
-            count += len(re.findall(r"(?:all-reduce|all-gather|all-to-all|reduce-scatter|"
-                                    r"collective-permute)(?:-start)?\(", comp))
-    return count
-
-
 def check_server_solvers():
     """The server's iterative solvers under ``sharding.on_mesh`` (how the engine traces
     a server step), fed a Gram matrix computed from updates split by client: no
@@ -327,9 +314,11 @@ def check_server_solvers():
         diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                    for a, b in zip(jax.tree.leaves(compiled(*split)),
                                    jax.tree.leaves(jax.jit(fn)(grads, losses, active))))
-        out[name] = {"loop_exchanges": _loop_exchanges(compiled), "diff": diff}
+        out[name] = {"loop_exchanges": sum(sharding.loop_collectives(compiled).values()),
+                     "diff": diff}
     # without on_mesh the same program exchanges inside the loop: the check can fail
-    out["unpinned"] = _loop_exchanges(jax.jit(solvers["qp"]).lower(*split).compile())
+    out["unpinned"] = sum(sharding.loop_collectives(
+        jax.jit(solvers["qp"]).lower(*split).compile()).values())
     return out
 
 

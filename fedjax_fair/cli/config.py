@@ -106,8 +106,8 @@ class _Common:
                       "CPU, one device per core, as many as split the federation evenly, "
                       "or one device for local steps large enough to keep the cores busy "
                       "(a CNN's) or rounds too small to gain from a split (a small "
-                      "logistic regression's); results equal one device's to float rounding, not bit for "
-                      "bit; one device on an accelerator; every device of a --distributed "
+                      "logistic regression's); results equal one device's to float "
+                      "rounding, not bit for bit; one device on an accelerator; every device of a --distributed "
                       "job. 1: one device; N > 1: the first N devices; all: every device "
                       "(every process's with --distributed). On a CPU, N, all and auto make "
                       "one device per core (up to N) before JAX starts")
@@ -577,8 +577,8 @@ def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None,
                  round_flops: Optional[float] = None):
     """The ``Execution`` of a config over a federation of ``num_clients`` whose local
     steps take ``step_flops`` and rounds' local training ``round_flops``: ``execution``
-    and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh, ``auto`` is fixed for one device even
-    where JAX has several CPU devices (``auto`` alone would split the cohort over
+    and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh,
+    ``auto`` is fixed for one device even where JAX has several CPU devices (``auto`` alone would split the cohort over
     them, ``execution.auto_mesh``)."""
     from fedjax_fair.execution import Execution, resolve
     mesh = mesh_of(cfg.devices, cfg.cohort_size, num_clients, step_flops, round_flops)

@@ -600,7 +600,7 @@ def plot_improved_fraction(curves, ax=None, title: str = "Participants whose tra
     single = not isinstance(curves, Mapping)
     data = {"run": [curves]} if single else {k: list(v) for k, v in curves.items()}
     ncol = _side_columns(len(data))
-    fig, ax = _new_axes(ax, figsize=(7.5 if single else 6.5 + 2.2 * ncol, 4.4 if single else 5.0))
+    fig, ax = _new_axes(ax, figsize=(7.5, 4.4) if single else (6.5 + 2.2 * ncol, 5.0))
     styles = algorithm_styles(list(data))
     longest = max((len(c) for runs in data.values() for c in runs), default=0)
     window = window or max(1, longest // 30)
