@@ -4,7 +4,7 @@ Run:   python benchmarks/dqn_server_step.py            (K = 10, 100, 1000; d = 1
        python benchmarks/dqn_server_step.py --quick    (K = 10, 100; d = 1e4, 1e5)
 
 One DQN-Fed step = ``dqn_combine``: the K x K Gram matrix of the stacked client
-vectors (HIGHEST precision, O(K^2 d)), the normalised ridge Cholesky solve (O(K^3)),
+vectors (HIGHEST precision, O(K^2 d)), the normalised K x K solve (eigh pseudo-inverse by default, O(K^3)),
 v = sum_k w_k g_k (O(K d)) and the lambda* diagnostics; jitted as one program. FedAvg's
 step is ``aggregators.weighted_sum`` of the same stacked vectors (O(K d)). Both are
 timed side by side in one process (fastest of ``--reps`` calls after a warm-up), so

@@ -246,20 +246,40 @@ def compose(client_update: ClientUpdate, *,
 
 
 def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:
-    """``algorithm`` whose rounds also evaluate the new global model on the
-    participants' training rows: per-client ``loss_after`` [K] and
-    ``improved_fraction``, the share of participants whose loss did not rise
-    (DQN-Fed eq. 29). One extra forward pass over the cohort's data per round."""
+    """``algorithm`` whose rounds also log, per participant, ``loss_after`` [K] and the
+    ``improved_fraction``: the share of participants whose training loss did not rise
+    over the round (DQN-Fed eq. 29, "Distributed Quasi-Newton Method for Fair and Fast
+    Federated Learning").
+
+    Both losses are taken on the model the algorithm is evaluated on, over the
+    participant's training rows: for a global-model algorithm the server model before
+    (theta^t: ``ClientOutput.loss_before``) and after the round (theta^{t+1}; one more
+    forward pass over the cohort); for a personalised one (``algorithm.personal``:
+    Ditto, FedRep, SuPerFed, ...) the participant's own model before and after the
+    round (two forward passes), so a partial-model method's kept layers count on both
+    sides."""
+    personal = algorithm.personal
 
     def apply(state, cohort: Cohort, key, execution="auto"):
         new_state, metrics = algorithm.apply(state, cohort, key, execution)
         k = cohort.client_ids.shape[0]
-        loss_after = map_clients(lambda p, d: data_loss(model, p, d), execution, k)(
-            new_state.params, cohort.data, sizes=cohort.data.num_examples)
+        sizes = cohort.data.num_examples
+        if personal is None:
+            before = metrics["loss_before"]
+            loss_after = map_clients(lambda p, d: data_loss(model, p, d), execution, k)(
+                new_state.params, cohort.data, sizes=sizes)
+        else:
+            own_loss = map_clients(lambda _, xs: data_loss(model, *xs), execution, k)
+            before = own_loss((), (personal(state, cohort.client_ids), cohort.data),
+                              sizes=sizes)
+            loss_after = own_loss((), (personal(new_state, cohort.client_ids), cohort.data),
+                                  sizes=sizes)
         mask = cohort.client_mask
-        improved = (loss_after <= metrics["loss_before"]) & mask
+        improved = (loss_after <= before) & mask
         metrics = {**metrics, "loss_after": loss_after,
                    "improved_fraction": jnp.sum(improved) / jnp.maximum(jnp.sum(mask), 1)}
+        if personal is not None:
+            metrics["loss_before_personal"] = before
         return new_state, metrics
 
     return algorithm._replace(apply=apply)

@@ -285,7 +285,8 @@ def masked_steps(step: Callable, carry, data: ClientData, local_steps, key, *,
 def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
               max_steps: Optional[int] = None, regularizer: Optional[Callable] = None,
               unroll: int | bool = 1, batch_loss: Optional[Callable] = None,
-              sam_radius=None, sam_eps=1e-2) -> Callable:
+              sam_radius=None, sam_eps=1e-2, weight_decay=0.0, clip_norm=None,
+              clip_mode: str = "step") -> Callable:
     """The masked minibatch loop shared by every local solver.
 
     Returns ``train(params, optimizer, data, local_steps, key, reg_args) ->
@@ -306,7 +307,24 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
 
     the norm global over the pytree; the regularizer (proximal, dual, weight-decay
     terms) is not perturbed. r may be traced; r = 0 gives the plain step's gradient.
+
+    ``weight_decay`` wd: coupled L2, gradient ``wd * theta`` (see ``local_training``).
+
+    ``clip_norm`` c (not None): every step's gradient is clipped to global norm at most
+    c (``clip_by_global_norm``) before the optimizer sees it; ``clip_mode`` picks what:
+
+        "step": clip(grad [f(theta; B) + regularizer(theta)]) + wd theta
+        "loss": clip(grad f(theta; B)) + grad regularizer(theta) + wd theta
+
+    f the minibatch objective (``batch_loss``; with SAM its perturbed gradient). "step"
+    is ``torch.nn.utils.clip_grad_norm_`` after ``backward()`` of loss plus correction
+    terms, with weight decay added by the optimizer afterwards (the A-FedPD author's
+    simulator, max norm 10). c may be traced. None: no clipping, the same program as
+    without the option (the weight decay then joins the regularizer).
     """
+    check_clip(clip_norm, clip_mode)
+    if clip_norm is None:
+        regularizer = with_weight_decay(regularizer, weight_decay)
 
     def loss_fn(params, batch, batch_mask, key, reg_args, perturbation=None):
         at = params if perturbation is None else jax.tree.map(jnp.add, params, perturbation)
@@ -328,6 +346,9 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
             grads, _ = plain_grad(params, batch, batch_mask, key, reg_args, shift)
             return grads, loss_sum
 
+    if clip_norm is not None:
+        grad_fn = clipped_gradient(grad_fn, regularizer, weight_decay, clip_norm, clip_mode)
+
     def train(params, optimizer, data: ClientData, local_steps, key, reg_args=()):
         def sgd_step(carry, batch, batch_mask, step_key):
             params, opt_state = carry
@@ -341,6 +362,58 @@ def local_sgd(model: Model, *, batch_size: int, num_epochs: int = 1,
         return params, num_steps, train_loss
 
     return train
+
+
+CLIP_MODES = ("step", "loss")  # what ``clip_norm`` clips (``local_sgd``)
+CLIP_NORM = H.Range(0.0, None, low_open=True, nullable=True)  # c > 0, or None: off
+
+
+def clip_by_global_norm(tree, max_norm):
+    """``tree`` scaled by min(1, max_norm / ||tree||), the norm global over its leaves
+    (``optax.clip_by_global_norm``'s rule, as ``torch.nn.utils.clip_grad_norm_``
+    without its 1e-6). Written out because optax's divides by the norm in the branch it
+    does not take: reverse mode through a zero gradient (an all-masked batch of a
+    client past its step count) gives NaN, and a traced float32 ``max_norm`` with
+    bfloat16 leaves fails its ``lax.select``. Here the scale is exactly 1 below the
+    bound, every gradient is finite, and ``max_norm`` may be traced (vmap / grad)."""
+    sq = optax.tree.norm(tree, squared=True)
+    over = sq > jnp.square(max_norm)
+    scale = jnp.where(over, max_norm * jax.lax.rsqrt(jnp.where(over, sq, 1.0)), 1.0)
+    return jax.tree.map(lambda g: (scale * g).astype(g.dtype), tree)
+
+
+def clipped_gradient(grad_fn: Callable, regularizer: Optional[Callable], weight_decay,
+                     clip_norm, clip_mode: str) -> Callable:
+    """``grad_fn(params, batch, batch_mask, key, reg_args) -> (grads, loss_sum)`` (the
+    gradient of the batch objective plus ``regularizer(params, *reg_args)``, or of the
+    objective alone for ``reg_args=None``) with ``local_sgd``'s clipping: mode "step"
+    clips the whole gradient, "loss" only the objective's (the regularizer's gradient
+    is then taken apart, without a model evaluation); coupled ``weight_decay`` adds
+    ``wd * theta`` after the clip in both."""
+    reg_grad = None if regularizer is None else jax.grad(lambda p, args: regularizer(p, *args))
+    decay = isinstance(weight_decay, jax.Array) or weight_decay != 0
+
+    def clipped(params, batch, batch_mask, key, reg_args):
+        apart = clip_mode == "loss" and reg_grad is not None and reg_args is not None
+        grads, loss_sum = grad_fn(params, batch, batch_mask, key, None if apart else reg_args)
+        grads = clip_by_global_norm(grads, clip_norm)
+        if apart:
+            grads = jax.tree.map(lambda g, r: (g + r).astype(g.dtype), grads,
+                                 reg_grad(params, reg_args))
+        if decay:
+            grads = jax.tree.map(lambda g, p: (g + weight_decay * p).astype(g.dtype), grads,
+                                 params)
+        return grads, loss_sum
+
+    return clipped
+
+
+def check_clip(clip_norm, clip_mode) -> None:
+    """``clip_norm`` > 0 or None (a JAX array passes unchecked) and ``clip_mode`` one of
+    ``CLIP_MODES``; ``ValueError("FIELD: ...")`` otherwise."""
+    CLIP_NORM.check("clip_norm", clip_norm)
+    if clip_mode not in CLIP_MODES:
+        raise ValueError(f"clip_mode: must be one of {CLIP_MODES}, got {clip_mode!r}")
 
 
 def check_optimizer(optimizer, field: str, rate_factory: bool = True) -> None:
@@ -359,6 +432,16 @@ def check_optimizer(optimizer, field: str, rate_factory: bool = True) -> None:
                     f"{optimizer!r}")
 
 
+def check_rate_optimizer(client_optimizer, why: str) -> None:
+    """For a method that divides by the client rate (``why``): ``client_optimizer`` is
+    None or a ``rate -> transformation`` callable, not a fixed transformation, which
+    ignores ``client_lr`` (``ValueError("client_optimizer: ...")``)."""
+    if isinstance(client_optimizer, optax.GradientTransformation):
+        raise ValueError(f"client_optimizer: {why} divides by the client rate; give a "
+                         f"rate -> optimizer callable (e.g. optax.sgd or "
+                         f"lambda lr: optax.sgd(lr, momentum=0.9))")
+
+
 def check_rate(value, field: str = "client_lr"):
     """A learning rate: > 0 when it is a concrete number; a schedule (a callable of
     the round) or a JAX array (possibly traced: vmap / grad over the rate) passes
@@ -366,6 +449,23 @@ def check_rate(value, field: str = "client_lr"):
     if callable(value):
         return value
     return H.POSITIVE.check(field, value)
+
+
+def sgd_optimizer(momentum: float = 0.0, weight_decay: float = 0.0) -> Callable:
+    """``rate -> optax transformation``: SGD with heavy-ball ``momentum`` (0: none) and
+    ``weight_decay`` wd added to the gradient before the momentum, as
+    ``torch.optim.SGD(lr, momentum, weight_decay)`` (the thesis trains every baseline
+    with 0.9 and 1e-4). Coupled like ``local_training``'s ``weight_decay``, and added
+    after any gradient clip. The command line's ``--client-momentum`` /
+    ``--client-weight-decay`` give it to every algorithm as ``client_optimizer``."""
+    H.Range(0.0, 1.0, high_open=True).check("client_momentum", momentum)
+    H.NONNEGATIVE.check("client_weight_decay", weight_decay)
+
+    def optimizer(rate):
+        sgd = optax.sgd(rate, momentum=momentum or None)
+        return optax.chain(optax.add_decayed_weights(weight_decay), sgd) if weight_decay else sgd
+
+    return optimizer
 
 
 def make_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
@@ -383,7 +483,8 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
                    track_loss: bool = True,
                    loss_chunk_size: Optional[int] = None,
                    batch_loss: Optional[Callable] = None,
-                   weight_decay=0.0, sam_radius=None, sam_eps=1e-2) -> ClientUpdate:
+                   weight_decay=0.0, sam_radius=None, sam_eps=1e-2, clip_norm=None,
+                   clip_mode: str = "step") -> ClientUpdate:
     """Builds a ClientUpdate running masked local optimisation.
 
     Args:
@@ -416,6 +517,9 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
         so every step adds ``wd * theta`` to the gradient (all parameters, biases and
         norm scales included). May be traced; a concrete 0 adds nothing.
       sam_radius, sam_eps: SAM local steps (see ``local_sgd``); None: plain steps.
+      clip_norm, clip_mode: gradient clipping of every local step (see ``local_sgd``):
+        c > 0 (may be traced) or None (off); "step" clips the gradient of loss plus
+        regularizer, "loss" the loss's alone; weight decay is added after the clip.
     """
     if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
         raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
@@ -430,10 +534,9 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
         H.NONNEGATIVE.check("sam_radius", sam_radius)
         H.POSITIVE.check("sam_eps", sam_eps)
     train = local_sgd(model, batch_size=batch_size, num_epochs=num_epochs,
-                      max_steps=max_steps,
-                      regularizer=with_weight_decay(regularizer, weight_decay),
-                      unroll=unroll, batch_loss=batch_loss, sam_radius=sam_radius,
-                      sam_eps=sam_eps)
+                      max_steps=max_steps, regularizer=regularizer, unroll=unroll,
+                      batch_loss=batch_loss, sam_radius=sam_radius, sam_eps=sam_eps,
+                      weight_decay=weight_decay, clip_norm=clip_norm, clip_mode=clip_mode)
 
     def client_update(broadcast: Broadcast, client_state, data: ClientData, local_steps, key):
         lr = round_value(client_lr, broadcast.round)

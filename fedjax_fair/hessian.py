@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_fair.client import data_loss, epoch_order, local_sgd, round_value
+from fedjax_fair.client import (check_rate_optimizer, data_loss, epoch_order, local_sgd,
+                                make_optimizer, round_value)
 from fedjax_fair.types import ClientData
 
 CURVATURES = ("auto", "exact", "hutchinson")
@@ -172,7 +173,8 @@ CURVATURE_KEY_ID = 1  # Hutchinson probes and row subsets: fold_in(client key, 1
 def client_derivatives(model, *, curvature: str = "auto", num_probes: int = 1,
                        curvature_rows: Optional[int] = None, mode: str = "grad_at_global",
                        client_lr=0.1, batch_size: int = 20, num_epochs: int = 1,
-                       max_steps: Optional[int] = None) -> Callable:
+                       max_steps: Optional[int] = None, client_optimizer=None,
+                       clip_norm=None, clip_mode: str = "step") -> Callable:
     """``derive(broadcast, data, local_steps, key) -> Derivatives`` at theta^t.
 
     The curvature is the diagonal of the Hessian of the masked mean loss, on all of
@@ -181,13 +183,17 @@ def client_derivatives(model, *, curvature: str = "auto", num_probes: int = 1,
     ``fold_in(key, CURVATURE_KEY_ID)``). In "grad_at_global" mode the gradient comes
     from the same linearisation (on all rows). In "pseudo_grad" mode the client also
     runs FedAvg's masked local SGD (``client_lr``, ``batch_size``, ``num_epochs``,
-    ``max_steps``, its step budget) with the client key and reports
-    g_k = (theta^t - theta_k) / (eta_l max(tau_k, 1)).
+    ``max_steps``, its step budget; ``client_optimizer`` a ``rate -> transformation``,
+    default ``optax.sgd``; gradient clipping ``clip_norm`` / ``clip_mode``) with the
+    client key and reports g_k = (theta^t - theta_k) / (eta_l max(tau_k, 1)).
     """
     choice("mode", mode, MODES)
     choice("curvature", curvature, CURVATURES)
+    if mode == "pseudo_grad":
+        check_rate_optimizer(client_optimizer, "the pseudo-gradient")
     train = local_sgd(model, batch_size=batch_size, num_epochs=num_epochs,
-                      max_steps=max_steps)
+                      max_steps=max_steps, clip_norm=clip_norm, clip_mode=clip_mode)
+    optimizer = client_optimizer or optax.sgd
 
     def derive(broadcast, data: ClientData, local_steps, key) -> Derivatives:
         theta = broadcast.params
@@ -205,7 +211,8 @@ def client_derivatives(model, *, curvature: str = "auto", num_probes: int = 1,
             steps = (data.num_examples > 0).astype(jnp.int32)
             return Derivatives(value, jax.tree.map(lambda g: lr * g, grad), 1.0 / lr, diag,
                                steps, value)
-        local, steps, train_loss = train(theta, optax.sgd(lr), data, local_steps, key)
+        local, steps, train_loss = train(theta, make_optimizer(optimizer, lr), data,
+                                         local_steps, key)
         delta = jax.tree.map(jnp.subtract, theta, local)
         scale = 1.0 / (lr * jnp.maximum(steps, 1).astype(jnp.float32))
         return Derivatives(value, delta, scale, diag, steps, train_loss)

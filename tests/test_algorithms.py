@@ -24,6 +24,7 @@ from fedjax_fair.algorithm import compose
 from fedjax_fair.algorithms.fedopt import scale_by_adagrad_tau
 from fedjax_fair.algorithms import (fedadagrad, fedadam, fedavg, fedavgm, fedprox,
                                     fedyogi)
+from fedjax_fair.algorithms import REGISTRY as _REGISTRY
 from fedjax_fair.client import local_training
 from fedjax_fair.mixing import MixingRule
 from fedjax_fair.types import ClientOutput, ServerContext
@@ -501,6 +502,196 @@ def test_proximal_term_is_differentiable_and_vmappable_in_a_traced_mu():
         return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(out.delta))
 
     assert float(jax.grad(moved)(jnp.float32(MU))) < 0.0  # a stronger pull moves less
+
+
+# ------------------------------------------------------------------------------------
+# Gradient clipping of the local steps (client.local_sgd: clip_norm, clip_mode) and the
+# options every method that trains locally takes (clip_norm, clip_mode,
+# client_optimizer).
+
+CLIP_MU, CLIP_WD, CLIP_STEPS = 2.0, 0.05, 4
+# LLVM's cheap pipeline (as tests/test_traced.py): XLA:CPU compiles dominate these tests.
+CHEAP_COMPILE = ({"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+                 if jax.default_backend() == "cpu" else None)
+
+
+def _clip_np(grads, c):
+    """grads scaled by min(1, c / ||grads||), the norm over the (W, b) pair."""
+    norm = np.sqrt(sum(np.sum(g ** 2) for g in grads))
+    return tuple(g * min(1.0, c / norm) for g in grads), norm
+
+
+def _clipped_numpy(start, anchor, x, y, lr, c, mode):
+    """CLIP_STEPS full-batch steps on CE + (mu / 2) ||p - anchor||^2 with coupled weight
+    decay wd: "step" p -= lr (clip(g + mu (p - anchor)) + wd p), "loss" p -= lr (clip(g)
+    + mu (p - anchor) + wd p). Also returns the norms the clip saw."""
+    p, seen = start, []
+    for _ in range(CLIP_STEPS):
+        g = helpers.logreg_grad_numpy(p[0], p[1], x, y)
+        reg = tuple(CLIP_MU * (a - b) for a, b in zip(p, anchor))
+        if mode == "step":
+            g, norm = _clip_np(tuple(u + r for u, r in zip(g, reg)), c)
+        else:
+            g, norm = _clip_np(g, c)
+            g = tuple(u + r for u, r in zip(g, reg))
+        seen.append(norm)
+        p = tuple(q - lr * (u + CLIP_WD * q) for q, u in zip(p, g))
+    return p, seen
+
+
+def _clipped_update(clip_norm, clip_mode, start_params):
+    """One client's FedProx-style local training from ``start_params`` (not the
+    broadcast, so the proximal term pulls from the first step)."""
+    from fedjax_fair.client import proximal_term
+    return local_training(MODEL, client_lr=LR, batch_size=FULL_BATCH, num_epochs=CLIP_STEPS,
+                          regularizer=proximal_term(CLIP_MU), weight_decay=CLIP_WD,
+                          start=lambda broadcast, state: start_params,
+                          clip_norm=clip_norm, clip_mode=clip_mode)
+
+
+@pytest.mark.parametrize("mode", ["step", "loss"])
+def test_clipped_local_steps_equal_a_numpy_reference(mode):
+    """Both clip forms against a literal float64 reference, the clip active at every
+    step, the proximal term present (so the forms differ) and the weight decay added
+    after the clip."""
+    from fedjax_fair.types import Broadcast
+    k = 1  # 12 rows: one full batch a step
+    x, y = helpers.real_rows(TRAIN, [k])
+    start = helpers.random_like(PARAMS, 5)
+    anchor_np, start_np = helpers.logreg_to_numpy(PARAMS), helpers.logreg_to_numpy(start)
+    g0 = helpers.logreg_grad_numpy(*start_np, x, y)
+    clip = 0.3 * float(np.sqrt(sum(np.sum(g ** 2) for g in g0)))
+    expected, norms = _clipped_numpy(start_np, anchor_np, x, y, LR, clip, mode)
+    assert min(norms) > 1.2 * clip  # the clip is active at every step
+    other, _ = _clipped_numpy(start_np, anchor_np, x, y, LR, clip,
+                              "loss" if mode == "step" else "step")
+    assert np.abs(expected[0] - other[0]).max() > 1e-3  # the two forms differ here
+
+    broadcast = Broadcast(PARAMS, jnp.zeros((), jnp.int32), ())
+    update = jax.jit(_clipped_update(clip, mode, start))
+    out, _ = update(broadcast, (), helpers.client(TRAIN, k), jnp.int32(2 ** 30), KEY)
+    assert int(out.num_steps) == CLIP_STEPS
+    trained = jax.tree.map(jnp.subtract, PARAMS, out.delta)
+    _assert_logreg_close(trained, expected, rtol=2e-5, atol=2e-6)
+
+
+def test_clip_norm_none_builds_the_program_without_the_option():
+    """clip_norm=None: the same compiled program as the local steps had before the
+    option (weight decay joined to the regularizer), so the iterates are bit-identical;
+    a clip that never binds gives the same iterates to float rounding."""
+    from fedjax_fair.client import local_sgd, proximal_term, with_weight_decay
+    prox = proximal_term(CLIP_MU)
+    reg = lambda p, b: prox(p, b, ())
+    data = helpers.client(TRAIN, 1)
+    from fedjax_fair.types import Broadcast
+    broadcast = Broadcast(PARAMS, jnp.zeros((), jnp.int32), ())
+    start = helpers.random_like(PARAMS, 5)
+
+    def program(train):
+        fn = jax.jit(lambda p: train(p, optax.sgd(LR), data, jnp.int32(2 ** 30), KEY,
+                                     (broadcast,)))
+        return fn.lower(start).as_text(), fn(start)[0]
+
+    kw = dict(batch_size=4, num_epochs=2)
+    before = program(local_sgd(MODEL, regularizer=with_weight_decay(reg, CLIP_WD), **kw))
+    now = program(local_sgd(MODEL, regularizer=reg, weight_decay=CLIP_WD, clip_norm=None, **kw))
+    assert now[0] == before[0]
+    chex.assert_trees_all_equal(now[1], before[1])
+    loose = program(local_sgd(MODEL, regularizer=reg, weight_decay=CLIP_WD, clip_norm=1e6,
+                              clip_mode="loss", **kw))
+    assert loose[0] != before[0]
+    helpers.assert_trees_close(loose[1], before[1], rtol=1e-6, atol=1e-7)
+
+
+def test_clip_by_global_norm_matches_optax_and_is_finite_at_zero():
+    """The rule of optax.clip_by_global_norm, but NaN-free in reverse mode through a
+    zero gradient (an all-masked batch), with bfloat16 leaves and a traced bound."""
+    from fedjax_fair.client import clip_by_global_norm
+    tree = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}  # norm 13
+    for c in (1.0, 13.0, 20.0):
+        mine = clip_by_global_norm(tree, c)
+        ref, _ = optax.clip_by_global_norm(c).update(tree, None)
+        helpers.assert_trees_close(mine, ref, rtol=1e-6, atol=0)
+    chex.assert_trees_all_equal(clip_by_global_norm(tree, 20.0), tree)  # exactly 1 below c
+    zero_grad = jax.grad(lambda x: jnp.sum(clip_by_global_norm({"a": 0.0 * x}, 1.0)["a"]))(
+        jnp.ones(3))
+    assert np.all(np.isfinite(zero_grad))
+    half = jax.jit(clip_by_global_norm)(jax.tree.map(lambda v: v.astype(jnp.bfloat16), tree),
+                                        jnp.float32(6.5))
+    assert half["a"].dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(half["b"], np.float32), [[6.0]], rtol=1e-2)
+
+
+def test_clip_norm_is_differentiable_and_vmappable_through_rounds():
+    """A traced clip_norm: jax.vmap over it equals separate runs, and jax.grad of the
+    squared norm of the model after a FedProx round (vmap execution: clients past
+    their step count take masked steps with a zero loss gradient; "loss" form) is
+    finite and matches central differences (float64)."""
+    with jax.enable_x64(True):
+        train, params = helpers.in_default_float(TRAIN, PARAMS)
+        cohort = helpers.cohort(train, (0, 1, 3, 2), (2 ** 30, 2, 2 ** 30, 2 ** 30))
+
+        def final_norm(c):
+            alg = helpers.bind_execution(
+                fedprox(MODEL, mu=MU, client_lr=LR, batch_size=4, num_epochs=2, clip_norm=c,
+                        clip_mode="loss"), "vmap")
+            state, _ = alg.apply(alg.init(params, N), cohort, KEY)
+            return sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(state.params))
+
+        values = jnp.array([0.05, 0.2, 1e3])
+        cheap = functools.partial(jax.jit, compiler_options=CHEAP_COMPILE)
+        value_and_grad = cheap(jax.value_and_grad(final_norm))
+        swept = cheap(jax.vmap(final_norm))(values)
+        separate = [value_and_grad(v) for v in values]
+        np.testing.assert_allclose(swept, [float(v) for v, _ in separate], rtol=1e-12)
+        assert abs(float(separate[0][0]) - float(separate[2][0])) > 1e-3  # the clip binds
+        step = 1e-6
+        for c, (_, g) in zip(values[:2], separate[:2]):
+            assert np.isfinite(float(g)) and abs(float(g)) > 1e-3
+            up, down = value_and_grad(c + step)[0], value_and_grad(c - step)[0]
+            np.testing.assert_allclose(float(g), (float(up) - float(down)) / (2 * step),
+                                       rtol=1e-6)
+        assert float(separate[2][1]) == 0.0  # a clip that never binds: no dependence
+
+
+# Every registered method that trains locally takes the shared options; FedEvg (a
+# generative method: SGLD on synthetic data, its own grad_clip / max_grad_norm) does not.
+LOCAL_TRAINING = sorted(set(_REGISTRY) - {"fedevg"})
+_BUILD_EXTRA = {"lg_fedavg": dict(shared_layers=())}  # the one-layer model stays local
+
+
+def test_the_methods_that_train_locally_state_the_shared_options():
+    from fedjax_fair.algorithms import method_hparams
+    from fedjax_fair.client import CLIP_NORM
+    shared = ("clip_norm", "clip_mode", "client_optimizer")
+    takers = {n for n in _REGISTRY if set(shared) <= set(method_hparams(n))}
+    assert takers == set(LOCAL_TRAINING)
+    assert not set(shared) & set(method_hparams("fedevg"))
+    for name in LOCAL_TRAINING:
+        hp = method_hparams(name)
+        assert hp["clip_norm"].default is None and hp["clip_norm"].range == CLIP_NORM, name
+        assert hp["clip_norm"].continuous and not hp["clip_norm"].python_only, name
+        assert hp["clip_mode"].default == "step" and not hp["clip_mode"].python_only, name
+        assert hp["client_optimizer"].default is None and hp["client_optimizer"].python_only
+
+
+@pytest.mark.parametrize("name", LOCAL_TRAINING)
+def test_factories_take_and_check_the_shared_local_options(name):
+    """Built with a clip and an SGD-momentum client optimizer, a round traces; a
+    concrete clip_norm <= 0 or an unknown clip_mode is refused at build time, naming
+    the argument; a JAX array passes unchecked."""
+    factory = functools.partial(_REGISTRY[name].factory, MODEL, **_BUILD_EXTRA.get(name, {}))
+    momentum = lambda lr: optax.sgd(lr, momentum=0.9)
+    alg = factory(clip_norm=1.0, clip_mode="loss", client_optimizer=momentum, batch_size=4)
+    factory(clip_norm=jnp.float32(-1.0))  # traced values are never compared
+    for bad in (-1.0, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="^clip_norm: "):
+            factory(clip_norm=bad)
+    with pytest.raises(ValueError, match="^clip_mode: "):
+        factory(clip_mode="gradient")
+    if name != "fedcvae":  # (its CVAE takes seconds to trace)
+        cohort = helpers.cohort(TRAIN, list(range(N)))
+        jax.eval_shape(alg.apply, alg.init(PARAMS, N), cohort, KEY)
 
 
 # ------------------------------------------------------------------------------------

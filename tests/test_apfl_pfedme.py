@@ -20,6 +20,9 @@ e's rows = ``client.epoch_order(data, shuffle key, e, B)``).
   it (APFL in float32, where dense and lazy tables also hold the same rows).
 * ``jax.vmap`` over alpha / lambda of a whole jitted run equals the separate runs.
 * Bad concrete values raise ValueError naming the field.
+* The shared local-training options: pFedMe with an SGD-momentum client optimizer
+  (both its steps) and with gradient clipping (its inner steps) against the
+  reference; APFL with alpha = 0 and clipping is FedAvg with clipping.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import helpers
@@ -56,6 +60,8 @@ INNER = 3
 PERSONAL_LR = 0.1
 ETA = 0.3
 BETA = 1.5
+MOMENTUM = 0.9
+CLIP = 0.15  # below most minibatch gradient norms here
 
 # (ids, mask, step budgets) of three rounds of a cohort of 4 slots. The active
 # clients' sizes sum to 16, 32 and 8, so the weights n_k / sum n (float32 in the
@@ -99,10 +105,10 @@ def _apfl(alpha, adaptive=False):
                 batch_size=B, num_epochs=EPOCHS)
 
 
-def _pfedme(lam, beta=BETA, inner_steps=INNER, warm_start=True):
+def _pfedme(lam, beta=BETA, inner_steps=INNER, warm_start=True, **options):
     return pfedme(MODEL, lam=lam, inner_steps=inner_steps, personal_lr=PERSONAL_LR,
                   beta=beta, client_lr=ETA, batch_size=B, num_epochs=EPOCHS,
-                  warm_start=warm_start)
+                  warm_start=warm_start, **options)
 
 
 @functools.cache
@@ -114,7 +120,15 @@ def _program(name: str):
         "apfl_adaptive": lambda a: _apfl(a, adaptive=True),
         "pfedme": lambda lam: _pfedme(lam),
         "pfedme_cold_k1": lambda lam: _pfedme(lam, beta=1.0, inner_steps=1, warm_start=False),
+        "pfedme_momentum": lambda lam: _pfedme(
+            lam, client_optimizer=lambda lr: optax.sgd(lr, momentum=MOMENTUM)),
+        "pfedme_clip_loss": lambda lam: _pfedme(lam, clip_norm=CLIP, clip_mode="loss"),
+        "pfedme_clip_step": lambda lam: _pfedme(lam, clip_norm=CLIP, clip_mode="step"),
         "fedavg": lambda lr: fedavg(MODEL, client_lr=lr, batch_size=B, num_epochs=EPOCHS),
+        "apfl_clip": lambda a: apfl(MODEL, alpha=a, client_lr=LR, batch_size=B,
+                                    num_epochs=EPOCHS, clip_norm=CLIP),
+        "fedavg_clip": lambda lr: fedavg(MODEL, client_lr=lr, batch_size=B, num_epochs=EPOCHS,
+                                         clip_norm=CLIP),
     }
 
     def program(value, params, cohorts):
@@ -206,9 +220,18 @@ def apfl_reference(train, params, alpha, adaptive):
     return trajectory, v, a, personal
 
 
-def pfedme_reference(train, params, lam):
+def _clipped(g, clip):
+    """g scaled by min(1, clip / ||g||) (no clip for None)."""
+    if clip is None:
+        return g
+    return _lin((min(1.0, clip / np.sqrt(_dot(g, g))), g))
+
+
+def pfedme_reference(train, params, lam, momentum=0.0, clip=None, clip_mode="step"):
     """Dinh et al. 2020, Algorithm 1 with K gradient steps on the personal problem,
-    warm-started from the previous step's solution (w^t at a round's first step)."""
+    warm-started from the previous step's solution (w^t at a round's first step).
+    ``momentum``: both steps heavy-ball (m <- G + momentum m, state per round);
+    ``clip``: the inner gradient clipped to norm ``clip`` ("loss": grad f alone)."""
     x = helpers.logreg_to_numpy(params)
     theta_rows = {k: x for k in range(N)}
     trajectory = []
@@ -216,13 +239,26 @@ def pfedme_reference(train, params, lam):
         locals_ = []
         for k, budget in _active(ids, mask, budgets):
             w, theta = x, x
+            m_inner, m_outer = _lin((0.0, x)), _lin((0.0, x))
             batches = _batches(train, k, key, budget)
             for xb, yb in batches:
                 for _ in range(INNER):
                     g = _grad(theta, xb, yb)
-                    theta = _lin((1.0, theta), (-PERSONAL_LR, g),
-                                 (-PERSONAL_LR * lam, _lin((1.0, theta), (-1.0, w))))
-                w = _lin((1.0, w), (-ETA * lam, _lin((1.0, w), (-1.0, theta))))
+                    if clip_mode == "loss":
+                        g = _clipped(g, clip)
+                    g = _lin((1.0, g), (lam, _lin((1.0, theta), (-1.0, w))))
+                    if clip_mode == "step":
+                        g = _clipped(g, clip)
+                    if momentum:
+                        m_inner = _lin((1.0, g), (momentum, m_inner))
+                        theta = _lin((1.0, theta), (-PERSONAL_LR, m_inner))
+                    else:
+                        theta = _lin((1.0, theta), (-PERSONAL_LR, g))
+                if momentum:
+                    m_outer = _lin((lam, _lin((1.0, w), (-1.0, theta))), (momentum, m_outer))
+                    w = _lin((1.0, w), (-ETA, m_outer))
+                else:
+                    w = _lin((1.0, w), (-ETA * lam, _lin((1.0, w), (-1.0, theta))))
             if batches:
                 theta_rows[k] = theta
             locals_.append((k, w))
@@ -357,6 +393,35 @@ def test_pfedme_cold_start_one_inner_step_is_fedavg(x64):
 
 def test_pfedme_vmap_over_lambda_equals_separate_runs(x64):
     _assert_vmap_equals_separate_runs("pfedme", [1.0, LAM])
+
+
+@pytest.mark.parametrize("name, options", [
+    ("pfedme_momentum", dict(momentum=MOMENTUM)),
+    ("pfedme_clip_loss", dict(clip=CLIP, clip_mode="loss")),
+    ("pfedme_clip_step", dict(clip=CLIP, clip_mode="step"))])
+def test_pfedme_local_training_options_match_the_numpy_reference(x64, name, options):
+    """client_optimizer = SGD with momentum 0.9 drives the local-model step and, by
+    default, the K inner steps (one heavy-ball state each per round); clip_norm clips
+    the inner steps' gradient (both forms). Each differs from plain pFedMe."""
+    train, params = _federation()
+    _, per_round, rows, _ = _library(name, LAM)
+    trajectory, theta = pfedme_reference(train, params, LAM, **options)
+    plain, _ = pfedme_reference(train, params, LAM)
+    for r, expected in enumerate(trajectory):
+        _close(_round_params(per_round, r), expected, f"w after round {r}")
+    for k in range(N):
+        _close(_row_k(rows, k), theta[k], f"theta_{k}")
+    assert np.abs(trajectory[-1][0] - plain[-1][0]).max() > 1e-3
+
+
+def test_apfl_with_alpha_zero_and_clipping_is_fedavg_with_clipping(x64):
+    """APFL clips grad_w and grad_v separately, so with alpha = 0 (v gets zero
+    gradients) w follows FedAvg's clipped steps exactly; the clip binds here."""
+    _, clipped_rounds, _, _ = _library("apfl_clip", 0.0)
+    _, fedavg_clipped, _, _ = _library("fedavg_clip", LR)
+    _, fedavg_rounds, _, _ = _library("fedavg", LR)
+    helpers.assert_trees_close(clipped_rounds, fedavg_clipped, rtol=1e-12, atol=1e-14)
+    assert helpers.tree_norm(helpers.tree_sub(fedavg_clipped, fedavg_rounds)) > 1e-3
 
 
 # --------------------------------------------------------------------------------------

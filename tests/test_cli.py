@@ -185,6 +185,32 @@ def test_compare_defaults_cover_every_algorithm():
     assert cfg.dataset == "synthetic" and cfg.model == "logreg" and cfg.seeds == [0, 1, 2]
 
 
+def test_compare_leaves_out_methods_that_refuse_the_model(tmp_path, monkeypatch, capsys):
+    """The default list (no --algorithms) leaves out, in one line each, a method whose
+    factory refuses the model (LG-FedAvg on one-layer logistic regression would be
+    FedAvg); named with --algorithms it is a one-line error before compute."""
+    import fedjax_fair.algorithms as A
+    monkeypatch.setattr(C, "needs_full_participation",  # keep the run small: 3 methods
+                        lambda a: a not in ("fedavg", "lg_fedavg", "fedper"))
+    out = tmp_path / "cmp"
+    code = cli.main(["compare", *TINY, "--num-rounds", "1", "--eval-every", "1", "--seeds",
+                     "0", "--no-plots", "--no-improvement", "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert any(l.startswith("left out lg_fedavg") and "shared_layers" in l
+               for l in captured.out.splitlines()), captured.out
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["algorithms"] == ["fedavg", "fedper"] and saved["improvement"] is False
+    assert not (out / "lg_fedavg").exists()
+    rounds = report.read_jsonl(out / "fedper" / "seed0" / "rounds.jsonl")
+    assert "improved_fraction" not in rounds[0] and "loss_after" not in rounds[0]
+    assert A.get_method("lg_fedavg")  # still registered: refused only for this model
+    code = cli.main(["compare", *TINY, "--algorithms", "fedavg,lg_fedavg", "--num-rounds", "1",
+                     "-o", str(tmp_path / "named")])
+    assert code != 0
+    _one_line_error(capsys.readouterr().err, "shared_layers")
+
+
 # ------------------------------------------------------------------------------- list
 
 
@@ -399,6 +425,94 @@ def test_hparam_ranges_and_objects_are_refused_before_compute(tmp_path):
                 "--client-lr-schedule", "exponential:0.99", "-o", str(tmp_path / "y")],
                C.RunConfig)
     C.validate_run(cfg)  # fedadam has a server rate
+
+
+# Gradient clipping and the client optimizer: every method that trains locally.
+CLIP_LINE = "clip_norm: Optional[float] = None in (0, inf) or None, differentiable"
+
+
+def test_list_shows_the_local_training_options_of_every_method_that_trains_locally(capsys):
+    assert cli.main(["list", "algorithms"]) == 0
+    out = capsys.readouterr().out
+    sections = {}
+    for line in out.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            name = line.split()[0]
+            sections[name] = []
+        elif line.startswith("      ") and sections:
+            sections[name].append(line.strip())
+    assert set(sections) == set(ALGORITHMS)
+    for name, lines in sections.items():
+        trains_locally = name != "fedevg"  # FedEvg: SGLD on synthetic data, its own clips
+        assert (CLIP_LINE in lines) == trains_locally, name
+        assert ("clip_mode: str = 'step'" in lines) == trains_locally, name
+        objects = next((l for l in lines if l.startswith("Python API only:")), "")
+        assert ("client_optimizer" in objects) == trains_locally, name
+
+
+def test_clip_norm_and_client_momentum_on_the_command_line(tmp_path, capsys):
+    """--hp clip_norm / clip_mode and --client-momentum / --client-weight-decay are
+    accepted by run and compare (the latter reach every algorithm taking them) and set
+    the factory's arguments; bad values stop before any data or compute, naming the
+    field."""
+    out = tmp_path / "run"
+    assert cli.main(["run", *TINY, "--algorithm", "ditto", "--hp", "clip_norm=10",
+                     "--hp", "clip_mode=loss", "--client-momentum", "0.9",
+                     "--client-weight-decay", "1e-4", "--num-rounds", "1", "--eval-every",
+                     "1", "--no-plots", "-o", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["hparams"] == {"clip_norm": 10.0, "clip_mode": "loss"}
+    assert cfg["client_momentum"] == 0.9 and cfg["client_weight_decay"] == 1e-4
+    capsys.readouterr()
+
+    compare = _cfg(["compare", "--algorithms", "fedavg,pfedme,feddyn", "--hp", "clip_norm=10",
+                    "--client-momentum", "0.9", "-o", str(tmp_path / "c")], C.CompareConfig)
+    per_algorithm = C.validate_compare(compare)
+    assert all(hp == {"clip_norm": 10} for hp in per_algorithm.values())
+
+    for flags, field in ((["--hp", "clip_norm=-1"], "clip_norm"),
+                         (["--hp", "clip_norm=0"], "clip_norm"),
+                         (["--client-momentum", "1.5"], "client_momentum"),
+                         (["--client-weight-decay", "-1"], "client_weight_decay"),
+                         (["--algorithm", "fedevg", "--client-momentum", "0.9"],
+                          "client_momentum"),
+                         (["--algorithm", "fedevg", "--hp", "clip_norm=1"], "clip_norm")):
+        bad = tmp_path / "bad"
+        assert cli.main(["run", *TINY, "--algorithm", "fedavg", *flags, "-o", str(bad)]) == 2
+        _one_line_error(capsys.readouterr().err, field)
+        assert not bad.exists()
+    assert cli.main(["compare", *TINY, "--algorithms", "fedavg,ditto", "--hp",
+                     "clip_norm=-1", "-o", str(tmp_path / "bad")]) == 2
+    _one_line_error(capsys.readouterr().err, "clip_norm")
+
+
+def test_client_momentum_builds_the_client_sgd_of_every_algorithm(monkeypatch):
+    """--client-momentum / --client-weight-decay reach the factory as its
+    client_optimizer: torch.optim.SGD's update (g + wd theta into a heavy ball)."""
+    import inspect
+    import jax.numpy as jnp
+    import helpers
+    from fedjax_fair import algorithms
+    for name in ("ditto", "pfedme", "fedavg"):
+        entry, seen = algorithms.REGISTRY[name], {}
+
+        def capture(model, _factory=entry.factory, **kwargs):
+            seen.update(kwargs)
+            return _factory(model, **kwargs)
+
+        capture.__signature__ = inspect.signature(entry.factory)
+        monkeypatch.setitem(algorithms.REGISTRY, name, entry._replace(factory=capture))
+        cfg = C.build(C.RunConfig, None, {"algorithm": name, "client_momentum": 0.9,
+                                          "client_weight_decay": 0.01})
+        C.validate_run(cfg)
+        cli.build_algorithm(name, helpers.logreg(), cfg, {})
+        optimizer = seen["client_optimizer"](0.1)
+        params, grads = {"w": jnp.array([1.0, -2.0])}, {"w": jnp.array([0.5, 0.5])}
+        first, state = optimizer.update(grads, optimizer.init(params), params)
+        second, _ = optimizer.update(grads, state, params)
+        g = np.array([0.5, 0.5]) + 0.01 * np.array([1.0, -2.0])
+        np.testing.assert_allclose(first["w"], -0.1 * g, rtol=1e-6)
+        np.testing.assert_allclose(second["w"], -0.1 * (g + 0.9 * g), rtol=1e-6)
 
 
 def test_lazy_table_too_small_is_a_config_error(tmp_path, capsys):

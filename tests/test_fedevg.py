@@ -226,6 +226,35 @@ def test_client_sgld_descends_the_energy(x64):
     assert np.all(energy(small) < energy(x))
 
 
+def test_client_sgld_clips_samples_after_the_chain_or_every_step(x64):
+    """The authors' sampler clips the samples to the data range once after the R
+    steps ("chain"); "step" clips after each; one step is the same either way. An
+    overshooting step (gamma = 1.5 towards m = 0.9 from 0) leaves the range after the
+    first step, so the two paths part."""
+    means = np.asarray([[0.9, 0.5]])
+    apply = _quadratic_energy(means)
+    x = jnp.asarray([[0.0, 0.5]])
+    y = jnp.zeros((1,), jnp.int32)
+    kw = dict(noise=0.0, grad_clip=None, data_range=(0.0, 1.0), step_size=1.5)
+
+    def literal(steps, per_step):
+        z = np.asarray(x, np.float64)
+        for _ in range(steps):
+            z = z + 1.5 * (means - z)
+            z = np.clip(z, 0.0, 1.0) if per_step else z
+        return np.clip(z, 0.0, 1.0)
+
+    for steps in (1, 2, 3):
+        chain = F.client_sgld(apply, None, x, y, jax.random.key(0), steps=steps, **kw)
+        step = F.client_sgld(apply, None, x, y, jax.random.key(0), steps=steps,
+                             sample_clip="step", **kw)
+        np.testing.assert_allclose(chain, literal(steps, False), rtol=1e-12)
+        np.testing.assert_allclose(step, literal(steps, True), rtol=1e-12)
+        assert (steps == 1) == bool(np.allclose(chain, step))
+    with pytest.raises(ValueError, match="sample_clip"):
+        F.fedevg(TOY_MODEL, sample_clip="each")
+
+
 # ----------------------------------------------------------------- 6. PCD sign
 
 

@@ -440,3 +440,37 @@ def test_personal_evaluation_uses_each_clients_combined_model():
     # Not the server's model (whose local layers are the initial ones).
     assert not np.allclose(server_loss, [metrics["loss"][k] for k in range(N)
                                         if DATA.test.num_examples[k]])
+
+
+def test_lg_fedavg_refuses_a_split_with_no_local_layer():
+    """Sharing every layer would make LG-FedAvg FedAvg under another name: refused,
+    the default (-1,) on a one-layer model included."""
+    for model, shared in ((helpers.logreg(), (-1,)), (MODEL, LAYERS)):
+        with pytest.raises(ValueError, match="^shared_layers"):
+            lg_fedavg(model, shared_layers=shared)
+    lg_fedavg(MODEL, shared_layers=(-1,))  # one local layer is enough
+
+
+@pytest.mark.parametrize("name", ["fedrep", "fedper", "lg_fedavg"])
+def test_improved_fraction_compares_each_clients_own_model(name):
+    """``with_improvement`` on a partial-model method takes both losses on the model
+    each participant is scored on: its own layers merged with the global ones,
+    before and after the round (the global model would miss the kept layers)."""
+    from fedjax_fair.algorithm import with_improvement
+    from fedjax_fair.client import data_loss
+    alg = FACTORIES[name]()
+    wrapped = with_improvement(alg, MODEL)
+    state = alg.init(PARAMS, N)
+    for (ids, mask), key in zip(ROUNDS[:2], ROUND_KEYS[:2]):
+        cohort = helpers.cohort(TRAIN, ids, mask=mask)
+        new, metrics = jax.jit(wrapped.apply)(state, cohort, key)
+        ids = jnp.asarray(ids, jnp.int32)
+        own = lambda s: jax.vmap(lambda p, i: data_loss(
+            MODEL, p, jax.tree.map(lambda v: v[i], TRAIN)))(alg.personal(s, ids), ids)
+        before, after = np.asarray(own(state)), np.asarray(own(new))
+        np.testing.assert_allclose(metrics["loss_after"], after, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(metrics["loss_before_personal"], before, rtol=1e-5,
+                                   atol=1e-6)
+        expect = np.mean((after <= before)[np.asarray(mask)])
+        np.testing.assert_allclose(metrics["improved_fraction"], expect, rtol=1e-6)
+        state = new

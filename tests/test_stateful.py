@@ -22,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedjax_fair as ff
@@ -142,6 +143,17 @@ def _sgd(start, batches, lr, extra_grad):
     return p
 
 
+def _heavy_ball(start, batches, lr, extra_grad, momentum):
+    """Local SGD with momentum (optax.sgd(lr, momentum), torch's heavy ball):
+    m <- g + momentum m, p <- p - lr m, g the batch's CE gradient + extra_grad(p)."""
+    p, m = start, _zeros()
+    for x, y in batches:
+        g = _add(helpers.logreg_grad_numpy(p[0], p[1], x, y), extra_grad(p))
+        m = _add(g, m, scales=[1.0, momentum])
+        p = _add(p, m, scales=[1.0, -lr])
+    return p
+
+
 def _active(ids, mask):
     return [k for k, m in zip(ids, mask) if m]
 
@@ -201,22 +213,25 @@ def feddyn_reference():
     return out
 
 
-def ditto_reference():
+def ditto_reference(momenta=None):
     """Li et al. 2021, Algorithm 1: FedAvg for w; personal SGD on
-    F_k(v) + lam/2 ||v - w^t||^2 from the kept v_k (v_k = w^0 at the start)."""
+    F_k(v) + lam/2 ||v - w^t||^2 from the kept v_k (v_k = w^0 at the start).
+    ``momenta`` (global, personal): heavy-ball steps with those momenta instead."""
     w = helpers.logreg_to_numpy(PARAMS)
     v = {k: w for k in range(N)}
     out = []
+    glob, personal = ((_sgd, _sgd) if momenta is None else
+                      tuple(functools.partial(_heavy_ball, momentum=m) for m in momenta))
     for (ids, mask), key in zip(ROUNDS, ROUND_KEYS):
         active = _active(ids, mask)
         total = sum(SIZES[k] for k in active)
         new_w = _zeros()
         for k in active:
             train_key, finish_key = _client_keys(key, k)
-            wk = _sgd(w, _batches(k, train_key, EPOCHS), LR, lambda p: _zeros())
+            wk = glob(w, _batches(k, train_key, EPOCHS), LR, lambda p: _zeros())
             new_w = _add(new_w, wk, scales=[1.0, SIZES[k] / total])
-            v[k] = _sgd(v[k], _batches(k, finish_key, PERSONAL_EPOCHS), PERSONAL_LR,
-                        lambda p: _add(p, w, scales=[LAM, -LAM]))
+            v[k] = personal(v[k], _batches(k, finish_key, PERSONAL_EPOCHS), PERSONAL_LR,
+                            lambda p: _add(p, w, scales=[LAM, -LAM]))
         w = new_w
         out.append((w, {k: val for k, val in v.items()}))
     return out
@@ -290,6 +305,27 @@ def test_ditto_matches_numpy_reference():
         _close(_table_rows(alg, state), _stacked(v), f"round {r}: v_k")
         personal = alg.personal(state, jnp.arange(N, dtype=jnp.int32))
         _close(helpers.logreg_to_numpy(personal), _stacked(v), f"round {r}: personal")
+
+
+def test_ditto_with_momentum_optimizers_matches_numpy_reference():
+    """client_optimizer drives the global steps, personal_optimizer the personal ones
+    (each SGD with its own momentum; heavy ball, state fresh every round): the first
+    two rounds against the reference, and not the plain-SGD iterates."""
+    momenta = (0.9, 0.5)
+    alg = ditto(MODEL, lam=LAM, personal_lr=PERSONAL_LR, personal_epochs=PERSONAL_EPOCHS,
+                client_lr=LR, batch_size=B, num_epochs=EPOCHS,
+                client_optimizer=lambda lr: optax.sgd(lr, momentum=momenta[0]),
+                personal_optimizer=lambda lr: optax.sgd(lr, momentum=momenta[1]))
+    apply = jax.jit(alg.apply)
+    state = alg.init(PARAMS, N)
+    plain = ditto_reference()
+    for r, (w, v) in enumerate(ditto_reference(momenta)[:2]):
+        ids, mask = ROUNDS[r]
+        state, _ = apply(state, helpers.cohort(TRAIN, ids, mask=mask), ROUND_KEYS[r])
+        _close(helpers.logreg_to_numpy(state.params), w, f"round {r}: w")
+        _close(_table_rows(alg, state), _stacked(v), f"round {r}: v_k")
+        assert np.abs(w[0] - plain[r][0][0]).max() > 1e-3  # momentum changed w
+        assert np.abs(v[0][0] - plain[r][1][0][0]).max() > 1e-3  # and v_0
 
 
 def test_ditto_rows_of_absent_clients_persist_unchanged():

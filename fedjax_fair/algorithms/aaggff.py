@@ -567,6 +567,7 @@ def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range: Optional
              variant: str = "thesis", num_iters: int = 300, solver: str = "fista",
              client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
              max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             clip_norm: Optional[float] = None, clip_mode: str = "step",
              server_lr: Rate = 1.0,
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-S: FedAvg clients, ONS mixing (``aaggff_s_mixing``); run it with full
@@ -578,6 +579,7 @@ def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range: Optional
                                                 num_iters=num_iters, solver=solver),
                   client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   server_optimizer=server_optimizer or _server_sgd(server_lr))
 
 
@@ -585,6 +587,7 @@ def aaggff_d(model, *, cdf: Union[str, int] = "normal", response_range: Optional
              variant: str = "thesis", client_lr: Rate = 0.1, batch_size: int = 20,
              num_epochs: int = 1, max_steps: Optional[int] = None,
              client_optimizer: Optional[Optimizer] = None, server_lr: Rate = 1.0,
+             clip_norm: Optional[float] = None, clip_mode: str = "step",
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-D: FedAvg clients, linearised-FTRL mixing (``aaggff_d_mixing``) for
     partial participation; ``server_lr`` as in ``aaggff_s``."""
@@ -592,6 +595,7 @@ def aaggff_d(model, *, cdf: Union[str, int] = "normal", response_range: Optional
                                                 variant=variant),
                   client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   server_optimizer=server_optimizer or _server_sgd(server_lr))
 
 

@@ -53,6 +53,7 @@ SAM_VARIANT_HPARAMS = {**PD_HPARAMS, **SAM_HPARAMS}
 def afedpd(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 50,
            num_epochs: int = 1, max_steps: Optional[int] = None,
            client_optimizer: Optional[Optimizer] = None, weight_decay: float = 0.0,
+           clip_norm: Optional[float] = None, clip_mode: str = "step",
            client_table: str = "dense", weight_by_size: bool = False,
            evaluate: str = "average") -> FederatedAlgorithm:
     """A-FedPD: augmented-Lagrangian local SGD, real dual updates for the cohort and
@@ -63,7 +64,8 @@ def afedpd(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 
     each optionally ":bf16" storage."""
     return primal_dual(model, rho=rho, rule="virtual", client_lr=client_lr,
                        batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer, weight_decay=weight_decay,
+                       client_optimizer=client_optimizer,
+                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)
 
@@ -71,12 +73,14 @@ def afedpd(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 
 def afedpd_sam(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float = 1e-2,
                client_lr: Rate = 0.1, batch_size: int = 50, num_epochs: int = 1,
                max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+               clip_norm: Optional[float] = None, clip_mode: str = "step",
                weight_decay: float = 0.0, client_table: str = "dense",
                weight_by_size: bool = False, evaluate: str = "average") -> FederatedAlgorithm:
     """A-FedPDSAM: A-FedPD with SAM local steps (radius ``sam_radius``, two gradient
     evaluations per step). ``sam_radius=0`` is A-FedPD."""
     return primal_dual(model, rho=rho, rule="virtual", client_lr=client_lr,
                        batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer, weight_decay=weight_decay,
+                       client_optimizer=client_optimizer,
+                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)

@@ -102,9 +102,11 @@ def afl_mixing(lambda_lr=0.01) -> MixingRule:
 def afl(model, *, lambda_lr: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
         num_epochs: int = 1, max_steps: Optional[int] = None,
         client_optimizer: Optional[Optimizer] = None,
+        clip_norm: Optional[float] = None, clip_mode: str = "step",
         server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with AFL's minimax client weights. Meant for full
     participation (the ``full`` sampler)."""
     return fedavg(model, mixing=afl_mixing(lambda_lr), client_lr=client_lr,
                   batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                  client_optimizer=client_optimizer, server_optimizer=server_optimizer)
+                  client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode, server_optimizer=server_optimizer)

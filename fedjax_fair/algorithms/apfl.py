@@ -32,7 +32,10 @@ same batch and the pre-step iterates. (The mixture's loss enters as
 last-epoch loss, as FedAvg's, while the gradients are unchanged.) The optimizer moves
 (w, v) with ``client_optimizer`` (default SGD at ``client_lr``) and alpha by plain SGD
 at ``alpha_lr`` projected onto [0, 1] (as the authors' code clips it); with
-``adaptive_alpha=False`` alpha is never moved. The row of client i is
+``adaptive_alpha=False`` alpha is never moved. ``clip_norm`` clips grad_w and grad_v
+separately, each to global norm at most c (the two models' own steps, so alpha = 0
+with clipping is FedAvg with clipping); APFL has no regularizer, so both
+``clip_mode`` forms coincide. The row of client i is
 ``APFLRow(local=v_i, alpha=alpha_i)``, v_i^0 = w^0 and alpha_i^0 = ``alpha``.
 
 Symbols -> arguments: alpha (the initial / fixed mixing weight) = ``alpha`` (the
@@ -54,7 +57,8 @@ from fedjax_fair import execution
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
-from fedjax_fair.client import data_loss, local_sgd, make_optimizer, round_value
+from fedjax_fair.client import (clip_by_global_norm, data_loss, local_sgd, make_optimizer,
+                                round_value)
 from fedjax_fair.mixing import prior
 from fedjax_fair.models.base import Model
 from fedjax_fair.types import Broadcast, ClientData, ClientOutput
@@ -99,15 +103,20 @@ def joint_model(model: Model) -> Model:
     return model._replace(per_example_loss=loss, init=None)
 
 
-def joint_optimizer(pair: optax.GradientTransformation, alpha_lr, adaptive: bool):
+def joint_optimizer(pair: optax.GradientTransformation, alpha_lr, adaptive: bool,
+                    clip_norm=None):
     """``pair`` on (w, v); alpha <- clip(alpha - alpha_lr g_alpha, 0, 1) if ``adaptive``,
-    else alpha unchanged."""
+    else alpha unchanged. ``clip_norm`` (not None): g_w and g_v are each clipped to
+    global norm at most ``clip_norm`` before ``pair`` sees them."""
 
     def init(params: Joint):
         return pair.init((params.w, params.v))
 
     def update(grads: Joint, state, params: Joint):
-        (dw, dv), state = pair.update((grads.w, grads.v), state, (params.w, params.v))
+        gw, gv = grads.w, grads.v
+        if clip_norm is not None:
+            gw, gv = clip_by_global_norm(gw, clip_norm), clip_by_global_norm(gv, clip_norm)
+        (dw, dv), state = pair.update((gw, gv), state, (params.w, params.v))
         a = params.alpha
         da = (jnp.clip(a - alpha_lr * grads.alpha, 0.0, 1.0) - a).astype(a.dtype) if adaptive \
             else jnp.zeros_like(a)
@@ -119,8 +128,9 @@ def joint_optimizer(pair: optax.GradientTransformation, alpha_lr, adaptive: bool
 def apfl(model, *, alpha: float = 0.25, adaptive_alpha: bool = False,
          alpha_lr: Optional[Rate] = None, client_lr: Rate = 0.1, batch_size: int = 20,
          num_epochs: int = 1, max_steps: Optional[int] = None,
-         client_optimizer: Optional[Optimizer] = None, client_table: str = "dense",
-         weight_by_size: bool = True) -> FederatedAlgorithm:
+         client_optimizer: Optional[Optimizer] = None,
+         clip_norm: Optional[float] = None, clip_mode: str = "step",
+         client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """APFL: FedAvg on the global copies w_i (weights n_i, or 1 / |S| with
     ``weight_by_size=False``), a local model v_i and mixing weight alpha_i per client
     trained in the same local steps; evaluated personally on
@@ -128,13 +138,16 @@ def apfl(model, *, alpha: float = 0.25, adaptive_alpha: bool = False,
 
     ``client_optimizer``: ``rate -> optax transformation`` (default ``optax.sgd``) or a
     fixed transformation, applied to the pair (w_i, v_i); its state starts fresh every
-    round. ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the rows."""
+    round. ``clip_norm``: grad_w and grad_v each clipped (``clip_mode`` accepted for
+    uniformity; no regularizer). ``client_table``: "dense", "lazy" or "lazy:CAPACITY"
+    storage of the rows."""
     H.check(HPARAMS, alpha=alpha)
     if alpha_lr is not None and not callable(alpha_lr):
         HPARAMS["alpha_lr"].check("alpha_lr", alpha_lr)
     if not isinstance(adaptive_alpha, bool):
         raise ValueError(f"adaptive_alpha: must be a bool, got {adaptive_alpha!r}")
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     pair_optimizer = client_optimizer or optax.sgd
     alpha_rate = client_lr if alpha_lr is None else alpha_lr
     train = local_sgd(joint_model(model), batch_size=batch_size, num_epochs=num_epochs,
@@ -145,7 +158,8 @@ def apfl(model, *, alpha: float = 0.25, adaptive_alpha: bool = False,
                       key):
         lr = round_value(client_lr, broadcast.round)
         optimizer = joint_optimizer(make_optimizer(pair_optimizer, lr),
-                                    round_value(alpha_rate, broadcast.round), adaptive_alpha)
+                                    round_value(alpha_rate, broadcast.round), adaptive_alpha,
+                                    clip_norm)
         start = Joint(broadcast.params, row.local, row.alpha)
         trained, num_steps, train_loss = train(start, optimizer, data, local_steps, key)
         output = ClientOutput(

@@ -12,12 +12,18 @@ it collapses into one order-independent closed form (spec §2.2):
     S = d~^T M^{-1} d~ = ||v||^2,   lambda*_k ∝ 1 / ||g~_k||^2 (Cholesky identities).
 
 Server (``dqn_aggregator``, ``dqn_combine``): M in HIGHEST matmul precision, one
-leaf at a time (no flattening of the model); M normalised by its diagonal, a ridge
-``ridge`` (relative), Cholesky; clients with g_k = 0 (or masked) dropped; optional
-step cap of Theorem 4.2 on the *realised* decreases r = M w,
-eta = eta_g min(1, 2 max(min_k r_k, 0) / (L^ S)), L^ = max_k 1 / gamma0_k
-(``step_cap="thm42"``), and an optional bound on ||eta v|| (``max_step_norm``). The
-server keeps theta^{t-1} and broadcasts it with theta^t.
+leaf (or column block) at a time (no flattening of the model), accumulated, solved
+and weighted in the widest enabled float (float64 under ``jax_enable_x64``); M
+normalised by its diagonal and solved by the eigh pseudo-inverse that drops
+eigenvalues below ``ridge`` (relative) times the largest (``solver="eigh"``, exact on
+well-posed cohorts and the least-squares limit on duplicated, parallel or K > d ones)
+or by a ridge Cholesky (``"cholesky"``); clients with g_k = 0 (or masked) dropped.
+S = ||v||^2 and the *realised* decreases r = G^T v are measured on the step v that is
+taken; optional step cap of Theorem 4.2 on them,
+eta = eta_g min(1, 2 min_k r_k / (L^ S)), L^ = max_k 1 / gamma0_k, and 0 when
+min_k r_k <= 0 or S is not finite (``step_cap="thm42"``), and an optional bound on
+||eta v|| (``max_step_norm``). The server keeps theta^{t-1} and broadcasts it with
+theta^t.
 
 Client (``dqn_client``): curvature pairs (s, y) from the previous global model to the
 current one, and (``local_pairs``) from each local epoch, every gradient of a pair on
@@ -50,8 +56,9 @@ from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
-from fedjax_fair.client import data_loss, inner, local_sgd, round_value
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
+from fedjax_fair.client import (check_rate_optimizer, data_loss, inner, local_sgd,
+                                make_optimizer, round_value)
 from fedjax_fair.hessian import row_subset
 from fedjax_fair.mixing import uniform
 from fedjax_fair.types import ClientData, ClientOutput
@@ -165,12 +172,22 @@ def direct_bfgs_apply(g, pairs: Pairs):
     return apply(g, m)
 
 
-def decrement(g, pairs: Pairs, gamma0, *, delta_min=1e-3, bfgs_form: str = "inverse"):
-    """d~ = max(g . H g, delta_min gamma0 ||g||^2) (spec §2.5 step 7); H the L-BFGS
-    inverse Hessian, or with ``bfgs_form="direct"`` the paper's B of eq. 19."""
+def decrement(g, pairs: Pairs, gamma0, *, delta_min=1e-3, gamma_max=1e2,
+              bfgs_form: str = "inverse"):
+    """d~ = clip(g . H g, delta_min gamma0 ||g||^2, gamma_max ||g||^2); H the L-BFGS
+    inverse Hessian, or with ``bfgs_form="direct"`` the paper's B of eq. 19.
+
+    The upper end bounds H's Rayleigh quotient along g by ``gamma_max``, the bound
+    ``initial_scale`` already puts on H0 = gamma0 I: a pair with s.y barely above the
+    acceptance threshold makes H ~ s s^T / (s.y) arbitrarily large, so a client with a
+    small gradient could demand a decrement whose step d~ / ||g|| is tens of times its
+    own scale. On the command line's default job (Synthetic(1, 1), logistic regression)
+    that happened once in about a hundred rounds per seed; the literal step then
+    threw the model to a loss of 1e9 (S jumped from 0.2 to 7e5 with every d~ < 0.2)."""
     hg = (lbfgs_two_loop(g, pairs, gamma0) if bfgs_form == "inverse"
           else direct_bfgs_apply(g, pairs))
-    return jnp.maximum(inner(g, hg), delta_min * gamma0 * inner(g, g))
+    sq = inner(g, g)
+    return jnp.minimum(jnp.maximum(inner(g, hg), delta_min * gamma0 * sq), gamma_max * sq)
 
 
 # ----------------------------------------------------------------------- client
@@ -180,14 +197,22 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
                max_steps: Optional[int] = None, mode: str = "pseudo_grad",
                local_pairs: bool = True, memory: Optional[int] = None,
                bfgs_form: str = "inverse", probe_size: Optional[int] = 512,
-               eps_curv=1e-8, gamma_min=1e-6, gamma_max=1e2, delta_min=1e-3) -> Callable:
+               eps_curv=1e-8, gamma_min=1e-6, gamma_max=1e2, delta_min=1e-3,
+               client_optimizer=None, clip_norm=None, clip_mode: str = "step") -> Callable:
     """DQN-Fed's ClientUpdate (spec §2.5): receives theta^t and theta^{t-1}
     (``broadcast.extra``), returns ``extra = {"g", "dtilde", "gamma0", "num_pairs"}``
-    and ``delta = theta^t - theta_k^E``."""
+    and ``delta = theta^t - theta_k^E``. In "pseudo_grad" mode the local epochs use
+    ``client_optimizer`` (a ``rate -> transformation``, default ``optax.sgd``; its
+    state starts fresh every epoch, one ``local_sgd`` loop per curvature pair) and
+    gradient clipping ``clip_norm`` / ``clip_mode``."""
     _choice("mode", mode, MODES)
     _choice("bfgs_form", bfgs_form, BFGS_FORMS)
+    if mode == "pseudo_grad":
+        check_rate_optimizer(client_optimizer, "DQN-Fed's pseudo-gradient")
+    optimizer = client_optimizer or optax.sgd
     memory = memory or min(num_epochs + 1, 10)
-    epoch = local_sgd(model, batch_size=batch_size, num_epochs=1)
+    epoch = local_sgd(model, batch_size=batch_size, num_epochs=1, clip_norm=clip_norm,
+                      clip_mode=clip_mode)
 
     def grad_on(params, rows):
         return jax.grad(lambda p: data_loss(model, p, rows))(params)
@@ -215,8 +240,8 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
             steps = jnp.zeros((), jnp.int32)
             train_loss = jnp.zeros((), jnp.float32)
             for e in range(num_epochs):
-                new, n, epoch_loss = epoch(current, optax.sgd(lr), data, budget - steps,
-                                           jax.random.fold_in(train_key, e))
+                new, n, epoch_loss = epoch(current, make_optimizer(optimizer, lr), data,
+                                           budget - steps, jax.random.fold_in(train_key, e))
                 if local_pairs:
                     g_new = grad_on(new, probe)
                     pairs = push_pair(pairs, jax.tree.map(jnp.subtract, new, current),
@@ -228,7 +253,8 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
             scale = 1.0 / (lr * jnp.maximum(steps, 1))
             g = jax.tree.map(lambda v: scale * v, delta)
         gamma0 = initial_scale(pairs, lr, gamma_min, gamma_max)
-        dtilde = decrement(g, pairs, gamma0, delta_min=delta_min, bfgs_form=bfgs_form)
+        dtilde = decrement(g, pairs, gamma0, delta_min=delta_min, gamma_max=gamma_max,
+                           bfgs_form=bfgs_form)
         extra = {"g": g, "dtilde": dtilde, "gamma0": gamma0,
                  "num_pairs": jnp.sum(pairs.valid).astype(jnp.int32)}
         return ClientOutput(delta=delta, loss_before=loss_before,
@@ -245,57 +271,129 @@ GRAM_BLOCK = 1 << 22
 """Columns per block when one leaf's per-client size exceeds it (``gram_matrix``)."""
 
 
-def _gram_update(total, flat):
-    return total + jnp.matmul(flat, flat.T, precision=jax.lax.Precision.HIGHEST
-                              ).astype(jnp.float32)
+def wide_dtype():
+    """The widest enabled float: float64 under ``jax_enable_x64``, else float32."""
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
 
 
-def gram_matrix(tree, num_clients: int, block_size: Optional[int] = GRAM_BLOCK):
-    """M[i, j] = <G_i, G_j> summed over leaves (leading axis K), HIGHEST precision
-    (TF32 would damage M on GPUs). A leaf with more than ``block_size`` entries per
-    client is taken ``block_size`` columns at a time (a rolled loop of K x block
-    slices), so forming M never needs a second K x d buffer; None: whole leaves."""
-    total = jnp.zeros((num_clients, num_clients), jnp.float32)
-    for leaf in jax.tree.leaves(tree):
-        flat = leaf.reshape(num_clients, -1)
-        width = flat.shape[1]
+def _gram_update(total, a, b):
+    """total + a b^T, HIGHEST precision, products accumulated in total's dtype."""
+    return total + jnp.matmul(a, b.T, precision=jax.lax.Precision.HIGHEST,
+                              preferred_element_type=total.dtype)
+
+
+def _products(total, tree, other, block_size):
+    """total + sum over leaves of A B^T, A = a leaf of ``tree`` as [rows(total), n]
+    and B = the same leaf of ``other`` as [cols(total), n]; leaves wider than
+    ``block_size`` go ``block_size`` columns at a time (a rolled loop of slices)."""
+    rows, cols = total.shape
+    for leaf, leaf_b in zip(jax.tree.leaves(tree), jax.tree.leaves(other)):
+        a, b = leaf.reshape(rows, -1), leaf_b.reshape(cols, -1)
+        width = a.shape[1]
         if block_size is None or width <= block_size:
-            total = _gram_update(total, flat)
+            total = _gram_update(total, a, b)
             continue
         full = width // block_size
-        total = jax.lax.fori_loop(0, full, lambda i, m: _gram_update(
-            m, jax.lax.dynamic_slice_in_dim(flat, i * block_size, block_size, axis=1)), total)
+        cut = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * block_size, block_size, axis=1)
+        total = jax.lax.fori_loop(0, full, lambda i, m: _gram_update(m, cut(a, i), cut(b, i)),
+                                  total)
         if width % block_size:
-            total = _gram_update(total, flat[:, full * block_size:])
+            total = _gram_update(total, a[:, full * block_size:], b[:, full * block_size:])
     return total
 
 
+def gram_matrix(tree, num_clients: int, block_size: Optional[int] = GRAM_BLOCK, dtype=None):
+    """M[i, j] = <G_i, G_j> summed over leaves (leading axis K), HIGHEST precision
+    (TF32 would damage M on GPUs), accumulated in ``dtype`` (default: the widest
+    enabled float). A leaf with more than ``block_size`` entries per client is taken
+    ``block_size`` columns at a time (a rolled loop of K x block slices), so forming M
+    never needs a second K x d buffer; None: whole leaves."""
+    total = jnp.zeros((num_clients, num_clients), dtype or wide_dtype())
+    return _products(total, tree, tree, block_size)
+
+
+def client_products(tree, v, num_clients: int, block_size: Optional[int] = GRAM_BLOCK,
+                    dtype=None):
+    """r_k = <G_k, v> summed over leaves ([K]; G with leading axis K, v one pytree of
+    the same structure): G^T v as ``gram_matrix`` forms M, in the same precision,
+    dtype and column blocks (no K x d temporary)."""
+    total = jnp.zeros((num_clients, 1), dtype or wide_dtype())
+    return _products(total, tree, v, block_size)[:, 0]
+
+
+def sq_norm(v, block_size: Optional[int] = GRAM_BLOCK, dtype=None):
+    """||v||^2 summed over the leaves of one pytree, as ``client_products``."""
+    return _products(jnp.zeros((1, 1), dtype or wide_dtype()), v, v, block_size)[0, 0]
+
+
+def _pinv_parts(matrix, ridge):
+    """Eigenvectors, the inverted kept eigenvalues (0 for those <= ridge * max) and the
+    kept mask of a symmetric matrix."""
+    values, vectors = jnp.linalg.eigh(matrix)
+    keep = values > ridge * jnp.max(values)
+    return vectors, jnp.where(keep, 1.0 / jnp.where(keep, values, 1.0), 0.0), keep
+
+
+@jax.custom_jvp
+def pinv_solve(matrix, rhs, ridge):
+    """A^+ b for symmetric A: the pseudo-inverse that drops eigenvalues <= ``ridge``
+    times the largest, i.e. the min-norm least-squares solution of A x = b at that
+    numerical rank. Differentiable at fixed rank (Golub and Pereyra's formula, no
+    1 / (lambda_i - lambda_j), so repeated eigenvalues are fine); none in ``ridge``."""
+    vectors, inverse, _ = _pinv_parts(matrix, ridge)
+    return vectors @ (inverse * (vectors.T @ rhs))
+
+
+@pinv_solve.defjvp
+def _pinv_solve_jvp(primals, tangents):
+    # d(A^+) = -A^+ dA A^+ + A^+^2 dA (I - P) + (I - P) dA A^+^2, P = A A^+ (symmetric A).
+    matrix, rhs, ridge = primals
+    d_matrix, d_rhs, _ = tangents
+    vectors, inverse, keep = _pinv_parts(matrix, ridge)
+    pinv = lambda x, power=1: vectors @ (inverse ** power * (vectors.T @ x))
+    null = lambda x: x - vectors @ jnp.where(keep, vectors.T @ x, 0.0)
+    x = pinv(rhs)
+    return x, (pinv(d_rhs - d_matrix @ x) + pinv(d_matrix @ null(rhs), 2)
+               + null(d_matrix @ pinv(rhs, 2)))
+
+
 class Combination(NamedTuple):
-    v: object  # the step, a pytree
-    w: jax.Array  # [K] coefficients: v = sum_k w_k g_k
-    gram: jax.Array  # [K, K]
-    realised: jax.Array  # [K] g_k . v (= d~_k when well posed; 0 for dropped rows)
-    S: jax.Array  # ||v||^2 = w^T M w
+    """The server's combination; every float array in the widest enabled float."""
+
+    v: object  # the step, a pytree (the clients' dtype)
+    w: jax.Array  # [K] coefficients: v = sum_k w_k g_k (0 for dropped rows)
+    gram: jax.Array  # [K, K] M = G^T G
+    realised: jax.Array  # [K] r = G^T v of the step v (= d~ when well posed; 0 dropped)
+    S: jax.Array  # ||v||^2 of the step v
     lam: jax.Array  # [K] lambda*, from the Cholesky identities (0 for dropped rows)
     kept: jax.Array  # bool [K] rows used
 
 
-def dqn_combine(G, dtilde, mask=None, *, ridge=1e-6, solver: str = "cholesky"
+def dqn_combine(G, dtilde, mask=None, *, ridge=1e-6, solver: str = "eigh"
                 ) -> Combination:
-    """The closed form v = G (G^T G)^{-1} d~ (spec §2.2) over stacked pytrees G.
+    """The closed form v = G (G^T G)^+ d~ of the paper's eqs. 7-17 ("Distributed
+    Quasi-Newton Method for Fair and Fast Federated Learning", Theorem 4.1: g_k . v =
+    d~_k) over stacked pytrees G.
 
-    Rows with ``mask`` False or g_k = 0 are dropped (w_k = 0). M is normalised by its
-    diagonal; ``solver="cholesky"`` adds a relative ``ridge`` and solves by Cholesky
-    (the spec's default); ``"eigh"`` is the pseudo-inverse that drops eigenvalues
-    below ``ridge`` (exact for duplicated or parallel clients, where the ridge only
-    approaches the limit; about 10x the cost of the K x K solve). The K x K algebra
-    runs in float64 when ``jax_enable_x64`` is on. lambda* comes from a Cholesky
-    factor either way. O(K^2 d) for M, O(K^3) for the solve, O(K d) for v."""
+    Rows with ``mask`` False or g_k zero or non-finite are dropped (w_k = lambda_k =
+    r_k = 0; a non-finite row still turns v into NaN, as 0 * NaN in ``weighted_sum``).
+    M is normalised by its diagonal (so v is the min-norm least-squares solution of
+    (g_k / ||g_k||) . v = d~_k / ||g_k||, which is G^T v = d~ whenever that has a
+    solution, and invariant to (g_k, d~_k) -> (c g_k, c d~_k)). ``solver="eigh"``
+    (default) is the pseudo-inverse that drops eigenvalues <= ``ridge`` times the
+    largest: exact on well-posed cohorts, the least-squares limit on duplicated,
+    parallel or K > d cohorts; ``"cholesky"`` adds a relative ``ridge`` and solves by
+    Cholesky (cheaper; off that limit by percents there). ``ridge`` is floored at
+    K eps. M, the solve and w are in the widest enabled float (float64 under
+    ``jax_enable_x64``). S = ||v||^2 and r = G^T v come from the step v itself, never
+    from w (on an ill-conditioned M, w^T M w and M w keep the part of d~ that the
+    solve amplified and v = G w cancels). lambda* comes from a ridge Cholesky factor
+    either way. O(K^2 d) for M, O(K^3) for the solve, O(K d) for v and again for r."""
     _choice("solver", solver, SOLVERS)
     k = dtilde.shape[0]
     mask = jnp.ones((k,), bool) if mask is None else mask
-    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
-    gram = gram_matrix(G, k).astype(wide)
+    wide = wide_dtype()
+    gram = gram_matrix(G, k, dtype=wide)
     dtilde = dtilde.astype(wide)
     diag = jnp.diagonal(gram)
     kept = mask & (diag > _TINY) & jnp.isfinite(diag)
@@ -304,17 +402,16 @@ def dqn_combine(G, dtilde, mask=None, *, ridge=1e-6, solver: str = "cholesky"
     eye = jnp.eye(k, dtype=wide)
     normed = jnp.where(both, gram / (scale[:, None] * scale[None, :]), eye)
     d = jnp.where(kept, dtilde, 0.0)
+    ridge = jnp.maximum(jnp.asarray(ridge, wide), k * jnp.finfo(wide).eps)
     factor = cho_factor(normed + ridge * eye, lower=True)
     if solver == "cholesky":
         wn = cho_solve(factor, d / scale)
     else:
-        values, vectors = jnp.linalg.eigh(normed)
-        inverse = jnp.where(values > ridge * jnp.max(values), 1.0 / values, 0.0)
-        wn = vectors @ (inverse * (vectors.T @ (d / scale)))
+        wn = pinv_solve(normed, d / scale, ridge)
     w = jnp.where(kept, wn / scale, 0.0)
-    v = weighted_sum(G, w.astype(jnp.float32))
-    realised = gram @ w
-    S = jnp.dot(w, realised)
+    v = weighted_sum(G, w)
+    realised = jnp.where(kept, client_products(G, v, k, dtype=wide), 0.0)
+    S = sq_norm(v, dtype=wide)
     # lambda*: with M = R^T R (R = L^T diag(scale)), r = diag R, R' = diag(r)^-1 R and
     # R'^T c = d~: ||g~_k||^2 = r_k^2 / c_k^2 and lambda*_k ∝ c_k^2 / r_k^2.
     upper = factor[0].T * scale[None, :]
@@ -322,24 +419,34 @@ def dqn_combine(G, dtilde, mask=None, *, ridge=1e-6, solver: str = "cholesky"
     c = solve_triangular((upper / r[:, None]).T, d, lower=True)
     inv_norm = jnp.where(kept, jnp.square(c / r), 0.0)
     lam = inv_norm / jnp.maximum(jnp.sum(inv_norm), _TINY)
-    f32 = lambda x: x.astype(jnp.float32)
-    return Combination(v, f32(w), f32(gram), f32(realised), f32(S), f32(lam), kept)
+    return Combination(v, w, gram, realised, S, lam, kept)
 
 
 def step_factor(comb: Combination, gamma0, *, step_cap: str = "none", max_step_norm=None):
-    """The multiplier of v before the server rate: Theorem 4.2's cap on the realised
-    decreases, min(1, 2 max(min_k r_k, 0) / (L^ S)) with L^ = max_k 1 / gamma0_k
-    (``step_cap="thm42"``), and the bound ||factor v|| <= ``max_step_norm``."""
-    factor = jnp.ones((), jnp.float32)
-    S = jnp.maximum(comb.S, _TINY)
+    """The multiplier t of v before the server rate, from the step v itself (S =
+    ||v||^2, r = G^T v). ``step_cap="thm42"``: Theorem 4.2's cap: with every f_k
+    L-smooth, f_k(theta - t v) <= f_k(theta) - t r_k + L t^2 S / 2, so
+    t = min(1, 2 min_k r_k / (L^ S)), L^ = max_k 1 / gamma0_k over kept rows, lowers no
+    kept client's loss; t = 0 when no t > 0 is known to be safe (min_k r_k <= 0, S
+    not positive or non-finite, nothing kept; S = 0 means v = 0, where t is moot).
+    ``max_step_norm``: also ||t v|| <= max_step_norm (t = 0 if S is non-finite)."""
+    S = comb.S
+    finite = jnp.isfinite(S)
+    factor = jnp.ones((), S.dtype)
     if step_cap == "thm42":
-        lipschitz = jnp.max(jnp.where(comb.kept, 1.0 / gamma0, 0.0))
+        lipschitz = jnp.max(jnp.where(comb.kept, 1.0 / gamma0, 0.0)).astype(S.dtype)
         low = jnp.min(jnp.where(comb.kept, comb.realised, jnp.inf))
-        cap = 2.0 * jnp.maximum(low, 0.0) / jnp.maximum(lipschitz * S, _TINY)
-        factor = jnp.where(jnp.any(comb.kept), jnp.minimum(1.0, cap), 0.0)
+        safe = finite & (S > 0) & jnp.isfinite(low) & (low > 0) & ~jnp.isnan(lipschitz)
+        curvature = lipschitz * S
+        positive = curvature > 0
+        cap = jnp.where(positive, 2.0 * low / jnp.where(positive, curvature, 1.0), 1.0)
+        factor = jnp.where(safe, jnp.minimum(1.0, cap), 0.0)
     if max_step_norm is not None:
-        factor = factor * jnp.minimum(1.0, max_step_norm / jnp.maximum(factor * jnp.sqrt(S),
-                                                                       _TINY))
+        moving = finite & (S > 0)
+        size = factor * jnp.where(moving, jnp.sqrt(jnp.where(moving, S, 1.0)), 0.0)
+        over = size > max_step_norm
+        factor = jnp.where(finite, factor * jnp.where(
+            over, max_step_norm / jnp.where(over, size, 1.0), 1.0), 0.0)
     return factor
 
 
@@ -355,16 +462,19 @@ def client_vectors(outputs):
     if isinstance(extra, dict) and "g" in extra and "dtilde" in extra:
         return extra["g"], extra["dtilde"], extra.get("gamma0",
                                                       jnp.ones_like(extra["dtilde"]))
-    sq = sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1)), axis=1)
+    sq = sum(jnp.einsum("kn,kn->k", x.reshape(x.shape[0], -1), x.reshape(x.shape[0], -1),
+                        precision=jax.lax.Precision.HIGHEST,
+                        preferred_element_type=wide_dtype())
              for x in jax.tree.leaves(outputs.delta))
     return outputs.delta, sq, jnp.ones_like(sq)
 
 
 def dqn_aggregator(*, ridge=1e-6, step_cap: str = "none", max_step_norm=None,
-                   solver: str = "cholesky") -> Aggregator:
+                   solver: str = "eigh") -> Aggregator:
     """DQN-Fed's server step as an ``Aggregator``: direction = factor * v (the server
-    optimizer then applies eta_g). Keeps theta^{t-1}; logs S, the realised
-    decreases, lambda*, the cap factor and min_k r_k / d~_k."""
+    optimizer then applies eta_g). Keeps theta^{t-1}; logs S = ||v||^2, the realised
+    decreases r = G^T v (0 for dropped rows), lambda*, the cap factor and
+    min_k r_k / d~_k, in the widest enabled float."""
     _choice("step_cap", step_cap, STEP_CAPS)
     _choice("solver", solver, SOLVERS)
 
@@ -381,7 +491,7 @@ def dqn_aggregator(*, ridge=1e-6, step_cap: str = "none", max_step_norm=None,
         info = {"S": comb.S, "realised_decrease": comb.realised, "dtilde": dtilde,
                 "lambda": comb.lam, "step_factor": factor,
                 "min_realised_ratio": jnp.where(jnp.any(comb.kept), jnp.min(ratio), 0.0)}
-        direction = jax.tree.map(lambda x: factor * x, comb.v)
+        direction = jax.tree.map(lambda x: factor.astype(x.dtype) * x, comb.v)
         return direction, DQNState(previous=ctx.params), info
 
     return Aggregator(init, aggregate)
@@ -417,17 +527,21 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
             local_pairs: bool = True, memory: Optional[int] = None,
             bfgs_form: str = "inverse", probe_size: Optional[int] = 512,
             eps_curv: float = 1e-8, gamma_min: float = 1e-6, gamma_max: float = 100.0,
-            delta_min: float = 1e-3, ridge: float = 1e-6, solver: str = "cholesky",
+            delta_min: float = 1e-3, ridge: float = 1e-6, solver: str = "eigh",
             step_cap: str = "none", max_step_norm: Optional[float] = None,
             client_lr: Rate = 0.1,
             batch_size: int = 20, num_epochs: int = 1,
-            max_steps: Optional[int] = None) -> FederatedAlgorithm:
+            max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+            clip_norm: Optional[float] = None,
+            clip_mode: str = "step") -> FederatedAlgorithm:
     """DQN-Fed (module doc): quasi-Newton decrements on the clients, the closed-form
     fair step on the server, theta^{t-1} kept and broadcast. ``server_lr`` defaults
     to 0.5: the paper's eta_g = 1 (eq. 17) blows up near a Pareto-stationary point of
     the cohort on networks (spec A7b; docs/reproducing.md); give 1.0 for the literal
-    step."""
-    check_client(client_lr, batch_size, num_epochs, max_steps)
+    step. ``client_optimizer`` and ``clip_norm`` / ``clip_mode``: the local epochs of
+    ``mode="pseudo_grad"`` (``dqn_client``)."""
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     H.check(HPARAMS, memory=memory, probe_size=probe_size, eps_curv=eps_curv,
@@ -440,7 +554,9 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
                         num_epochs=num_epochs, max_steps=max_steps, mode=mode,
                         local_pairs=local_pairs, memory=memory, bfgs_form=bfgs_form,
                         probe_size=probe_size, eps_curv=eps_curv, gamma_min=gamma_min,
-                        gamma_max=gamma_max, delta_min=delta_min)
+                        gamma_max=gamma_max, delta_min=delta_min,
+                        client_optimizer=client_optimizer, clip_norm=clip_norm,
+                        clip_mode=clip_mode)
     return compose(client, mixing=uniform(),
                    aggregator=dqn_aggregator(ridge=ridge, step_cap=step_cap,
                                              max_step_norm=max_step_norm, solver=solver),

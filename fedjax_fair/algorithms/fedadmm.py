@@ -36,6 +36,7 @@ HPARAMS = dict(PD_HPARAMS)
 def fedadmm(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 50,
             num_epochs: int = 1, max_steps: Optional[int] = None,
             client_optimizer: Optional[Optimizer] = None, weight_decay: float = 0.0,
+            clip_norm: Optional[float] = None, clip_mode: str = "step",
             client_table: str = "dense", weight_by_size: bool = False,
             evaluate: str = "average") -> FederatedAlgorithm:
     """FedADMM: duals updated only when sampled, theta the cohort's mean augmented
@@ -43,6 +44,7 @@ def fedadmm(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int =
     (theta)."""
     return primal_dual(model, rho=rho, rule="cohort", client_lr=client_lr,
                        batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer, weight_decay=weight_decay,
+                       client_optimizer=client_optimizer,
+                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)

@@ -13,7 +13,9 @@ schedule of the round t, e.g. ``lambda t: 0.1 * 0.99 ** t``; or any
 ``optax.sgd(1.0)``.
 
 ``CLIENT_HPARAMS`` are the local-training arguments every FedAvg-style factory
-states in its signature; ``client_training`` builds that local training.
+states in its signature; ``client_training`` builds that local training. Every step's
+gradient may be clipped to global norm ``clip_norm`` (None: off; ``clip_mode`` "step"
+clips loss plus regularizer, "loss" the loss alone; ``client.local_sgd``).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.client import check_optimizer, local_training
+from fedjax_fair.client import (CLIP_NORM, check_clip, check_optimizer, check_rate_optimizer,
+                                local_training)
 from fedjax_fair.mixing import MixingRule, prior
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
@@ -32,18 +35,22 @@ Transform = optax.GradientTransformation
 Optimizer = Union[Transform, Callable]  # fixed, or rate -> transformation (optax.sgd)
 
 CLIENT_HPARAMS = {"client_lr": H.POSITIVE, "batch_size": H.COUNT, "num_epochs": H.COUNT,
-                  "max_steps": H.Range(1, None, integer=True, nullable=True)}
+                  "max_steps": H.Range(1, None, integer=True, nullable=True),
+                  "clip_norm": CLIP_NORM}
 WEIGHT_DECAY = {"weight_decay": H.NONNEGATIVE}  # coupled L2 of the local steps
 HPARAMS = {**CLIENT_HPARAMS, **WEIGHT_DECAY}
 
 
-def check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer=None) -> None:
-    """Range checks of the local-training arguments (concrete values only) and the
-    type of ``client_optimizer`` (None, an optax transformation or a callable rate ->
-    transformation; anything else, e.g. the string "adam", is a TypeError)."""
+def check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer=None,
+                 clip_norm=None, clip_mode: str = "step") -> None:
+    """Range checks of the local-training arguments (concrete values only; ``clip_norm``
+    > 0 or None, ``clip_mode`` "step" or "loss") and the type of ``client_optimizer``
+    (None, an optax transformation or a callable rate -> transformation; anything else,
+    e.g. the string "adam", is a TypeError)."""
     if not callable(client_lr):
         CLIENT_HPARAMS["client_lr"].check("client_lr", client_lr)
     H.check(CLIENT_HPARAMS, batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps)
+    check_clip(clip_norm, clip_mode)
     check_optimizer(client_optimizer, "client_optimizer")
 
 
@@ -58,22 +65,27 @@ def client_training(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_e
                     regularizer: Optional[Callable] = None,
                     start=None, finish=None, track_loss: bool = True,
                     batch_loss: Optional[Callable] = None, weight_decay=0.0,
-                    sam_radius=None, sam_eps=1e-2):
+                    sam_radius=None, sam_eps=1e-2, clip_norm: Optional[float] = None,
+                    clip_mode: str = "step"):
     """Local SGD shared by FedAvg-style methods (masked steps, optax optimizer).
 
     ``client_optimizer``: ``rate -> optax transformation`` (default ``optax.sgd``) or
     a fixed optax transformation. The other hooks (coupled ``weight_decay``, SAM steps
-    with ``sam_radius``) are ``client.local_training``'s."""
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
+    with ``sam_radius``, gradient clipping ``clip_norm`` / ``clip_mode``) are
+    ``client.local_training``'s."""
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     return local_training(model, client_lr=client_lr, optimizer=client_optimizer or optax.sgd,
                           batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
                           regularizer=regularizer, start=start, finish=finish,
                           track_loss=track_loss, batch_loss=batch_loss,
-                          weight_decay=weight_decay, sam_radius=sam_radius, sam_eps=sam_eps)
+                          weight_decay=weight_decay, sam_radius=sam_radius, sam_eps=sam_eps,
+                          clip_norm=clip_norm, clip_mode=clip_mode)
 
 
 def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
            max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+           clip_norm: Optional[float] = None, clip_mode: str = "step",
            server_optimizer: Optional[Transform] = None,
            mixing: Optional[MixingRule] = None, aggregator: Optional[Aggregator] = None,
            regularizer: Optional[Callable] = None,
@@ -86,12 +98,14 @@ def fedavg(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: in
     to every local batch loss (FedProx's proximal term); ``mixing`` (weights) and
     ``aggregator`` (default: the weighted mean) swap in other server rules, e.g.
     ``aggregators.step_normalized()`` for unequal local work. ``weight_decay``: coupled
-    L2 in the local steps (gradient + wd theta; A-FedPD's Table 3 uses 1e-3)."""
+    L2 in the local steps (gradient + wd theta; A-FedPD's Table 3 uses 1e-3).
+    ``clip_norm`` / ``clip_mode``: gradient clipping of every local step
+    (``client.local_sgd``)."""
     check_server_optimizer(server_optimizer)
     return compose(
         client_training(model, client_lr=client_lr, batch_size=batch_size,
                         num_epochs=num_epochs, max_steps=max_steps,
                         client_optimizer=client_optimizer, regularizer=regularizer,
-                        weight_decay=weight_decay),
+                        weight_decay=weight_decay, clip_norm=clip_norm, clip_mode=clip_mode),
         mixing=mixing or prior(weight_by_size), aggregator=aggregator,
         server_optimizer=server_optimizer)

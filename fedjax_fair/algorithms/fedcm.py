@@ -40,7 +40,8 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, WEIGHT_DECAY, Rate, client_training
+from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate,
+                                           check_rate_optimizer, client_training)
 from fedjax_fair.client import inner, masked_mean, round_value
 from fedjax_fair.mixing import prior
 
@@ -76,11 +77,17 @@ def momentum_aggregator(client_lr: Rate) -> Aggregator:
 
 
 def fedcm(model, *, alpha: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 20,
-          num_epochs: int = 1, max_steps: Optional[int] = None, server_lr: float = 1.0,
+          num_epochs: int = 1, max_steps: Optional[int] = None,
+          client_optimizer: Optional[Optimizer] = None,
+          clip_norm: Optional[float] = None, clip_mode: str = "step", server_lr: float = 1.0,
           weight_decay: float = 0.0, weight_by_size: bool = False) -> FederatedAlgorithm:
     """FedCM: local steps along alpha g + (1 - alpha) Delta^t, FedAvg server step
-    ``optax.sgd(server_lr)`` (weights 1 / |S|, or n_k / n with ``weight_by_size``)."""
+    ``optax.sgd(server_lr)`` (weights 1 / |S|, or n_k / n with ``weight_by_size``).
+    ``client_optimizer``: a ``rate -> transformation`` callable (Delta^t divides by
+    K eta); ``clip_norm`` / ``clip_mode``: gradient clipping of every local step
+    ("step" clips alpha g + (1 - alpha) Delta^t, "loss" alpha g alone)."""
     H.check(HPARAMS, alpha=alpha, server_lr=server_lr, weight_decay=weight_decay)
+    check_rate_optimizer(client_optimizer, "FedCM's momentum")
 
     def momentum_term(params, broadcast, client_state):
         del client_state
@@ -88,6 +95,8 @@ def fedcm(model, *, alpha: float = 0.1, client_lr: Rate = 0.1, batch_size: int =
 
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
+                             client_optimizer=client_optimizer,
+                             clip_norm=clip_norm, clip_mode=clip_mode,
                              regularizer=momentum_term,
                              batch_loss=lambda losses, mask: alpha * masked_mean(losses, mask),
                              weight_decay=weight_decay)

@@ -34,7 +34,9 @@ FedEvg. ``state.aggregator_state`` is ``FedCVAEState(x, y, generator)``, ``gener
 the CVAE's FedAvg ``ServerState`` (its parameters: ``generator.params``).
 
 Symbols -> arguments: eta = ``client_lr``, B = ``batch_size``, E = ``num_epochs`` (at
-most ``max_steps`` steps), coupled L2 ``weight_decay``; network sizes ``latent_dim``,
+most ``max_steps`` steps), coupled L2 ``weight_decay``, the clients' optimizer
+``client_optimizer`` (default ``optax.adam``), gradient clipping ``clip_norm`` /
+``clip_mode`` (FedAvg's, off by default); network sizes ``latent_dim``,
 ``hidden``, KL weight ``kl_weight`` (beta-VAE), the data range ``data_range``; the CVAE's
 initialisation and D~^(0) come from ``jax.random.key(seed)``. Traced: ``client_lr``,
 ``weight_decay``, ``kl_weight``, ``data_range`` bounds, ``server_classifier_lr``.
@@ -51,7 +53,7 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import SERVER_KEY_ID, FederatedAlgorithm, ServerState
 from fedjax_fair.algorithms.fedavg import HPARAMS as FEDAVG_HPARAMS
-from fedjax_fair.algorithms.fedavg import Rate, fedavg
+from fedjax_fair.algorithms.fedavg import Optimizer, Rate, fedavg
 from fedjax_fair.client import data_loss
 from fedjax_fair.execution import local_step_unroll, map_clients
 from fedjax_fair.models.base import Model, check_widths
@@ -206,14 +208,17 @@ def sample(generator: Model, params, key, samples_per_class: int = 10):
 def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,),
             kl_weight: float = 1.0, data_range: tuple = (0.0, 1.0), client_lr: Rate = 1e-3,
             batch_size: int = 64, num_epochs: int = 1, max_steps: Optional[int] = None,
+            client_optimizer: Optional[Optimizer] = None,
+            clip_norm: Optional[float] = None, clip_mode: str = "step",
             weight_decay: float = 0.0, samples_per_class: int = 10,
             server_classifier_steps: int = 10, server_classifier_lr: float = 1e-3,
             seed: int = 0) -> FederatedAlgorithm:
     """FedCVAE: a conditional VAE trained with FedAvg, its decoder's samples training
     the server classifier ``model`` (see the module docstring).
 
-    The CVAE has ``model``'s inputs and classes; its clients take Adam steps at rate
-    ``client_lr`` (a number, a traced scalar or a schedule of the round); after every
+    The CVAE has ``model``'s inputs and classes; its clients take Adam steps (or
+    ``client_optimizer``'s) at rate ``client_lr`` (a number, a traced scalar or a
+    schedule of the round), clipped to ``clip_norm`` if given; after every
     round the server classifier ``state.params`` trains on a fresh decoder set.
 
     Round metrics: FedAvg's on the CVAE (``weights``, ``num_steps``, ``update_norm``,
@@ -228,8 +233,9 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
     generator = cvae(model.input_shape, model.num_classes, latent_dim, hidden, kl_weight,
                      data_range)
     inner = fedavg(generator, client_lr=client_lr, batch_size=batch_size,
-                   num_epochs=num_epochs, max_steps=max_steps, client_optimizer=optax.adam,
-                   weight_decay=weight_decay)
+                   num_epochs=num_epochs, max_steps=max_steps,
+                   client_optimizer=client_optimizer or optax.adam, clip_norm=clip_norm,
+                   clip_mode=clip_mode, weight_decay=weight_decay)
     server_opt = classifier_optimizer(server_classifier_lr, 0.0)
     unroll = local_step_unroll(model.uses_xla_conv)  # XLA:CPU's rolled-conv slowdown
 

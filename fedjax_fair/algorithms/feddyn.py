@@ -50,6 +50,7 @@ HPARAMS = {"alpha": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
 def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
            num_epochs: int = 1, max_steps: Optional[int] = None,
            client_optimizer: Optional[Optimizer] = None,
+           clip_norm: Optional[float] = None, clip_mode: str = "step",
            client_table: str = "dense", weight_by_size: bool = False,
            weight_decay: float = 0.0, evaluate: str = "average") -> FederatedAlgorithm:
     """FedDyn: local SGD on the dynamically regularised objective, server state h.
@@ -61,6 +62,7 @@ def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int
     H.check(HPARAMS, alpha=alpha)
     return primal_dual(model, rho=alpha, rule="participants", client_lr=client_lr,
                        batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer, weight_decay=weight_decay,
+                       client_optimizer=client_optimizer,
+                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)

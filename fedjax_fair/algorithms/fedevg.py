@@ -18,8 +18,11 @@ The server combines them into the energy gradient of the mixture sum_i w_i p(x; 
     G_j = sum_i w_i s_ij g_ij / sum_i w_i s_ij,
 
 and takes one SGLD step per round (eq. 4.14), x~ <- clip(x~ - beta_t G + delta eps).
-Client SGLD (eq. 4.9, Alg. 4.2 line 11): x <- clip(x + gamma clip(grad_x f[y]) + sigma eps),
-i.e. it descends the energy. PCD loss with the corrected sign (spec §7.1):
+Client SGLD (eq. 4.9, Alg. 4.2 line 11): R steps x <- x + gamma clip(grad_x f[y]) + sigma eps,
+i.e. it descends the energy, with the samples clipped to the data range once after the
+chain (``sample_clip="chain"``: the authors' sampler) or after every step
+(``"step"``); the thesis clips neither the gradient nor the samples. For R = 1 (the
+default) the two coincide. PCD loss with the corrected sign (spec §7.1):
 L_pcd = E(x_real, y) - E(x_neg, y~) = -f(x_real)[y] + f(x_neg)[y~] (batch means).
 
 Symbols -> arguments: M = ``num_synth`` (default 10 L, class-balanced deterministic
@@ -31,7 +34,7 @@ R = ``client_sgld_steps``, gamma = ``client_step``, sigma = ``client_noise``, be
 beta_{T-1} = ``server_step`` / ``server_step_end`` on the ``schedule``
 ("ddpm_cosine_beta" | "cosine_alphabar", ``server_steps``) over T = ``num_rounds``,
 delta = ``server_noise``, the energy-gradient clip c = ``grad_clip`` (None: off), the
-sample range [lo, hi] = ``data_range`` (None: no clipping), eta = ``client_lr`` (Adam;
+sample range [lo, hi] = ``data_range`` (None: no clipping) applied per ``sample_clip``, eta = ``client_lr`` (Adam;
 a number, a traced scalar or a schedule of the round), coupled L2 ``weight_decay``,
 optional global gradient-norm clip ``max_grad_norm``, B = ``batch_size``; the
 ablations ``energy_weighting`` ("signed_exp" | "exp" | "uniform", spec §7.11) and
@@ -251,20 +254,28 @@ def _clip_grad(grad, grad_clip):
     return grad if grad_clip is None else jnp.clip(grad, -grad_clip, grad_clip)
 
 
+SAMPLE_CLIPS = ("chain", "step")
+
+
 def client_sgld(apply: Callable, params, x, y, key, *, steps: int, step_size, noise,
-                grad_clip=3.0, data_range=(0.0, 1.0)):
+                grad_clip=3.0, data_range=(0.0, 1.0), sample_clip: str = "chain"):
     """R client SGLD steps on stop_gradient(theta) (Alg. 4.2 line 11, eq. 4.9):
-    x <- clip(x + gamma clip(grad_x f(x)[y], +-c) + sigma eps, lo, hi), descending the
-    energy E = -f[y]; the r-th step's noise is drawn from ``fold_in(key, r)``."""
+    x <- x + gamma clip(grad_x f(x)[y], +-c) + sigma eps, descending the energy
+    E = -f[y]; the r-th step's noise is drawn from ``fold_in(key, r)``. The samples are
+    clipped to [lo, hi] once after the R steps (``sample_clip="chain"``, the authors'
+    sampler) or after every step (``"step"``); identical for R = 1."""
     params = jax.lax.stop_gradient(params)
+    per_step = data_range if sample_clip == "step" else None
 
     def step(r, x):
         _, gx = energy_and_grad(apply, params, x, y)
         eps = jax.random.normal(jax.random.fold_in(key, r), x.shape, x.dtype)
-        return _clip_range(x + step_size * _clip_grad(gx, grad_clip) + noise * eps,
-                           data_range)
+        return _clip_range(x + step_size * _clip_grad(gx, grad_clip) + noise * eps, per_step)
 
-    return jax.lax.fori_loop(0, steps, step, x) if steps > 0 else x
+    if steps <= 0:
+        return x
+    x = jax.lax.fori_loop(0, steps, step, x)
+    return x if sample_clip == "step" else _clip_range(x, data_range)
 
 
 def pcd_from_logits(logits_real, y_real, mask, logits_neg, y_neg):
@@ -300,6 +311,7 @@ class ClientConfig(NamedTuple):
     client_noise: object = 0.01
     grad_clip: object = 3.0
     data_range: object = (0.0, 1.0)
+    sample_clip: str = "chain"
     weight_decay: object = 1e-4
     max_grad_norm: object = None
     batch_size: int = 64
@@ -348,7 +360,7 @@ def make_client_update(model: Model, cfg: ClientConfig) -> Callable:
             x_neg = jax.lax.stop_gradient(client_sgld(
                 apply, params, x_b, y_b, k_n, steps=cfg.client_sgld_steps,
                 step_size=cfg.client_step, noise=cfg.client_noise, grad_clip=cfg.grad_clip,
-                data_range=cfg.data_range))
+                data_range=cfg.data_range, sample_clip=cfg.sample_clip))
             x_ce = x_syn[j] if cfg.ce_on_initial_synth else x_b
             grads, (ce, pcd, acc, ce_sum) = jax.grad(loss_fn, has_aux=True)(
                 params, batch, batch_mask, x_neg, x_ce, y_b)
@@ -390,7 +402,8 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
            server_step: float = 10.0, server_step_end: float = 0.01,
            server_noise: float = 0.01, schedule: str = "ddpm_cosine_beta",
            num_rounds: int = 500, grad_clip: Optional[float] = 3.0,
-           data_range: Optional[tuple] = (0.0, 1.0), client_lr: Rate = 1e-3,
+           data_range: Optional[tuple] = (0.0, 1.0), sample_clip: str = "chain",
+           client_lr: Rate = 1e-3,
            weight_decay: float = 1e-4, max_grad_norm: Optional[float] = None,
            batch_size: int = 64, energy_weighting: str = "signed_exp",
            ce_on_initial_synth: bool = False, persistent_client_model: bool = False,
@@ -427,6 +440,8 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     if energy_weighting not in ENERGY_WEIGHTINGS:
         raise ValueError(f"energy_weighting: must be one of {ENERGY_WEIGHTINGS}, got "
                          f"{energy_weighting!r}")
+    if sample_clip not in SAMPLE_CLIPS:
+        raise ValueError(f"sample_clip: must be one of {SAMPLE_CLIPS}, got {sample_clip!r}")
     data_range = check_data_range(data_range)
     num_classes = int(model.num_classes)
     num_synth = 10 * num_classes if num_synth is None else int(num_synth)
@@ -438,7 +453,7 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     cfg = ClientConfig(ce_weight=ce_weight, local_iters=local_iters, num_epochs=num_epochs,
                        client_sgld_steps=client_sgld_steps, client_step=client_step,
                        client_noise=client_noise, grad_clip=grad_clip, data_range=data_range,
-                       weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                       sample_clip=sample_clip, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                        batch_size=batch_size, energy_weighting=energy_weighting,
                        ce_on_initial_synth=ce_on_initial_synth, unroll=unroll)
     client_update = make_client_update(model, cfg)

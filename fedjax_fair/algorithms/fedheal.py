@@ -281,6 +281,7 @@ def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,
             distance: str = "layers", server_lr: Rate = 1.0, client_lr: Rate = 0.1,
             batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
             client_optimizer: Optional[Optimizer] = None,
+            clip_norm: Optional[float] = None, clip_mode: str = "step",
             client_table: str = "dense") -> FederatedAlgorithm:
     """FedHEAL = FedAvg local training + FPHL masks + FAEL weights (module docstring).
 
@@ -308,6 +309,7 @@ def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
                              client_optimizer=client_optimizer,
+                             clip_norm=clip_norm, clip_mode=clip_mode,
                              finish=fphl_finish(tau) if fphl else None)
     return compose(client, mixing=fael_mixing(beta, distance),
                    aggregator=masked_mean_aggregator(), server_optimizer=optax.sgd(server_lr),

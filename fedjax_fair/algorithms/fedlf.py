@@ -359,7 +359,8 @@ def fedlf(model, *, global_lr: Rate = 0.1, global_lr_decay: float = 1.0, decay_e
           history: bool = True, descent_guard: bool = True, qp_iters: int = 200,
           client_gradient: str = "global", client_lr: Rate = 0.1, batch_size: int = 20,
           num_epochs: int = 1, max_steps: Optional[int] = None,
-          client_optimizer: Optional[Optimizer] = None) -> FederatedAlgorithm:
+          client_optimizer: Optional[Optimizer] = None, clip_norm: Optional[float] = None,
+          clip_mode: str = "step") -> FederatedAlgorithm:
     """FedLF (module docstring): layer-wise min-norm direction with a fairness row.
 
     Parameters
@@ -375,8 +376,9 @@ def fedlf(model, *, global_lr: Rate = 0.1, global_lr_decay: float = 1.0, decay_e
     qp_iters : int
         Iterations of every layer's simplex QP.
     client_gradient : {"global", "pseudo"}
-        g_k = grad F_k(theta^t) over all rows (the code; the local-training arguments
-        are then only checked) or (theta^t - theta_k) / eta_l after local training.
+        g_k = grad F_k(theta^t) over all rows (the code; the local-training arguments,
+        ``client_optimizer`` and ``clip_norm`` / ``clip_mode`` included, are then only
+        checked) or (theta^t - theta_k) / eta_l after local training.
     """
     H.check(HPARAMS, global_lr_decay=global_lr_decay, decay_every=decay_every,
             qp_iters=qp_iters)
@@ -390,7 +392,8 @@ def fedlf(model, *, global_lr: Rate = 0.1, global_lr_decay: float = 1.0, decay_e
     # Built in both modes, so the local-training arguments are always checked.
     local = client_training(model, client_lr=client_lr, batch_size=batch_size,
                             num_epochs=num_epochs, max_steps=max_steps,
-                            client_optimizer=client_optimizer)
+                            client_optimizer=client_optimizer,
+                            clip_norm=clip_norm, clip_mode=clip_mode)
     if client_gradient == "global":
         client = gradient_client(model)
     else:

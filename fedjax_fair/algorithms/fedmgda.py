@@ -192,6 +192,7 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
                  center: str = "num_examples", client_lr: Rate = 0.1, batch_size: int = 20,
                  num_epochs: int = 1, max_steps: Optional[int] = None,
                  client_optimizer: Optional[Optimizer] = None,
+                 clip_norm: Optional[float] = None, clip_mode: str = "step",
                  mixing: Optional[MixingRule] = None,
                  server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with FedMGDA+ aggregation and server step eta_t d.
@@ -233,6 +234,7 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
         server_optimizer = optax.sgd(server_schedule(global_lr, global_lr_decay, decay_every))
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   mixing=mixing or CENTERS[center](),
                   aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
                   server_optimizer=server_optimizer)

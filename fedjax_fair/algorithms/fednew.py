@@ -60,7 +60,7 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
 from fedjax_fair.algorithms.fednl import reporting
 from fedjax_fair.hessian import client_derivatives
 from fedjax_fair.mixing import uniform
@@ -136,10 +136,15 @@ def fednew(model, *, server_lr: Rate = 1.0, rho: float = 1.0, alpha: float = 1.0
            curvature: str = "auto", num_probes: int = 1,
            curvature_rows: Optional[int] = None, mode: str = "pseudo_grad",
            client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-           max_steps: Optional[int] = None, client_table: str = "dense") -> FederatedAlgorithm:
+           max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+           clip_norm: Optional[float] = None, clip_mode: str = "step",
+           client_table: str = "dense") -> FederatedAlgorithm:
     """FedNew with diagonal Hessians (module doc). ``client_table``: "dense", "lazy"
-    or "lazy:CAPACITY" storage of the clients' duals lambda_k."""
-    check_client(client_lr, batch_size, num_epochs, max_steps)
+    or "lazy:CAPACITY" storage of the clients' duals lambda_k. ``client_optimizer``
+    (a ``rate -> transformation``) and ``clip_norm`` / ``clip_mode`` shape the local
+    steps of ``mode="pseudo_grad"``."""
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     H.check(HPARAMS, rho=rho, alpha=alpha, num_probes=num_probes,
@@ -147,7 +152,9 @@ def fednew(model, *, server_lr: Rate = 1.0, rho: float = 1.0, alpha: float = 1.0
     derive = client_derivatives(model, curvature=curvature, num_probes=num_probes,
                                 curvature_rows=curvature_rows, mode=mode,
                                 client_lr=client_lr, batch_size=batch_size,
-                                num_epochs=num_epochs, max_steps=max_steps)
+                                num_epochs=num_epochs, max_steps=max_steps,
+                                client_optimizer=client_optimizer, clip_norm=clip_norm,
+                                clip_mode=clip_mode)
     algorithm = compose(fednew_client(derive, rho=rho, alpha=alpha), mixing=uniform(),
                         aggregator=fednew_aggregator(), server_optimizer=optax.sgd(server_lr),
                         client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),

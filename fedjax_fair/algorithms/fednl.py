@@ -83,7 +83,7 @@ from jax.flatten_util import ravel_pytree
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
 from fedjax_fair.hessian import choice, client_derivatives, tree_norm
 from fedjax_fair.mixing import uniform
 from fedjax_fair.types import ClientOutput
@@ -275,8 +275,10 @@ def fednl_pp_aggregator() -> Aggregator:
 
 
 def _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option,
-           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps):
-    check_client(client_lr, batch_size, num_epochs, max_steps)
+           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps,
+           client_optimizer, clip_norm, clip_mode):
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     H.check(HPARAMS, mu=mu, alpha=alpha, topk_fraction=topk_fraction, num_probes=num_probes,
@@ -287,11 +289,12 @@ def _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option
 
 
 def _derive(model, curvature, num_probes, curvature_rows, mode, client_lr, batch_size,
-            num_epochs, max_steps):
+            num_epochs, max_steps, client_optimizer, clip_norm, clip_mode):
     return client_derivatives(model, curvature=curvature, num_probes=num_probes,
                               curvature_rows=curvature_rows, mode=mode, client_lr=client_lr,
                               batch_size=batch_size, num_epochs=num_epochs,
-                              max_steps=max_steps)
+                              max_steps=max_steps, client_optimizer=client_optimizer,
+                              clip_norm=clip_norm, clip_mode=clip_mode)
 
 
 def fednl(model, *, server_lr: Rate = 1.0, option: str = "projection", mu: float = 1.0,
@@ -299,13 +302,18 @@ def fednl(model, *, server_lr: Rate = 1.0, option: str = "projection", mu: float
           hessian_init: str = "first", curvature: str = "auto", num_probes: int = 1,
           curvature_rows: Optional[int] = None, mode: str = "pseudo_grad",
           client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-          max_steps: Optional[int] = None, client_table: str = "dense") -> FederatedAlgorithm:
+          max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+          clip_norm: Optional[float] = None, clip_mode: str = "step",
+          client_table: str = "dense") -> FederatedAlgorithm:
     """FedNL (Algorithm 1) with diagonal Hessians (module doc). ``client_table``:
-    "dense", "lazy" or "lazy:CAPACITY" storage of the clients' H_k."""
+    "dense", "lazy" or "lazy:CAPACITY" storage of the clients' H_k.
+    ``client_optimizer`` (a ``rate -> transformation``) and ``clip_norm`` /
+    ``clip_mode`` shape the local steps of ``mode="pseudo_grad"``."""
     _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option,
-           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps)
+           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps,
+           client_optimizer, clip_norm, clip_mode)
     derive = _derive(model, curvature, num_probes, curvature_rows, mode, client_lr,
-                     batch_size, num_epochs, max_steps)
+                     batch_size, num_epochs, max_steps, client_optimizer, clip_norm, clip_mode)
     client = fednl_client(derive, alpha=alpha,
                           compress=compressor_fn(compressor, topk_fraction),
                           hessian_init=hessian_init)
@@ -321,14 +329,17 @@ def fednl_pp(model, *, server_lr: Rate = 1.0, option: str = "shift", mu: float =
              hessian_init: str = "first", curvature: str = "auto", num_probes: int = 1,
              curvature_rows: Optional[int] = None, mode: str = "pseudo_grad",
              client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None,
+             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+             clip_norm: Optional[float] = None, clip_mode: str = "step",
              client_table: str = "dense") -> FederatedAlgorithm:
     """FedNL-PP (partial participation) with diagonal Hessians (module doc).
-    ``client_table``: storage of the clients' (H_k, l_k, g~_k)."""
+    ``client_table``: storage of the clients' (H_k, l_k, g~_k); the local-training
+    arguments as in ``fednl``."""
     _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option,
-           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps)
+           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps,
+           client_optimizer, clip_norm, clip_mode)
     derive = _derive(model, curvature, num_probes, curvature_rows, mode, client_lr,
-                     batch_size, num_epochs, max_steps)
+                     batch_size, num_epochs, max_steps, client_optimizer, clip_norm, clip_mode)
     client = fednl_pp_client(derive, alpha=alpha, mu=mu,
                              compress=compressor_fn(compressor, topk_fraction),
                              hessian_init=hessian_init, option=option)

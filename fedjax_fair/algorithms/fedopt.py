@@ -45,11 +45,13 @@ def fedavgm(model, *, server_lr: Rate = 1.0, momentum: float = 0.9, client_lr: R
             batch_size: int = 20, num_epochs: int = 1,
             max_steps: Optional[int] = None,
             client_optimizer: Optional[Optimizer] = None,
+            clip_norm: Optional[float] = None, clip_mode: str = "step",
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server SGD with momentum on the averaged delta."""
     _check(server_lr=server_lr, momentum=momentum)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   weight_by_size=weight_by_size,
                   server_optimizer=optax.sgd(server_lr, momentum=momentum))
 
@@ -58,11 +60,13 @@ def fedadam(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
             tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
             num_epochs: int = 1, max_steps: Optional[int] = None,
             client_optimizer: Optional[Optimizer] = None,
+            clip_norm: Optional[float] = None, clip_mode: str = "step",
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server Adam on the averaged delta."""
     _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   weight_by_size=weight_by_size,
                   server_optimizer=optax.adam(server_lr, b1=b1, b2=b2, eps=tau))
 
@@ -71,11 +75,13 @@ def fedyogi(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
             tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
             num_epochs: int = 1, max_steps: Optional[int] = None,
             client_optimizer: Optional[Optimizer] = None,
+            clip_norm: Optional[float] = None, clip_mode: str = "step",
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server Yogi on the averaged delta."""
     _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   weight_by_size=weight_by_size,
                   server_optimizer=optax.yogi(server_lr, b1=b1, b2=b2, eps=tau))
 
@@ -83,11 +89,13 @@ def fedyogi(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
 def fedadagrad(model, *, server_lr: Rate = 0.1, tau: float = 1e-3, client_lr: Rate = 0.1,
                batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
                client_optimizer: Optional[Optimizer] = None,
+               clip_norm: Optional[float] = None, clip_mode: str = "step",
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server Adagrad (Reddi et al.'s form) on the averaged delta."""
     _check(server_lr=server_lr, tau=tau)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   weight_by_size=weight_by_size,
                   server_optimizer=optax.chain(scale_by_adagrad_tau(tau),
                                                optax.scale_by_learning_rate(server_lr)))

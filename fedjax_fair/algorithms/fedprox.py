@@ -25,6 +25,7 @@ HPARAMS = {"mu": H.NONNEGATIVE, **CLIENT_HPARAMS}
 def fedprox(model, *, mu: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
             num_epochs: int = 1, max_steps: Optional[int] = None,
             client_optimizer: Optional[Optimizer] = None,
+            clip_norm: Optional[float] = None, clip_mode: str = "step",
             server_optimizer: Optional[Transform] = None,
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg whose clients add (mu / 2) ||w - w^t||^2 to their batch loss (weights
@@ -32,5 +33,6 @@ def fedprox(model, *, mu: float = 0.01, client_lr: Rate = 0.1, batch_size: int =
     H.check(HPARAMS, mu=mu)
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   server_optimizer=server_optimizer, regularizer=proximal_term(mu),
                   weight_by_size=weight_by_size)

@@ -59,6 +59,7 @@ HPARAMS = {"head_epochs": H.COUNT, **CLIENT_HPARAMS}
 def fedrep(model, *, personal_layers: tuple = (-1,), head_epochs: int = 10,
            client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
            max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+           clip_norm: Optional[float] = None, clip_mode: str = "step",
            client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedRep: per round, ``head_epochs`` on the own head (body frozen), then
     ``num_epochs`` on the body (head frozen); only the body is averaged.
@@ -66,25 +67,30 @@ def fedrep(model, *, personal_layers: tuple = (-1,), head_epochs: int = 10,
     ``personal_layers``: the head (layer names / positions). ``client_table``: "dense",
     "lazy" or "lazy:CAPACITY" storage of the heads."""
     H.check(HPARAMS, head_epochs=head_epochs)
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     split = partial.split_layers(model, personal_layers, "personal_layers")
     phases = (partial.Phase("personal", head_epochs), partial.Phase("shared", num_epochs))
     return partial.compose_partial(model, split, phases, client_lr=client_lr,
                                    batch_size=batch_size, max_steps=max_steps,
                                    client_optimizer=client_optimizer,
-                                   client_table=client_table, weight_by_size=weight_by_size)
+                                   client_table=client_table, weight_by_size=weight_by_size,
+                                   clip_norm=clip_norm, clip_mode=clip_mode)
 
 
 def fedper(model, *, personal_layers: tuple = (-1,), client_lr: Rate = 0.1,
            batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-           client_optimizer: Optional[Optimizer] = None, client_table: str = "dense",
-           weight_by_size: bool = True) -> FederatedAlgorithm:
+           client_optimizer: Optional[Optimizer] = None,
+           clip_norm: Optional[float] = None, clip_mode: str = "step",
+           client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedPer: ``num_epochs`` of joint SGD on (global body, own head); only the body is
     averaged. ``personal_layers``: the personalization layers (names / positions;
     ``()`` gives FedAvg)."""
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     split = partial.split_layers(model, personal_layers, "personal_layers")
     return partial.compose_partial(model, split, (partial.Phase("all", num_epochs),),
                                    client_lr=client_lr, batch_size=batch_size,
                                    max_steps=max_steps, client_optimizer=client_optimizer,
-                                   client_table=client_table, weight_by_size=weight_by_size)
+                                   client_table=client_table, weight_by_size=weight_by_size,
+                                   clip_norm=clip_norm, clip_mode=clip_mode)

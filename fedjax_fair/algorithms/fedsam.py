@@ -29,7 +29,8 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, WEIGHT_DECAY, Rate, client_training
+from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate,
+                                           client_training)
 from fedjax_fair.mixing import prior
 
 HPARAMS = {"sam_radius": H.NONNEGATIVE, "sam_eps": H.POSITIVE, "server_lr": H.POSITIVE,
@@ -38,15 +39,20 @@ HPARAMS = {"sam_radius": H.NONNEGATIVE, "sam_eps": H.POSITIVE, "server_lr": H.PO
 
 def fedsam(model, *, sam_radius: float = 0.05, sam_eps: float = 1e-2,
            client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-           max_steps: Optional[int] = None, server_lr: float = 1.0,
+           max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+           clip_norm: Optional[float] = None, clip_mode: str = "step", server_lr: float = 1.0,
            weight_decay: float = 0.0, weight_by_size: bool = False) -> FederatedAlgorithm:
     """FedSAM: SAM local steps of radius ``sam_radius``, FedAvg server step
     ``optax.sgd(server_lr)`` on the mean delta (weights 1 / |S|, or n_k / n with
-    ``weight_by_size``)."""
+    ``weight_by_size``). ``client_optimizer`` steps along the SAM gradient, which
+    ``clip_norm`` clips before the weight decay is added (FedSAM has no other
+    regularizer, so both ``clip_mode`` forms coincide)."""
     H.check(HPARAMS, sam_radius=sam_radius, sam_eps=sam_eps, server_lr=server_lr,
             weight_decay=weight_decay)
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
+                             client_optimizer=client_optimizer,
+                             clip_norm=clip_norm, clip_mode=clip_mode,
                              weight_decay=weight_decay, sam_radius=sam_radius,
                              sam_eps=sam_eps)
     return compose(client, mixing=prior(weight_by_size), server_optimizer=optax.sgd(server_lr))

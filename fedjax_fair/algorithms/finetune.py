@@ -28,7 +28,8 @@ key ``fold_in(client key, 1)``). Memory: one full model per client (the client t
 "lazy" stores only the clients sampled so far, "dense:bf16" halves it).
 
 Symbols -> arguments: E_ft = ``finetune_epochs`` (default: ``num_epochs``), eta_ft =
-``finetune_lr`` (default: ``client_lr``), both with ``client_optimizer`` (default SGD);
+``finetune_lr`` (default: ``client_lr``), both with ``client_optimizer`` (default SGD)
+and ``clip_norm`` / ``clip_mode`` (gradient clipping, off by default);
 the FedAvg part: eta_l = ``client_lr``, E = ``num_epochs``, B = ``batch_size`` (also the
 fine-tuning batch), ``max_steps`` (caps both loops).
 
@@ -74,8 +75,9 @@ def personal_model(server_params, row: FineTuned):
 def fedavg_ft(model, *, finetune_epochs: Optional[int] = None,
               finetune_lr: Optional[Rate] = None, client_lr: Rate = 0.1,
               batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-              client_optimizer: Optional[Optimizer] = None, client_table: str = "dense",
-              weight_by_size: bool = True) -> FederatedAlgorithm:
+              client_optimizer: Optional[Optimizer] = None,
+              clip_norm: Optional[float] = None, clip_mode: str = "step",
+              client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg whose participants store a fine-tuned copy of the received global model,
     evaluated personally (the global model for clients without one).
 
@@ -84,13 +86,15 @@ def fedavg_ft(model, *, finetune_epochs: Optional[int] = None,
     H.check(HPARAMS, finetune_epochs=finetune_epochs)
     if finetune_lr is not None and not callable(finetune_lr):
         HPARAMS["finetune_lr"].check("finetune_lr", finetune_lr)
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     optimizer = client_optimizer or optax.sgd
     reuse = finetune_epochs is None and finetune_lr is None
     rate = client_lr if finetune_lr is None else finetune_lr
     train_ft = local_sgd(model, batch_size=batch_size,
                          num_epochs=finetune_epochs or num_epochs, max_steps=max_steps,
-                         unroll=local_step_unroll(model.uses_xla_conv))
+                         unroll=local_step_unroll(model.uses_xla_conv), clip_norm=clip_norm,
+                         clip_mode=clip_mode)
 
     def finish(result, broadcast, row, data, key):
         """v_k <- theta^t fine-tuned on the client's rows; the row is kept if no step."""
@@ -104,7 +108,8 @@ def fedavg_ft(model, *, finetune_epochs: Optional[int] = None,
 
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
-                             client_optimizer=client_optimizer, finish=finish)
+                             client_optimizer=client_optimizer, clip_norm=clip_norm,
+                             clip_mode=clip_mode, finish=finish)
     return compose(client, mixing=prior(weight_by_size),
                    client_state_init=lambda params: FineTuned(params,
                                                               jnp.zeros((), jnp.float32)),

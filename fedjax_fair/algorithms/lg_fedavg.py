@@ -21,8 +21,9 @@ Symbols -> arguments: the global layers g = ``shared_layers`` (names or position
 default ``(-1,)``, the last layer (the classifier); ``(-2, -1)`` shares the top
 two), the local layers l = the others; eta = ``client_lr`` (or
 ``client_optimizer``), E = ``num_epochs``, B = ``batch_size``. ``shared_layers=()`` is
-local training alone; with every layer shared it is FedAvg (no client state, global
-evaluation).
+local training alone. A selection that shares every layer (the default ``(-1,)`` on a
+one-layer model such as logistic regression) is refused: it would be FedAvg under
+another name.
 
 Pieces: ``partial.partial_training`` (one "all" phase) as the client update, the local
 layers as the client's row (dense or lazy table), ``prior(weight_by_size)`` mixing,
@@ -41,15 +42,22 @@ HPARAMS = dict(CLIENT_HPARAMS)
 
 def lg_fedavg(model, *, shared_layers: tuple = (-1,), client_lr: Rate = 0.1,
               batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-              client_optimizer: Optional[Optimizer] = None, client_table: str = "dense",
-              weight_by_size: bool = True) -> FederatedAlgorithm:
+              client_optimizer: Optional[Optimizer] = None,
+              clip_norm: Optional[float] = None, clip_mode: str = "step",
+              client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """LG-FedAvg: local lower layers, a global head averaged by the server.
 
     ``shared_layers``: the global layers (names / positions); the others are local.
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the local layers."""
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     split = partial.split_layers(model, shared_layers, "shared_layers", selects="shared")
+    if not split.personal:
+        raise ValueError(f"shared_layers: {shared_layers!r} shares every layer of the model "
+                         f"({', '.join(split.shared)}): no layer stays local, so LG-FedAvg "
+                         f"would be FedAvg; use fedavg, or a model with more than one layer")
     return partial.compose_partial(model, split, (partial.Phase("all", num_epochs),),
                                    client_lr=client_lr, batch_size=batch_size,
                                    max_steps=max_steps, client_optimizer=client_optimizer,
-                                   client_table=client_table, weight_by_size=weight_by_size)
+                                   client_table=client_table, weight_by_size=weight_by_size,
+                                   clip_norm=clip_norm, clip_mode=clip_mode)

@@ -176,7 +176,8 @@ class Phase(NamedTuple):
 
 def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *,
                      client_lr, optimizer, batch_size: int,
-                     max_steps: Optional[int] = None, track_loss: bool = True) -> Callable:
+                     max_steps: Optional[int] = None, track_loss: bool = True,
+                     clip_norm=None, clip_mode: str = "step") -> Callable:
     """The client update of partial-model personalisation (see the module docstring).
 
     ``(broadcast, row, data, local_steps, key) -> (ClientOutput, new_row)`` where ``row``
@@ -196,7 +197,9 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
       ``split.personal_part(params)``.
 
     ``optimizer``: ``rate -> optax transformation`` (e.g. ``optax.sgd``) or a fixed
-    transformation; ``client_lr`` a number, traced scalar or schedule of the round.
+    transformation; ``client_lr`` a number, traced scalar or schedule of the round;
+    ``clip_norm`` / ``clip_mode``: gradient clipping of every step (``client.local_sgd``;
+    a phase clips the gradient of the layers it trains).
     """
     phases = tuple(Phase(*p) for p in phases)
     if not phases:
@@ -212,7 +215,8 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
     def run_phase(phase: Phase, params, opt, data, local_steps, key):
         if phase.trains == "all":
             train = local_sgd(model, batch_size=batch_size, num_epochs=phase.num_epochs,
-                              max_steps=max_steps, unroll=unroll)
+                              max_steps=max_steps, unroll=unroll, clip_norm=clip_norm,
+                              clip_mode=clip_mode)
             return train(params, opt, data, local_steps, key)
         part_of = split.personal_part if phase.trains == "personal" else split.shared_part
         # The frozen layers are constants of the loss (closed over, not trained): no
@@ -223,7 +227,8 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
             return model.per_example_loss(split.merge(frozen, part), batch, key)
 
         train = local_sgd(model._replace(per_example_loss=loss), batch_size=batch_size,
-                          num_epochs=phase.num_epochs, max_steps=max_steps, unroll=unroll)
+                          num_epochs=phase.num_epochs, max_steps=max_steps, unroll=unroll,
+                          clip_norm=clip_norm, clip_mode=clip_mode)
         part, num_steps, train_loss = train(part_of(params), opt, data, local_steps, key)
         return split.merge(params, part), num_steps, train_loss
 
@@ -260,13 +265,14 @@ def combined(split: LayerSplit) -> Callable:
 
 
 def compose_partial(model, split: LayerSplit, phases, *, client_lr, batch_size,
-                    max_steps, client_optimizer, client_table, weight_by_size
-                    ) -> FederatedAlgorithm:
+                    max_steps, client_optimizer, client_table, weight_by_size,
+                    clip_norm=None, clip_mode: str = "step") -> FederatedAlgorithm:
     """FedAvg on the shared layers with the personal layers as client rows (shared by
     FedPer, FedRep and LG-FedAvg). No personal layer: stateless, evaluated globally."""
     client = partial_training(model, split, phases, client_lr=client_lr,
                               optimizer=client_optimizer or optax.sgd,
-                              batch_size=batch_size, max_steps=max_steps)
+                              batch_size=batch_size, max_steps=max_steps,
+                              clip_norm=clip_norm, clip_mode=clip_mode)
     if not split.personal:
         return compose(client, mixing=prior(weight_by_size))
     return compose(client, mixing=prior(weight_by_size),

@@ -46,6 +46,16 @@ traced), K = ``inner_steps`` (5), personal learning rate = ``personal_lr`` (0.01
 eta = ``client_lr`` (0.005), beta = ``beta`` (1 or 2; may be traced), R = the local
 steps, E ceil(n_i / B) capped by ``max_steps`` (E = ``num_epochs``, B = ``batch_size``,
 20 in the paper).
+
+Optimizers: ``client_optimizer`` (a ``rate -> optax transformation`` at eta, or a fixed
+one) makes the local-model step w_{i,r+1} from the Moreau-envelope gradient
+lambda (w_{i,r} - theta~); ``personal_optimizer`` (default: ``client_optimizer``) makes
+the K inner steps at ``personal_lr`` from grad f_i(theta; D) + lambda (theta - w_{i,r}).
+Each keeps one state per round, carried across the round's steps (and inner steps).
+None for both: the plain steps written above. Gradient clipping (``clip_norm``) applies
+to the inner steps, the only minibatch gradients: ``clip_mode="step"`` clips
+grad f_i + lambda (theta - w_{i,r}), ``"loss"`` grad f_i alone; the local-model step
+is not clipped.
 """
 from __future__ import annotations
 
@@ -58,8 +68,9 @@ import optax
 from fedjax_fair import execution
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
-from fedjax_fair.client import data_loss, masked_steps, round_value
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
+from fedjax_fair.client import (check_optimizer, clip_by_global_norm, data_loss,
+                                make_optimizer, masked_steps, round_value)
 from fedjax_fair.mixing import prior
 from fedjax_fair.types import Broadcast, ClientData, ClientOutput
 
@@ -78,19 +89,28 @@ def _sub(x, y):
 
 def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate = 0.1,
            beta: float = 1.0, client_lr: Rate = 0.005, batch_size: int = 20,
-           num_epochs: int = 1, max_steps: Optional[int] = None, warm_start: bool = True,
+           num_epochs: int = 1, max_steps: Optional[int] = None,
+           client_optimizer: Optional[Optimizer] = None,
+           clip_norm: Optional[float] = None, clip_mode: str = "step",
+           personal_optimizer: Optional[Optimizer] = None, warm_start: bool = True,
            client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """pFedMe (Algorithm 1): bi-level local steps (K inner steps on the personal
     problem, then the local-model step), server step beta towards the cohort's average;
     evaluated personally on each client's last personal model theta_i.
 
+    ``client_optimizer``: the local-model step (rate ``client_lr``);
+    ``personal_optimizer`` (default: ``client_optimizer``): the inner steps (rate
+    ``personal_lr``); ``clip_norm`` / ``clip_mode``: clipping of the inner steps.
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the personal models."""
     H.check(HPARAMS, lam=lam, inner_steps=inner_steps, beta=beta)
     if not callable(personal_lr):
         HPARAMS["personal_lr"].check("personal_lr", personal_lr)
     if not isinstance(warm_start, bool):
         raise ValueError(f"warm_start: must be a bool, got {warm_start!r}")
-    check_client(client_lr, batch_size, num_epochs, max_steps)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
+    check_optimizer(personal_optimizer, "personal_optimizer")
+    inner_choice = personal_optimizer or client_optimizer  # None: the plain step as written
     unroll = execution.local_step_unroll(model.uses_xla_conv)
 
     def batch_objective(theta, batch, batch_mask, key):
@@ -104,26 +124,44 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
     def client_update(broadcast: Broadcast, personal, data: ClientData, local_steps, key):
         eta = round_value(client_lr, broadcast.round)
         rate = round_value(personal_lr, broadcast.round)
+        inner_opt = None if inner_choice is None else make_optimizer(inner_choice, rate)
+        outer_opt = None if client_optimizer is None else make_optimizer(client_optimizer, eta)
 
         def local_step(carry, batch, batch_mask, step_key):
-            w, theta = carry
+            w, theta, outer_state, inner_state = carry
 
             def inner(inner_carry, j):
-                th, first = inner_carry
+                th, opt_state, first = inner_carry
                 g, total = grad_fn(th, batch, batch_mask, jax.random.fold_in(step_key, j))
-                # theta <- theta - personal_lr (grad f(theta; D) + lambda (theta - w))
-                th = _axpy(th, -rate, jax.tree.map(lambda gi, a, b: gi + lam * (a - b),
-                                                   g, th, w))
-                return (th, jnp.where(j == 0, total.astype(first.dtype), first)), None
+                if clip_norm is not None and clip_mode == "loss":
+                    g = clip_by_global_norm(g, clip_norm)
+                # the gradient grad f(theta; D) + lambda (theta - w) of the personal problem
+                g = jax.tree.map(lambda gi, a, b: gi + lam * (a - b), g, th, w)
+                if clip_norm is not None and clip_mode == "step":
+                    g = clip_by_global_norm(g, clip_norm)
+                if inner_opt is None:  # theta <- theta - personal_lr g
+                    th = _axpy(th, -rate, g)
+                else:
+                    updates, opt_state = inner_opt.update(g, opt_state, th)
+                    th = optax.apply_updates(th, updates)
+                return (th, opt_state, jnp.where(j == 0, total.astype(first.dtype), first)), None
 
             start = theta if warm_start else w
-            (theta, first_loss), _ = jax.lax.scan(
-                inner, (start, jnp.zeros((), jnp.float32)), jnp.arange(inner_steps))
-            w = _axpy(w, -eta * lam, _sub(w, theta))  # w - eta lambda (w - theta~)
-            return (w, theta), first_loss
+            (theta, inner_state, first_loss), _ = jax.lax.scan(
+                inner, (start, inner_state, jnp.zeros((), jnp.float32)), jnp.arange(inner_steps))
+            if outer_opt is None:
+                w = _axpy(w, -eta * lam, _sub(w, theta))  # w - eta lambda (w - theta~)
+            else:  # the optimizer's step on the Moreau-envelope gradient lambda (w - theta~)
+                updates, outer_state = outer_opt.update(
+                    jax.tree.map(lambda d: lam * d, _sub(w, theta)), outer_state, w)
+                w = optax.apply_updates(w, updates)
+            return (w, theta, outer_state, inner_state), first_loss
 
-        (w, theta), num_steps, train_loss = masked_steps(
-            local_step, (broadcast.params, broadcast.params), data, local_steps, key,
+        start = broadcast.params
+        states = (() if outer_opt is None else outer_opt.init(start),
+                  () if inner_opt is None else inner_opt.init(start))
+        (w, theta, _, _), num_steps, train_loss = masked_steps(
+            local_step, (start, start, *states), data, local_steps, key,
             batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps, unroll=unroll)
         new_personal = jax.tree.map(lambda new, old: jnp.where(num_steps > 0, new, old),
                                     theta, personal)

@@ -152,12 +152,13 @@ def evaluated_model(evaluate: str):
 def primal_dual(model, *, rho, rule: str, client_lr: Rate, batch_size: int, num_epochs: int,
                 max_steps: Optional[int], client_optimizer: Optional[Optimizer],
                 weight_decay, client_table, weight_by_size: bool, evaluate: str,
-                sam_radius=None, sam_eps=1e-2) -> FederatedAlgorithm:
+                sam_radius=None, sam_eps=1e-2, clip_norm=None,
+                clip_mode: str = "step") -> FederatedAlgorithm:
     """A primal-dual method: augmented-Lagrangian local steps (SAM steps when
-    ``sam_radius`` is given; coupled ``weight_decay``), dual ascent into a dense or
-    lazy table of duals, and the server ``rule``; evaluated on theta-bar
-    (``evaluate="average"``) or the broadcast theta (``"server"``). Every factory of
-    the family is this with its rule and defaults."""
+    ``sam_radius`` is given; coupled ``weight_decay``; gradient clipping ``clip_norm``
+    / ``clip_mode``), dual ascent into a dense or lazy table of duals, and the server
+    ``rule``; evaluated on theta-bar (``evaluate="average"``) or the broadcast theta
+    (``"server"``). Every factory of the family is this with its rule and defaults."""
     H.check(HPARAMS, rho=rho, weight_decay=weight_decay)
     if sam_radius is not None:
         H.check(SAM_HPARAMS, sam_radius=sam_radius, sam_eps=sam_eps)
@@ -169,7 +170,7 @@ def primal_dual(model, *, rho, rule: str, client_lr: Rate, batch_size: int, num_
                              regularizer=augmented_lagrangian(rho),
                              finish=dual_ascent(rho, report=rule == "cohort"),
                              weight_decay=weight_decay, sam_radius=sam_radius,
-                             sam_eps=sam_eps)
+                             sam_eps=sam_eps, clip_norm=clip_norm, clip_mode=clip_mode)
     return compose(client, mixing=prior(weight_by_size), aggregator=aggregator,
                    client_state_init=zero_dual, client_table=client_table,
                    drift=virtual_dual_drift(rho) if rule == "virtual" else None,

@@ -131,6 +131,7 @@ def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: 
              mode: str = "mixing", client_lr: Rate = 0.1, batch_size: int = 20,
              num_epochs: int = 1, max_steps: Optional[int] = None,
              client_optimizer: Optional[Optimizer] = None,
+             clip_norm: Optional[float] = None, clip_mode: str = "step",
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """PropFair. ``mode="mixing"`` (default, thesis eq. 3.21-3.23): FedAvg local
     training with PropFair's aggregation weights n_k / (M - F_k). ``mode="client"``
@@ -142,9 +143,11 @@ def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: 
                                                     weight_by_size=weight_by_size),
                       client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                       max_steps=max_steps, client_optimizer=client_optimizer,
+                      clip_norm=clip_norm, clip_mode=clip_mode,
                       server_optimizer=server_optimizer)
     update = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
                              client_optimizer=client_optimizer,
+                             clip_norm=clip_norm, clip_mode=clip_mode,
                              batch_loss=client_objective(baseline, eps))
     return compose(update, mixing=prior(weight_by_size), server_optimizer=server_optimizer)

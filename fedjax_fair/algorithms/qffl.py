@@ -202,6 +202,7 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
          weight_by_size: Optional[bool] = None, lipschitz: Optional[float] = None,
          client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
          max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
+         clip_norm: Optional[float] = None, clip_mode: str = "step",
          server_optimizer: Optional[Transform] = None,
          mixing: Optional[MixingRule] = None) -> FederatedAlgorithm:
     """q-FedAvg: FedAvg's local SGD with the q-FFL server step (see the module doc).
@@ -220,6 +221,7 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
         raise ValueError(f"weight_by_size: must be true, false or null, got {weight_by_size!r}")
     client = dict(client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   server_optimizer=server_optimizer)
     if mode == "mixing":
         if lipschitz is not None:

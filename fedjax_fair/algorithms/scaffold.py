@@ -40,7 +40,8 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.aggregators import Aggregator, weighted_sum
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, WEIGHT_DECAY, Rate, client_training
+from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate,
+                                           check_rate_optimizer, client_training)
 from fedjax_fair.client import inner
 from fedjax_fair.mixing import MixingRule, prior
 
@@ -91,6 +92,8 @@ def scaffold_aggregator() -> Aggregator:
 
 def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size: int = 20,
              num_epochs: int = 1, max_steps: Optional[int] = None,
+             client_optimizer: Optional[Optimizer] = None,
+             clip_norm: Optional[float] = None, clip_mode: str = "step",
              client_table: str = "dense",
              mixing: Optional[MixingRule] = None,
              weight_by_size: bool = False, weight_decay: float = 0.0) -> FederatedAlgorithm:
@@ -99,11 +102,17 @@ def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size:
     ``mixing`` defaults to 1 / |S| (n_k / n with ``weight_by_size``).
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' c_i.
-    ``weight_decay``: coupled L2 in the local steps (gradient + wd y)."""
+    ``weight_decay``: coupled L2 in the local steps (gradient + wd y).
+    ``client_optimizer``: a ``rate -> transformation`` callable (option II divides by
+    K eta_l); ``clip_norm`` / ``clip_mode``: gradient clipping of every local step
+    ("step" clips g_i - c_i + c, "loss" g_i alone)."""
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
+    check_rate_optimizer(client_optimizer, "SCAFFOLD's option II")
     client = client_training(model, client_lr=client_lr, batch_size=batch_size,
                              num_epochs=num_epochs, max_steps=max_steps,
+                             client_optimizer=client_optimizer,
+                             clip_norm=clip_norm, clip_mode=clip_mode,
                              regularizer=correction, finish=option_two,
                              weight_decay=weight_decay)
     return compose(client, mixing=mixing or prior(weight_by_size), aggregator=scaffold_aggregator(),

@@ -34,7 +34,10 @@ so clients never sampled cost nothing in the lazy table; only theta_f is aggrega
 Symbols -> arguments: mu = ``mu``, nu = ``nu``, L = ``start_round`` (the spec's
 l_frac x T), eta = ``client_lr`` (a schedule of the round for the 1%/round decay, e.g.
 ``lambda t: 0.01 * 0.99 ** t``), momentum 0.9 and coupled weight decay 1e-4 over the
-pair (``momentum``, ``weight_decay``), E = ``num_epochs``, B = ``batch_size``;
+pair (``momentum``, ``weight_decay``; a ``client_optimizer``, if given, replaces that
+SGD), E = ``num_epochs``, B = ``batch_size``; ``clip_norm`` clips the pair's joint
+gradient (one global norm over theta_f and theta_l; ``clip_mode="loss"``: the mixture
+loss's alone, without the proximal and orthogonality terms; weight decay after);
 ``mode`` "mm" or "lm"; ``prox_form`` "squared" (the thesis) or "ref_sum_of_norms"
 (the reference code's mu sum_leaves ||theta_f - theta_g||).
 """
@@ -48,7 +51,7 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Rate, check_client
+from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
 from fedjax_fair.client import (data_loss, data_metrics, local_sgd, make_optimizer, round_value,
                                 sq_distance)
 from fedjax_fair.execution import local_step_unroll
@@ -129,16 +132,23 @@ def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
              mode: str = "mm", eval_lambda: float = 0.5, prox_form: str = "squared",
              client_lr: Rate = 0.01, momentum: float = 0.9, weight_decay: float = 1e-4,
              batch_size: int = 10, num_epochs: int = 1, max_steps: Optional[int] = None,
+             client_optimizer: Optional[Optimizer] = None,
+             clip_norm: Optional[float] = None, clip_mode: str = "step",
              client_table: str = "dense", local_init_seed: int = 0) -> FederatedAlgorithm:
     """SuPerFed (MM or LM): federated and local model trained through their random
     interpolation; evaluated personally at ``eval_lambda``.
+
+    ``client_optimizer`` (None: SGD with ``momentum`` and coupled ``weight_decay``,
+    the spec's) replaces that optimizer of the pair, ``momentum`` and ``weight_decay``
+    then unused; ``clip_norm`` / ``clip_mode``: gradient clipping of every local step.
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the local models
     (never-sampled clients' models are drawn on demand, so the lazy table stores only
     the clients sampled)."""
     H.check(HPARAMS, mu=mu, nu=nu, start_round=start_round, eval_lambda=eval_lambda,
             momentum=momentum, weight_decay=weight_decay)
-    check_client(client_lr, batch_size, num_epochs, max_steps)
+    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
+                 clip_mode)
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
     if prox_form not in PROX_FORMS:
@@ -166,11 +176,12 @@ def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
         personalize = broadcast.round >= start_round
         train = local_sgd(mixture_model(model, mode, personalize), batch_size=batch_size,
                           num_epochs=num_epochs, max_steps=max_steps,
-                          regularizer=regularizer, unroll=unroll)
+                          regularizer=regularizer, unroll=unroll, clip_norm=clip_norm,
+                          clip_mode=clip_mode)
         lr = round_value(client_lr, broadcast.round)
         (federated, local), num_steps, train_loss = train(
-            (broadcast.params, row.local), make_optimizer(optimizer, lr), data, local_steps,
-            key, (broadcast, personalize))
+            (broadcast.params, row.local), make_optimizer(client_optimizer or optimizer, lr),
+            data, local_steps, key, (broadcast, personalize))
         # Before L theta_l is frozen exactly: its (zero-gradient) momentum and weight
         # decay moves are discarded; lambda = 0 kept them out of theta_f's steps.
         local = jax.tree.map(lambda new, old: jnp.where(personalize, new, old), local,

@@ -65,9 +65,11 @@ def term_mixing(tilt=0.1, *, weight_by_size: bool = True) -> MixingRule:
 def term(model, *, tilt: float = 0.1, weight_by_size: bool = True, client_lr: Rate = 0.1,
          batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
          client_optimizer: Optional[Optimizer] = None,
+         clip_norm: Optional[float] = None, clip_mode: str = "step",
          server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with TERM's tilted aggregation weights."""
     return fedavg(model, mixing=term_mixing(tilt, weight_by_size=weight_by_size),
                   client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
+                  clip_norm=clip_norm, clip_mode=clip_mode,
                   server_optimizer=server_optimizer)

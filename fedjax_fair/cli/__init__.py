@@ -123,6 +123,9 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
                    help="no progress bars")
     p.add_argument("--no-plots", dest="plots", action="store_false", default=S,
                    help="do not write PNG plots")
+    p.add_argument("--no-improvement", dest="improvement", action="store_false", default=S,
+                   help="do not log the per-round share of participants whose training "
+                        "loss did not rise (saves a forward pass over the cohort a round)")
     p.add_argument("--overwrite", dest="overwrite", action="store_true", default=S,
                    help="write into an output directory that already holds results")
     p.add_argument("--distributed", dest="distributed", action="store_true", default=S,
@@ -350,8 +353,10 @@ def build_model(cfg, ds):
 
 def build_algorithm(name: str, model, cfg, hparams: dict):
     """The registered factory called with the config fields its signature names
-    (client_lr, batch_size, num_epochs), the hyper-parameters, and the round-indexed
-    schedules; wrapped to log the per-round improved fraction."""
+    (client_lr, batch_size, num_epochs), the client SGD of --client-momentum /
+    --client-weight-decay (as ``client_optimizer``), the hyper-parameters, and the
+    round-indexed schedules; wrapped to log the per-round improved fraction unless
+    ``cfg.improvement`` is off."""
     from fedjax_fair.algorithm import with_improvement
     from fedjax_fair.algorithms import get_method, method_hparams
     from fedjax_fair.schedules import parse as parse_schedule
@@ -359,6 +364,9 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
               if not h.python_only and k in C.config_fields() and hasattr(cfg, k)}
     kwargs.update(C.mixing_kwargs(name, cfg.mixing) or {})  # an explicit --hp wins
+    if C.client_sgd_field(cfg) and "client_optimizer" in accepted:  # --client-momentum
+        from fedjax_fair.client import sgd_optimizer
+        kwargs["client_optimizer"] = sgd_optimizer(cfg.client_momentum, cfg.client_weight_decay)
     kwargs.update(hparams)
     client_schedule = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
     if client_schedule is not None and "client_lr" in kwargs:
@@ -375,7 +383,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
         algorithm = get_method(name).factory(model, **kwargs)
     except (TypeError, ValueError) as e:
         raise C.error_from_message(str(e), "hparams") from None
-    return with_improvement(algorithm, model)
+    return with_improvement(algorithm, model) if cfg.improvement else algorithm
 
 
 def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int):
@@ -806,6 +814,7 @@ def _finished_run(run_dir: str):
 
 def cmd_compare(args) -> int:
     cfg = _other_process(compare_config(args))
+    every = not cfg.algorithms  # the default list: methods that refuse the model are left out
     hparams = C.validate_compare(cfg)
     out = cfg.resolved_output_dir()
     cfg_dict = _ordered_config(cfg)
@@ -816,7 +825,15 @@ def cmd_compare(args) -> int:
     for a in cfg.algorithms:
         C.check_data_range(a, hparams[a], ds.host_data.train, f"hparams[{a}]")
     model = build_model(cfg, ds)
-    algs = {a: build_algorithm(a, model, cfg, hparams[a]) for a in cfg.algorithms}
+    algs = {}
+    for a in cfg.algorithms:
+        try:
+            algs[a] = build_algorithm(a, model, cfg, hparams[a])
+        except C.ConfigError as e:
+            if not every:
+                raise
+            print(f"left out {a}: {e}")  # e.g. LG-FedAvg on a one-layer model
+    cfg.algorithms = cfg_dict["algorithms"] = list(algs)
     for alg in algs.values():
         _check_capacity(alg, ds.num_clients, cfg)
 

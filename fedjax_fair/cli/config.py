@@ -72,6 +72,13 @@ class _Common:
     augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
                       "(flip + padded crop) or tinyimagenet (rotation + flip)")
     client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
+    client_momentum: float = _f(0.0, "float", "SGD momentum of the clients' local steps, in "
+                                "[0, 1) (0: plain SGD); with --client-weight-decay it sets the "
+                                "client_optimizer of every algorithm that takes one "
+                                "(client.sgd_optimizer: torch.optim.SGD's momentum and weight "
+                                "decay; the thesis's 0.9 and 1e-4)")
+    client_weight_decay: float = _f(0.0, "float", "weight decay of that client SGD (>= 0), "
+                                    "added to the gradient after any clip_norm")
     client_lr_schedule: str = _f("none", "str", "client learning rate by round t: none, "
                                  "exponential:GAMMA (lr * GAMMA^t), exponential:GAMMA@S "
                                  "(lr * GAMMA^floor(t/S)) or step:FACTOR@R1,R2 (lr * FACTOR "
@@ -116,6 +123,10 @@ class _Common:
                          "results, replacing them", flag=False)
     progress: bool = _f(True, "bool", "show progress bars", flag=False)
     plots: bool = _f(True, "bool", "write PNG plots", flag=False)
+    improvement: bool = _f(True, "bool", "log every round the share of participants whose "
+                           "training loss did not rise (improved_fraction; one more forward "
+                           "pass over the cohort a round, two for personalised methods)",
+                           flag=False)
 
 
 @dataclasses.dataclass
@@ -519,6 +530,12 @@ def _validate_common(cfg: _Common) -> None:
             raise ConfigError(name, f"must be a positive integer, got {value}")
     if not (math.isfinite(cfg.client_lr) and cfg.client_lr > 0):
         raise ConfigError("client_lr", f"must be a positive finite number, got {cfg.client_lr}")
+    if not (math.isfinite(cfg.client_momentum) and 0 <= cfg.client_momentum < 1):
+        raise ConfigError("client_momentum", f"must be a number in [0, 1), got "
+                                             f"{cfg.client_momentum}")
+    if not (math.isfinite(cfg.client_weight_decay) and cfg.client_weight_decay >= 0):
+        raise ConfigError("client_weight_decay", f"must be a finite number >= 0, got "
+                                                 f"{cfg.client_weight_decay}")
     if cfg.chunk_size is not None and cfg.chunk_size <= 0:
         raise ConfigError("chunk_size", f"must be a positive integer, got {cfg.chunk_size}")
     _choice("model", cfg.model, MODELS)
@@ -692,6 +709,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
         raise ConfigError("seed", f"must be an integer >= 0, got {cfg.seed}")
     cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
     _validate_common(cfg)
+    check_client_sgd(cfg, [cfg.algorithm])
     check_server_schedule(cfg.algorithm, cfg.server_lr_schedule, cfg.compensate_server_lr)
     check_mixing(cfg.algorithm, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
@@ -774,6 +792,7 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)
     _validate_common(cfg)
+    check_client_sgd(cfg, cfg.algorithms)
     if not cfg.resume:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
     for a in cfg.algorithms:
@@ -849,6 +868,22 @@ def mixing_kwargs(algorithm: str, mixing: str) -> Optional[dict]:
     if accepts(algorithm, "center"):  # FedMGDA+'s centre of the weight box
         return {"center": "num_examples" if mixing == "size" else "uniform"}
     return None
+
+
+def client_sgd_field(cfg) -> Optional[str]:
+    """The first of --client-momentum / --client-weight-decay that is set, else None."""
+    return next((f for f in ("client_momentum", "client_weight_decay")
+                 if getattr(cfg, f, 0.0)), None)
+
+
+def check_client_sgd(cfg, algorithms) -> None:
+    """--client-momentum / --client-weight-decay set the ``client_optimizer`` of every
+    algorithm that takes one (as a ``NAME`` hyper-parameter reaches every algorithm
+    taking it): at least one of ``algorithms`` must."""
+    field = client_sgd_field(cfg)
+    if field and not any(accepts(a, "client_optimizer") for a in algorithms):
+        raise ConfigError(field, f"sets the client_optimizer, which "
+                                 f"{', '.join(algorithms)} does not take")
 
 
 def check_mixing(algorithm: str, mixing: str) -> None:
