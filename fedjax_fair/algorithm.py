@@ -64,7 +64,7 @@ import optax
 from fedjax_fair import client_states as tables
 from fedjax_fair.sharding import on_mesh
 from fedjax_fair.aggregators import STREAM_SUM, Aggregator, weighted_mean
-from fedjax_fair.client import data_loss
+from fedjax_fair.client import check_optimizer, data_loss
 from fedjax_fair.execution import as_execution, map_clients
 from fedjax_fair.mixing import MixingRule, by_num_examples, tiered_softmax
 from fedjax_fair.types import Broadcast, ClientUpdate, Cohort, ServerContext
@@ -96,6 +96,23 @@ class FederatedAlgorithm(NamedTuple):
     def evaluates(self) -> str:
         """"personal" (each client's own model) or "global" (``state.params``)."""
         return "global" if self.personal is None else "personal"
+
+
+def _check_pieces(client_update, mixing, aggregator, server_optimizer) -> None:
+    """``compose``'s pieces have their types (``TypeError("FIELD: ...")`` naming the
+    argument), so a string rule or an uncalled ``optax.adam`` fails here, not inside
+    the first round's trace."""
+    if not callable(client_update):
+        raise TypeError(f"client_update: must be a function (client.local_training(...)), "
+                        f"got {type(client_update).__name__}")
+    for field, value, kind, example in (("mixing", mixing, MixingRule, "mixing.uniform()"),
+                                        ("aggregator", aggregator, Aggregator,
+                                         "aggregators.weighted_mean()")):
+        if value is not None and not isinstance(value, kind):
+            article = "an" if kind.__name__[0] in "AEIOU" else "a"
+            raise TypeError(f"{field}: must be None or {article} {kind.__name__} (e.g. {example}), "
+                            f"got {type(value).__name__} {value!r}")
+    check_optimizer(server_optimizer, "server_optimizer", rate_factory=False)
 
 
 def compose(client_update: ClientUpdate, *,
@@ -135,6 +152,7 @@ def compose(client_update: ClientUpdate, *,
         costs no storage in the lazy table. None: every client starts from
         ``client_state_init(params)``. Rows that drift cannot be fresh.
     """
+    _check_pieces(client_update, mixing, aggregator, server_optimizer)
     mixing = mixing or by_num_examples()
     aggregator = aggregator or weighted_mean()
     server_optimizer = server_optimizer or optax.sgd(1.0)

@@ -521,8 +521,9 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
         c > 0 (may be traced) or None (off); "step" clips the gradient of loss plus
         regularizer, "loss" the loss's alone; weight decay is added after the clip.
     """
-    if batch_size <= 0 or num_epochs <= 0 or (max_steps is not None and max_steps <= 0):
-        raise ValueError("local_training: batch_size, num_epochs and max_steps must be positive")
+    H.check({"batch_size": H.COUNT, "num_epochs": H.COUNT,
+             "max_steps": H.Range(1, None, integer=True, nullable=True)},
+            batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps)
     check_optimizer(optimizer, "optimizer")
     optimizer = optax.sgd if optimizer is None else optimizer
     if not isinstance(optimizer, optax.GradientTransformation):  # else the rate is unused

@@ -62,8 +62,21 @@ class Range(NamedTuple):
         return text + (" or None" if self.nullable else "")
 
     def contains(self, value) -> bool:
+        """Whether ``value`` is in the range; a real (non-integer) value must be in it
+        also as the float32 the computation will use (1e-50 is positive, but 0 in
+        float32; 1e39 is finite, but inf), its bounds rounded alike."""
         if self.integer and not float(value).is_integer():
             return False
+        if not self._within(value):
+            return False
+        if not self.integer:
+            with np.errstate(over="ignore", under="ignore"):
+                low, high, v = (None if b is None else float(np.float32(b))
+                                for b in (self.low, self.high, value))
+            return self._replace(low=low, high=high)._within(v)
+        return True
+
+    def _within(self, value) -> bool:
         if not math.isfinite(value):
             return False
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
@@ -86,7 +99,12 @@ class Range(NamedTuple):
             raise ValueError(f"{name}: must be {'an integer' if self.integer else 'a number'}"
                              f" in {self.describe()}, got {value!r}")
         if not self.contains(float(value)):
-            raise ValueError(f"{name}: must be in {self.describe()}, got {value!r}")
+            single = ""
+            if not self.integer and self._within(float(value)):  # not as a float32
+                with np.errstate(over="ignore", under="ignore"):
+                    single = (f" ({float(np.float32(value))!r} in float32, the "
+                              f"computation's precision)")
+            raise ValueError(f"{name}: must be in {self.describe()}, got {value!r}{single}")
         return value
 
 

@@ -310,6 +310,19 @@ def test_uniform_mixing_weights():
     np.testing.assert_allclose(w, np.array([1, 2, 3, 4]) / 10, rtol=1e-6)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("mixing", "uniform"), ("aggregator", lambda state, outputs: outputs),
+    ("server_optimizer", optax.adam), ("server_optimizer", "sgd")])
+def test_compose_refuses_pieces_of_the_wrong_type_naming_the_argument(field, value):
+    """A string rule or an uncalled optax factory fails when composed, naming the
+    argument, not inside the first round's trace."""
+    clients = local_training(MODEL, client_lr=0.1, batch_size=2)
+    with pytest.raises(TypeError, match=f"^{field}"):
+        compose(clients, **{field: value})
+    with pytest.raises(TypeError, match="^client_update"):
+        compose("fedavg")
+
+
 def test_compose_with_custom_pieces():
     """Custom client update (with a per-client state table and extras), a stateful
     mixing rule over all N clients (uniform weights), a stateful aggregator and an

@@ -118,6 +118,15 @@ def test_from_client_arrays_reports_and_validates_labels():
         fd.from_client_arrays(xs, ys, xs[:2], ys[:2], name="toy", num_classes=3)
 
 
+@pytest.mark.parametrize("label", [2 ** 31, 2 ** 32 + 1, -(2 ** 31) - 1, float(2 ** 32)])
+def test_labels_beyond_int32_are_refused_not_wrapped(label):
+    """2^32 + 1 cast to int32 would be 1, a valid class: refused before the cast."""
+    xs, ys = _toy([1, 2, 7])
+    bad = [ys[0], np.array([1, label]), ys[2]]
+    with pytest.raises(ValueError, match="^train_ys: client 1"):
+        fd.from_client_arrays(xs, bad, xs, ys, name="toy", num_classes=3)
+
+
 def test_non_finite_inputs_are_a_data_error_naming_the_client():
     xs, ys = _toy([1, 2, 7])
     bad = [x.astype(np.float32).copy() for x in xs]

@@ -84,15 +84,22 @@ def _check_fraction(value, field: str) -> float:
 
 
 def _as_labels(y, field: str) -> np.ndarray:
-    """y as a 1-D int32 array; floats are accepted only when every value is whole."""
+    """y as a 1-D int32 array; floats are accepted only when every value is whole, and
+    no label may lie outside int32 (2^31 would wrap to a negative label, or to a valid
+    one, before the range check)."""
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"{field}: labels must be 1-D, got shape {y.shape}")
-    if np.issubdtype(y.dtype, np.integer):
-        return y.astype(np.int32)
-    if np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y)):
-        return y.astype(np.int32)
-    raise ValueError(f"{field}: labels must be integers, got dtype {y.dtype}")
+    whole = np.issubdtype(y.dtype, np.integer) or (
+        np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y))
+        and np.all(y == np.round(y)))
+    if not whole:
+        raise ValueError(f"{field}: labels must be integers, got dtype {y.dtype}")
+    info = np.iinfo(np.int32)
+    if y.size and (y.min() < info.min or y.max() > info.max):
+        raise ValueError(f"{field}: labels run from {y.min()} to {y.max()}, outside the int32 "
+                         f"range the models index classes with")
+    return y.astype(np.int32)
 
 
 def _check_label_range(y: np.ndarray, mask: np.ndarray, num_classes: int, field: str) -> None:

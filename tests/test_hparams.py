@@ -1,0 +1,29 @@
+"""fedjax_fair.hparams: value ranges checked before anything runs."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from fedjax_fair import hparams as H
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.models import logistic_regression
+
+
+@pytest.mark.parametrize("value", [1e-50, 1e-46, 1e39, -1e-50])
+def test_a_real_value_outside_the_range_as_float32_is_refused(value):
+    """1e-50 is positive but 0 in float32, where the computation runs: a 'positive'
+    learning rate would train nothing; 1e39 is finite but inf."""
+    with pytest.raises(ValueError, match="^client_lr"):
+        H.POSITIVE.check("client_lr", value)
+    with pytest.raises(ValueError, match="^client_lr"):
+        fedavg(logistic_regression((3,), 2), client_lr=value)
+
+
+def test_bounds_compare_in_the_same_precision():
+    """A value equal to a bound stays inside it after both are rounded to float32;
+    smallest positive float32 normal-range values pass; integers are not rounded."""
+    assert H.Range(0.0, 0.1).contains(0.1)
+    assert not H.Range(0.0, 1.0, high_open=True).contains(0.99999999)  # 1.0 in float32
+    assert H.POSITIVE.contains(1e-30)
+    assert H.COUNT.contains(2 ** 40)
+    assert H.POSITIVE.check("x", jnp.float32(0.0)) is not None  # arrays: unchecked (traced)
