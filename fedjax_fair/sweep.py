@@ -512,6 +512,10 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
     build, method = resolve_builder(builder, list(flat), model, fixed)
     if method is not None:
         check_grid_ranges(method, flat)
+    built = build({name: values[0] for name, values in flat.items()})  # cheap: closures
+    if not isinstance(built, FederatedAlgorithm):
+        raise TypeError(f"builder: must return a FederatedAlgorithm (e.g. fedavg(model, "
+                        f"client_lr=hparams['client_lr'])), got {type(built).__name__}")
     if model is None:
         raise ValueError("model: needed to evaluate the final states")
     if sampler is None:

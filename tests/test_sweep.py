@@ -192,6 +192,7 @@ BAD = [
     (dict(chunk_loop="python"), ValueError, "chunk_loop: "),
     (dict(builder="nope"), ValueError, "builder: unknown method 'nope'"),
     (dict(builder=3), TypeError, "builder: "),
+    (dict(builder=lambda hp: "fedavg"), TypeError, "builder: must return a FederatedAlgorithm"),
     (dict(builder=build, fixed={"batch_size": 4}), ValueError, "fixed: only for"),
     (dict(fixed={"nope": 1}), ValueError, "fixed: 'nope' is not a hyper-parameter"),
     (dict(fixed={"q": 1.0}), ValueError, "fixed: 'q' is also in the grid"),
