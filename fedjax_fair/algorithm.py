@@ -64,7 +64,7 @@ import optax
 from fedjax_fair import client_states as tables
 from fedjax_fair.sharding import on_mesh
 from fedjax_fair.aggregators import STREAM_SUM, Aggregator, weighted_mean
-from fedjax_fair.client import check_optimizer, data_loss
+from fedjax_fair.client import check_optimizer, data_loss, describe_object
 from fedjax_fair.execution import as_execution, map_clients
 from fedjax_fair.mixing import MixingRule, by_num_examples, tiered_softmax
 from fedjax_fair.types import Broadcast, ClientUpdate, Cohort, ServerContext
@@ -111,7 +111,7 @@ def _check_pieces(client_update, mixing, aggregator, server_optimizer) -> None:
         if value is not None and not isinstance(value, kind):
             article = "an" if kind.__name__[0] in "AEIOU" else "a"
             raise TypeError(f"{field}: must be None or {article} {kind.__name__} (e.g. {example}), "
-                            f"got {type(value).__name__} {value!r}")
+                            f"got {describe_object(value)}")
     check_optimizer(server_optimizer, "server_optimizer", rate_factory=False)
 
 

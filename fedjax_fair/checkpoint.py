@@ -1,51 +1,136 @@
-"""Saving and restoring a whole simulation state (no pickle).
+"""Saving and restoring a whole simulation state (no pickle), one commit per save.
 
-A checkpoint is a directory holding ``state.npz`` (the leaves of the server state
-and the run key, in tree order) and ``meta.json`` (round, history, anything
-JSON-serialisable). Restoring needs a template with the same tree structure, e.g.
+A checkpoint directory holds committed *step directories* ``step-00000001``,
+``step-00000002``, ... (the last ``KEEP`` of them). Each ``save`` writes one step
+directory under a temporary name (``tmp.step-...``) and renames it, which is the
+single commit: after a crash at any instant the checkpoint reads as the last
+committed save, never a mix of two. A step directory holds ``state.npz`` (the
+leaves of the server state and the run key, in tree order), ``meta.json`` (round,
+history, anything JSON-serialisable, plus ``"checkpoint_format"``) and the named
+array files given to ``save`` (the runner's ``client_history.npz`` and
+``rounds.npz``). Every reader (``exists``, ``verify``, ``read_meta``, ``restore``,
+``load_arrays``) reads the newest committed step directory (``latest``).
+Restoring needs a template with the same tree structure, e.g.
 ``algorithm.init(params, num_clients)``; shapes and dtypes are checked leaf by leaf.
-Files are written to a temporary name and renamed, so a crash never leaves a
-half-written checkpoint.
 
 A file that is there but cannot be read (garbage, truncated, not the arrays or the
 JSON object expected) raises ``ValueError("checkpoint: FILE in DIR is unreadable or
 corrupt (...); ...")`` naming the file, never an exception from deep inside NumPy,
-``zipfile`` or ``json``; a missing checkpoint raises ``FileNotFoundError``.
+``zipfile`` or ``json``; a missing checkpoint raises ``FileNotFoundError``. A
+checkpoint written before step directories (``state.npz`` and ``meta.json`` directly
+in the directory, several renames without a commit point) raises
+``ValueError("checkpoint: ... older format ...")``: it cannot be trusted to be one
+consistent save.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
+import shutil
 import zipfile
 import zlib
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+FORMAT = 2  # meta.json's "checkpoint_format"
+KEEP = 2  # committed step directories kept
+_STEP = re.compile(r"step-(\d{8,})")
+_OLDER_FORMAT = ("state.npz", "meta.json", "client_history.npz")  # flat, before steps
 
-def save(directory: str, state: Any, meta: dict) -> None:
+
+def _fault(point: str) -> None:
+    """Called before every write, rename and removal of ``save`` (and between the two
+    halves of each file's bytes); a no-op that tests replace to simulate a kill at
+    that instant."""
+
+
+def _write_file(path: str, data: bytes) -> None:
+    _fault(f"open {os.path.basename(path)}")
+    with open(path, "wb") as f:
+        half = len(data) // 2
+        f.write(data[:half])
+        f.flush()
+        _fault(f"inside {os.path.basename(path)}")
+        f.write(data[half:])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _npz_bytes(arrays: dict) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def steps(directory: str) -> list:
+    """The committed step directories' numbers, oldest first."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(int(m.group(1)) for m in map(_STEP.fullmatch, names) if m
+                  and os.path.isdir(os.path.join(directory, m.group(0))))
+
+
+def latest(directory: str) -> Optional[str]:
+    """The newest committed step directory of checkpoint ``directory``, or None."""
+    found = steps(directory)
+    return os.path.join(directory, f"step-{found[-1]:08d}") if found else None
+
+
+def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
+         fresh: bool = False) -> str:
+    """Commits ``state``, ``meta`` and ``arrays`` ({file name: {array name: array}},
+    e.g. {"client_history.npz": {...}}) as one new step directory; keeps the last
+    ``KEEP`` (``fresh``: this one alone, the first save of a new run into a directory
+    an earlier run used). Returns the step directory."""
     os.makedirs(directory, exist_ok=True)
-    leaves = jax.tree.leaves(state)
-    arrays = {f"leaf_{i:05d}": _to_numpy(x) for i, x in enumerate(leaves)}
-    tmp = os.path.join(directory, "state.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, os.path.join(directory, "state.npz"))
-    tmp = os.path.join(directory, "meta.tmp.json")
-    with open(tmp, "w") as f:
-        json.dump(meta, f)
-    os.replace(tmp, os.path.join(directory, "meta.json"))
-
-
-def save_arrays(directory: str, name: str, arrays: dict) -> None:
-    """Named host arrays beside a checkpoint (``name``, e.g. "client_history.npz"),
-    written to a temporary file and renamed, like the state."""
-    os.makedirs(directory, exist_ok=True)
+    found = steps(directory)
+    step = (found[-1] + 1) if found else 1
+    name = f"step-{step:08d}"
     tmp = os.path.join(directory, f"tmp.{name}")
-    with open(tmp, "wb") as f:
-        np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
-    os.replace(tmp, os.path.join(directory, name))
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    _fault("mkdir")
+    os.makedirs(tmp)
+    leaves = jax.tree.leaves(state)
+    _write_file(os.path.join(tmp, "state.npz"),
+                _npz_bytes({f"leaf_{i:05d}": _to_numpy(x) for i, x in enumerate(leaves)}))
+    for file, named in (arrays or {}).items():
+        _write_file(os.path.join(tmp, file),
+                    _npz_bytes({k: np.asarray(v) for k, v in named.items()}))
+    _write_file(os.path.join(tmp, "meta.json"),
+                json.dumps({**meta, "checkpoint_format": FORMAT}).encode())
+    _fault("commit")
+    os.rename(tmp, os.path.join(directory, name))  # the commit
+    _fsync_dir(directory)
+    for old in (found if fresh else found[:max(0, len(found) + 1 - KEEP)]):
+        _fault("retention")
+        shutil.rmtree(os.path.join(directory, f"step-{old:08d}"), ignore_errors=True)
+    for other in os.listdir(directory):  # a crashed save's leftovers
+        if other.startswith("tmp.step-"):
+            shutil.rmtree(os.path.join(directory, other), ignore_errors=True)
+        elif fresh and other in _OLDER_FORMAT:
+            os.remove(os.path.join(directory, other))
+    return os.path.join(directory, name)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # What reading a damaged .npz / .json file raises (json's JSONDecodeError and a
@@ -96,40 +181,66 @@ def _npz_headers(directory: str, name: str) -> dict:
     return out
 
 
+def _step_dir(directory: str) -> str:
+    """The newest committed step directory; ``FileNotFoundError`` without one, and
+    ``ValueError("checkpoint: ...")`` for a checkpoint of the older format."""
+    found = latest(directory)
+    if found is not None:
+        return found
+    if any(os.path.isfile(os.path.join(directory, n)) for n in ("state.npz", "meta.json")):
+        raise ValueError(f"checkpoint: {directory!r} holds a checkpoint of an older format "
+                         f"(state.npz / meta.json without a committed step directory), "
+                         f"which may mix two saves; the run cannot resume from it (start "
+                         f"it again)")
+    raise FileNotFoundError(f"checkpoint: no checkpoint in {directory!r}")
+
+
 def load_arrays(directory: str, name: str) -> dict:
-    """The arrays ``save_arrays`` wrote, or {} if there are none (a file that is there
-    but unreadable raises ``ValueError("checkpoint: ...")``)."""
-    if not os.path.isfile(os.path.join(directory, name)):
+    """The arrays saved as ``name`` with the newest committed save, or {} if it has
+    none (a file that is there but unreadable raises ``ValueError("checkpoint:
+    ...")``)."""
+    step = _step_dir(directory)
+    if not os.path.isfile(os.path.join(step, name)):
         return {}
-    return _read_npz(directory, name)
+    return _read_npz(step, name)
 
 
-def _saved_arrays(directory: str) -> list:
-    """The names of the array files ``save_arrays`` wrote beside the checkpoint."""
-    return sorted(n for n in os.listdir(directory) if n.endswith(".npz")
-                  and n != "state.npz" and not n.startswith("tmp.") and ".tmp." not in n
-                  and os.path.isfile(os.path.join(directory, n)))
+def read_leaf(directory: str, index: int) -> np.ndarray:
+    """Leaf ``index`` of the newest save's state, read alone."""
+    step = _step_dir(directory)
+    name = f"leaf_{index:05d}"
+    try:
+        with np.load(os.path.join(step, "state.npz"), allow_pickle=False) as f:
+            return f[name]
+    except _READ_ERRORS as e:
+        raise _corrupt("state.npz", step, e) from None
 
 
 def exists(directory: str) -> bool:
-    """Whether ``directory`` holds a checkpoint (state.npz and meta.json; whether they
-    are readable is ``verify``'s and ``restore``'s to say)."""
-    return all(os.path.isfile(os.path.join(directory, n)) for n in ("state.npz", "meta.json"))
+    """Whether ``directory`` holds a checkpoint: a committed step directory with
+    state.npz and meta.json, or a checkpoint of the older format (which the readers
+    refuse); whether they are readable is ``verify``'s and ``restore``'s to say."""
+    step = latest(directory)
+    if step is None:
+        return any(os.path.isfile(os.path.join(directory, n))
+                   for n in ("state.npz", "meta.json"))
+    return all(os.path.isfile(os.path.join(step, n)) for n in ("state.npz", "meta.json"))
 
 
 def verify(directory: str, template: Any) -> None:
-    """Checks, from the file headers only (no array is loaded), that the checkpoint in
+    """Checks, from the file headers only (no array is loaded), that the newest save in
     ``directory`` has the leaves of ``template`` (arrays or ``jax.ShapeDtypeStruct``):
-    the same count, shapes and dtypes; and that meta.json and every array file saved
-    beside it (``save_arrays``) are readable. Raises ``ValueError("checkpoint: ...")``
+    the same count, shapes and dtypes; and that its meta.json and every array file
+    saved with it are readable. Raises ``ValueError("checkpoint: ...")``
     (``FileNotFoundError`` without a checkpoint)."""
     if not exists(directory):
         raise FileNotFoundError(f"checkpoint: no checkpoint in {directory!r}")
+    step = _step_dir(directory)
     leaves = jax.tree.leaves(template)
-    headers = _npz_headers(directory, "state.npz")
-    names = _leaf_names(headers, directory)
+    headers = _npz_headers(step, "state.npz")
+    names = _leaf_names(headers, step)
     if len(names) != len(leaves):
-        raise ValueError(f"checkpoint: {directory!r} holds {len(names)} arrays, this run's "
+        raise ValueError(f"checkpoint: {step!r} holds {len(names)} arrays, this run's "
                          f"state has {len(leaves)}; was it made by another config?")
     for i, (name, t) in enumerate(zip(names, leaves)):
         shape, dtype = headers[name]
@@ -140,8 +251,9 @@ def verify(directory: str, template: Any) -> None:
             raise ValueError(f"checkpoint: leaf {i} is {dtype}{shape}, this run expects "
                              f"{t_dtype}{t_shape}; was it made by another config?")
     read_meta(directory)
-    for name in _saved_arrays(directory):
-        _npz_headers(directory, name)
+    for name in sorted(os.listdir(step)):
+        if name.endswith(".npz") and name != "state.npz":
+            _npz_headers(step, name)
 
 
 def _leaf_names(names, directory: str) -> list:
@@ -160,31 +272,34 @@ def _is_key(x) -> bool:
 
 
 def read_meta(directory: str) -> dict:
-    """The checkpoint's meta (round history, timings) without its arrays: a JSON
+    """The newest save's meta (round history, timings) without its arrays: a JSON
     object, else ``ValueError("checkpoint: meta.json ...")``."""
-    path = os.path.join(directory, "meta.json")
+    step = _step_dir(directory)
+    path = os.path.join(step, "meta.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint: no meta.json in {directory!r}")
+        raise FileNotFoundError(f"checkpoint: no meta.json in {step!r}")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
-        raise _corrupt("meta.json", directory, e) from None
+        raise _corrupt("meta.json", step, e) from None
     if not isinstance(meta, dict):
-        raise _corrupt("meta.json", directory, f"a JSON {type(meta).__name__}, not an object")
+        raise _corrupt("meta.json", step, f"a JSON {type(meta).__name__}, not an object")
+    meta.pop("checkpoint_format", None)
     return meta
 
 
 def restore(directory: str, template: Any) -> tuple[Any, dict]:
-    """Returns (state shaped like ``template``, meta)."""
+    """Returns (state shaped like ``template``, meta) of the newest save."""
     if not exists(directory):
         raise FileNotFoundError(f"checkpoint: no checkpoint in {directory!r}")
+    step = _step_dir(directory)
     leaves, treedef = jax.tree.flatten(template)
     meta = read_meta(directory)  # the small file first
-    arrays = _read_npz(directory, "state.npz")
-    stored = [arrays[name] for name in _leaf_names(arrays, directory)]
+    arrays = _read_npz(step, "state.npz")
+    stored = [arrays[name] for name in _leaf_names(arrays, step)]
     if len(stored) != len(leaves):
-        raise ValueError(f"checkpoint: {directory!r} holds {len(stored)} arrays, the "
+        raise ValueError(f"checkpoint: {step!r} holds {len(stored)} arrays, the "
                          f"algorithm's state has {len(leaves)}; was it made by another config?")
     restored = []
     for i, (x, t) in enumerate(zip(stored, leaves)):

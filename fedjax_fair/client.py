@@ -428,8 +428,16 @@ def check_optimizer(optimizer, field: str, rate_factory: bool = True) -> None:
     allowed = ("an optax GradientTransformation (e.g. optax.adam(1e-3)) or a function "
                "rate -> transformation (e.g. optax.sgd)" if rate_factory else
                "an optax GradientTransformation (e.g. optax.adam(1e-3))")
-    raise TypeError(f"{field}: must be None or {allowed}, got {type(optimizer).__name__} "
-                    f"{optimizer!r}")
+    raise TypeError(f"{field}: must be None or {allowed}, got {describe_object(optimizer)}")
+
+
+def describe_object(value) -> str:
+    """``value`` for an error message: a function by its qualified name (a repr would
+    hold its memory address), anything else by type and repr."""
+    name = getattr(value, "__qualname__", None)
+    if callable(value) and name:
+        return f"the function {getattr(value, '__module__', '') or ''}.{name} (not called)"
+    return f"{type(value).__name__} {value!r}"
 
 
 def check_rate_optimizer(client_optimizer, why: str) -> None:

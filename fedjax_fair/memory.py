@@ -245,3 +245,55 @@ def compact_chunk_shapes(examples: dict, num_rounds: int, cohort_size: int,
     rows = {k: sds((num_rows, *np.shape(v)[2:]), v.dtype) for k, v in examples.items()}
     i32 = sds(lead, np.int32)
     return CompactChunk(rows, i32, i32, i32, i32)
+
+
+# ------------------------------------------------------------------ before compiling
+
+# The most elements one XLA array may hold here: XLA's CPU and GPU kernels index
+# arrays with 32-bit integers, and a larger array aborts the process (SIGABRT) in C++.
+MAX_ARRAY_ELEMENTS = 2 ** 31 - 1
+
+
+class Preflight(NamedTuple):
+    """A refusal of ``preflight``: what is too large (``what``: "params" or "batch"),
+    the offending leaf's path, and the message."""
+
+    what: str
+    message: str
+
+
+def preflight(param_shapes, example_shapes: dict, batch_size: int,
+              capacity: Optional[int] = None) -> Optional[Preflight]:
+    """Shapes XLA cannot hold, checked from ``jax.eval_shape`` results before anything
+    is compiled or allocated: a parameter array over ``MAX_ARRAY_ELEMENTS``, parameters
+    over the device's free memory (the run holds them at least twice: the state and a
+    client's copy), a batch (``batch_size`` x one example, of ``example_shapes``
+    {name: ShapeDtypeStruct of one example}) with an array over ``MAX_ARRAY_ELEMENTS``
+    or over the free memory. Returns None when the lower bounds fit; the full plan
+    (XLA's own accounting) is ``runner.run``'s."""
+    capacity = device_capacity() if capacity is None else capacity
+    flat = jax.tree_util.tree_flatten_with_path(param_shapes)[0]
+    for path, leaf in flat:
+        n = math.prod(np.shape(leaf))
+        if n > MAX_ARRAY_ELEMENTS:
+            return Preflight("params", f"the parameter {jax.tree_util.keystr(path)} has shape "
+                                       f"{tuple(np.shape(leaf))} ({n:,} elements); XLA holds at "
+                                       f"most {MAX_ARRAY_ELEMENTS:,} in one array")
+    total = tree_bytes(param_shapes)
+    if capacity is not None and 2 * total > capacity:
+        return Preflight("params", f"the model's parameters take {_mib(total)} (at least "
+                                   f"twice that during a round), {_mib(capacity)} free on "
+                                   f"{jax.devices()[0].platform}")
+    batch_bytes = 0
+    for name, v in example_shapes.items():
+        n = batch_size * math.prod(np.shape(v))
+        if n > MAX_ARRAY_ELEMENTS:
+            return Preflight("batch", f"a batch of {batch_size:,} examples makes the input "
+                                      f"{name!r} {n:,} elements; XLA holds at most "
+                                      f"{MAX_ARRAY_ELEMENTS:,} in one array")
+        batch_bytes += n * np.dtype(v.dtype).itemsize
+    if capacity is not None and batch_bytes + total > capacity:
+        return Preflight("batch", f"a batch of {batch_size:,} examples takes "
+                                  f"{_mib(batch_bytes)} of inputs alone, {_mib(capacity)} free "
+                                  f"on {jax.devices()[0].platform}")
+    return None

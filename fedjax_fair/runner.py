@@ -420,28 +420,39 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 raise FileNotFoundError(f"resume: no checkpoint in "
                                         f"checkpoint_dir={checkpoint_dir!r}")
             state, meta = ckpt.restore(checkpoint_dir, state)
-            _check_meta(meta, checkpoint_dir)
+            _check_meta(meta, checkpoint_dir, int(state.round))
             history, round_log = meta["history"], meta.get("round_metrics", {})
             compile_before = meta.get("compile_seconds", 0.0)
             run_s = meta.get("run_seconds", 0.0)
 
         client_log: dict = {}  # metric -> [E] list of per-client arrays [N]
+        rounds_log: dict = {}  # metric -> list of per-chunk arrays [rounds, ...]
         if resume:
             client_log = _load_client_history(checkpoint_dir, len(history), num_clients)
+            rounds_log = {k: [v] for k, v in
+                          load_round_log(checkpoint_dir, int(state.round)).items()}
         if mesh is not None:  # replicated server state, client table split by client
             state = sharding.put(state, sharding.state_shardings(mesh, state))
             key = sharding.put(key, sharding.replicated(mesh))
+
+        saved = [resume]  # whether this run has saved (a resumed run continues its own)
 
         def save(state):
             if jax.process_count() > 1:  # every process gathers; process 0 writes
                 state = sharding.to_host(state)
                 if jax.process_index() != 0:
                     return
-            ckpt.save(checkpoint_dir, state, {"history": history, "round_metrics": round_log,
-                                              "compile_seconds": compile_before + clock.seconds,
-                                              "run_seconds": run_s})
-            ckpt.save_arrays(checkpoint_dir, CLIENT_HISTORY,
-                             {k: np.stack(v) for k, v in client_log.items()})
+            # one commit: the state, the history, the per-client history and the round
+            # log of this evaluation (checkpoint.save's step directory)
+            ckpt.save(checkpoint_dir, state,
+                      {"round": int(state.round), "history": history,
+                       "round_metrics": round_log,
+                       "compile_seconds": compile_before + clock.seconds,
+                       "run_seconds": run_s},
+                      {CLIENT_HISTORY: {k: np.stack(v) for k, v in client_log.items()},
+                       ROUND_LOG: {k: np.concatenate(v) for k, v in rounds_log.items()}},
+                      fresh=not saved[0])  # an earlier run's saves go at this run's first
+            saved[0] = True
 
         def log_clients(per_client):
             for k, v in per_client.items():
@@ -640,6 +651,9 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
             for name in ("train_loss", "update_norm", "improved_fraction"):
                 if name in metrics:
                     round_log.setdefault(name, []).extend(np.asarray(metrics[name]).tolist())
+            if checkpoint_dir:
+                for k, v in metrics.items():
+                    rounds_log.setdefault(k, []).append(np.asarray(v))
             if on_rounds:
                 on_rounds(r0, {k: np.asarray(v) for k, v in metrics.items()})
             per_client, summary = evaluate_now(state)
@@ -674,6 +688,24 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
 
 
 CLIENT_HISTORY = "client_history.npz"
+ROUND_LOG = "rounds.npz"  # every round's metrics (as on_rounds receives them), per chunk
+
+
+def load_round_log(directory: str, rounds: int) -> dict:
+    """The per-round metrics of rounds 1..``rounds`` saved with the newest checkpoint
+    ({metric: array [rounds, ...]}, what ``on_rounds`` received, concatenated), or
+    ``ValueError("checkpoint: ...")`` when they do not cover exactly those rounds."""
+    stored = ckpt.load_arrays(directory, ROUND_LOG)
+    step = ckpt.latest(directory)
+    if rounds and not stored:
+        raise ValueError(f"checkpoint: {ROUND_LOG} in {step!r} is missing; the run cannot "
+                         f"resume from it (start it again)")
+    for k, v in stored.items():
+        if v.ndim < 1 or v.shape[0] != rounds:
+            raise ValueError(f"checkpoint: {ROUND_LOG} in {step!r} holds {k!r} of "
+                             f"{v.shape[0] if v.ndim else 0} rounds, the state has "
+                             f"{rounds}; the run cannot resume from it (start it again)")
+    return stored
 
 
 def split_summary(per_client: dict, split: str) -> dict:
@@ -703,19 +735,23 @@ def split_summary(per_client: dict, split: str) -> dict:
 
 
 def _load_client_history(directory: str, evaluations: int, num_clients: int) -> dict:
-    """The per-client metrics of the first ``evaluations`` evaluations saved with a
-    checkpoint (rows a checkpoint without them lacks are NaN)."""
+    """The per-client metrics of the ``evaluations`` evaluations saved with the newest
+    checkpoint (one row each; anything else raises ``ValueError("checkpoint: ...")``)."""
     stored = ckpt.load_arrays(directory, CLIENT_HISTORY)
+    step = ckpt.latest(directory)
+    if not stored:
+        raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {step!r} is missing or empty; "
+                         f"the run cannot resume from it (start it again)")
     out = {}
     for k, v in stored.items():
         if v.ndim != 2 or v.shape[1] != num_clients:
-            raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {directory!r} holds {k!r} of "
+            raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {step!r} holds {k!r} of "
                              f"shape {v.shape}, this run has {num_clients} clients; the run "
                              f"cannot resume from it (was it made by another config?)")
-        v = v[:evaluations]
-        if v.shape[0] < evaluations:
-            v = np.concatenate([np.full((evaluations - v.shape[0], num_clients), np.nan,
-                                        np.float32), v])
+        if v.shape[0] != evaluations:
+            raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {step!r} holds {v.shape[0]} "
+                             f"evaluations of {k!r}, meta.json {evaluations}; the run "
+                             f"cannot resume from it (start it again)")
         out[k] = list(v)
     return out
 
@@ -780,17 +816,44 @@ def _check_step_budgets(step_budgets, num_clients: int):
                                else np.int32)
 
 
-def _check_meta(meta, directory: str) -> None:
+def verify_resumable(directory: str, template, num_clients: int) -> dict:
+    """What ``run(resume=True)`` checks of the newest save in ``directory``, without
+    loading the state (``template``: the state's shapes, e.g. ``jax.eval_shape`` of
+    ``algorithm.init``): the leaves' shapes and dtypes (``checkpoint.verify``), the
+    state's round against meta.json's, one per-client history row per evaluation and
+    the round log of every round done. Returns the meta; raises
+    ``ValueError("checkpoint: ...")`` (``FileNotFoundError`` without a checkpoint)."""
+    ckpt.verify(directory, template)
+    meta = ckpt.read_meta(directory)
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree_util.tree_flatten_with_path(template)[0]]
+    state_round = meta.get("round")
+    if ".round" in paths:  # the ServerState's round, read alone
+        state_round = int(ckpt.read_leaf(directory, paths.index(".round")))
+    _check_meta(meta, directory, state_round)
+    _load_client_history(directory, len(meta["history"]), num_clients)
+    load_round_log(directory, state_round)
+    return meta
+
+
+def _check_meta(meta, directory: str, state_round: int) -> None:
     """A restored meta.json the runner can continue from: a non-empty evaluation
-    history (one object with a "round" per evaluation)."""
+    history (one object with a "round" per evaluation) whose last round, and the
+    meta's own "round", are the restored state's round."""
     history = meta.get("history")
+    step = ckpt.latest(directory)
     if (not isinstance(history, list) or not history
             or not all(isinstance(h, dict) and isinstance(h.get("round"), int)
                        for h in history)
             or not isinstance(meta.get("round_metrics", {}), dict)):
-        raise ValueError(f"checkpoint: meta.json in {directory!r} is unreadable or corrupt "
+        raise ValueError(f"checkpoint: meta.json in {step!r} is unreadable or corrupt "
                          f"(no evaluation history with rounds); the run cannot resume from "
                          f"it (start it again)")
+    if meta.get("round") != state_round or history[-1]["round"] != state_round:
+        raise ValueError(f"checkpoint: meta.json in {step!r} is for round "
+                         f"{meta.get('round')} (last evaluation {history[-1]['round']}), "
+                         f"state.npz for round {state_round}; the run cannot resume from it "
+                         f"(start it again)")
 
 
 def _own_buffers(state, params):

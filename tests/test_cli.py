@@ -25,6 +25,21 @@ TINY = ["--num-clients", "6", "--dataset-arg", "max_examples=100", "--cohort-siz
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _latest(checkpoint_dir):
+    """The newest committed step directory of a checkpoint (checkpoint.latest)."""
+    from fedjax_fair import checkpoint as ckpt
+    return ckpt.latest(str(checkpoint_dir))
+
+
+def _committed_round(meta) -> int:
+    """The round of the newest committed save (-1 before the first; a step directory
+    retention removes while it is read counts as none)."""
+    try:
+        return json.loads(open(meta()).read())["history"][-1]["round"]
+    except (OSError, ValueError):
+        return -1
+
+
 def _png_ok(path):
     with open(path, "rb") as f:
         assert f.read(8) == PNG_MAGIC
@@ -85,7 +100,7 @@ def test_run_writes_all_outputs(tmp_path, capsys):
     assert summary["dataset"]["num_clients"] == 6
     for name in ("accuracy.png", "loss.png", "client_accuracy_hist.png"):
         _png_ok(out / name)
-    assert os.path.isfile(out / "checkpoint" / "state.npz")
+    assert os.path.isfile(os.path.join(_latest(out / "checkpoint"), "state.npz"))
 
 
 def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
@@ -127,7 +142,7 @@ def test_nan_exits_3_with_round_and_keeps_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "round 1" in err and "checkpoint" in err
-    assert os.path.isfile(out / "checkpoint" / "state.npz")
+    assert os.path.isfile(os.path.join(_latest(out / "checkpoint"), "state.npz"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "non_finite" and summary["non_finite_round"] == 1
     assert [r["round"] for r in report.read_jsonl(out / "metrics.jsonl")] == [0]
@@ -683,8 +698,8 @@ def test_resume_refuses_a_checkpoint_of_another_shape_and_writes_nothing(tmp_pat
     assert cli.main(["run", *TINY, "--num-rounds", "2", "--no-plots", "-o", a]) == 0
     assert cli.main(["run", *TINY, "--algorithm", "scaffold", "--num-rounds", "2",
                      "--no-plots", "-o", b]) == 0
-    shutil.copy(os.path.join(b, "checkpoint", "state.npz"),
-                os.path.join(a, "checkpoint", "state.npz"))
+    shutil.copy(os.path.join(_latest(os.path.join(b, "checkpoint")), "state.npz"),
+                os.path.join(_latest(os.path.join(a, "checkpoint")), "state.npz"))
     before = _files(a)
     capsys.readouterr()
     assert cli.main(["run", "-o", a, "--resume", "--num-rounds", "4"]) == cli.EXIT_CONFIG
@@ -726,10 +741,12 @@ def test_signal_stops_run_cleanly_and_resume_finishes_it(tmp_path, signal_name):
             "--devices", "1"]
     proc = subprocess.Popen([sys.executable, "-m", "fedjax_fair.cli", *args, "-o", out],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    meta = os.path.join(out, "checkpoint", "meta.json")
+    def meta():  # the newest committed save's meta.json (a step directory)
+        step = _latest(os.path.join(out, "checkpoint"))
+        return os.path.join(step, "meta.json") if step else ""
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
-        if os.path.isfile(meta) and json.loads(open(meta).read())["history"][-1]["round"] >= 2:
+        if _committed_round(meta) >= 2:
             break
         time.sleep(0.1)
     proc.send_signal(getattr(signal, signal_name))
@@ -737,7 +754,7 @@ def test_signal_stops_run_cleanly_and_resume_finishes_it(tmp_path, signal_name):
     assert proc.returncode == cli.EXIT_INTERRUPTED
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert err.startswith("error: interrupted after round ") and "--resume" in err
-    done = json.loads(open(meta).read())["history"][-1]["round"]
+    done = _committed_round(meta)
     assert 2 <= done < 400
     # Finishing it: a short target keeps the test fast, compared with a fresh run.
     target = str(done + 2)

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import shutil
+from pathlib import Path
 
 import chex
 import jax
@@ -720,13 +721,13 @@ def test_resume_from_a_damaged_checkpoint_names_the_file(reference_run, tmp_path
     naming the file, raised before anything is compiled or written."""
     directory = tmp_path / "ckpt"
     shutil.copytree(reference_run[2], directory)
-    damage(directory / name)
-    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    damage(Path(ckpt.latest(str(directory))) / name)  # the newest committed save's file
+    before = {str(p): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
     with pytest.raises(ValueError, match="^checkpoint: ") as info:
         _run(_seq_fedavg(), checkpoint_dir=str(directory), resume=True)
     assert name in str(info.value)
     assert len(str(info.value).splitlines()) == 1
-    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
+    assert {str(p): p.read_bytes() for p in directory.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("name,damage", [
@@ -742,7 +743,7 @@ def test_checkpoint_readers_name_the_damaged_file(reference_run, tmp_path, name,
     shutil.copytree(reference_run[2], directory)
     template = _seq_fedavg().init(PARAMS, N)
     ckpt.verify(str(directory), template)  # the intact copy passes
-    damage(directory / name)
+    damage(Path(ckpt.latest(str(directory))) / name)  # the newest committed save's file
     assert ckpt.exists(str(directory))
     readers = {"state.npz": [lambda d: ckpt.restore(d, template)],
                "meta.json": [ckpt.read_meta, lambda d: ckpt.restore(d, template)],
@@ -756,7 +757,7 @@ def test_checkpoint_readers_name_the_damaged_file(reference_run, tmp_path, name,
 def test_checkpoint_without_meta_is_not_found(tmp_path):
     directory = tmp_path / "c"
     ckpt.save(str(directory), {"w": jnp.zeros(2)}, {})
-    (directory / "meta.json").unlink()
+    (Path(ckpt.latest(str(directory))) / "meta.json").unlink()
     assert not ckpt.exists(str(directory))
     with pytest.raises(FileNotFoundError):
         ckpt.read_meta(str(directory))

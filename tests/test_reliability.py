@@ -528,9 +528,15 @@ _add(8, "compare:resume run dir", "`compare -o RUN_DIR --resume` (a `run` direct
 
 # ---- corrupted checkpoints and saved runs
 def _corrupt(path: str, mutate: Callable) -> Callable:
+    """``path`` in the finished run damaged by ``mutate``; ``checkpoint/NAME`` is NAME
+    in the checkpoint's newest committed save (its step directory)."""
     def argv(ws):
         run = ws.finished_run()
-        mutate(Path(run) / path)
+        target = Path(run) / path
+        if path.startswith("checkpoint/"):
+            from fedjax_fair import checkpoint as ckpt
+            target = Path(ckpt.latest(str(Path(run) / "checkpoint"))) / path.split("/", 1)[1]
+        mutate(target)
         return ["run", "-o", run, "--resume", "--num-rounds", "4"]
     return argv
 
@@ -893,6 +899,20 @@ for shown, fn, field, xfail in (
         ("local_training(model, client_lr=-1, batch_size=10)",
          lambda: _ff().local_training(helpers.logreg(), client_lr=-1.0, batch_size=10),
          "client_lr", None),
+        ("local_training(model, client_lr=0.1, batch_size=10.5)",
+         lambda: _ff().local_training(helpers.logreg(), client_lr=0.1, batch_size=10.5),
+         "batch_size", None),
+        ("fedavg(model, client_lr=1e-50) (0 in float32)",
+         lambda: _ff().algorithms.fedavg(helpers.logreg(), client_lr=1e-50), "client_lr", None),
+        ("compose(clients, mixing='uniform')",
+         lambda: _ff().compose(_ff().local_training(helpers.logreg(), client_lr=0.1,
+                                                    batch_size=2), mixing="uniform"),
+         "mixing", None),
+        ("compose(clients, server_optimizer=optax.adam) (not called)",
+         lambda: _ff().compose(_ff().local_training(helpers.logreg(), client_lr=0.1,
+                                                    batch_size=2),
+                               server_optimizer=__import__("optax").adam),
+         "server_optimizer", None),
         ("proximal_term(-1)", lambda: _ff().proximal_term(-1.0), "mu", None),
         ("client_states.lazy(capacity=0)", lambda: _ff().client_states.lazy(0), "capacity",
          None),

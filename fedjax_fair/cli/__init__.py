@@ -5,6 +5,7 @@
         --dataset-arg partition=dirichlet --alpha 0.3 --model mlp -o runs/prox
     fedjax-fair run --config job.yaml --num-rounds 400   # flags override the file
     fedjax-fair run -o runs/prox --resume --num-rounds 800   # continue a run (saved settings)
+    fedjax-fair run -o runs/prox --resume --branch --client-lr 0.01  # continue, changed (recorded)
     fedjax-fair list                          # algorithms (+ hyper-parameters), datasets, ...
 
 ``run`` writes to its output directory: ``config.json``, ``metrics.jsonl`` (one JSON
@@ -13,12 +14,19 @@ diagnostics), ``clients.csv`` (final per-client test metrics), ``clients_over_ti
 (per-client metrics at every evaluation), ``summary.json`` (config, final fairness
 summary, timings), ``accuracy.png`` (mean / worst 10% / std over rounds), ``loss.png``,
 ``client_accuracy_hist.png``, ``lorenz.png``, ``improved_clients.png`` (the share of
-each round's participants whose training loss did not rise) and ``checkpoint/`` (state after every
-evaluation). ``compare`` writes ``config.json``, ``comparison.md`` / ``comparison.csv``
+each round's participants whose training loss did not rise) and ``checkpoint/`` (one
+committed step directory per evaluation, the last two kept: ``checkpoint.save``).
+``compare`` writes ``config.json``, ``comparison.md`` / ``comparison.csv``
 (the printed table), ``summary.json``, ``accuracy.png``, ``client_accuracy_hist.png``
 (box plots), ``client_accuracy_ecdf.png``, ``lorenz.png``, ``improved_clients.png``,
 and one sub-directory per
 algorithm and seed with that run's metrics.
+
+Both also write ``fingerprint.json`` (the configuration's fingerprint; ``run`` also puts
+it in the checkpoint directory and ``config.json``: ``--resume`` refuses an edited
+config.json or another run's checkpoint) and ``.fedjax-fair.lock`` (``fcntl.flock``-ed
+for the process's life; a second writer is refused naming the holder). A refused
+command writes nothing.
 
 Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
 stderr, checked before any compute where possible); 3 the parameters became
@@ -155,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not save checkpoints")
     p.add_argument("--resume", dest="resume", action="store_true", default=S,
                    help="continue from the checkpoint (same result as an uninterrupted run)")
+    p.add_argument("--branch", dest="branch", action="store_true", default=S,
+                   help="with --resume: continue from the checkpoint (a diverged run's last "
+                        "good evaluation) with changed optimisation settings (learning "
+                        "rates, hyper-parameters, schedules, epochs), recorded in "
+                        "config.json / summary.json as a branch at that round")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="several algorithms x seeds on the same data and budget",
@@ -249,6 +262,9 @@ def _resumable_config(args: argparse.Namespace, cls, allowed, what: str):
     layers = config_layers(args, cls)
     cfg = C.build(cls, *layers)
     if not cfg.resume:
+        if getattr(args, "branch", False):
+            raise C.ConfigError("branch", "continues a saved run: give it with --resume "
+                                          "(fedjax-fair run -o DIR --resume --branch ...)")
         return cfg
     out = cfg.resolved_output_dir()
     path = os.path.join(out, "config.json")
@@ -269,7 +285,57 @@ def _resumable_config(args: argparse.Namespace, cls, allowed, what: str):
                 if isinstance(saved, dict) and ("algorithm" in saved or "algorithms" in saved)
                 else "")
         raise C.ConfigError("resume", f"{path} does not hold a saved {what}{hint}")
-    return C.resumed(cls, _rebased(saved, out), *layers, allowed=allowed)
+    branch = bool(getattr(args, "branch", False))
+    rebased = _rebased(saved, out)
+    cfg = C.resumed(cls, rebased, *layers,
+                    allowed=tuple(allowed) + (C.BRANCHABLE if branch else ()))
+    cfg.branches = list(saved.get("branches") or [])
+    cfg.saved_config = (out, path, saved)  # checked against its fingerprint once valid
+    if branch:
+        known = C.fields(cls)
+        before = C.build(cls, base={k: v for k, v in rebased.items() if k in known})
+        changed = {k: [getattr(before, k), getattr(cfg, k)] for k in C.BRANCHABLE
+                   if k in known and C._canonical(getattr(before, k))
+                   != C._canonical(getattr(cfg, k))}
+        if not changed:
+            raise C.ConfigError("branch", "no setting changed; give the settings the branch "
+                                          "continues with (e.g. --client-lr 0.01), or resume "
+                                          "without --branch")
+        cfg.branch_changes = changed
+    return cfg
+
+
+def _check_recorded(out: str, path: str, saved: dict) -> None:
+    """A config.json whose iterate settings differ from the fingerprint the run recorded
+    when it started (``lock.FINGERPRINT_NAME``, e.g. edited by hand) is refused, naming
+    the fields that differ."""
+    from fedjax_fair.cli import lock
+    recorded = lock.read(out)
+    if not recorded or not isinstance(recorded.get("config"), dict):
+        return  # a run from before fingerprints: nothing to compare
+    diffs = lock.differences(recorded["config"], saved)
+    if diffs:
+        raise C.ConfigError("resume", f"{path} differs from the configuration the run "
+                                      f"recorded when it started ({lock.FINGERPRINT_NAME}): "
+                                      f"{', '.join(diffs)}; restore it, or change settings "
+                                      f"with --resume --branch and the flags")
+
+
+def _check_checkpoint_owner(cfg, cfg_dict: dict) -> None:
+    """A checkpoint directory whose recorded fingerprint is another run's is refused on
+    ``--resume`` (two runs shared it), naming what differs."""
+    from fedjax_fair.cli import lock
+    ckdir = cfg.resolved_checkpoint_dir()
+    theirs = lock.read(ckdir) if ckdir else None
+    ours = lock.read(cfg.resolved_output_dir())
+    if not theirs or not ours or theirs.get("fingerprint") == ours.get("fingerprint"):
+        return
+    diffs = lock.differences(ours.get("config") or {}, theirs.get("config") or {})
+    raise C.ConfigError("checkpoint_dir", f"{ckdir!r} holds the checkpoint of another run "
+                                          f"(fingerprint {theirs.get('fingerprint')}, this "
+                                          f"run's {ours.get('fingerprint')}"
+                                          + (f": {', '.join(diffs)}" if diffs else "")
+                                          + "); give this run's own checkpoint directory")
 
 
 def _rebased(saved: dict, out: str) -> dict:
@@ -469,7 +535,8 @@ def dataset_description(ds) -> dict:
 
 def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: bool = True,
                       extra: Optional[dict] = None) -> dict:
-    """metrics.jsonl, clients.csv, summary.json (+ plots) of one finished run."""
+    """metrics.jsonl, clients.csv (+ plots) and, last, summary.json of one finished
+    run."""
     os.makedirs(out, exist_ok=True)
     report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
     report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics,
@@ -491,7 +558,6 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         "devices": 1 if result.memory is None else result.memory.devices,  # --devices auto
         **(extra or {}),
     }
-    report.write_json(os.path.join(out, "summary.json"), summary)
     if plots:
         which = report.EVALUATED[result.evaluated]
         ctx = ", ".join(str(x) for x in (
@@ -514,6 +580,8 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
             report.save_figure(report.plot_improved_fraction(imp, context=ctx),
                                os.path.join(out, "improved_clients.png"))
     _write_synthetic(out, cfg_dict, ds, result.state, plots)
+    # last, by one rename: a run directory with its summary.json has all its outputs
+    report.write_json(os.path.join(out, "summary.json"), summary)
     return summary
 
 
@@ -583,12 +651,71 @@ def _other_process(cfg):
     changes = {"output_dir": scratch, "overwrite": True, "plots": False}
     if isinstance(cfg, C.RunConfig):
         changes["checkpoint_dir"] = cfg.resolved_checkpoint_dir()
-    return dataclasses.replace(cfg, **changes)
+    extra = {k: v for k, v in vars(cfg).items() if k not in C.fields(type(cfg))}
+    new = dataclasses.replace(cfg, **changes)
+    vars(new).update(extra)  # the resume's record (saved config, branches)
+    return new
+
+
+def _preflight(cfg, ds, model) -> None:
+    """Shapes XLA cannot hold (``memory.preflight``: a parameter array or a batch too
+    large for one array or for the device) are refused naming the field, from
+    ``jax.eval_shape`` alone: before anything is compiled or written."""
+    import jax
+    from fedjax_fair import memory
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
+           for k, v in ds.host_data.train.examples.items()}
+    refused = memory.preflight(params, one, cfg.batch_size)
+    if refused is None:
+        return
+    if refused.what == "batch":
+        raise C.ConfigError("batch_size", f"{cfg.batch_size} is too large: {refused.message}")
+    args = list(cfg.model_args)
+    field = f"model_args.{args[0]}" if len(args) == 1 else "model_args" if args else "model"
+    raise C.ConfigError(field, f"the {cfg.model!r} model is too large: {refused.message}")
+
+
+def _own(cfg, primary: bool, check_fresh: bool):
+    """Locks the output directory and (when it lies elsewhere) the checkpoint directory
+    for this process's life (``lock.Held``); refuses a directory another process holds,
+    and a new run's directory that filled meanwhile."""
+    from fedjax_fair.cli import lock
+    held = lock.Held(_COMMAND or None)
+    out = cfg.resolved_output_dir()
+    try:
+        held.acquire(out, "output_dir")
+        ckdir = cfg.resolved_checkpoint_dir() if isinstance(cfg, C.RunConfig) else None
+        if primary and ckdir and not os.path.abspath(ckdir).startswith(
+                os.path.abspath(out) + os.sep):
+            held.acquire(ckdir, "checkpoint_dir")
+        if check_fresh and not cfg.resume and not cfg.overwrite and lock.holds_results(out):
+            raise C.ConfigError("output_dir", f"{out!r} already holds results (written by a "
+                                              f"run that ended meanwhile); continue that run "
+                                              f"with --resume, or replace it with --overwrite")
+    except BaseException:
+        held.release(undo=True)
+        raise
+    _HELD.append(held)  # released when the process ends
+    return held
+
+
+_HELD: list = []
+_COMMAND: list = []  # the arguments of main(), written into the lock files
+
+
+def _is_primary() -> bool:
+    if "jax" not in sys.modules:
+        return True
+    import jax
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 def cmd_run(args) -> int:
     cfg = _other_process(run_config(args))
     C.validate_run(cfg)
+    if getattr(cfg, "saved_config", None):
+        _check_recorded(*cfg.saved_config)
     if cfg.plots:  # matplotlib's import overlaps the run instead of following it
         _import_in_background("matplotlib.figure", "matplotlib.backends.backend_agg")
     _persistent_compilation_cache()
@@ -601,34 +728,61 @@ def cmd_run(args) -> int:
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     C.check_data_range(cfg.algorithm, cfg.hparams, ds.host_data.train)
     model = build_model(cfg, ds)
+    _preflight(cfg, ds, model)
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams)
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
         _verify_checkpoint(ckdir, alg, model, ds.num_clients)
+        _check_checkpoint_owner(cfg, cfg_dict)
 
-    os.makedirs(out, exist_ok=True)
-    report.write_json(os.path.join(out, "config.json"), cfg_dict)
+    from fedjax_fair.cli import lock
+    from fedjax_fair import checkpoint as ckpt
+    primary = _is_primary()
+    held = _own(cfg, primary, check_fresh=True)
+    branches = list(getattr(cfg, "branches", []))
+    kept_rounds = None
+    done = None
+    kept_metrics = None
+    if cfg.resume:  # both logs as of the last commit: what ran after it runs again
+        done, kept_metrics, kept_rounds = _committed_logs(ckdir)
+    changes = getattr(cfg, "branch_changes", None)
+    if changes:
+        branches.append({"round": int(done), "changed": {k: C._canonical(v)
+                                                          for k, v in changes.items()},
+                         "fingerprint": lock.fingerprint(cfg_dict)})
+    if branches:
+        cfg_dict["branches"] = branches
+    cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
     metrics_path = os.path.join(out, "metrics.jsonl")
-    if not cfg.resume:
-        open(metrics_path, "w").close()
+    rounds_path = os.path.join(out, "rounds.jsonl")
+    started: list = []
+
+    def begin():  # the run's first writes, once it is past every refusal
+        if started:
+            return
+        started.append(True)
+        os.makedirs(out, exist_ok=True)
+        report.write_json(os.path.join(out, "config.json"), cfg_dict)
+        lock.record(out, cfg_dict)
+        if ckdir and primary:
+            lock.record(ckdir, cfg_dict)
+        if not cfg.resume:
+            open(metrics_path, "w").close()
+            open(rounds_path, "w").close()
+        else:  # each by one rename (report.write_jsonl)
+            report.write_jsonl(metrics_path, kept_metrics)
+            report.write_jsonl(rounds_path, kept_rounds)
+
     new_entries: list = []
 
     def on_eval(entry):  # stream while running; rewritten from the full history at the end
+        begin()
         new_entries.append(entry)
         with open(metrics_path, "a") as f:
             f.write(report.to_json(entry) + "\n")
 
-    rounds_path = os.path.join(out, "rounds.jsonl")
-    if not cfg.resume:
-        open(rounds_path, "w").close()
-    else:  # rounds past the checkpoint (an interrupted chunk) are run again: drop them
-        from fedjax_fair import checkpoint as ckpt
-        done = ckpt.read_meta(ckdir)["history"][-1]["round"]
-        kept = [r for r in report.read_jsonl(rounds_path) if r["round"] <= done] \
-            if os.path.isfile(rounds_path) else []
-        report.write_jsonl(rounds_path, kept)
-
     def on_rounds(first_round, metrics):  # per-round weights, losses, server diagnostics
+        begin()
         with open(rounds_path, "a") as f:
             for row in report.round_rows(first_round, metrics):
                 f.write(report.to_json(row) + "\n")
@@ -644,31 +798,42 @@ def cmd_run(args) -> int:
                                   description=f"{cfg.algorithm}", on_eval=on_eval,
                                   on_rounds=on_rounds)
         result.compile_seconds += init_clock.seconds  # the model's init counts too
+    except C.ConfigError:  # refused by the runner's memory plan before any round ran
+        if not started:
+            held.release(undo=True)  # the folders as they were
+        raise
     except NonFiniteError as e:
+        begin()
         where = f"kept in {ckdir}" if ckdir else "not saved (checkpoints are off)"
         report.write_json(os.path.join(out, "summary.json"), {
             "status": "non_finite", "config": cfg_dict, "non_finite_round": e.round,
             "last_good_round": e.last_good_round, "checkpoint_dir": ckdir})
+        advice = (f"continue from it with changed settings as a recorded branch, e.g. a "
+                  f"client_lr below {cfg.client_lr:g}: fedjax-fair run -o {out} --resume "
+                  f"--branch --client-lr LOWER" if ckdir
+                  else f"start again with a client_lr below {cfg.client_lr:g}")
         _err(f"non-finite parameters (NaN/inf) at round {e.round}; stopped. The last good "
-             f"checkpoint (round {e.last_good_round}) is {where}; lower client_lr or change "
-             f"the config, then continue with --resume")
+             f"checkpoint (round {e.last_good_round}) is {where}; {advice}")
         return EXIT_NONFINITE
     except Interrupted as e:
+        begin()
         where = (f"saved in {ckdir}; continue with: fedjax-fair run -o {out} --resume"
                  if ckdir else "not saved (checkpoints are off)")
         _err(f"interrupted after round {e.round}, {where}")
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
+        begin()
         _err(f"interrupted at once; the last checkpoint is in {ckdir}; continue with: "
              f"fedjax-fair run -o {out} --resume" if ckdir else "interrupted at once")
         return EXIT_INTERRUPTED
 
+    begin()
     resumed_from = _fix_resumed_seconds(result.history, new_entries) if cfg.resume else None
     extra = {"resumed_from_round": resumed_from} if cfg.resume else {}
     extra.update(_method_report(cfg.algorithm, model, alg, result, ds))
+    _write_client_history(out, result)  # before summary.json, which is written last
     summary = write_run_outputs(out, cfg_dict, ds, model, result, plots=cfg.plots,
                                 extra=extra)
-    _write_client_history(out, result)
     fin = summary["final"]
     print(f"{cfg.algorithm} on {ds.name} ({ds.num_clients} clients, "
           f"{report.EVALUATED[result.evaluated]}), round {fin['round']}: "
@@ -764,14 +929,28 @@ def _check_capacity(alg, num_clients: int, cfg) -> None:
         raise C.error_from_message(str(e), "client_table") from None
 
 
-def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
-    """The checkpoint's arrays have this run's state shapes (read from file headers)."""
-    import jax
+def _committed_logs(ckdir: str) -> tuple:
+    """(round, metrics.jsonl rows, rounds.jsonl rows) of the last committed checkpoint:
+    its evaluation history and its round log, so an evaluation or round streamed after
+    that commit (a killed chunk) is neither kept nor lost on resume."""
     from fedjax_fair import checkpoint as ckpt
+    from fedjax_fair.runner import load_round_log
+    meta = ckpt.read_meta(ckdir)
+    done = int(meta["round"])
+    rounds = report.round_rows(0, load_round_log(ckdir, done)) if done else []
+    return done, meta["history"], rounds
+
+
+def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
+    """The checkpoint's arrays have this run's state shapes (read from file headers),
+    and its meta, per-client history and round log are of the state's round
+    (``runner.verify_resumable``)."""
+    import jax
+    from fedjax_fair.runner import verify_resumable
     template = jax.eval_shape(lambda k: alg.init(model.init(k), num_clients),
                               jax.random.key(0))
     try:
-        ckpt.verify(directory, template)
+        verify_resumable(directory, template, num_clients)
     except ValueError as e:
         raise C.ConfigError("resume", str(e).split(": ", 1)[-1]) from None
 
@@ -796,19 +975,35 @@ def _improved_curve(run_dir: str):
 
 
 def _finished_run(run_dir: str):
-    """(summary, history, accuracies) of a run a comparison already wrote, or None."""
-    path = os.path.join(run_dir, "summary.json")
-    if not os.path.isfile(path):
+    """(summary, history, accuracies) of a run a comparison already wrote, or None
+    when it is not finished: ``summary.json``, written last (``_write_compare_run``),
+    is missing, unreadable or not a run's summary, or an output it commits is missing
+    or unreadable (metrics.jsonl; for a finished run also rounds.jsonl, clients.csv
+    and clients_over_time.npz with one row per evaluation). ``compare --resume`` then
+    runs it again."""
+    import zipfile
+    import zlib
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if not isinstance(summary, dict) or summary.get("status") not in ("ok",
+                                                                          "non_finite"):
+            return None
+        ok = summary["status"] == "ok"
+        if ok and not isinstance(summary.get("final"), dict):
+            return None
+        history = report.read_jsonl(os.path.join(run_dir, "metrics.jsonl"), strict=True)
+        acc = None
+        if ok:
+            report.read_jsonl(os.path.join(run_dir, "rounds.jsonl"), strict=True)
+            with np.load(os.path.join(run_dir, "clients_over_time.npz")) as z:
+                if not history or "round" not in z.files or len(z["round"]) != len(history):
+                    return None
+            table = report.read_client_csv(os.path.join(run_dir, "clients.csv"))
+            acc = table["accuracy"][table["num_test_examples"] > 0]
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile,
+            zlib.error):
         return None
-    with open(path) as f:
-        summary = json.load(f)
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    history = report.read_jsonl(metrics) if os.path.isfile(metrics) else []
-    clients = os.path.join(run_dir, "clients.csv")
-    acc = None
-    if os.path.isfile(clients):
-        table = report.read_client_csv(clients)
-        acc = table["accuracy"][table["num_test_examples"] > 0]
     return summary, history, acc
 
 
@@ -816,6 +1011,8 @@ def cmd_compare(args) -> int:
     cfg = _other_process(compare_config(args))
     every = not cfg.algorithms  # the default list: methods that refuse the model are left out
     hparams = C.validate_compare(cfg)
+    if getattr(cfg, "saved_config", None):
+        _check_recorded(*cfg.saved_config)
     out = cfg.resolved_output_dir()
     cfg_dict = _ordered_config(cfg)
     cfg_dict["output_dir"] = out
@@ -825,6 +1022,7 @@ def cmd_compare(args) -> int:
     for a in cfg.algorithms:
         C.check_data_range(a, hparams[a], ds.host_data.train, f"hparams[{a}]")
     model = build_model(cfg, ds)
+    _preflight(cfg, ds, model)
     algs = {}
     for a in cfg.algorithms:
         try:
@@ -839,9 +1037,12 @@ def cmd_compare(args) -> int:
 
     from tqdm.auto import tqdm
     from fedjax_fair.runner import Interrupted, NonFiniteError, stop_on_signals, stop_requested
-    os.makedirs(out, exist_ok=True)
+    from fedjax_fair.cli import lock
+    _own(cfg, _is_primary(), check_fresh=True)
     if not cfg.resume:
+        cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
         report.write_json(os.path.join(out, "config.json"), cfg_dict)
+        lock.record(out, cfg_dict)
     histories = {a: [] for a in algs}
     accuracies = {a: [] for a in algs}
     summaries = {a: [] for a in algs}
@@ -915,9 +1116,13 @@ def cmd_compare(args) -> int:
 
 def _write_client_history(out: str, result) -> None:
     """clients_over_time.npz: "round" [E] and each per-client test metric [E, N] at
-    every evaluation (``np.load``), plus "num_test_examples" [N]."""
-    np.savez(os.path.join(out, "clients_over_time.npz"), **result.client_history,
-             num_test_examples=np.asarray(result.client_metrics["num_examples"]))
+    every evaluation (``np.load``), plus "num_test_examples" [N]; written to a
+    temporary name and renamed."""
+    path = os.path.join(out, "clients_over_time.npz")
+    with open(path + ".tmp", "wb") as f:
+        np.savez(f, **result.client_history,
+                 num_test_examples=np.asarray(result.client_metrics["num_examples"]))
+    os.replace(path + ".tmp", path)
 
 
 def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, NonFiniteError,
@@ -947,18 +1152,23 @@ def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, r
                "output_dir": run_dir}
     for k in ("algorithms", "seeds", "sweep_seeds"):
         run_cfg.pop(k, None)
+    os.makedirs(run_dir, exist_ok=True)
+    try:  # a run being redone is not finished until its summary.json is written again
+        os.remove(os.path.join(run_dir, "summary.json"))
+    except FileNotFoundError:
+        pass
     if non_finite is not None:
-        os.makedirs(run_dir, exist_ok=True)
         report.write_jsonl(os.path.join(run_dir, "metrics.jsonl"), entries)
         report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
         summary = {"status": "non_finite", "config": run_cfg,
                    "non_finite_round": non_finite[0], "last_good_round": non_finite[1]}
         report.write_json(os.path.join(run_dir, "summary.json"), summary)
         return summary, entries, None
-    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False,
-                                extra=_method_report(name, model, alg, res, ds))
+    # the run's commit is its summary.json, which write_run_outputs writes last
     report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
     _write_client_history(run_dir, res)
+    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False,
+                                extra=_method_report(name, model, alg, res, ds))
     acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]
     return summary, res.history, acc
 
@@ -1212,6 +1422,7 @@ def cmd_list(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point; returns the exit status (the console script passes it to sys.exit)."""
     parser = build_parser()
+    _COMMAND[:] = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
@@ -1225,4 +1436,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except C.ConfigError as e:
         _err(str(e))
         return EXIT_CONFIG
+    finally:  # the command is the process's life: its folders' locks end with it
+        while _HELD:
+            _HELD.pop().release()
 

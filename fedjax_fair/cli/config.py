@@ -386,6 +386,8 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
     for layer, where in ((base or {}, "saved"), (file_values or {}, source),
                          (overrides or {}, "flags")):
         for key, value in layer.items():
+            if key in RECORD_KEYS and where != "flags":  # a saved config.json's record
+                continue
             if key not in known:
                 raise ConfigError(f"{where}.{key}" if where != "flags" else key,
                                   f"unknown key; allowed: {sorted(known)}")
@@ -400,6 +402,13 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
 # Fields a resumed run may change: they extend it or do not alter its iterates.
 RESUMABLE = ("num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
              "output_dir")
+# Fields a resumed run may change as a recorded branch (``run --resume --branch``):
+# settings of the optimisation that keep the saved state's shapes.
+BRANCHABLE = ("client_lr", "server_lr", "hparams", "client_lr_schedule",
+              "server_lr_schedule", "compensate_server_lr", "client_momentum",
+              "client_weight_decay", "num_epochs", "clip_norm")
+# Keys of a saved config.json that record the run, not configure it.
+RECORD_KEYS = ("fingerprint", "branches")
 # A resumed comparison keeps every run's settings (finished runs are reused as they are).
 COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "sweep_seeds")
 
@@ -420,7 +429,11 @@ def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[d
                                     "its results: " + ", ".join(
                                         f"{k} ({getattr(before, k)!r} -> {getattr(cfg, k)!r})"
                                         for k in changed)
-                          + "; resume with the saved settings, or start a new run")
+                          + "; resume with the saved settings, or start a new run"
+                          + ("; or continue from the checkpoint with the changed settings "
+                             "as a recorded branch: --resume --branch"
+                             if cls is RunConfig and all(k in BRANCHABLE for k in changed)
+                             else ""))
     return cfg
 
 
@@ -680,7 +693,9 @@ def validate_hparams(algorithm: str, hparams: dict, field: str = "hparams") -> d
 def check_fresh_output(path: str, overwrite: bool) -> None:
     """A directory that already holds files is not written into without ``--overwrite``
     (or ``--resume`` for ``run``)."""
-    if not overwrite and os.path.isdir(path) and os.listdir(path):
+    from fedjax_fair.cli import lock
+    lock.check_not_held(path, "output_dir")
+    if not overwrite and lock.holds_results(path):
         raise ConfigError("output_dir", f"{path!r} already holds results; continue that run "
                                         f"with --resume, or replace it with --overwrite")
 
@@ -701,6 +716,23 @@ def check_directory(path: str, field: str) -> None:
                                  f"directory")
 
 
+def _check_fresh_checkpoint(cfg: RunConfig) -> None:
+    """A new run does not write into a checkpoint directory outside its output
+    directory that another process holds, or that holds a checkpoint, without
+    ``--overwrite`` (two runs sharing one would overwrite each other)."""
+    from fedjax_fair import checkpoint as ckpt
+    from fedjax_fair.cli import lock
+    directory = cfg.resolved_checkpoint_dir()
+    out = os.path.abspath(cfg.resolved_output_dir())
+    if directory is None or os.path.abspath(directory).startswith(out + os.sep):
+        return
+    lock.check_not_held(directory, "checkpoint_dir")
+    if not cfg.overwrite and os.path.isdir(directory) and ckpt.exists(directory):
+        raise ConfigError("checkpoint_dir", f"{directory!r} already holds a checkpoint "
+                                            f"(another run's?); give a new directory, or "
+                                            f"replace it with --overwrite")
+
+
 def validate_run(cfg: RunConfig) -> RunConfig:
     """Static checks of a RunConfig (no data built). Coerces hparams/dataset_args in place."""
     from fedjax_fair.algorithms import ALGORITHMS
@@ -717,6 +749,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
         check_directory(cfg.resolved_checkpoint_dir(), "checkpoint_dir")
     if not cfg.resume:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
+        _check_fresh_checkpoint(cfg)
     else:
         from fedjax_fair import checkpoint as ckpt
         directory = cfg.resolved_checkpoint_dir()

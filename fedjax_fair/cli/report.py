@@ -75,21 +75,47 @@ def to_json(obj, **kwargs) -> str:
     return json.dumps(_finite(obj), default=_json_default, allow_nan=False, **kwargs)
 
 
+def _replace_with(path: str, text: str) -> None:
+    """Writes ``text`` to a temporary name beside ``path`` and renames it over ``path``:
+    a reader (or a crash) sees the old file or the new one, never part of it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def write_json(path: str, obj) -> None:
-    with open(path, "w") as f:
-        f.write(to_json(obj, indent=2) + "\n")
+    _replace_with(path, to_json(obj, indent=2) + "\n")
 
 
 def write_jsonl(path: str, rows: Iterable[Mapping]) -> None:
-    """One JSON object per line (``metrics.jsonl``)."""
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(to_json(row) + "\n")
+    """One JSON object per line (``metrics.jsonl``), by one rename."""
+    _replace_with(path, "".join(to_json(row) + "\n" for row in rows))
 
 
-def read_jsonl(path: str) -> list[dict]:
+def read_jsonl(path: str, strict: bool = False) -> list[dict]:
+    """The JSON objects of a JSONL file, one a line. A torn last line (a write cut
+    off by a kill: no final newline, or not JSON) is left out, unless ``strict``, when
+    it raises ``ValueError``; a bad line before the last always raises."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.read().split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        last = i == len(lines) - 1  # text after the final newline: cut off
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            if (last or all(not x.strip() for x in lines[i + 1:])) and not strict:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON ({e})") from None
+        if last and strict:
+            raise ValueError(f"{path}: line {i + 1} has no final newline (cut off)")
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
+        rows.append(row)
+    return rows
 
 
 CLIENT_COLUMNS = ("client_id", "client", "num_test_examples", "accuracy", "loss", "ece", "mce",
