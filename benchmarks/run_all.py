@@ -59,6 +59,7 @@ SUITE = {
     "streamed_aggregation": ("streamed_aggregation.py", ["--quick"], []),
     "dqn_server_step": ("dqn_server_step.py", ["--quick"], []),
     "table_memory": ("table_memory.py", [], []),
+    "commit_overhead": ("commit_overhead.py", ["--skip-femnist", "--skip-e2e"], []),
     "skewed_federation": ("skewed_federation.py", ["--quick"], None),  # full: see below
     "generative": ("generative.py", ["bill"], ["methods"]),
     "personalised": ("personalised.py", None, ["methods"]),

@@ -308,6 +308,44 @@ def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: in
     return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
 
 
+def _check_model_fits(model, params, data) -> None:
+    """``params`` have the tree and shapes of ``model.init``'s, and ``model``'s loss
+    reads one example of ``data``'s training inputs: checked with ``jax.eval_shape``
+    alone (nothing compiled), so that another model's parameters or inputs of another
+    shape fail here naming the argument, not deep inside flax while compiling."""
+    name = getattr(model, "name", type(model).__name__)
+    expected = jax.eval_shape(model.init, jax.random.key(0))
+    want = jax.tree_util.tree_flatten_with_path(expected)[0]
+    try:
+        got = jax.tree_util.tree_flatten_with_path(params)[0]
+    except Exception:  # noqa: BLE001 - not a pytree at all
+        got = None
+    want_paths = [jax.tree_util.keystr(p) for p, _ in want]
+    got_paths = [jax.tree_util.keystr(p) for p, _ in got or ()]
+    if got is None or got_paths != want_paths:  # (a FrozenDict for a dict is the same tree)
+        missing = [p for p in want_paths if p not in got_paths]
+        extra = [p for p in got_paths if p not in want_paths]
+        detail = (f"missing {missing[0]}" if missing else
+                  f"unexpected {extra[0]}" if extra else "another tree structure")
+        raise ValueError(f"params: not the parameters of model {name!r} ({len(got_paths)} "
+                         f"arrays, the model has {len(want_paths)}; {detail}); give "
+                         f"model.init(key) of the model passed as model=")
+    for (path, w), (_, g) in zip(want, got):
+        if tuple(np.shape(g)) != tuple(w.shape):
+            raise ValueError(f"params: {jax.tree_util.keystr(path)} has shape "
+                             f"{tuple(np.shape(g))}, model {name!r} expects {tuple(w.shape)}")
+    one = {k: jax.ShapeDtypeStruct((1, *np.shape(v)[2:]), v.dtype)
+           for k, v in data.train.examples.items()}
+    try:
+        jax.eval_shape(lambda p, b: model.per_example_loss(p, b, jax.random.key(0)),
+                       expected, one)
+    except Exception as e:  # noqa: BLE001 - flax raises several types for a wrong shape
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        inputs = ", ".join(f"{k} {v.dtype}{tuple(v.shape[1:])}" for k, v in one.items())
+        raise ValueError(f"data: model {name!r} cannot read the training inputs "
+                         f"({inputs}): {first}") from None
+
+
 def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, model,
         num_rounds: int, cohort_size: int, eval_every: int = 10,
         sampler: Callable = sampling.uniform, step_budgets=None,
@@ -381,6 +419,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                          f"of the federation")
     key = _check_key(key)
     step_budgets = _check_step_budgets(step_budgets, num_clients)
+    _check_model_fits(model, params, data)
     if not np.asarray(data.test.num_examples).sum() > 0:
         raise ValueError("data: no client has a test example; run evaluates every client "
                          "on its test split")

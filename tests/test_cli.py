@@ -328,6 +328,29 @@ def test_malformed_config_file_exits_2(tmp_path, capsys):
     _one_line_error(capsys.readouterr().err, "config")
 
 
+def test_yaml_merge_keys_may_be_overridden_but_a_key_twice_is_refused(tmp_path):
+    """A key given twice in one mapping is an error naming it (PyYAML would keep the
+    last); overriding a key merged in with ``<<`` is not a duplicate."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("hparams: {<<: {mu: 0.1, x: 1}, mu: 0.2}\n")
+    assert C.load_file(str(cfg)) == {"hparams": {"mu": 0.2, "x": 1}}
+    cfg.write_text("num_rounds: 3\neval_every: 1\nnum_rounds: 4\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load_file(str(cfg))
+    assert "num_rounds" in e.value.field
+
+
+def test_seed_of_32_bits_is_refused_not_aliased(tmp_path, capsys):
+    """run refuses a seed >= 2^32 as compare does (jax.random.key would keep 32 bits:
+    seed 2^32 would give seed 0's run)."""
+    for argv, field in ((["run", "--seed", str(2 ** 32)], "seed"),
+                        (["compare", "--seeds", str(2 ** 32)], "seeds"),
+                        (["run", "--resplit-seed", str(2 ** 32)], "resplit_seed")):
+        assert cli.main([*argv, *TINY, "-o", str(tmp_path / "out")]) == cli.EXIT_CONFIG
+        _one_line_error(capsys.readouterr().err, field)
+        assert not (tmp_path / "out").exists()
+
+
 def test_compare_validation(capsys):
     assert cli.main(["compare", "--algorithms", "fedavg,nope"]) == 2
     _one_line_error(capsys.readouterr().err, "algorithms")
@@ -1193,3 +1216,97 @@ def test_run_turns_on_the_persistent_compilation_cache_unless_off(tmp_path, monk
     finally:
         jax.config.update("jax_compilation_cache_dir", saved[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+
+
+# ------------------------------------------------------- interrupts and a full disk
+
+
+@pytest.mark.parametrize("where", ["build_dataset", "simulate_one"])
+def test_interrupt_before_the_first_round_is_one_line_and_writes_nothing(
+        tmp_path, capsys, monkeypatch, where):
+    """Ctrl-C while the data is built (outside the runner's stop_on_signals) or as the
+    runner starts (a second signal, before any round): one line, exit 130, the output
+    directory not even created."""
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, where, interrupt)
+    out = tmp_path / "out"
+    code = cli.main(["run", *TINY, "--num-rounds", "2", "-o", str(out)])
+    assert code == cli.EXIT_INTERRUPTED
+    _one_line_error(capsys.readouterr().err, "interrupted")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_interrupt_while_plotting_leaves_no_summary_and_resume_writes_it(
+        tmp_path, capsys, monkeypatch, how):
+    """A real SIGINT / SIGTERM while the plots of a finished run are drawn: one line,
+    exit 130, no summary.json claiming outputs that are not there (the metrics and the
+    checkpoint are); --resume then writes the outputs, and summary.json lists the plots."""
+    import signal
+    out = tmp_path / "out"
+    real = report.save_figure
+    calls = []
+
+    def save_figure(fig, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            os.kill(os.getpid(), getattr(signal, how))  # delivered at once, here
+        return real(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(report, "save_figure", save_figure)
+    code = cli.main(["run", *TINY, "--num-rounds", "2", "--eval-every", "1", "-o", str(out)])
+    assert code == cli.EXIT_INTERRUPTED
+    _one_line_error(capsys.readouterr().err, "interrupted")
+    assert not (out / "summary.json").exists()
+    assert len(report.read_jsonl(out / "metrics.jsonl")) == 3
+    monkeypatch.setattr(report, "save_figure", real)
+    assert cli.main(["run", "-o", str(out), "--resume", "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["plots"]
+    for name in summary["plots"]:
+        _png_ok(out / name)
+
+
+def test_full_disk_is_one_line_naming_the_output_directory(tmp_path, capsys, monkeypatch):
+    """No space left while the results are written: one line naming output_dir, a
+    non-zero exit that is not the bad-input 2, the checkpoint and metrics kept."""
+    import errno
+    out = tmp_path / "out"
+    real = report.write_json
+
+    def write_json(path, obj):
+        if str(path).endswith("summary.json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, obj)
+
+    monkeypatch.setattr(report, "write_json", write_json)
+    code = cli.main(["run", *TINY, "--num-rounds", "2", "--eval-every", "1", "--no-plots",
+                     "-o", str(out)])
+    assert code == cli.EXIT_WRITE and code not in (0, cli.EXIT_CONFIG)
+    _one_line_error(capsys.readouterr().err, "output_dir")
+    assert not (out / "summary.json").exists()
+    assert len(report.read_jsonl(out / "metrics.jsonl")) == 3
+    assert _latest(out / "checkpoint")
+
+
+def test_full_disk_while_the_run_streams_its_metrics_is_one_line(tmp_path, capsys,
+                                                                 monkeypatch):
+    """The disk filling mid-run, as an evaluation is appended to metrics.jsonl: one
+    line naming output_dir, exit EXIT_WRITE, no traceback."""
+    import errno
+    from fedjax_fair import runner
+    out = tmp_path / "out"
+    real = runner.run
+
+    def run(*args, **kwargs):
+        def full(*a, **k):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        kwargs["on_eval"] = full
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", run)
+    code = cli.main(["run", *TINY, "--num-rounds", "2", "--eval-every", "1", "--no-plots",
+                     "-o", str(out)])
+    assert code == cli.EXIT_WRITE
+    _one_line_error(capsys.readouterr().err, "output_dir")

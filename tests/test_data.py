@@ -454,6 +454,17 @@ def test_resplit_is_seeded():
                    if x.shape == y.shape)
 
 
+@pytest.mark.parametrize("seed", [2 ** 32, 10 ** 30])
+def test_seeds_of_32_bits_and_more_are_refused_by_name(seed):
+    """Data seeds are 32-bit, as the run's: a larger one is an error, not an alias."""
+    ds = fd.get_dataset("synthetic", num_clients=3, max_examples=20)
+    with pytest.raises(ValueError, match=r"^seed: "):
+        fd.resplit(ds, (0.8, 0.1, 0.1), seed=seed)
+    with pytest.raises(ValueError, match=r"seed"):
+        fd.get_dataset("synthetic", num_clients=3, max_examples=20, seed=seed)
+    fd.resplit(ds, (0.8, 0.1, 0.1), seed=2 ** 32 - 1)  # the largest is fine
+
+
 def test_resplit_without_validation_and_of_a_split_with_validation():
     ds = fd.get_dataset("synthetic", num_clients=4, max_examples=50)
     two = fd.resplit(ds, (0.9, 0.0, 0.1), seed=0)

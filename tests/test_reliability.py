@@ -245,6 +245,20 @@ for flag, values in (("--num-rounds", ["0", "-5", "1.5", "nan", "inf", "ten", ""
     for v in values:
         _flags("run", [flag, v], field)
 _flags("run", ["--num-rounds"], "num_rounds", id_="run:--num-rounds (no value)")
+# seeds past 32 bits would alias smaller seeds; integers past C's would overflow
+for flag, values in (("--seed", ["4294967296", str(10 ** 30)]),
+                     ("--resplit-seed", ["4294967296", str(10 ** 30)]),
+                     ("--num-rounds", [str(10 ** 30), "3000000000"]),
+                     ("--batch-size", [str(10 ** 30)]),
+                     ("--num-epochs", [str(10 ** 30), "3000000000"]),
+                     ("--cohort-size", [str(10 ** 30)]),
+                     ("--eval-every", [str(10 ** 30)]),
+                     ("--chunk-size", [str(10 ** 30)])):
+    for v in values:
+        _flags("run", [flag, v], flag[2:].replace("-", "_"))
+_flags("run", ["--resplit", "0.9,0.1,0"], "resplit")  # no client keeps a test example
+_flags("run", ["--algorithm", "superfed", "--hp", "local_init_seed=4294967296"],
+       "hparams.local_init_seed")
 for flag, field in (("--algorithm", "algorithm"), ("--model", "model"),
                     ("--dataset", "dataset"), ("--execution", "execution"),
                     ("--sampler", "sampler"), ("--placement", "placement"),
@@ -267,6 +281,9 @@ for flags, field in ((["--algorithms", "nope"], "algorithms"),
                      (["--seeds", "x"], "seeds"), (["--seeds", "0,x"], "seeds"),
                      (["--seeds", "-1"], "seeds"), (["--seeds", "1.5"], "seeds"),
                      (["--seeds", "0,0"], "seeds"), (["--seeds", ","], "seeds"),
+                     (["--seeds", "4294967296"], "seeds"),
+                     (["--seeds", f"0,{10 ** 30}"], "seeds"),
+                     (["--resplit-seed", "4294967296"], "resplit_seed"),
                      (["--num-rounds", "0"], "num_rounds"),
                      (["--cohort-size", "100"], "cohort_size"),
                      (["--client-lr", "nan"], "client_lr"),
@@ -407,7 +424,10 @@ for flags, field in ((["--dataset-arg", "nope=1"], "dataset_args.nope"),
                      (["--alpha", "-1"], "alpha"), (["--alpha", "nan"], "alpha"),
                      (["--beta", "-1"], "beta"), (["--beta", "x"], "beta"),
                      (["--dataset-arg", "max_examples=0"], "max_examples"),
-                     (["--dataset-arg", "seed=-1"], "seed")):
+                     (["--dataset-arg", "seed=-1"], "seed"),
+                     (["--dataset-arg", "seed=4294967296"], "dataset_args.seed"),
+                     (["--dataset-arg", f"seed={10 ** 30}"], "dataset_args.seed"),
+                     (["--num-clients", str(10 ** 30)], "num_clients")):
     _flags("run", flags, field, area=6)
 for flags, field in ((["--dataset", "digits", "--partition", "nope"], "partition"),
                      (["--dataset", "digits", "--partition", "dirichlet", "--alpha", "0"],
@@ -448,6 +468,13 @@ _CONFIGS = (
     ("job.yaml", "a: b: c\n", "config", "run"),
     ("job.json", '{"num_rounds": 3,,}', "config", "run"),
     ("job.json", "[1, 2]", "config", "run"),
+    ("job.yaml", "num_rounds: 3\nnum_rounds: 4\n", "num_rounds", "run"),  # a key twice
+    ("job.yaml", "hparams: {mu: 0.1, mu: 0.2}\nalgorithm: fedprox\n", "mu", "run"),
+    ("job.json", '{"num_rounds": 3, "num_rounds": 4}', "num_rounds", "run"),
+    ("job.yaml", f"seed: {2 ** 32}\n", "seed", "run"),
+    ("job.yaml", f"num_rounds: {10 ** 30}\n", "num_rounds", "run"),
+    ("cmp.yaml", "seeds: [0, 1]\nseeds: [2]\n", "seeds", "compare"),
+    ("cmp.yaml", f"seeds: [0, {2 ** 32}]\n", "seeds", "compare"),
     ("cmp.yaml", "seeds: [a, b]\n", "seeds", "compare"),
     ("cmp.yaml", "seeds: [0, 0]\n", "seeds", "compare"),
     ("cmp.yaml", "algorithms: {fedavg: 1}\n", "algorithms", "compare"),
@@ -466,6 +493,18 @@ _add(7, "config:missing", "`run --config missing.yaml`", "config file", "config"
      cli=lambda ws: ["run", "--config", str(ws.tmp / "missing.yaml")])
 _add(7, "config:directory", "`run --config DIR` (a directory)", "config file", "config",
      cli=lambda ws: ["run", "--config", str(ws.tmp)])
+
+
+def _latin1_config(ws, name: str) -> str:
+    path = ws.tmp / name
+    path.write_bytes("# réglages\nnum_rounds: 3\n".encode("latin-1"))
+    return str(path)
+
+
+for _name in ("job.yaml", "job.json"):
+    _add(7, f"config:not utf-8 {_name}", f"`run --config {_name}` in Latin-1 (not UTF-8)",
+         "config file", "config",
+         cli=lambda ws, n=_name: ["run", "--config", _latin1_config(ws, n)])
 
 # ---- output directories and resume
 def _resume(*flags):
@@ -848,6 +887,47 @@ for shown, overrides, field, raises, xfail in (
          "Python: `fedjax_fair.run`", field,
          call=lambda ws, o=overrides: _run_with(dict(o)),
          raises=raises or (ValueError, TypeError), xfail=xfail)
+
+
+def _run_mismatched(params_of: str, model_input: Optional[int] = None) -> Callable:
+    """fedjax_fair.run of FedAvg on helpers.tiny_federation with the parameters of
+    model ``params_of`` (logreg / mlp), or a logistic regression on inputs of
+    ``model_input`` features (the data has helpers.NUM_FEATURES)."""
+    def call(ws):
+        import jax
+        import fedjax_fair as ff
+        from fedjax_fair.models import get_model
+        shape = (model_input,) if model_input else (helpers.NUM_FEATURES,)
+        model = get_model("logreg", shape, helpers.NUM_CLASSES)
+        params = helpers.init_params(get_model(params_of, shape, helpers.NUM_CLASSES))
+        alg = ff.algorithms.fedavg(model, client_lr=0.1, batch_size=4)
+        ff.run(alg, params, helpers.tiny_federation(), jax.random.key(0), model=model,
+               num_rounds=2, cohort_size=3, eval_every=1, progress=False)
+    return call
+
+
+for shown, fn, field in (
+        ("the parameters of an MLP for a logistic regression", _run_mismatched("mlp"),
+         "params"),
+        ("a logistic regression of 7 inputs on data of 10 features",
+         _run_mismatched("logreg", model_input=7), "data")):
+    _add(12, f"api:run {shown}", f"`fedjax_fair.run(...)` with {shown}",
+         "Python: `fedjax_fair.run`", field, call=fn)
+
+
+def _run_reshaped_params(ws):
+    """fedjax_fair.run with the logistic regression's kernel cut to 3 rows."""
+    import jax
+    import fedjax_fair as ff
+    model = helpers.logreg()
+    params = jax.tree.map(lambda x: x[:3], helpers.init_params(model))
+    ff.run(ff.algorithms.fedavg(model, client_lr=0.1, batch_size=4), params,
+           helpers.tiny_federation(), jax.random.key(0), model=model, num_rounds=2,
+           cohort_size=3, eval_every=1, progress=False)
+
+
+_add(12, "api:run params of another shape", "`fedjax_fair.run(...)` with a kernel of "
+     "another shape", "Python: `fedjax_fair.run`", "params", call=_run_reshaped_params)
 
 
 def _factory_case(algorithm: str, name: str, value) -> Callable:

@@ -30,14 +30,18 @@ command writes nothing.
 
 Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
 stderr, checked before any compute where possible); 3 the parameters became
-NaN/inf (the last good checkpoint is kept); 130 interrupted (SIGINT / SIGTERM stop at
-the next chunk boundary: ``run`` keeps its checkpoint, ``compare`` its finished runs and
-their table; ``--resume`` continues either).
+NaN/inf (the last good checkpoint is kept); 4 the output could not be written (disk
+full, quota, read-only: one line ``error: output_dir: ...``; what was written stays);
+130 interrupted (SIGINT / SIGTERM stop at the next chunk boundary: ``run`` keeps its
+checkpoint, ``compare`` its finished runs and their table; ``--resume`` continues
+either; before the first round or while the outputs are written, they stop at once
+with one line, and ``summary.json``, written last, is not written).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import inspect
 import json
 import os
@@ -54,6 +58,8 @@ from fedjax_fair.cli import report
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
 EXIT_INTERRUPTED = 130
+EXIT_WRITE = 4
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 # Dataset flags of the issue text, stored in dataset_args (validated against the
 # chosen dataset's builder like any --dataset-arg).
@@ -368,7 +374,11 @@ def build_dataset(cfg):
         raise err from None
     if cfg.resplit != "none":
         from fedjax_fair.data import resplit
-        ds = resplit(ds, C.parse_fractions(cfg.resplit), cfg.resplit_seed)
+        try:
+            ds = resplit(ds, C.parse_fractions(cfg.resplit), cfg.resplit_seed)
+        except ValueError as e:  # e.g. fractions that leave no client a test example
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise C.ConfigError("resplit", first.split(": ", 1)[-1]) from None
     pad = ds.info.get("padding", {})
     for split in ("train", "validation", "test"):
         if split in pad:
@@ -538,6 +548,10 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
     """metrics.jsonl, clients.csv (+ plots) and, last, summary.json of one finished
     run."""
     os.makedirs(out, exist_ok=True)
+    try:  # an earlier summary.json would vouch for outputs being rewritten now
+        os.remove(os.path.join(out, "summary.json"))
+    except FileNotFoundError:
+        pass
     report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
     report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics,
                             evaluated=result.evaluated, names=ds.info.get("users"))
@@ -580,6 +594,11 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
             report.save_figure(report.plot_improved_fraction(imp, context=ctx),
                                os.path.join(out, "improved_clients.png"))
     _write_synthetic(out, cfg_dict, ds, result.state, plots)
+    # the plots written (an interrupt while plotting leaves no summary.json at all)
+    summary["plots"] = sorted(n for n in ("accuracy.png", "loss.png",
+                                          "client_accuracy_hist.png", "lorenz.png",
+                                          "improved_clients.png", "synthetic_samples.png")
+                              if plots and os.path.exists(os.path.join(out, n)))
     # last, by one rename: a run directory with its summary.json has all its outputs
     report.write_json(os.path.join(out, "summary.json"), summary)
     return summary
@@ -789,9 +808,10 @@ def cmd_run(args) -> int:
 
     from fedjax_fair.runner import CompileClock, Interrupted, NonFiniteError, stop_on_signals
     import jax
-    with CompileClock() as init_clock:  # simulate_one's jit(model.init) then hits the cache
-        jax.jit(model.init).lower(jax.random.key(cfg.seed)).compile()
+    _STAGE_DIR.append(out)
     try:
+        with CompileClock() as init_clock:  # simulate_one's jit(model.init) hits the cache
+            jax.jit(model.init).lower(jax.random.key(cfg.seed)).compile()
         with stop_on_signals():
             result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                                   resume=cfg.resume, progress=cfg.progress,
@@ -822,11 +842,18 @@ def cmd_run(args) -> int:
         _err(f"interrupted after round {e.round}, {where}")
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
-        begin()
+        if not started:  # before the first round: the folders as they were
+            held.release(undo=True)
+            _err("interrupted before the first round; nothing was written")
+            return EXIT_INTERRUPTED
         _err(f"interrupted at once; the last checkpoint is in {ckdir}; continue with: "
              f"fedjax-fair run -o {out} --resume" if ckdir else "interrupted at once")
         return EXIT_INTERRUPTED
 
+    _STAGE.append(f"while writing the outputs of the finished run to {out}; its "
+                  f"summary.json (written last) is not written"
+                  + (f"; write them again with: fedjax-fair run -o {out} --resume"
+                     if ckdir else ""))
     begin()
     resumed_from = _fix_resumed_seconds(result.history, new_entries) if cfg.resume else None
     extra = {"resumed_from_round": resumed_from} if cfg.resume else {}
@@ -1103,6 +1130,11 @@ def cmd_compare(args) -> int:
         interrupted = True
     bar.close()
     finished = sum(len(v) for v in summaries.values())
+    _STAGE_DIR.append(out)
+    _STAGE.append(f"while writing the comparison's table and plots to {out}; its "
+                  f"summary.json (written last) is not written; the {finished} finished "
+                  f"runs are saved; write them again with: fedjax-fair compare -o {out} "
+                  f"--resume")
     code = _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies,
                              notes, time.perf_counter() - t_start,
                              print_table=not interrupted)
@@ -1218,6 +1250,10 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
 def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies, notes,
                       seconds, print_table=True) -> int:
     """comparison.md / .csv, summary.json and plots of the runs finished so far."""
+    try:  # an earlier summary.json would vouch for outputs being rewritten now
+        os.remove(os.path.join(out, "summary.json"))
+    except FileNotFoundError:
+        pass
     done = {a: s for a, s in summaries.items() if s}
     rows = {a: report.aggregate_runs(s) for a, s in done.items()}
     header, body = report.comparison_table(rows, len(cfg.seeds), notes)
@@ -1423,6 +1459,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point; returns the exit status (the console script passes it to sys.exit)."""
     parser = build_parser()
     _COMMAND[:] = list(sys.argv[1:] if argv is None else argv)
+    restore_sigterm = _interrupt_on_sigterm()
     try:
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
@@ -1436,7 +1473,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except C.ConfigError as e:
         _err(str(e))
         return EXIT_CONFIG
+    except KeyboardInterrupt:  # SIGINT / SIGTERM outside the runner's stop_on_signals
+        _err(f"interrupted {_STAGE[-1] if _STAGE else 'before anything was written'}")
+        return EXIT_INTERRUPTED
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise
+        where = e.filename or (_STAGE_DIR[-1] if _STAGE_DIR else "the output directory")
+        _err(f"output_dir: cannot write {where!r}: {e.strerror or os.strerror(e.errno)}; "
+             f"what was written before stays (the last checkpoint, if any); free space "
+             f"and continue with --resume")
+        return EXIT_WRITE
     finally:  # the command is the process's life: its folders' locks end with it
+        restore_sigterm()
         while _HELD:
             _HELD.pop().release()
+        del _STAGE[:], _STAGE_DIR[:]
+
+
+# What an interrupt outside the runner's stop_on_signals leaves (set by the commands as
+# they go), and the output directory being written.
+_STAGE: list = []
+_STAGE_DIR: list = []
+
+
+def _interrupt_on_sigterm():
+    """SIGTERM raises KeyboardInterrupt, as SIGINT does, while the command runs (the
+    runner's ``stop_on_signals`` turns both into a stop request while rounds run), so
+    that it ends with one line instead of dying silently. Returns the restorer."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 

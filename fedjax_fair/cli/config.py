@@ -68,7 +68,8 @@ class _Common:
     resplit: str = _f("none", "str", "TRAIN,VALIDATION,TEST fractions, e.g. 0.8,0.1,0.1: pool "
                       "each client's examples, shuffle them with resplit_seed and split them "
                       "anew (q-FFL's protocol); none keeps the dataset's own split")
-    resplit_seed: int = _f(0, "int", "seed of --resplit (>= 0; q-FFL averages seeds 1-5)")
+    resplit_seed: int = _f(0, "int", "seed of --resplit (in [0, 2^32); q-FFL averages seeds "
+                                        "1-5)")
     augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
                       "(flip + padded crop) or tinyimagenet (rotation + flip)")
     client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
@@ -135,7 +136,8 @@ class RunConfig(_Common):
 
     algorithm: str = _f("fedavg", "str", "algorithm name (see `fedjax-fair list algorithms`)")
     hparams: dict = _f({}, "dict", "algorithm hyper-parameters", flag=False)
-    seed: int = _f(0, "int", "seed of model init, sampling and local training (>= 0)")
+    seed: int = _f(0, "int", "seed of model init, sampling and local training "
+                                  "(in [0, 2^32))")
     checkpoint: bool = _f(True, "bool", "save a checkpoint after every evaluation",
                           flag=False)
     checkpoint_dir: Optional[str] = _f(None, "str?",
@@ -239,17 +241,25 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+INT_LIMIT = 2 ** 63  # what a C integer (numpy's int64) holds
+
+
 def _as_int(v, field):
+    out = None
     if _is_int(v):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str):
+        out = v
+    elif isinstance(v, float) and v.is_integer():
+        out = int(v)
+    elif isinstance(v, str):
         try:
-            return int(v.strip())
+            out = int(v.strip())
         except ValueError:
             pass
-    raise ConfigError(field, f"expected an integer, got {v!r}")
+    if out is None:
+        raise ConfigError(field, f"expected an integer, got {v!r}")
+    if not -INT_LIMIT <= out < INT_LIMIT:
+        raise ConfigError(field, f"{v!r} is too large for an integer (at most 2^63 - 1)")
+    return out
 
 
 def _as_float(v, field):
@@ -349,18 +359,64 @@ def coerce_like(value, default, field: str):
 # ------------------------------------------------------------------------ load / merge
 
 
+def _unique_json_object(pairs) -> dict:
+    """json's ``object_pairs_hook``: a key given twice is an error naming it."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"config.{key}", "given twice in the file; keep one")
+        out[key] = value
+    return out
+
+
+def _load_yaml_unique(text: str):
+    """``yaml.safe_load`` that refuses a mapping key given twice (PyYAML keeps the
+    last silently)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:  # the mapping's own keys (a merge << may be overridden)
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: SafeLoader reports it
+                break
+            if duplicate:
+                raise ConfigError(f"config.{key}", f"given twice in the file (line "
+                                                   f"{key_node.start_mark.line + 1}); keep one")
+            seen.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                    construct_mapping)
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def load_file(path: str) -> dict:
     """Reads a JSON (``.json``) or YAML (anything else) config file into a dict."""
     if not os.path.isfile(path):
         raise ConfigError("config", f"file not found: {path!r}")
-    with open(path) as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ConfigError("config", f"{path!r} is not UTF-8 text ({e.reason} at byte "
+                                    f"{e.start})") from None
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path!r}: {e.strerror or e}") from None
     try:
         if path.endswith(".json"):
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_json_object)
         else:
-            import yaml
-            data = yaml.safe_load(text)
+            data = _load_yaml_unique(text)
+    except ConfigError:
+        raise
     except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: report in one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError("config", f"cannot parse {path!r}: {first}") from None
@@ -524,6 +580,23 @@ def dataset_registry() -> dict:
 # -------------------------------------------------------------------------- validation
 
 
+SEED_LIMIT = 2 ** 32  # jax.random.key and numpy's legacy generators take 32-bit seeds
+COUNT_LIMIT = 2 ** 31  # rounds, batches, epochs ... are int32 on the device
+
+
+def check_seed(field: str, value) -> None:
+    """A seed is an integer in [0, 2^32): a larger one would alias a smaller seed
+    (``jax.random.key`` keeps 32 bits) or overflow."""
+    if not 0 <= value < SEED_LIMIT:
+        raise ConfigError(field, f"must be an integer in [0, 2^32), got {value}")
+
+
+def check_count(field: str, value) -> None:
+    """A count (rounds, cohort, batch, epochs, ...) fits the device's int32."""
+    if value >= COUNT_LIMIT:
+        raise ConfigError(field, f"must be below 2^31, got {value}")
+
+
 def _choice(field: str, value: str, allowed) -> None:
     if value not in allowed:
         raise ConfigError(field, f"unknown name {value!r}; allowed: {', '.join(sorted(allowed))}")
@@ -541,6 +614,7 @@ def _validate_common(cfg: _Common) -> None:
         value = getattr(cfg, name)
         if value <= 0:
             raise ConfigError(name, f"must be a positive integer, got {value}")
+        check_count(name, value)
     if not (math.isfinite(cfg.client_lr) and cfg.client_lr > 0):
         raise ConfigError("client_lr", f"must be a positive finite number, got {cfg.client_lr}")
     if not (math.isfinite(cfg.client_momentum) and 0 <= cfg.client_momentum < 1):
@@ -551,6 +625,8 @@ def _validate_common(cfg: _Common) -> None:
                                                  f"{cfg.client_weight_decay}")
     if cfg.chunk_size is not None and cfg.chunk_size <= 0:
         raise ConfigError("chunk_size", f"must be a positive integer, got {cfg.chunk_size}")
+    if cfg.chunk_size is not None:
+        check_count("chunk_size", cfg.chunk_size)
     _choice("model", cfg.model, MODELS)
     _choice("execution", cfg.execution, STRATEGIES)
     _choice("sampler", cfg.sampler, SAMPLERS)
@@ -560,8 +636,7 @@ def _validate_common(cfg: _Common) -> None:
                                                   "--client-lr-schedule too")
     if cfg.resplit != "none":
         parse_fractions(cfg.resplit)
-    if cfg.resplit_seed < 0:
-        raise ConfigError("resplit_seed", f"must be an integer >= 0, got {cfg.resplit_seed}")
+    check_seed("resplit_seed", cfg.resplit_seed)
     from fedjax_fair.models import INITIALIZERS
     _choice("initializer", cfg.initializer, ("default", *INITIALIZERS))
     _choice("placement", cfg.placement, PLACEMENTS)
@@ -648,6 +723,8 @@ def _validate_builder_args(kind: str, name: str, args: dict, allowed: dict) -> d
                               f"not an argument of {kind} {name!r}; allowed: "
                               f"{', '.join(sorted(allowed)) or '(none)'}")
         out[key] = coerce_like(value, allowed[key], f"{kind}_args.{key}")
+        if (key == "seed" or key.endswith("_seed")) and _is_int(out[key]):
+            check_seed(f"{kind}_args.{key}", out[key])
     return out
 
 
@@ -687,6 +764,8 @@ def validate_hparams(algorithm: str, hparams: dict, field: str = "hparams") -> d
                               f"not a hyper-parameter of {algorithm!r}; allowed: "
                               f"{', '.join(allowed) or '(none)'}")
         out[key] = coerce_hparam(allowed[key], value, f"{field}.{key}")
+        if (key == "seed" or key.endswith("_seed")) and _is_int(out[key]):
+            check_seed(f"{field}.{key}", out[key])
     return out
 
 
@@ -737,8 +816,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
     """Static checks of a RunConfig (no data built). Coerces hparams/dataset_args in place."""
     from fedjax_fair.algorithms import ALGORITHMS
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
-    if cfg.seed < 0:
-        raise ConfigError("seed", f"must be an integer >= 0, got {cfg.seed}")
+    check_seed("seed", cfg.seed)
     cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
     _validate_common(cfg)
     check_client_sgd(cfg, [cfg.algorithm])
@@ -819,8 +897,7 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     if not cfg.seeds:
         raise ConfigError("seeds", "need at least one seed")
     for s in cfg.seeds:
-        if s < 0:
-            raise ConfigError("seeds", f"must be integers >= 0, got {s}")
+        check_seed("seeds", s)
     if len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)

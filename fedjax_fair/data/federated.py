@@ -69,6 +69,8 @@ def _check_positive_int(value, field: str) -> int:
 def _check_seed(value) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"seed: must be an integer >= 0, got {value!r}")
+    if value >= 2 ** 32:  # numpy's legacy generators take 32 bits; the CLI's rule too
+        raise ValueError(f"seed: must be an integer in [0, 2^32), got {value!r}")
     return int(value)
 
 
