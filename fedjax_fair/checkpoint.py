@@ -24,7 +24,6 @@ consistent save.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -49,22 +48,39 @@ def _fault(point: str) -> None:
     that instant."""
 
 
-def _write_file(path: str, data: bytes) -> None:
-    _fault(f"open {os.path.basename(path)}")
+class _TornOnce:
+    """A file whose first write is followed by the ``inside NAME`` fault point, so a
+    simulated kill leaves a partly written file; npz data is streamed straight into it
+    (no second copy of a state in memory)."""
+
+    def __init__(self, f, name: str):
+        self._f, self._name, self._torn = f, name, False
+
+    def write(self, data):
+        n = self._f.write(data)
+        if not self._torn:
+            self._torn = True
+            self._f.flush()
+            _fault(f"inside {self._name}")
+        return n
+
+    def __getattr__(self, attr):  # seek / tell / flush for zipfile
+        return getattr(self._f, attr)
+
+
+def _write_file(path: str, write) -> None:
+    """``write(f)`` into a new file at ``path``, fsynced; the fault points ``open NAME``
+    before and ``inside NAME`` after its first bytes."""
+    name = os.path.basename(path)
+    _fault(f"open {name}")
     with open(path, "wb") as f:
-        half = len(data) // 2
-        f.write(data[:half])
-        f.flush()
-        _fault(f"inside {os.path.basename(path)}")
-        f.write(data[half:])
+        write(_TornOnce(f, name))
         f.flush()
         os.fsync(f.fileno())
 
 
-def _npz_bytes(arrays: dict) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
+def _npz(arrays: dict):
+    return lambda f: np.savez(f, **arrays)
 
 
 def steps(directory: str) -> list:
@@ -100,12 +116,11 @@ def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
     os.makedirs(tmp)
     leaves = jax.tree.leaves(state)
     _write_file(os.path.join(tmp, "state.npz"),
-                _npz_bytes({f"leaf_{i:05d}": _to_numpy(x) for i, x in enumerate(leaves)}))
+                _npz({f"leaf_{i:05d}": _to_numpy(x) for i, x in enumerate(leaves)}))
     for file, named in (arrays or {}).items():
-        _write_file(os.path.join(tmp, file),
-                    _npz_bytes({k: np.asarray(v) for k, v in named.items()}))
-    _write_file(os.path.join(tmp, "meta.json"),
-                json.dumps({**meta, "checkpoint_format": FORMAT}).encode())
+        _write_file(os.path.join(tmp, file), _npz({k: np.asarray(v) for k, v in named.items()}))
+    text = json.dumps({**meta, "checkpoint_format": FORMAT}).encode()
+    _write_file(os.path.join(tmp, "meta.json"), lambda f: f.write(text))
     _fault("commit")
     os.rename(tmp, os.path.join(directory, name))  # the commit
     _fsync_dir(directory)
