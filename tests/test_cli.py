@@ -189,7 +189,8 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
     assert (out / "fedavg" / "seed1" / "clients.csv").is_file()
 
 
-def test_compare_defaults_cover_every_algorithm():
+def test_compare_defaults_cover_every_algorithm(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output runs/compare_synthetic: not the user's
     cfg = cli.config_from_args(cli.build_parser().parse_args(["compare"]), C.CompareConfig)
     C.validate_compare(cfg)
     # Every algorithm but the full-participation ones (AAggFF-S, FedPD), which need
@@ -404,7 +405,8 @@ def test_value_parsing():
     assert C.validate_run(cfg).hparams == {"mu": 1.0}  # int coerced to the default's float
 
 
-def test_compare_hparams_per_algorithm(tmp_path):
+def test_compare_hparams_per_algorithm(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output runs/compare_synthetic: not the user's
     path = tmp_path / "cmp.yaml"
     path.write_text("algorithms: [fedavg, fedprox, fedadam]\n"
                     "hparams: {fedprox: {mu: 0.5}, server_lr: 0.03}\n")
