@@ -98,6 +98,16 @@ class FederatedAlgorithm(NamedTuple):
         return "global" if self.personal is None else "personal"
 
 
+def cohort_train_loss(loss, num_examples, mask):
+    """The round's ``train_loss``: the cohort's losses weighted by their training
+    examples; NaN (``null`` in the logs) when the cohort has no training example, where
+    a mean does not exist (not 0.0, which reads as a perfect fit)."""
+    n = jnp.where(mask, num_examples, 0)
+    total = jnp.sum(n)
+    return jnp.where(total > 0, jnp.sum(jnp.where(mask, n * loss, 0.0))
+                     / jnp.maximum(total, 1), jnp.nan)
+
+
 def _check_pieces(client_update, mixing, aggregator, server_optimizer) -> None:
     """``compose``'s pieces have their types (``TypeError("FIELD: ...")`` naming the
     argument), so a string rule or an uncalled ``optax.adam`` fails here, not inside
@@ -218,8 +228,7 @@ def compose(client_update: ClientUpdate, *,
             "weights": weights,
             "loss_before": outputs.loss_before,
             "num_steps": outputs.num_steps,
-            "train_loss": jnp.sum(jnp.where(mask, outputs.num_examples * outputs.loss_before, 0.0))
-            / jnp.maximum(jnp.sum(jnp.where(mask, outputs.num_examples, 0)), 1),
+            "train_loss": cohort_train_loss(outputs.loss_before, outputs.num_examples, mask),
             "update_norm": optax.tree.norm(direction),
             **{f"server/{name}": value for name, value in info.items()},
         }

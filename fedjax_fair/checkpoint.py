@@ -68,10 +68,10 @@ class _TornOnce:
         return getattr(self._f, attr)
 
 
-def _write_file(path: str, write) -> None:
+def _write_file(path: str, write, name: Optional[str] = None) -> None:
     """``write(f)`` into a new file at ``path``, fsynced; the fault points ``open NAME``
-    before and ``inside NAME`` after its first bytes."""
-    name = os.path.basename(path)
+    before and ``inside NAME`` after its first bytes (NAME: the file's name)."""
+    name = name or os.path.basename(path)
     _fault(f"open {name}")
     with open(path, "wb") as f:
         write(_TornOnce(f, name))
@@ -100,11 +100,12 @@ def latest(directory: str) -> Optional[str]:
 
 
 def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
-         fresh: bool = False) -> str:
-    """Commits ``state``, ``meta`` and ``arrays`` ({file name: {array name: array}},
-    e.g. {"client_history.npz": {...}}) as one new step directory; keeps the last
-    ``KEEP`` (``fresh``: this one alone, the first save of a new run into a directory
-    an earlier run used). Returns the step directory."""
+         fresh: bool = False, logs: Optional[dict] = None) -> str:
+    """Commits ``state``, ``meta``, ``arrays`` ({file name: {array name: array}}) and
+    the new rows of ``logs`` ({log name: {array name: rows [n, ...]}} or a list of
+    JSON values) as one new step directory; keeps the last ``KEEP`` (``fresh``: this
+    one alone, the first save of a new run into a directory an earlier run used,
+    whose logs it does not continue). Returns the step directory."""
     os.makedirs(directory, exist_ok=True)
     found = steps(directory)
     step = (found[-1] + 1) if found else 1
@@ -114,13 +115,39 @@ def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
         shutil.rmtree(tmp)
     _fault("mkdir")
     os.makedirs(tmp)
+    previous = None if fresh or not found else os.path.join(directory,
+                                                            f"step-{found[-1]:08d}")
+    logs = dict(logs or {})
+    if previous is not None:  # a log this save does not add to is carried over whole
+        for log in sorted(os.listdir(previous)):
+            if os.path.isdir(os.path.join(previous, log)) and log not in logs:
+                logs[log] = [] if all(seg.endswith(".json")
+                                      for seg in _segments(previous, log)) else {}
+    for log, rows in logs.items():
+        _fault(f"link {log}")
+        os.makedirs(os.path.join(tmp, log))
+        earlier = _segments(previous, log) if previous is not None else []
+        if rows:
+            rows, saves = _merge_tail(previous, log, earlier, rows)
+        for seg in earlier:  # the segments this save does not merge, linked
+            _link(os.path.join(previous, log, seg), os.path.join(tmp, log, seg))
+        if rows:
+            ext = "npz" if isinstance(rows, dict) else "json"
+            write = (_npz({k: np.asarray(v) for k, v in rows.items()}) if ext == "npz"
+                     else lambda f, t=json.dumps(list(rows)).encode(): f.write(t))
+            _write_file(os.path.join(tmp, log, f"seg-{step:08d}-{saves:06d}.{ext}"), write,
+                        f"{log} segment")
+        _fsync_dir(os.path.join(tmp, log))
     leaves = jax.tree.leaves(state)
     _write_file(os.path.join(tmp, "state.npz"),
                 _npz({f"leaf_{i:05d}": _to_numpy(x) for i, x in enumerate(leaves)}))
     for file, named in (arrays or {}).items():
         _write_file(os.path.join(tmp, file), _npz({k: np.asarray(v) for k, v in named.items()}))
-    text = json.dumps({**meta, "checkpoint_format": FORMAT}).encode()
+    json_logs = [log for log, rows in logs.items() if not isinstance(rows, dict)]
+    text = json.dumps({**meta, "checkpoint_format": FORMAT,
+                       **({"json_logs": json_logs} if json_logs else {})}).encode()
     _write_file(os.path.join(tmp, "meta.json"), lambda f: f.write(text))
+    _fsync_dir(tmp)  # its entries reach the disk before the rename that commits them
     _fault("commit")
     os.rename(tmp, os.path.join(directory, name))  # the commit
     _fsync_dir(directory)
@@ -133,6 +160,44 @@ def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
         elif fresh and other in _OLDER_FORMAT:
             os.remove(os.path.join(directory, other))
     return os.path.join(directory, name)
+
+
+_SEGMENT = re.compile(r"seg-(\d{8,})-(\d{6,})\.(npz|json)")
+
+
+def _merge_tail(previous: Optional[str], log: str, earlier: list, rows):
+    """(rows, saves) of this save's segment of ``log``: its new ``rows``, merged with
+    the trailing segments of ``earlier`` (removed from it) that hold as few saves or
+    fewer, as a binary counter carries. A log of E saves then has at most log2(E) + 1
+    segments, and each row is rewritten at most log2(E) times: a commit links
+    O(log E) files and writes O(log E) rows amortised, never the whole log."""
+    saves = 1
+    while earlier:
+        match = _SEGMENT.fullmatch(earlier[-1])
+        if match is None or int(match.group(2)) > saves:
+            break
+        seg = earlier.pop()
+        older = (_read_npz(os.path.join(previous, log), seg) if seg.endswith(".npz")
+                 else _read_json(os.path.join(previous, log), seg))
+        saves += int(match.group(2))
+        if isinstance(rows, dict):
+            if set(older) != set(rows):
+                raise ValueError(f"checkpoint: log {log!r} of this save has arrays "
+                                 f"{sorted(rows)}, its earlier rows {sorted(older)}; a log "
+                                 f"keeps one set of arrays")
+            rows = {k: np.concatenate([older[k], np.asarray(v)]) for k, v in rows.items()}
+        else:
+            rows = list(older) + list(rows)
+    return rows, saves
+
+
+def _link(src: str, dst: str) -> None:
+    """``dst`` as a hard link to the committed (never rewritten) file ``src``; a copy
+    where the file system refuses links."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def _fsync_dir(directory: str) -> None:
@@ -211,13 +276,72 @@ def _step_dir(directory: str) -> str:
 
 
 def load_arrays(directory: str, name: str) -> dict:
-    """The arrays saved as ``name`` with the newest committed save, or {} if it has
-    none (a file that is there but unreadable raises ``ValueError("checkpoint:
-    ...")``)."""
+    """The arrays saved as ``name`` with the newest committed save (a log's segments
+    concatenated), or {} if it has none (a file that is there but unreadable raises
+    ``ValueError("checkpoint: ...")``)."""
     step = _step_dir(directory)
+    if os.path.isdir(os.path.join(step, name)):
+        return load_log(directory, name)
     if not os.path.isfile(os.path.join(step, name)):
         return {}
     return _read_npz(step, name)
+
+
+def _segments(step: str, name: str) -> list:
+    """The segment files of log ``name`` in step directory ``step``, oldest first (by
+    their save number, then name)."""
+    folder = os.path.join(step, name)
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+    def order(seg):
+        match = _SEGMENT.fullmatch(seg)
+        return (int(match.group(1)) if match else -1, seg)
+    return sorted(names, key=order)
+
+
+def load_log(directory: str, name: str):
+    """The log ``name`` of the newest save: its array segments concatenated ({array:
+    rows}), or its JSON segments' values in one list; {} / [] without one. A segment
+    that is unreadable, or arrays that do not line up, raise
+    ``ValueError("checkpoint: ...")``."""
+    step = _step_dir(directory)
+    return _read_log(step, name)
+
+
+def _read_log(step: str, name: str):
+    segments = _segments(step, name)
+    folder = os.path.join(step, name)
+    if segments and all(seg.endswith(".json") for seg in segments):
+        out = []
+        for seg in segments:
+            value = _read_json(folder, seg)
+            if not isinstance(value, list):
+                raise _corrupt(f"{name}/{seg}", step, "not a JSON list")
+            out.extend(value)
+        return out
+    parts = [_read_npz(folder, seg) for seg in segments]
+    if not parts:
+        return {}
+    keys = set(parts[0])
+    for seg, part in zip(segments, parts):
+        if set(part) != keys:
+            raise _corrupt(f"{name}/{seg}", step, "its arrays differ from the first "
+                                                  "segment's")
+    try:
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    except ValueError as e:
+        raise _corrupt(name, step, e) from None
+
+
+def _read_json(directory: str, name: str):
+    try:
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+        raise _corrupt(name, directory, e) from None
 
 
 def read_leaf(directory: str, index: int) -> np.ndarray:
@@ -269,6 +393,10 @@ def verify(directory: str, template: Any) -> None:
     for name in sorted(os.listdir(step)):
         if name.endswith(".npz") and name != "state.npz":
             _npz_headers(step, name)
+        elif os.path.isdir(os.path.join(step, name)):
+            for seg in _segments(step, name):
+                if seg.endswith(".npz"):
+                    _npz_headers(os.path.join(step, name), seg)
 
 
 def _leaf_names(names, directory: str) -> list:
@@ -287,20 +415,19 @@ def _is_key(x) -> bool:
 
 
 def read_meta(directory: str) -> dict:
-    """The newest save's meta (round history, timings) without its arrays: a JSON
-    object, else ``ValueError("checkpoint: meta.json ...")``."""
+    """The newest save's meta (round, timings) without its arrays: a JSON object, with
+    its JSON logs (the runner's evaluation ``history``) read in under their names;
+    else ``ValueError("checkpoint: meta.json ...")``."""
     step = _step_dir(directory)
     path = os.path.join(step, "meta.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint: no meta.json in {step!r}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
-        raise _corrupt("meta.json", step, e) from None
+    meta = _read_json(step, "meta.json")
     if not isinstance(meta, dict):
         raise _corrupt("meta.json", step, f"a JSON {type(meta).__name__}, not an object")
     meta.pop("checkpoint_format", None)
+    for name in meta.pop("json_logs", []):
+        meta[name] = _read_log(step, name) or []
     return meta
 
 

@@ -21,7 +21,7 @@ import dataclasses
 import signal
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -190,6 +190,8 @@ class NonFiniteError(FloatingPointError):
         self.round = round_
         self.last_good_round = last_good_round
         self.last_good_state = last_good_state
+        self.history: Optional[list] = None  # ``run`` sets: the run's good evaluations
+        self.rounds: Optional[dict] = None  # and its good rounds' metrics
 
 
 @dataclasses.dataclass
@@ -206,6 +208,8 @@ class RunResult:
     client_table: Optional[dict] = None  # the client-state table's memory report
     # per-client test metrics at every evaluation: "round" [E] and each metric [E, N]
     client_history: Optional[dict] = None
+    # every round's metrics, as on_rounds receives them: {name: [R, ...]}
+    rounds: Optional[dict] = None
 
 
 def _replicated(mesh):
@@ -354,7 +358,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         placement: str = "auto", memory_limit: Optional[int] = None,
         log: Optional[Callable[[str], None]] = None, execution="auto",
         on_rounds: Optional[Callable[[int, dict], None]] = None,
-        donate: Optional[bool] = None, stream_layout: str = "compact") -> RunResult:
+        donate: Optional[bool] = None, stream_layout: str = "compact",
+        commit_seconds: float = 0.0) -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     After every chunk all clients are evaluated on their test split — the global
@@ -363,8 +368,10 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     ``on_rounds(first_round, metrics)`` receives every chunk's per-round metrics
     (host arrays with a leading round axis: weights, losses, the server pieces'
     ``server/...`` diagnostics). ``execution``: how rounds map their clients. With
-    ``checkpoint_dir`` the state is saved after every chunk; ``resume=True``
-    continues from it and gives the same result as an uninterrupted run. If the
+    ``checkpoint_dir`` the state is committed with the logs after every chunk (after
+    the first chunk that ends ``commit_seconds`` after the last commit, and always at
+    the end and on a stop request); ``resume=True`` continues from the newest commit
+    and gives the same result as an uninterrupted run. If the
     server's state (parameters, optimizer, mixing or aggregator state; not the client
     table) becomes NaN/inf, ``NonFiniteError`` is raised with the round number;
     the last good state stays in the checkpoint (and on the exception).
@@ -440,6 +447,11 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     mesh = execution.mesh
     compact = stream_layout == "compact" and mesh is None  # a mesh streams padded cohorts
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
+    if (isinstance(commit_seconds, (bool, np.bool_))
+            or not isinstance(commit_seconds, (int, float, np.integer, np.floating))
+            or not 0 <= commit_seconds < float("inf")):
+        raise ValueError(f"commit_seconds: must be a number of seconds >= 0, got "
+                         f"{commit_seconds!r}")
     if donate is None:
         donate = checkpoint_dir is not None
     elif not isinstance(donate, bool):
@@ -451,52 +463,13 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     clock = CompileClock().start()  # every compile from here on counts
     try:
         state = algorithm.init(params, num_clients)
-        history: list = []
-        round_log: dict = {}
-        compile_before = run_s = 0.0  # a resumed run's seconds, from its checkpoint
+        record = Record(checkpoint_dir, on_eval=on_eval, on_rounds=on_rounds,
+                        commit_seconds=commit_seconds, donated=donate)
         if resume:
-            if checkpoint_dir is None or not ckpt.exists(checkpoint_dir):
-                raise FileNotFoundError(f"resume: no checkpoint in "
-                                        f"checkpoint_dir={checkpoint_dir!r}")
-            state, meta = ckpt.restore(checkpoint_dir, state)
-            _check_meta(meta, checkpoint_dir, int(state.round))
-            history, round_log = meta["history"], meta.get("round_metrics", {})
-            compile_before = meta.get("compile_seconds", 0.0)
-            run_s = meta.get("run_seconds", 0.0)
-
-        client_log: dict = {}  # metric -> [E] list of per-client arrays [N]
-        rounds_log: dict = {}  # metric -> list of per-chunk arrays [rounds, ...]
-        if resume:
-            client_log = _load_client_history(checkpoint_dir, len(history), num_clients)
-            rounds_log = {k: [v] for k, v in
-                          load_round_log(checkpoint_dir, int(state.round)).items()}
+            state = record.resume(state, num_clients)
         if mesh is not None:  # replicated server state, client table split by client
             state = sharding.put(state, sharding.state_shardings(mesh, state))
             key = sharding.put(key, sharding.replicated(mesh))
-
-        saved = [resume]  # whether this run has saved (a resumed run continues its own)
-
-        def save(state):
-            if jax.process_count() > 1:  # every process gathers; process 0 writes
-                state = sharding.to_host(state)
-                if jax.process_index() != 0:
-                    return
-            # one commit: the state, the history, the per-client history and the round
-            # log of this evaluation (checkpoint.save's step directory)
-            ckpt.save(checkpoint_dir, state,
-                      {"round": int(state.round), "history": history,
-                       "round_metrics": round_log,
-                       "compile_seconds": compile_before + clock.seconds,
-                       "run_seconds": run_s},
-                      {CLIENT_HISTORY: {k: np.stack(v) for k, v in client_log.items()},
-                       ROUND_LOG: {k: np.concatenate(v) for k, v in rounds_log.items()}},
-                      fresh=not saved[0])  # an earlier run's saves go at this run's first
-            saved[0] = True
-
-        def log_clients(per_client):
-            for k, v in per_client.items():
-                if k != "num_examples":
-                    client_log.setdefault(k, []).append(np.asarray(v, np.float32))
 
         compiled: dict = {}
         bar = _progress(progress, num_rounds, int(state.round), description)
@@ -636,21 +609,13 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                                                             "validation"), "validation"))
             return per_client, summary
 
-        if not history:
-            first_clients, summary = evaluate_now(state)
-            log_clients(first_clients)
-            history.append({"round": 0, **summary})
-            if on_eval:
-                on_eval(history[-1])
-            if checkpoint_dir:
-                save(state)
-
-        per_client = None
         if donate:  # the program may consume only buffers the state alone owns
             state = _own_buffers(state, params)
-        while int(state.round) < num_rounds:
-            r0 = int(state.round)
-            length = min(eval_every, num_rounds - r0)
+        current = [state]
+
+        def advance(r0: int, length: int) -> list:
+            """The next chunk of ``length`` rounds from round ``r0``, evaluated."""
+            state = current[0]
             if plan.placement == "device":
                 fn = program(length)
                 t = time.perf_counter()
@@ -676,58 +641,220 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 t += time.perf_counter() - t_compile  # a first compile is not run time
                 new_state, metrics = fn(state, cohorts, key)
             metrics = sharding.to_host(metrics)
-            finite = metrics["finite"]
-            run_s += time.perf_counter() - t
-            if not finite.all():
-                bad = r0 + int(np.argmin(finite)) + 1
-                bar.close()
-                where = f", saved in {checkpoint_dir}" if checkpoint_dir else ""
-                if donate:  # the chunk consumed its input: the checkpoint holds it
-                    state, _ = ckpt.restore(checkpoint_dir, algorithm.init(params, num_clients))
-                raise NonFiniteError(bad, r0, state, where)
+            seconds = time.perf_counter() - t
+            current[0] = new_state
+            if not np.asarray(metrics["finite"]).all():
+                return [Chunk(new_state, metrics, None, None, seconds)]
             _check_table(new_state)
-            state = new_state
-            for name in ("train_loss", "update_norm", "improved_fraction"):
-                if name in metrics:
-                    round_log.setdefault(name, []).extend(np.asarray(metrics[name]).tolist())
-            if checkpoint_dir:
-                for k, v in metrics.items():
-                    rounds_log.setdefault(k, []).append(np.asarray(v))
-            if on_rounds:
-                on_rounds(r0, {k: np.asarray(v) for k, v in metrics.items()})
-            per_client, summary = evaluate_now(state)
-            log_clients(per_client)
-            entry = {"round": int(state.round), **summary, "seconds": run_s,
-                     "train_loss": round_log["train_loss"][-1]}
-            history.append(entry)
-            if on_eval:
-                on_eval(entry)
-            if checkpoint_dir:
-                save(state)
-            bar.update(length)
-            bar.set_postfix(acc=f"{summary['accuracy_mean']:.3f}",
-                            worst10=f"{summary['accuracy_worst_10%']:.3f}")
-            if stop_requested() and int(state.round) < num_rounds:
-                bar.close()
-                raise Interrupted(int(state.round), checkpoint_dir)
-        bar.close()
-        if per_client is None:
-            per_client, _ = evaluate_now(state)
-        table = (table_memory(algorithm.client_table, state.client_states)
-                 if algorithm.client_table is not None else None)
-        return RunResult(state=state, history=history, client_metrics=per_client,
-                         round_metrics={k: np.asarray(v) for k, v in round_log.items()},
-                         compile_seconds=compile_before + clock.seconds, run_seconds=run_s,
-                         memory=plan,
-                         evaluated=algorithm.evaluates, client_table=table,
-                         client_history={"round": np.asarray([h["round"] for h in history]),
-                                         **{k: np.stack(v) for k, v in client_log.items()}})
+            per_client, summary = evaluate_now(new_state)
+            return [Chunk(new_state, metrics, per_client, summary, seconds)]
+
+        def initial() -> list:
+            return [Chunk(state, None, *evaluate_now(state), 0.0)]
+
+        drive([record], advance, initial, num_rounds=num_rounds, eval_every=eval_every,
+              bar=bar, clock=clock)
+        if record.non_finite is not None:
+            bad, last_good = record.non_finite
+            where = f", saved in {checkpoint_dir}" if checkpoint_dir else ""
+            state = record.state
+            if donate:  # the chunk consumed its input: the checkpoint holds the last good
+                state, _ = ckpt.restore(checkpoint_dir, algorithm.init(params, num_clients))
+                last_good = int(state.round)
+            error = NonFiniteError(bad, last_good, state, where)
+            error.history = record.history  # the evaluations up to the last good one
+            error.rounds = {k: np.concatenate(v) for k, v in record.rounds.items()}
+            raise error
+        if record.last_test is None:  # resumed at the end: nothing ran
+            record.last_test, _ = evaluate_now(record.state)
+        return record.result(algorithm, plan, clock)
     finally:
         clock.stop()
 
 
-CLIENT_HISTORY = "client_history.npz"
-ROUND_LOG = "rounds.npz"  # every round's metrics (as on_rounds receives them), per chunk
+class Chunk(NamedTuple):
+    """What the shared loop (``drive``) receives of one run for one chunk: the state
+    after it, every round's metrics (host arrays [rounds, ...], with ``"finite"``), the
+    per-client test metrics and the evaluation's summary (None when a round was not
+    finite), and the seconds the run spent on it."""
+
+    state: Any
+    metrics: Optional[dict]
+    test: Optional[dict]
+    summary: Optional[dict]
+    seconds: float
+
+
+ROUND_SCALARS = ("train_loss", "update_norm", "improved_fraction")  # RunResult.round_metrics
+
+
+class Record:
+    """One run's record in the shared loop (``drive``): its evaluation history, its
+    per-client history and every round's metrics, and their commits, with the state,
+    to ``checkpoint_dir`` (``checkpoint.save``: one step directory per commit, the logs
+    appended as segments). A commit follows an evaluation when ``commit_seconds`` have
+    passed since the last one (0: every evaluation), and always when the run stops
+    (its end, a stop request, a divergence)."""
+
+    def __init__(self, checkpoint_dir: Optional[str] = None, *, on_eval=None, on_rounds=None,
+                 commit_seconds: float = 0.0, donated: bool = False):
+        self.checkpoint_dir = checkpoint_dir
+        self.on_eval, self.on_rounds = on_eval, on_rounds
+        self.commit_seconds = float(commit_seconds)
+        self.donated = donated  # the state's buffers go to the next chunk
+        self.history: list = []
+        self.clients: dict = {}  # metric -> per-client rows [N], one per evaluation
+        self.rounds: dict = {}  # metric -> arrays [rounds, ...], one per chunk
+        self.compile_before = self.run_s = 0.0  # a resumed run's, from its checkpoint
+        self.state = None  # after the last good evaluation
+        self.last_test: Optional[dict] = None  # its per-client test metrics
+        self.non_finite: Optional[tuple] = None  # (round, last good round) once diverged
+        self._pending = ([], {}, {})  # history, clients, rounds not yet committed
+        self._saved = False  # whether this run has committed (a resumed run continues)
+        self._last_commit = time.monotonic()  # the first commit: commit_seconds in
+
+    def resume(self, template, num_clients: int):
+        """The newest commit's state (shaped like ``template``), with the logs."""
+        if self.checkpoint_dir is None or not ckpt.exists(self.checkpoint_dir):
+            raise FileNotFoundError(f"resume: no checkpoint in "
+                                    f"checkpoint_dir={self.checkpoint_dir!r}")
+        state, meta = ckpt.restore(self.checkpoint_dir, template)
+        _check_meta(meta, self.checkpoint_dir, int(state.round))
+        self.history = meta["history"]
+        self.compile_before = meta.get("compile_seconds", 0.0)
+        self.run_s = meta.get("run_seconds", 0.0)
+        self.clients = _load_client_history(self.checkpoint_dir, len(self.history),
+                                            num_clients)
+        self.rounds = {k: [v] for k, v in
+                       load_round_log(self.checkpoint_dir, int(state.round)).items()}
+        self._saved, self.state = True, state
+        return state
+
+    @property
+    def stopped(self) -> bool:
+        return self.non_finite is not None
+
+    def chunk(self, r0: int, metrics: dict) -> None:
+        for k, v in metrics.items():
+            v = np.asarray(v)
+            self.rounds.setdefault(k, []).append(v)
+            self._pending[2].setdefault(k, []).append(v)
+        if self.on_rounds:
+            self.on_rounds(r0, {k: np.asarray(v) for k, v in metrics.items()})
+
+    def evaluation(self, state, test: dict, entry: dict, clock: "CompileClock") -> None:
+        self.state, self.last_test = state, test
+        for k, v in test.items():
+            if k != "num_examples":
+                row = np.asarray(v, np.float32)
+                self.clients.setdefault(k, []).append(row)
+                self._pending[1].setdefault(k, []).append(row)
+        self.history.append(entry)
+        self._pending[0].append(entry)
+        if self.on_eval:
+            self.on_eval(entry)
+        if time.monotonic() - self._last_commit >= self.commit_seconds:
+            self.commit(clock)
+
+    def diverged(self, bad_round: int, last_good_round: int, clock) -> None:
+        self.non_finite = (bad_round, last_good_round)
+        if not self.donated:  # the last good state is still there to commit
+            self.commit(clock)
+
+    def commit(self, clock: "CompileClock") -> None:
+        """Commits the evaluations since the last commit (nothing without a checkpoint
+        directory or a new evaluation)."""
+        history, clients, rounds = self._pending
+        if self.checkpoint_dir is None or not history:
+            return
+        state = self.state
+        write = True
+        if jax.process_count() > 1:  # every process gathers; process 0 writes
+            state = sharding.to_host(state)
+            write = jax.process_index() == 0
+        if write:
+            ckpt.save(self.checkpoint_dir, state,
+                      {"round": int(state.round),
+                       "compile_seconds": self.compile_before + clock.seconds,
+                       "run_seconds": self.run_s},
+                      logs={HISTORY: list(history),
+                            CLIENT_HISTORY: {k: np.stack(v) for k, v in clients.items()},
+                            ROUND_LOG: {k: np.concatenate(v) for k, v in rounds.items()}},
+                      fresh=not self._saved)  # an earlier run's saves go at the first
+        self._pending = ([], {}, {})
+        self._saved = True
+        self._last_commit = time.monotonic()
+
+    def result(self, algorithm: FederatedAlgorithm, plan, clock: "CompileClock",
+               compile_seconds: Optional[float] = None) -> RunResult:
+        rounds = {k: np.concatenate(v) for k, v in self.rounds.items()}
+        table = (table_memory(algorithm.client_table, self.state.client_states)
+                 if algorithm.client_table is not None else None)
+        return RunResult(
+            state=self.state, history=self.history, client_metrics=self.last_test,
+            round_metrics={k: rounds[k] for k in ROUND_SCALARS if k in rounds},
+            compile_seconds=self.compile_before + (clock.seconds if compile_seconds is None
+                                                   else compile_seconds),
+            run_seconds=self.run_s, memory=plan, evaluated=algorithm.evaluates,
+            client_table=table,
+            client_history={"round": np.asarray([h["round"] for h in self.history]),
+                            **{k: np.stack(v) for k, v in self.clients.items()}},
+            rounds=rounds)
+
+
+def drive(records: list, advance: Callable, initial: Callable, *, num_rounds: int,
+          eval_every: int, bar, clock: "CompileClock") -> None:
+    """The one loop every run goes through (``run``, and ``sweep.run_seeds``' seeds as
+    one program): chunks of ``eval_every`` rounds, each followed by an evaluation of
+    every client, recorded and committed per run (``Record``), the NaN guard and stop
+    requests, until round ``num_rounds``.
+
+    ``records`` start at the same round (fresh, or resumed from their checkpoints);
+    ``initial()`` gives each a ``Chunk`` of its starting state and evaluation (called
+    only when they have no history yet); ``advance(r0, length)`` runs the next chunk of
+    every run and gives one ``Chunk`` per record (the records that diverged are
+    ignored). A run whose chunk is not finite stops at its last good evaluation
+    (``Record.non_finite``); the others go on. On a stop request (``request_stop``,
+    ``stop_on_signals``) every run commits and ``Interrupted`` is raised."""
+    if not records[0].history:
+        for rec, c in zip(records, initial()):
+            rec.evaluation(c.state, c.test, {"round": int(c.state.round), **c.summary}, clock)
+    r0 = int(records[0].state.round)
+    live = [rec for rec in records if not rec.stopped]
+    while r0 < num_rounds and live:
+        length = min(eval_every, num_rounds - r0)
+        for rec, c in zip(records, advance(r0, length)):
+            if rec.stopped:
+                continue
+            rec.run_s += c.seconds
+            finite = np.asarray(c.metrics["finite"], bool)
+            if not finite.all():
+                rec.diverged(r0 + int(np.argmin(finite)) + 1, r0, clock)
+                continue
+            rec.chunk(r0, c.metrics)
+            entry = {"round": r0 + length, **c.summary, "seconds": rec.run_s,
+                     "train_loss": float(np.asarray(c.metrics["train_loss"])[-1])}
+            rec.evaluation(c.state, c.test, entry, clock)
+        r0 += length
+        live = [rec for rec in records if not rec.stopped]
+        bar.update(length)
+        if live:
+            last = live[0].history[-1]
+            bar.set_postfix(acc=f"{last['accuracy_mean']:.3f}",
+                            worst10=f"{last['accuracy_worst_10%']:.3f}")
+        if stop_requested() and r0 < num_rounds:
+            for rec in live:
+                rec.commit(clock)
+            bar.close()
+            raise Interrupted(r0, records[0].checkpoint_dir if len(records) == 1 else None)
+    for rec in live:
+        rec.commit(clock)
+    bar.close()
+
+
+HISTORY = "history"  # the checkpoint's log of evaluations (one JSON object each)
+CLIENT_HISTORY = "client_history"  # per-client test metrics, a row [N] per evaluation
+ROUND_LOG = "rounds"  # every round's metrics (as on_rounds receives them)
 
 
 def load_round_log(directory: str, rounds: int) -> dict:

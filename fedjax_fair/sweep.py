@@ -615,73 +615,70 @@ class SeedRuns(NamedTuple):
     run_seconds: float
 
 
-def _seeds_program(algorithm: FederatedAlgorithm, model, validate: bool, *, num_rounds: int,
-                   eval_every: int, cohort_size: int, sampler, execution, step_budgets):
-    """``(seed, state, data) -> (final state, per-round metrics [T, ...], per-client
-    test [E, N], validation [E, N] or None)``: a whole run with ``runner.run``'s chunks
-    of ``eval_every`` rounds, every client evaluated after each (and before the first)."""
-    full, rest = divmod(num_rounds, eval_every)
+def _seeds_programs(algorithm: FederatedAlgorithm, model, validate: bool, *, cohort_size: int,
+                    sampler, execution, step_budgets):
+    """``(chunk(length), evaluate)``: ``chunk(length)`` is ``(seed, state, data) -> (state,
+    per-round metrics [length, ...], per-client test, validation or None)``, a chunk of
+    ``runner.run``'s rounds keyed by ``jax.random.key(seed)`` and every client
+    evaluated after it; ``evaluate`` is ``(seed, state, data) -> (test, validation)``."""
 
-    def one(seed, state, data):
-        key = jax.random.key(seed)
+    def evaluate(seed, state, data):
+        test = evaluate_state(model, algorithm, state, data.test)
+        val = evaluate_state(model, algorithm, state, data.validation) if validate else None
+        return test, val
 
-        def evaluate(state):
-            test = evaluate_state(model, algorithm, state, data.test)
-            val = (evaluate_state(model, algorithm, state, data.validation)
-                   if validate else None)
-            return test, val
+    def chunk(length: int):
+        def one(seed, state, data):
+            state, metrics = simulate(algorithm, state, data, jax.random.key(seed),
+                                      num_rounds=length, cohort_size=cohort_size,
+                                      sampler=sampler, execution=execution,
+                                      step_budgets=step_budgets)
+            return (state, metrics, *evaluate(seed, state, data))
+        return one
 
-        def chunk(state, length):
-            state, metrics = simulate(algorithm, state, data, key, num_rounds=length,
-                                      cohort_size=cohort_size, sampler=sampler,
-                                      execution=execution, step_budgets=step_budgets)
-            return state, (metrics, evaluate(state))
-
-        metrics, evals = [], [jax.tree.map(lambda v: v[None], evaluate(state))]
-        if full:
-            state, (m, e) = jax.lax.scan(lambda s, _: chunk(s, eval_every), state, None,
-                                         length=full)
-            metrics.append(jax.tree.map(lambda v: v.reshape((-1,) + v.shape[2:]), m))
-            evals.append(e)
-        if rest:
-            state, (m, e) = chunk(state, rest)
-            metrics.append(m)
-            evals.append(jax.tree.map(lambda v: v[None], e))
-        cat = lambda *xs: jnp.concatenate(xs)
-        test = jax.tree.map(cat, *[e[0] for e in evals])
-        val = jax.tree.map(cat, *[e[1] for e in evals]) if validate else None
-        return state, jax.tree.map(cat, *metrics), test, val
-
-    return one
+    return chunk, evaluate
 
 
 def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: Sequence[int],
               *, num_rounds: int, cohort_size: int, eval_every: int = 10,
               sampler: Callable = sampling.uniform, execution="auto", step_budgets=None,
               inits: Optional[Sequence[Callable]] = None, vmap_seeds: Optional[bool] = None,
-              memory_limit: Optional[int] = None, log: Optional[Callable] = None
+              memory_limit: Optional[int] = None, log: Optional[Callable] = None,
+              checkpoint_dirs: Optional[Sequence[str]] = None, resume: bool = False,
+              commit_seconds: float = 0.0, progress: bool = False, description: str = ""
               ) -> Optional[SeedRuns]:
-    """``runner.run`` of one algorithm for every seed, as ONE compiled program.
+    """``runner.run`` of one algorithm for every seed, the seeds as ONE compiled program.
 
     Seed s initialises the model with ``jax.random.key(s)`` and keys the run with it
     (as ``fedjax-fair run --seed s``); each seed's result equals ``runner.run``'s
     with those keys up to float rounding, history included (evaluations at round 0,
-    every ``eval_every`` rounds and at the end). The seeds are vmapped (``vmap_seeds``
-    True; None: on accelerators) or run one after another through the same compiled
-    program (CPU: different seeds train different clients, benchmarks/sweep.py).
+    every ``eval_every`` rounds and at the end). The seeds go through ``runner.drive``,
+    the loop ``runner.run`` uses: each chunk of ``eval_every`` rounds is one call of a
+    compiled program for every seed (vmapped, ``vmap_seeds`` True; None: on
+    accelerators) or one call per seed of the same program (CPU: different seeds train
+    different clients, benchmarks/sweep.py), every client evaluated inside it; then
+    each seed's ``runner.Record`` logs the evaluation and commits it with the seed's
+    state to ``checkpoint_dirs[i]`` (when given), so a kill loses at most the chunks
+    since the last commit, and a stop request (``runner.request_stop``, a signal
+    under ``runner.stop_on_signals``) is honoured at the next chunk's end, after the
+    commits, by ``runner.Interrupted``. ``resume``: every seed continues from its
+    checkpoint; the checkpoints must be of one round (``ValueError("resume: ...")``
+    otherwise: resume such seeds one by one).
 
     ``inits``: per seed, the ``init`` to use instead of ``algorithm.init`` (a method
     whose initial state depends on the seed; the round program is shared). The
     federation must fit on the device: with ``memory_limit`` (default: the device's
-    free memory, when known) a program whose arguments, outputs and temporaries
+    free memory, when known) a chunk program whose arguments, outputs and temporaries
     exceed it returns None, and nothing has run (``runner.run`` streams cohorts from
-    the host instead). The per-seed ``compile_seconds`` are the program's for the
-    first seed and 0 for the others; ``run_seconds`` split evenly, and a history's
-    ``seconds`` grow with the rounds (one program has no per-chunk clock).
+    the host instead). The per-seed ``compile_seconds`` are the programs' for the
+    first seed and 0 for the others; vmapped seeds split each chunk's seconds evenly.
+    A seed whose state becomes NaN/inf stops at its last good evaluation
+    (``SeedRuns.non_finite``) while the others go on.
     """
+    from fedjax_fair import checkpoint as ckpt
     from fedjax_fair import memory as mem
-    from fedjax_fair.runner import RunResult, split_summary
-    from fedjax_fair.client_states import table_memory
+    from fedjax_fair.runner import (Chunk, CompileClock, Record, _progress, drive,
+                                    split_summary)
     data = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
     cohort_size = check_count(cohort_size, "cohort_size")
@@ -689,78 +686,128 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     seed_values = check_seeds(seeds)
     if inits is not None and len(inits) != len(seed_values):
         raise ValueError(f"inits: one per seed, got {len(inits)} for {len(seed_values)}")
+    if checkpoint_dirs is not None and len(checkpoint_dirs) != len(seed_values):
+        raise ValueError(f"checkpoint_dirs: one per seed, got {len(checkpoint_dirs)} for "
+                         f"{len(seed_values)}")
+    if resume and checkpoint_dirs is None:
+        raise ValueError("resume: needs checkpoint_dirs")
     _execution.as_execution(execution)
     if vmap_seeds is None:
         vmap_seeds = jax.default_backend() != "cpu"
     validate = has_examples(data.validation)
     num_clients = data.num_clients
-    t = time.perf_counter()
-    init = jax.jit(model.init)
-    states = [(algorithm.init if inits is None else inits[i])(
-        init(jax.random.key(int(s))), num_clients) for i, s in enumerate(seed_values)]
-    one = _seeds_program(algorithm, model, validate, num_rounds=num_rounds,
-                         eval_every=eval_every, cohort_size=cohort_size, sampler=sampler,
-                         execution=execution, step_budgets=step_budgets)
-    data = jax.device_put(data)
-    seeds32 = seed_values.astype(np.uint32)
-    if vmap_seeds:
-        program = jax.jit(jax.vmap(one, in_axes=(0, 0, None), axis_name=_execution.CLIENT_AXIS))
-        args = [(seeds32, jax.tree.map(lambda *xs: jnp.stack(xs), *states), data)]
-    else:
-        program = jax.jit(one)
-        args = [(seeds32[i], states[i], data) for i in range(len(seed_values))]
-    compiled = program.lower(*args[0]).compile()
-    capacity = mem.device_capacity() if memory_limit is None else int(memory_limit)
-    plan = mem.MemoryPlan("device", 0, mem.program_bytes(compiled), capacity)
-    if not plan.fits:
-        return None
-    if log:
-        log(plan.describe().replace("per chunk program", "the seeds' program"))
-    compile_s = time.perf_counter() - t
-    t = time.perf_counter()
-    outputs = [jax.device_get(compiled(*a)) for a in args]
-    run_s = time.perf_counter() - t
-    if vmap_seeds:
-        stacked = outputs[0]
-        outputs = [jax.tree.map(lambda v: v[i], stacked) for i in range(len(seed_values))]
+    clock = CompileClock().start()
+    try:
+        init = jax.jit(model.init)
+        states = [(algorithm.init if inits is None else inits[i])(
+            init(jax.random.key(int(s))), num_clients) for i, s in enumerate(seed_values)]
+        records = [Record(None if checkpoint_dirs is None else checkpoint_dirs[i],
+                          commit_seconds=commit_seconds) for i in range(len(seed_values))]
+        if resume:
+            states = [rec.resume(st, num_clients) for rec, st in zip(records, states)]
+            rounds_at = sorted({int(st.round) for st in states})
+            if len(rounds_at) > 1:
+                raise ValueError(f"resume: the seeds' checkpoints are at rounds {rounds_at}; "
+                                 f"one program continues seeds of one round (resume the "
+                                 f"others one by one)")
+        chunk, evaluate = _seeds_programs(algorithm, model, validate, cohort_size=cohort_size,
+                                          sampler=sampler, execution=execution,
+                                          step_budgets=step_budgets)
+        data = jax.device_put(data)
+        seeds32 = seed_values.astype(np.uint32)
+        stack = lambda xs: jax.tree.map(lambda *v: jnp.stack(v), *xs)
+        if vmap_seeds:
+            jit = lambda f: jax.jit(jax.vmap(f, in_axes=(0, 0, None),
+                                             axis_name=_execution.CLIENT_AXIS))
+            current = [stack(states)]
+        else:
+            jit = jax.jit
+            current = list(states)
+        programs: dict = {}
 
-    rounds_at = [0] + list(range(eval_every, num_rounds + 1, eval_every))
-    if rounds_at[-1] != num_rounds:
-        rounds_at.append(num_rounds)
-    n_test = np.asarray(data.test.num_examples)
-    n_val = np.asarray(data.validation.num_examples) if validate else None
-    results, rounds, non_finite = [], [], []
-    for i, (state, metrics, test, val) in enumerate(outputs):
-        seconds = run_s / len(seed_values)
-        finite = np.asarray(metrics["finite"], bool)
-        bad = None if finite.all() else int(np.argmin(finite)) + 1
-        last_good = None if bad is None else ((bad - 1) // eval_every) * eval_every
-        kept = len(rounds_at) if bad is None else rounds_at.index(last_good) + 1
-        history, per_client = [], None
-        for e in range(kept):
-            per_client = {**{k: np.asarray(v[e]) for k, v in test.items()},
+        def program(length: Optional[int]):
+            """The compiled chunk of ``length`` rounds (None: the evaluation alone)."""
+            if length not in programs:
+                args = (seeds32, current[0], data) if vmap_seeds else (seeds32[0], current[0],
+                                                                       data)
+                fn = evaluate if length is None else chunk(length)
+                programs[length] = jit(fn).lower(*args).compile()
+            return programs[length]
+
+        start = int(states[0].round)
+        first = max(1, min(eval_every, num_rounds - start))
+        capacity = mem.device_capacity() if memory_limit is None else int(memory_limit)
+        plan = mem.MemoryPlan("device", 0, mem.program_bytes(program(first)), capacity)
+        if not plan.fits:
+            return None
+        if log:
+            log(plan.describe().replace("per chunk program", "the seeds' chunk program"))
+        n_test = np.asarray(data.test.num_examples)
+        n_val = np.asarray(data.validation.num_examples) if validate else None
+
+        def evaluated(test, val) -> tuple:
+            per_client = {**{k: np.asarray(v) for k, v in test.items()},
                           "num_examples": n_test}
             summary = split_summary(per_client, "test")
             if validate:
-                summary.update(split_summary({**{k: np.asarray(v[e]) for k, v in val.items()},
+                summary.update(split_summary({**{k: np.asarray(v) for k, v in val.items()},
                                               "num_examples": n_val}, "validation"))
-            entry = {"round": rounds_at[e], **summary}
-            if e:
-                entry["seconds"] = seconds * rounds_at[e] / num_rounds
-                entry["train_loss"] = float(metrics["train_loss"][rounds_at[e] - 1])
-            history.append(entry)
-        done = rounds_at[kept - 1]
-        metrics = {k: np.asarray(v)[:done] for k, v in metrics.items()}
-        round_log = {k: metrics[k] for k in ("train_loss", "update_norm", "improved_fraction")
-                     if k in metrics}
-        table = (table_memory(algorithm.client_table, state.client_states)
-                 if algorithm.client_table is not None else None)
-        results.append(RunResult(
-            state=state, history=history, client_metrics=per_client, round_metrics=round_log,
-            compile_seconds=compile_s if i == 0 else 0.0, run_seconds=seconds, memory=plan,
-            evaluated=algorithm.evaluates, client_table=table,
-            client_history={"round": np.asarray(rounds_at[:kept]),
-                            **{k: np.asarray(v[:kept], np.float32) for k, v in test.items()}}))
-        rounds.append(metrics)
-        non_finite.append(None if bad is None else (bad, last_good))
-    return SeedRuns(results, rounds, non_finite, compile_s, run_s)
+            return per_client, summary
+
+        def seed_state(i: int):
+            return _row(current[0], i) if vmap_seeds else current[i]
+
+        def initial() -> list:
+            if vmap_seeds:
+                test, val = jax.device_get(program(None)(seeds32, current[0], data))
+                outs = [(_row(test, i), _row(val, i) if validate else None)
+                        for i in range(len(records))]
+            else:
+                outs = [jax.device_get(program(None)(seeds32[i], current[i], data))
+                        for i in range(len(records))]
+            return [Chunk(seed_state(i), None, *evaluated(*o), 0.0)
+                    for i, o in enumerate(outs)]
+
+        def advance(r0: int, length: int) -> list:
+            fn = program(length)
+            live = [i for i, rec in enumerate(records) if not rec.stopped]
+            if vmap_seeds:
+                t = time.perf_counter()
+                current[0], metrics, test, val = fn(seeds32, current[0], data)
+                metrics, test, val = jax.device_get((metrics, test, val))
+                seconds = (time.perf_counter() - t) / len(live)
+                outs = {i: (_row(metrics, i), _row(test, i),
+                            _row(val, i) if validate else None, seconds) for i in live}
+            else:
+                outs = {}
+                for i in live:
+                    t = time.perf_counter()
+                    current[i], metrics, test, val = fn(seeds32[i], current[i], data)
+                    outs[i] = (*jax.device_get((metrics, test, val)),
+                               time.perf_counter() - t)
+            chunks = []
+            for i in range(len(records)):
+                if i not in outs:
+                    chunks.append(None)
+                    continue
+                metrics, test, val, seconds = outs[i]
+                if not np.asarray(metrics["finite"]).all():
+                    chunks.append(Chunk(None, metrics, None, None, seconds))
+                else:
+                    chunks.append(Chunk(seed_state(i), metrics, *evaluated(test, val),
+                                        seconds))
+            return chunks
+
+        bar = _progress(progress, num_rounds, start, description)
+        drive(records, advance, initial, num_rounds=num_rounds, eval_every=eval_every,
+              bar=bar, clock=clock)
+        if records[0].last_test is None:  # resumed at the end: nothing ran
+            for rec, c in zip(records, initial()):
+                rec.last_test = c.test
+        compile_s = clock.seconds
+    finally:
+        clock.stop()
+    results = [rec.result(algorithm, plan, clock, compile_seconds=compile_s if i == 0 else 0.0)
+               for i, rec in enumerate(records)]
+    return SeedRuns(results, [r.rounds for r in results], [rec.non_finite for rec in records],
+                    compile_s, sum(r.run_seconds for r in results))

@@ -35,7 +35,7 @@ def _committed_round(meta) -> int:
     """The round of the newest committed save (-1 before the first; a step directory
     retention removes while it is read counts as none)."""
     try:
-        return json.loads(open(meta()).read())["history"][-1]["round"]
+        return json.loads(open(meta()).read())["round"]
     except (OSError, ValueError):
         return -1
 

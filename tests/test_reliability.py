@@ -284,6 +284,8 @@ for flags, field in ((["--algorithms", "nope"], "algorithms"),
                      (["--seeds", "4294967296"], "seeds"),
                      (["--seeds", f"0,{10 ** 30}"], "seeds"),
                      (["--resplit-seed", "4294967296"], "resplit_seed"),
+                     (["--commit-seconds", "-1"], "commit_seconds"),
+                     (["--commit-seconds", "inf"], "commit_seconds"),
                      (["--num-rounds", "0"], "num_rounds"),
                      (["--cohort-size", "100"], "cohort_size"),
                      (["--client-lr", "nan"], "client_lr"),
@@ -575,6 +577,8 @@ def _corrupt(path: str, mutate: Callable) -> Callable:
         if path.startswith("checkpoint/"):
             from fedjax_fair import checkpoint as ckpt
             target = Path(ckpt.latest(str(Path(run) / "checkpoint"))) / path.split("/", 1)[1]
+            if target.is_dir():  # a log: its newest segment
+                target = max(target.iterdir())
         mutate(target)
         return ["run", "-o", run, "--resume", "--num-rounds", "4"]
     return argv
@@ -629,9 +633,11 @@ for path, mutate, what, field, xfail in (
          "resume", None),
         ("checkpoint/meta.json", Path.unlink, "meta.json deleted", "resume", None),
         ("checkpoint", shutil.rmtree, "checkpoint/ deleted", "resume", None),
-        ("checkpoint/client_history.npz", lambda p: p.write_bytes(b"junk"),
-         "client_history.npz replaced by garbage bytes", "resume",
+        ("checkpoint/client_history", lambda p: p.write_bytes(b"junk"),
+         "the newest client_history segment replaced by garbage bytes", "resume",
          None),
+        ("checkpoint/history", lambda p: p.write_text('{"round": 2}'),
+         "the newest history segment not a list", "resume", None),
         ("config.json", lambda p: p.write_text("{not json"), "config.json not JSON",
          "resume", None),
         ("config.json", lambda p: p.write_text("[1, 2]"), "config.json a list", "resume",

@@ -92,17 +92,71 @@ def _kill_at(monkeypatch, n: int) -> None:
 
 def test_saves_have_the_fault_points_the_kill_test_walks(reference):
     _, points = reference
-    per_save = points.index("commit") + 1
-    assert points[:per_save] == ["mkdir", "open state.npz", "inside state.npz",
-                                 "open client_history.npz", "inside client_history.npz",
-                                 "open rounds.npz", "inside rounds.npz", "open meta.json",
-                                 "inside meta.json", "commit"]
+    first = points.index("commit") + 1
+    assert points[:first] == ["mkdir", "link history", "open history segment",
+                              "inside history segment", "link client_history",
+                              "open client_history segment", "inside client_history segment",
+                              "link rounds", "open state.npz", "inside state.npz",
+                              "open meta.json", "inside meta.json", "commit"]
+    second = points.index("commit", first) + 1  # round 1's: the round log's first rows
+    assert points[first:second] == ["mkdir", "link history", "open history segment",
+                                    "inside history segment", "link client_history",
+                                    "open client_history segment",
+                                    "inside client_history segment", "link rounds",
+                                    "open rounds segment", "inside rounds segment",
+                                    "open state.npz", "inside state.npz",
+                                    "open meta.json", "inside meta.json", "commit"]
     assert points.count("commit") == 4  # one commit per evaluation: rounds 0, 1, 2, 3
+
+
+def test_logs_are_segments_merged_as_a_binary_counter(tmp_path):
+    """A save writes its log rows as one new segment, merged with the trailing segments
+    of as many saves or fewer; the others are hard-linked from the previous save. After
+    E saves a log has one segment per 1-bit of E, so a commit never rewrites the whole
+    log (issue 27: the round log was rewritten at every commit); readers see it whole."""
+    import jax.numpy as jnp
+    d = str(tmp_path / "c")
+    for i in range(1, 12):
+        ckpt.save(d, {"w": jnp.zeros(2)}, {"i": i},
+                  logs={"rows": {"x": np.full(2, i)}, "history": [{"i": i}]})
+        step = ckpt.latest(d)
+        segs = sorted(os.listdir(os.path.join(step, "rows")))
+        assert [int(s.split("-")[2].split(".")[0]) for s in segs] == [
+            1 << b for b in reversed(range(i.bit_length())) if i >> b & 1]
+        np.testing.assert_array_equal(ckpt.load_log(d, "rows")["x"],
+                                      np.repeat(np.arange(1, i + 1), 2))
+        assert ckpt.read_meta(d)["history"] == [{"i": j} for j in range(1, i + 1)]
+    older = os.path.join(d, f"step-{ckpt.steps(d)[0]:08d}")
+    assert os.path.samefile(os.path.join(step, "rows", segs[0]),  # 8 saves' rows: linked
+                            os.path.join(older, "rows", segs[0]))
+    ckpt.save(d, {"w": jnp.zeros(2)}, {"i": 12})  # a save that adds no rows keeps the logs
+    np.testing.assert_array_equal(ckpt.load_log(d, "rows")["x"],
+                                  np.repeat(np.arange(1, 12), 2))
+    assert len(ckpt.read_meta(d)["history"]) == 11
+    with pytest.raises(ValueError, match="^checkpoint: log 'rows'"):  # one set of arrays
+        ckpt.save(d, {"w": jnp.zeros(2)}, {"i": 13}, logs={"rows": {"y": np.zeros(2)}})
+
+
+def test_a_commit_writes_only_its_own_segment_and_links_the_rest(tmp_path):
+    """In a run, every log of the newest commit is whole, and a segment it did not
+    rewrite is the previous commit's file, not a copy."""
+    out = str(tmp_path / "run")
+    assert _main([*RUN, "-o", out]) == 0
+    ck = os.path.join(out, "checkpoint")
+    newest, older = ckpt.latest(ck), os.path.join(ck, "step-00000003")
+    for log in ("history", "client_history"):  # 4 saves: one segment
+        assert len(os.listdir(os.path.join(newest, log))) == 1
+    rounds = sorted(os.listdir(os.path.join(newest, "rounds")))  # 3 saves: 2 + 1
+    assert len(rounds) == 2 and os.path.samefile(os.path.join(newest, "rounds", rounds[0]),
+                                                 os.path.join(older, "rounds", rounds[0]))
+    assert [h["round"] for h in ckpt.read_meta(ck)["history"]] == [0, 1, 2, 3]
+    assert ckpt.load_arrays(ck, "rounds")["train_loss"].shape == (3,)
+    assert ckpt.load_arrays(ck, "client_history")["accuracy"].shape == (4, 6)
 
 
 # every instant of the commit of round 1's and round 3's evaluations (between any two
 # file writes, inside each, before and after the renaming commit, during retention)
-_POINTS = [(1, k) for k in range(10)] + [(3, k) for k in range(11)]  # save 1: no retention
+_POINTS = [(1, k) for k in range(15)] + [(3, k) for k in range(16)]  # save 1: no retention
 
 
 @pytest.mark.parametrize("save,k", _POINTS)
@@ -201,8 +255,10 @@ def test_meta_of_another_round_than_the_state_is_refused(tmp_path, capsys):
                   "-o", out]) == 0
     step = ckpt.latest(os.path.join(out, "checkpoint"))
     meta = json.loads(open(os.path.join(step, "meta.json")).read())
-    meta["round"], meta["history"] = 1, meta["history"][:-1]
+    meta["round"] = 1
     open(os.path.join(step, "meta.json"), "w").write(json.dumps(meta))
+    os.remove(max(os.path.join(step, "history", s)  # round 2's evaluation
+                  for s in os.listdir(os.path.join(step, "history"))))
     before = {p: open(os.path.join(out, p), "rb").read() for p in ("metrics.jsonl",
                                                                     "rounds.jsonl")}
     capsys.readouterr()
@@ -220,7 +276,7 @@ def test_a_checkpoint_of_the_older_format_is_refused_in_one_line(tmp_path, capsy
     assert _main([*RUN[:-5], "--num-rounds", "1", "--no-plots", "-o", out]) == 0
     ck = os.path.join(out, "checkpoint")
     step = ckpt.latest(ck)
-    for name in ("state.npz", "meta.json", "client_history.npz"):
+    for name in ("state.npz", "meta.json"):
         os.replace(os.path.join(step, name), os.path.join(ck, name))
     for s in ckpt.steps(ck):
         import shutil
@@ -348,16 +404,18 @@ def test_a_real_sigkill_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
 
 
 # ---- compare: a kill at any instant, then --resume (issue 27) ----------------------
-# ``compare`` commits no checkpoint inside its runs (``checkpoint.save`` is ``run``'s):
-# its commit points are each run's summary.json (written last, by rename) and the
-# comparison's own files. Its write points are every ``report._replace_with`` (JSON,
-# JSONL, CSV by rename), every ``_write_client_history`` (clients_over_time.npz) and
-# the computation of each algorithm's seeds (``sweep.run_seeds``); a kill is raised
-# before one of them ("before"), or after half of its temporary file is written
-# ("torn"), or after the run's numbers are computed and none written ("inside").
+# ``compare``'s runs go through the runner's loop and commit their checkpoints
+# (``run_dir/checkpoint``, every evaluation with --commit-seconds 0); a finished run's
+# commit is its summary.json (written last, by rename), after which its checkpoint is
+# removed. Its write points are every checkpoint write (``checkpoint._fault``), every
+# ``report._replace_with`` (JSON, JSONL, CSV by rename), every
+# ``_write_client_history`` (clients_over_time.npz) and the computation of each
+# algorithm's seeds (``sweep.run_seeds``); a kill is raised before one of them
+# ("before"), or after half of its temporary file is written ("torn"), or after the
+# run's numbers are computed and none written ("inside").
 
 CMP = ["compare", *TINY, "--num-rounds", "4", "--eval-every", "2", "--seeds", "0,1",
-       "--algorithms", "fedavg,fedprox", "--no-plots"]
+       "--algorithms", "fedavg,fedprox", "--no-plots", "--commit-seconds", "0"]
 _CMP_RUNS = [(a, s) for a in ("fedavg", "fedprox") for s in (0, 1)]
 
 
@@ -454,7 +512,8 @@ def _compare_points(monkeypatch, out, kill=None) -> list:
         return res
 
     def fault(point):
-        points.append(f"checkpoint {point}")
+        if reached(f"checkpoint {point}"):
+            raise Killed(point)
     monkeypatch.setattr(report, "_replace_with", replace_with)
     monkeypatch.setattr(cli, "_write_client_history", write_history)
     monkeypatch.setattr(sweep, "run_seeds", run_seeds)
@@ -491,7 +550,7 @@ def _kill_compare_and_resume(compare_reference, tmp_path, monkeypatch, n, how):
 
 def test_compare_write_points_the_kill_test_walks(compare_reference):
     _, points = compare_reference
-    assert not [p for p in points if p.startswith("checkpoint")]  # no commit inside runs
+    assert points.count("checkpoint commit") == 4 * 3  # every run commits rounds 0, 2, 4
     assert points.count("run #1") == points.count("run #2") == 1
     for alg, seed in _CMP_RUNS:
         run = [p for p in points if p.startswith(f"write {alg}/seed{seed}/")]
@@ -500,13 +559,18 @@ def test_compare_write_points_the_kill_test_walks(compare_reference):
 
 
 def _point(points, name) -> int:
-    return points.index(name) + 1
+    """The position (from 1) of point ``name``, or of its k-th occurrence ``name@k``."""
+    name, _, k = name.partition("@")
+    return [i for i, p in enumerate(points) if p == name][int(k or 1) - 1] + 1
 
 
 # instants named by the point they hit: (point, how)
 _COMPARE_KILLS = [
     ("run #2", "inside"),  # inside the second algorithm's runs: computed, nothing written
     ("run #2", "before"),  # between runs: the first algorithm's runs all written
+    ("checkpoint commit@3", "before"),  # a run part-way: seed 0 resumes at round 0 ...
+    ("checkpoint commit@4", "before"),  # ... at round 2, seed 1 at round 0 (one by one)
+    ("checkpoint inside state.npz@5", "before"),  # inside a commit's file write
     ("write fedprox/seed0/summary.json", "torn"),  # a finished run's commit, torn
     ("write fedprox/seed1/clients_over_time.npz", "torn"),  # a run's outputs, half written
     ("write summary.json", "torn"),  # the comparison's own summary, all runs finished
@@ -540,3 +604,33 @@ def test_compare_killed_at_every_write_point_resumes(compare_reference, tmp_path
     if (how == "inside") != points[n - 1].startswith("run"):
         pytest.skip("not that kind of point")
     _kill_compare_and_resume(compare_reference, tmp_path, monkeypatch, n, how)
+
+
+def test_a_stop_during_an_algorithms_seeds_is_honoured_at_the_chunks_end(
+        compare_reference, tmp_path, monkeypatch, capsys):
+    """compare runs an algorithm's seeds as one program through the runner's loop: a
+    stop request (what Ctrl-C / SIGTERM do) part-way stops at the end of the chunk, with
+    every seed's progress committed to its checkpoint, and --resume continues those
+    runs from there to the uninterrupted comparison."""
+    from fedjax_fair import runner
+    full, _ = compare_reference
+    out = str(tmp_path / "cmp")
+    commits = []
+
+    def fault(point):
+        if point == "commit":
+            commits.append(point)
+            if len(commits) == 3:  # fedavg seed 0's round-2 commit: mid-program
+                runner.request_stop()
+    monkeypatch.setattr(ckpt, "_fault", fault)
+    assert _main([*CMP, "-o", out]) == cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "0 of 4 runs finished" in err and "2 more committed part-way" in err
+    for seed in (0, 1):  # both seeds stopped at the same chunk's end, committed
+        meta = ckpt.read_meta(os.path.join(out, "fedavg", f"seed{seed}", "checkpoint"))
+        assert meta["round"] == 2 and [h["round"] for h in meta["history"]] == [0, 2]
+    assert not os.path.exists(os.path.join(out, "fedprox"))  # never started
+    monkeypatch.setattr(ckpt, "_fault", lambda point: None)
+    assert _main(["compare", "-o", out, "--resume"]) == 0
+    _assert_same_comparison(full, _compare_outputs(out))
+    assert not os.path.exists(os.path.join(out, "fedavg", "seed0", "checkpoint"))

@@ -81,7 +81,8 @@ import optax
 
 from fedjax_fair import client_states as tables
 from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import SERVER_KEY_ID, FederatedAlgorithm, ServerState
+from fedjax_fair.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
+                                   cohort_train_loss)
 from fedjax_fair.client import check_rate, data_loss, masked_mean, masked_steps, round_value
 from fedjax_fair.execution import local_step_unroll, loss_chunk_size_here, map_clients
 from fedjax_fair.models.base import Model, cross_entropy
@@ -524,7 +525,7 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
             "weights": n / total,
             "num_steps": cm["num_steps"],
             "loss_before": cm["loss_before"],
-            "train_loss": jnp.sum(n * cm["train_loss"]) / total,
+            "train_loss": cohort_train_loss(cm["train_loss"], n, mask),
             "update_norm": jnp.sqrt(jnp.sum(jnp.square(x_new - synth.x))),
             "client/ce": cm["ce"],
             "client/pcd": cm["pcd"],

@@ -46,6 +46,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from typing import Optional, Sequence
@@ -494,7 +495,8 @@ def execution_of(cfg, ds, model):
 
 
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
-                 progress=True, description="", on_eval=None, on_rounds=None, log=print):
+                 progress=True, description="", on_eval=None, on_rounds=None, log=print,
+                 commit_seconds=0.0):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
     import jax
     from fedjax_fair import runner
@@ -510,7 +512,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             on_eval=on_eval, description=description,
                             placement=cfg.placement, log=log,
                             execution=execution_of(cfg, ds, model),
-                            on_rounds=on_rounds)
+                            on_rounds=on_rounds, commit_seconds=commit_seconds)
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
             raise C.error_from_message(str(e), "checkpoint") from None  # or no memory plan fits
@@ -1098,12 +1100,17 @@ def cmd_compare(args) -> int:
                 found = {s: (_finished_run(os.path.join(out, name, f"seed{s}")) if cfg.resume
                              else None) for s in cfg.seeds}
                 missing = [s for s in cfg.seeds if found[s] is None]
-                if _seeds_fallback(name, cfg, missing, ds, model) is None:
-                    if stop_requested():
-                        raise Interrupted(0)
-                    bar.set_postfix(algorithm=name, seeds=",".join(map(str, missing)))
-                    found.update(_compare_seeds(name, alg, missing, out, cfg, cfg_dict,
-                                                hparams[name], model, ds, log=log_first))
+                started = {s: _started_round(os.path.join(out, name, f"seed{s}"), alg, model,
+                                             ds) if cfg.resume else 0 for s in missing}
+                for start in sorted(set(started.values())):  # seeds of one round together
+                    group = [s for s in missing if started[s] == start]
+                    if _seeds_fallback(name, cfg, group, ds, model) is None:
+                        if stop_requested():
+                            raise Interrupted(0)
+                        bar.set_postfix(algorithm=name, seeds=",".join(map(str, group)))
+                        found.update(_compare_seeds(name, alg, group, out, cfg, cfg_dict,
+                                                    hparams[name], model, ds, log=log_first,
+                                                    resume=start > 0))
                 for seed in cfg.seeds:
                     run_dir = os.path.join(out, name, f"seed{seed}")
                     done = found[seed]
@@ -1115,7 +1122,7 @@ def cmd_compare(args) -> int:
                                                           hparams[name], seed),
                                             seed, run_dir, cfg, cfg_dict,
                                             hparams[name], model, ds, NonFiniteError,
-                                            log=log_first)
+                                            log=log_first, resume=started[seed] > 0)
                     summary, history, acc = done
                     if summary.get("status") == "non_finite":
                         diverged(name, seed, summary["non_finite_round"])
@@ -1139,9 +1146,15 @@ def cmd_compare(args) -> int:
                              notes, time.perf_counter() - t_start,
                              print_table=not interrupted)
     if interrupted:
+        from fedjax_fair import checkpoint as ckpt
+        partly = sum(ckpt.latest(os.path.join(out, a, f"seed{s}", "checkpoint")) is not None
+                     and not os.path.isfile(os.path.join(out, a, f"seed{s}", "summary.json"))
+                     for a in algs for s in cfg.seeds)
         _err(f"interrupted: {finished} of {total_runs} runs finished and saved in {out} "
-             f"(comparison.md holds them); continue with: fedjax-fair compare -o {out} "
-             f"--resume")
+             f"(comparison.md holds them)"
+             + (f", {partly} more committed part-way (each in its checkpoint folder)"
+                if partly else "")
+             + f"; continue with: fedjax-fair compare -o {out} --resume")
         return EXIT_INTERRUPTED
     return code
 
@@ -1157,29 +1170,62 @@ def _write_client_history(out: str, result) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _round_rows(rounds: dict) -> list:
+    """rounds.jsonl's rows of a run's per-round metrics (none when no round ran)."""
+    return report.round_rows(0, rounds) if rounds else []
+
+
+def _started_round(run_dir: str, alg, model, ds) -> int:
+    """The round a comparison's unfinished run has committed in its checkpoint
+    (``run_dir/checkpoint``), 0 when it has none or one it cannot continue from (the
+    run then starts again, and its first commit replaces that checkpoint)."""
+    import jax
+    from fedjax_fair.runner import verify_resumable
+    directory = os.path.join(run_dir, "checkpoint")
+    if not os.path.isdir(directory):
+        return 0
+    template = jax.eval_shape(lambda k: alg.init(model.init(k), ds.num_clients),
+                              jax.random.key(0))
+    try:
+        return int(verify_resumable(directory, template, ds.num_clients)["round"])
+    except (OSError, ValueError):
+        return 0
+
+
 def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, NonFiniteError,
-                 log=print):
-    """One run of a comparison, written to ``run_dir`` as soon as it ends (diverged runs
-    keep their metrics.jsonl); returns what ``_finished_run`` would read back."""
-    entries: list = []
-    rounds: list = []
+                 log=print, resume=False):
+    """One run of a comparison, committed to ``run_dir/checkpoint`` every
+    ``cfg.commit_seconds`` (``resume``: continued from there) and written to
+    ``run_dir`` as soon as it ends (diverged runs keep their metrics.jsonl); returns
+    what ``_finished_run`` would read back."""
     try:
         res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
-                           description=f"{name} seed {seed}", on_eval=entries.append,
-                           on_rounds=lambda r0, m: rounds.extend(report.round_rows(r0, m)),
-                           log=log)
+                           description=f"{name} seed {seed}", log=log,
+                           checkpoint_dir=os.path.join(run_dir, "checkpoint"), resume=resume,
+                           commit_seconds=cfg.commit_seconds)
     except NonFiniteError as e:
         return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
-                                  None, entries, rounds, (e.round, e.last_good_round))
+                                  None, e.history, _round_rows(e.rounds),
+                                  (e.round, e.last_good_round))
     return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res,
-                              res.history, rounds)
+                              res.history, _round_rows(res.rounds))
 
 
 def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res, entries,
                        rounds, non_finite=None):
     """Writes one run of a comparison to ``run_dir``: the finished run ``res``, or,
     with ``non_finite = (round, last_good_round)``, a diverged run's evaluations
-    ``entries`` and rounds; returns what ``_finished_run`` would read back."""
+    ``entries`` and rounds; its summary.json last (the run's commit), then removes the
+    run's checkpoint. Returns what ``_finished_run`` would read back."""
+    summary, history, acc = _write_compare_outputs(name, alg, seed, run_dir, cfg_dict,
+                                                   hparams, model, ds, res, entries, rounds,
+                                                   non_finite)
+    shutil.rmtree(os.path.join(run_dir, "checkpoint"), ignore_errors=True)
+    return summary, history, acc
+
+
+def _write_compare_outputs(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res,
+                           entries, rounds, non_finite):
     run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams, "seed": seed,
                "output_dir": run_dir}
     for k in ("algorithms", "seeds", "sweep_seeds"):
@@ -1222,29 +1268,35 @@ def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
     return None
 
 
-def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log=print) -> dict:
+def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log=print,
+                   resume=False) -> dict:
     """The runs of ``name`` for ``seeds`` as one program (``sweep.run_seeds``: vmapped
-    on accelerators, one compiled program called per seed on CPU), each written to its
-    run directory as ``_compare_one`` writes it; ``{seed: what _finished_run reads
-    back}``, or {} when the program does not fit the device (the caller then runs
-    each seed with ``runner.run``, which streams cohorts from the host)."""
+    on accelerators, one compiled program called per seed on CPU), each committed to
+    its run directory's checkpoint every ``cfg.commit_seconds`` (``resume``: every seed
+    continues from there, all at one round) and written to its run directory as
+    ``_compare_one`` writes it; ``{seed: what _finished_run reads back}``, or {} when
+    the program does not fit the device (the caller then runs each seed with
+    ``runner.run``, which streams cohorts from the host)."""
     from fedjax_fair import sampling
     from fedjax_fair.heterogeneity import parse as parse_budgets
     from fedjax_fair.sweep import run_seeds
+    run_dirs = [os.path.join(out, name, f"seed{seed}") for seed in seeds]
     runs = run_seeds(
         alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
         cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,
         sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
         execution=execution_of(cfg, ds, model),
         step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
-        inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log)
+        inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log,
+        checkpoint_dirs=[os.path.join(d, "checkpoint") for d in run_dirs], resume=resume,
+        commit_seconds=cfg.commit_seconds, progress=cfg.progress,
+        description=f"{name} seeds {','.join(map(str, seeds))}")
     if runs is None:
         return {}
-    return {seed: _write_compare_run(name, alg, seed, os.path.join(out, name, f"seed{seed}"),
-                                     cfg_dict, hparams, model, ds, res, res.history,
-                                     report.round_rows(0, rounds), bad)
-            for seed, res, rounds, bad in zip(seeds, runs.results, runs.rounds,
-                                              runs.non_finite)}
+    return {seed: _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
+                                     res, res.history, _round_rows(rounds), bad)
+            for seed, run_dir, res, rounds, bad in zip(seeds, run_dirs, runs.results,
+                                                       runs.rounds, runs.non_finite)}
 
 
 def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies, notes,

@@ -175,6 +175,11 @@ class CompareConfig(_Common):
                            "per seed. Generative methods, a device mesh (--devices), "
                            "--placement host, a program too large for the device and a "
                            "single seed always run per seed")
+    commit_seconds: float = _f(30.0, "float", "seconds between two commits of a run's "
+                               "checkpoint (OUTPUT_DIR/ALGORITHM/seedS/checkpoint, removed "
+                               "once the run's outputs are written): a kill loses at most "
+                               "this much of a run, and --resume continues it; 0 commits "
+                               "every evaluation")
 
     def resolved_output_dir(self) -> str:
         return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
@@ -466,7 +471,8 @@ BRANCHABLE = ("client_lr", "server_lr", "hparams", "client_lr_schedule",
 # Keys of a saved config.json that record the run, not configure it.
 RECORD_KEYS = ("fingerprint", "branches")
 # A resumed comparison keeps every run's settings (finished runs are reused as they are).
-COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "sweep_seeds")
+COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "sweep_seeds",
+                     "commit_seconds")
 
 
 def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[dict],
@@ -898,6 +904,9 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         raise ConfigError("seeds", "need at least one seed")
     for s in cfg.seeds:
         check_seed("seeds", s)
+    if not (math.isfinite(cfg.commit_seconds) and cfg.commit_seconds >= 0):
+        raise ConfigError("commit_seconds", f"must be a finite number of seconds >= 0, got "
+                                            f"{cfg.commit_seconds}")
     if len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)

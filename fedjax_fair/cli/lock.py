@@ -31,7 +31,8 @@ FINGERPRINT_NAME = "fingerprint.json"
 # how far the run goes, and bookkeeping).
 NOT_ITERATES = {"num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
                 "output_dir", "checkpoint_dir", "checkpoint", "branches", "fingerprint",
-                "sweep_seeds", "improvement", "placement", "devices", "distributed"}
+                "sweep_seeds", "improvement", "placement", "devices", "distributed",
+                "commit_seconds"}
 
 
 def _content(path: str) -> list:
