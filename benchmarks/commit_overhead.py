@@ -74,7 +74,7 @@ def whole_save(directory, state, meta, history, clients, rounds, round_metrics,
                fresh=False) -> str:
     """The store of 47a0ee0..af52aca: one step directory holding the whole logs, the
     history and the round metrics in meta.json, client_history.npz and rounds.npz."""
-    from fedjax_fair import checkpoint as ckpt
+    from fedjax_fair.drivers import checkpoint as ckpt
     return ckpt.save(directory, state,
                      {**meta, "history": history, "round_metrics": round_metrics},
                      {"client_history.npz": clients, "rounds.npz": rounds}, fresh=fresh)
@@ -84,7 +84,7 @@ def capture(argv: list) -> tuple:
     """(state, meta, logs) of the last checkpoint.save of ``fedjax-fair run argv``."""
     import jax
     import jax.numpy as jnp
-    from fedjax_fair import checkpoint as ckpt
+    from fedjax_fair.drivers import checkpoint as ckpt
     from fedjax_fair import cli
     real, last = ckpt.save, []
 
@@ -117,7 +117,8 @@ class Run:
     captured save: its commits' rows (``chunk``) and its logs so far (``full``)."""
 
     def __init__(self, saved: tuple, evaluations: int):
-        from fedjax_fair.runner import CLIENT_HISTORY, HISTORY, ROUND_LOG, ROUND_SCALARS
+        from fedjax_fair.drivers.runner import (CLIENT_HISTORY, HISTORY, ROUND_LOG,
+                                                ROUND_SCALARS)
         self.state, self.meta, logs = saved
         self.meta = {k: v for k, v in self.meta.items() if k != "round"}
         self.evaluations, self.rounds = evaluations, (evaluations - 1) * EVAL_EVERY
@@ -147,7 +148,7 @@ class Run:
                 {k: v[:r] for k, v in self.scalars.items()})
 
     def new(self, directory: str, i: int, state=None) -> str:
-        from fedjax_fair import checkpoint as ckpt
+        from fedjax_fair.drivers import checkpoint as ckpt
         return ckpt.save(directory, self.state if state is None else state,
                          {**self.meta, "round": (i - 1) * EVAL_EVERY}, logs=self.chunk(i),
                          fresh=i == 1)
@@ -225,8 +226,8 @@ def growth(run: Run, base: str) -> dict:
             t = time.perf_counter()
             run.whole(whole_dir, i, full=full)
             times["whole"].append(time.perf_counter() - t)
-        from fedjax_fair import checkpoint as ckpt
-        from fedjax_fair.runner import CLIENT_HISTORY
+        from fedjax_fair.drivers import checkpoint as ckpt
+        from fedjax_fair.drivers.runner import CLIENT_HISTORY
         new_step, whole_step = ckpt.latest(new_dir), ckpt.latest(whole_dir)
         # the store reads back what the run wrote
         assert ckpt.load_log(new_dir, CLIENT_HISTORY)["accuracy"].shape[0] == run.evaluations
@@ -280,7 +281,7 @@ def growth_table(rows: list) -> str:
 
 def state_bytes(state) -> str:
     import jax
-    from fedjax_fair.checkpoint import _to_numpy
+    from fedjax_fair.drivers.checkpoint import _to_numpy
     return _mib(sum(_to_numpy(x).nbytes for x in jax.tree.leaves(state)))
 
 

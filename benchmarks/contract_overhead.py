@@ -33,7 +33,7 @@ import jax, jax.numpy as jnp, numpy as np
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import federate
 from fedjax_fair.models import logistic_regression, mlp
-from fedjax_fair.simulate import make_cohort
+from fedjax_fair.drivers.simulate import make_cohort
 
 model_name, strategy, cohort_size, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rng = np.random.default_rng(0)

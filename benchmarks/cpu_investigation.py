@@ -67,11 +67,11 @@ import round_throughput as rt  # noqa: E402
 import roofline  # noqa: E402
 from timing import load_average  # noqa: E402
 
-from fedjax_fair import execution as ex  # noqa: E402
-from fedjax_fair.algorithm import compose  # noqa: E402
-from fedjax_fair.client import local_training  # noqa: E402
-from fedjax_fair.execution import Execution  # noqa: E402
-from fedjax_fair.types import Broadcast  # noqa: E402
+from fedjax_fair.core import execution as ex  # noqa: E402
+from fedjax_fair.core.algorithm import compose  # noqa: E402
+from fedjax_fair.core.client import local_training  # noqa: E402
+from fedjax_fair.core.execution import Execution  # noqa: E402
+from fedjax_fair.core.types import Broadcast  # noqa: E402
 
 
 def alternate_stats(fns: dict, trials: int) -> dict:
@@ -434,7 +434,7 @@ def round_contender(model, steps, params, cohort, k, execution, track_loss=False
 
 def cmd_cores(args):
     """One device against one CPU device per core (client-level parallelism)."""
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     k, steps = args.cohort or 100, 10
     cores = len(jax.local_devices(backend="cpu"))
     if cores < 2:

@@ -21,7 +21,7 @@ import platform
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.aggregators import weighted_sum
+from fedjax_fair.core.aggregators import weighted_sum
 from timing import timeit
 
 D = importlib.import_module("fedjax_fair.algorithms.dqn_fed")

@@ -116,7 +116,7 @@ def with_execution(alg, execution):
 
 def method_algorithms(model, skip_fedcvae: bool = False) -> tuple[dict, dict, list]:
     """(algorithms, their execution labels, notes on skipped methods)."""
-    from fedjax_fair.execution import Execution
+    from fedjax_fair.core.execution import Execution
     algs, notes = {"FedAvg": fedavg_alg(model)}, []
     fresh = fedevg_alg(model)
     algs["FedEvg"] = fresh
@@ -143,7 +143,7 @@ def finite(state) -> bool:
 
 def methods(args):
     from fedjax_fair.models import get_model
-    from fedjax_fair.simulate import make_cohort
+    from fedjax_fair.drivers.simulate import make_cohort
 
     ds = federation()
     model = get_model("mlp", ds.input_shape, ds.num_classes)
@@ -189,7 +189,7 @@ BILL_SETTINGS = (
 def bill(args=None):
     import optax
 
-    from fedjax_fair import client_states
+    from fedjax_fair.core import client_states
     from fedjax_fair.models import get_model
 
     f32 = 4
@@ -220,7 +220,7 @@ def bill(args=None):
 
 
 def live_worker(which: str, rounds: int, out: str) -> dict:
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     from fedjax_fair.models import get_model
 
     ds = federation()

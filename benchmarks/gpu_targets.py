@@ -27,11 +27,11 @@ import jax
 import numpy as np
 
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.execution import Execution
+from fedjax_fair.core.execution import Execution
 from fedjax_fair.models import cnn
 from fedjax_fair.models.resnet import resnet18_gn
-from fedjax_fair.simulate import simulate
-from fedjax_fair.types import ClientData, FederatedData
+from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.core.types import ClientData, FederatedData
 
 
 def federation(clients: int, rows: int, shape, classes: int) -> FederatedData:

@@ -49,12 +49,12 @@ if "jax" not in sys.modules:  # make CPU devices before jax starts
 
 import jax  # noqa: E402
 
-from fedjax_fair import algorithm, sharding  # noqa: E402
+from fedjax_fair.core import algorithm, sharding  # noqa: E402
 from fedjax_fair.algorithms import get_method  # noqa: E402
 from fedjax_fair.data import get_dataset  # noqa: E402
-from fedjax_fair.execution import Execution  # noqa: E402
+from fedjax_fair.core.execution import Execution  # noqa: E402
 from fedjax_fair.models import get_model  # noqa: E402
-from fedjax_fair.simulate import simulate  # noqa: E402
+from fedjax_fair.drivers.simulate import simulate  # noqa: E402
 
 def loop_exchanges(compiled) -> int:
     """Collectives inside loops, the round scan's own left out: it holds the most and

@@ -83,7 +83,7 @@ def method_algorithms(model, lr: float = 0.01, batch_size: int = 10, num_epochs:
 
 def methods(args):
     from fedjax_fair.models import get_model
-    from fedjax_fair.simulate import make_cohort
+    from fedjax_fair.drivers.simulate import make_cohort
 
     ds = federation()
     model = get_model("twonn", ds.input_shape, ds.num_classes)
@@ -113,7 +113,7 @@ def methods(args):
 
 
 def live_worker(table: str, rounds: int, out: str) -> dict:
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     from fedjax_fair.algorithms import fedavg, superfed
     from fedjax_fair.models import get_model
 

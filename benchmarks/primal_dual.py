@@ -117,7 +117,7 @@ def rel_diffs(a, ref) -> tuple[float, float]:
 
 
 def live_worker(table: str, num_clients: int, rounds: int, hidden, out: str) -> dict:
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     from fedjax_fair.algorithms import afedpd, fedavg
     from fedjax_fair.data import femnist_like
     from fedjax_fair.models import get_model
@@ -235,7 +235,7 @@ def donation(args):
     from fedjax_fair.algorithms import afedpd, fedavg
     from fedjax_fair.data import femnist_like
     from fedjax_fair.models import get_model
-    from fedjax_fair.simulate import simulate
+    from fedjax_fair.drivers.simulate import simulate
 
     n = 1000 if args.full else args.clients
     rounds, reps, cap = 5, 3, COHORT * args.rounds  # (1 + reps) x rounds x cohort <= cap
@@ -313,13 +313,13 @@ def scatter_storage(reps: int, slots: int = 200, rows: int = 10, shape=(784, 102
 
 
 def bf16(args):
-    from fedjax_fair import client_states
+    from fedjax_fair.core import client_states
     from fedjax_fair.algorithms import afedpd
     from fedjax_fair.data import digits
-    from fedjax_fair.evaluation import make_state_evaluator, to_numpy
+    from fedjax_fair.core.evaluation import make_state_evaluator, to_numpy
     from fedjax_fair.models import get_model
-    from fedjax_fair.runner import split_summary
-    from fedjax_fair.simulate import simulate
+    from fedjax_fair.drivers.runner import split_summary
+    from fedjax_fair.drivers.simulate import simulate
 
     rho, cohort, rounds = 0.1, 5, args.bf16_rounds
     ds = digits(num_clients=50)
@@ -434,7 +434,7 @@ def method_algorithms(model, batch_size: int, num_epochs: int, lr: float) -> dic
 def methods_case(case: str, trials: int):
     from fedjax_fair.data import femnist_like, from_client_arrays
     from fedjax_fair.models import get_model
-    from fedjax_fair.simulate import make_cohort
+    from fedjax_fair.drivers.simulate import make_cohort
 
     n = 100
     if case == "mlp":

@@ -94,13 +94,13 @@ from job import epoch_rows  # noqa: E402
 from protocol import Reference, ReferenceFailed  # noqa: E402
 from timing import alternate, load_average  # noqa: E402
 
-from fedjax_fair.algorithm import compose  # noqa: E402
+from fedjax_fair.core.algorithm import compose  # noqa: E402
 from fedjax_fair.algorithms.fedavg import fedavg  # noqa: E402
-from fedjax_fair.client import local_training  # noqa: E402
+from fedjax_fair.core.client import local_training  # noqa: E402
 from fedjax_fair.data import get_dataset  # noqa: E402
-from fedjax_fair.execution import Execution, resolve  # noqa: E402
+from fedjax_fair.core.execution import Execution, resolve  # noqa: E402
 from fedjax_fair.models import cnn, logistic_regression, mlp  # noqa: E402
-from fedjax_fair.types import ClientData, Cohort  # noqa: E402
+from fedjax_fair.core.types import ClientData, Cohort  # noqa: E402
 
 BATCH = 20
 LR = 0.05

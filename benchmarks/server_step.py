@@ -90,7 +90,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair import aggregators, mixing
+from fedjax_fair.core import aggregators, mixing
 from fedjax_fair.algorithms.aaggff import aaggff_d_mixing, aaggff_s_mixing
 from fedjax_fair.algorithms.afl import afl_mixing
 from fedjax_fair.algorithms.fedmax import fedsoftmax_mixing
@@ -98,8 +98,8 @@ from fedjax_fair.algorithms.fedmgda import fedmgda_plus_aggregator
 from fedjax_fair.algorithms.propfair import propfair_mixing
 from fedjax_fair.algorithms.qffl import prior_mixing, qffl_aggregator
 from fedjax_fair.algorithms.term import term_mixing
-from fedjax_fair.memory import tree_bytes
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.core.memory import tree_bytes
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import timeit  # noqa: E402
@@ -177,7 +177,7 @@ def rules_table(ks, d: int, reps: int):
 
 def federation(num_clients: int, seed: int = 0):
     """N clients of 10-20 real rows (8x8x1 inputs in [0, 1], 10 classes), padded to 20."""
-    from fedjax_fair.types import ClientData
+    from fedjax_fair.core.types import ClientData
     rng = np.random.default_rng(seed)
     n = rng.integers(10, PADDED + 1, num_clients).astype(np.int32)
     x = rng.uniform(0.0, 1.0, (num_clients, PADDED, *INPUT_SHAPE)).astype(np.float32)
@@ -190,7 +190,7 @@ def federation(num_clients: int, seed: int = 0):
 
 def zero_step_cohort(num_clients: int):
     """The whole federation as one cohort, every step budget 0."""
-    from fedjax_fair.types import Cohort
+    from fedjax_fair.core.types import Cohort
     return Cohort(client_ids=jnp.arange(num_clients, dtype=jnp.int32),
                   data=federation(num_clients), client_mask=jnp.ones((num_clients,), bool),
                   local_steps=jnp.zeros((num_clients,), jnp.int32))
@@ -202,7 +202,7 @@ class Built:
     "own apply")."""
 
     def __init__(self, name: str, model):
-        import fedjax_fair.algorithm as A
+        import fedjax_fair.core.algorithm as A
         from fedjax_fair.algorithms import REGISTRY
         real, calls = A.compose, []
 
@@ -239,8 +239,8 @@ class Built:
 
     def clients(self):
         """The zero-budget cohort as ``compose`` runs it: rows gathered, client map."""
-        from fedjax_fair.execution import map_clients
-        from fedjax_fair.types import Broadcast
+        from fedjax_fair.core.execution import map_clients
+        from fedjax_fair.core.types import Broadcast
         client_update, kw, inner = self.pieces
         broadcast = kw.get("broadcast")
         stateful = kw.get("client_state_init") is not None
@@ -259,7 +259,7 @@ class Built:
 
     def server(self):
         """What ``compose``'s round runs after the client map (metrics left out)."""
-        from fedjax_fair.algorithm import SERVER_KEY_ID, ServerState
+        from fedjax_fair.core.algorithm import SERVER_KEY_ID, ServerState
         _, kw, inner = self.pieces
         mix = kw.get("mixing") or mixing.by_num_examples()
         agg = kw.get("aggregator") or aggregators.weighted_mean()

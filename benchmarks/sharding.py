@@ -52,12 +52,12 @@ if "jax" not in sys.modules:  # make CPU devices before jax starts
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedjax_fair import sharding  # noqa: E402
+from fedjax_fair.core import sharding  # noqa: E402
 from fedjax_fair.algorithms.fedavg import fedavg  # noqa: E402
-from fedjax_fair.execution import Execution  # noqa: E402
+from fedjax_fair.core.execution import Execution  # noqa: E402
 from fedjax_fair.models import mlp  # noqa: E402
-from fedjax_fair.simulate import simulate  # noqa: E402
-from fedjax_fair.types import ClientData, FederatedData  # noqa: E402
+from fedjax_fair.drivers.simulate import simulate  # noqa: E402
+from fedjax_fair.core.types import ClientData, FederatedData  # noqa: E402
 
 CLASSES = 10
 BATCH = 20

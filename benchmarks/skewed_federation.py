@@ -32,12 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import execution
+from fedjax_fair.core import execution
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import federate
 from fedjax_fair.models import mlp
-from fedjax_fair.runner import run
-from fedjax_fair.simulate import make_cohort
+from fedjax_fair.drivers.runner import run
+from fedjax_fair.drivers.simulate import make_cohort
 from timing import timeit
 
 BATCH = 20
@@ -137,8 +137,8 @@ def main():
 def chunk_bytes(train, cohort_size: int, rounds: int, num_chunks: int = 2) -> dict:
     """Bytes the streamed runner copies in per chunk, padded vs compact layout (the
     cohorts ``runner.run`` samples with key 0), averaged over the first chunks."""
-    from fedjax_fair import memory as mem
-    from fedjax_fair.simulate import sample_client_ids
+    from fedjax_fair.core import memory as mem
+    from fedjax_fair.drivers.simulate import sample_client_ids
     sizes = np.asarray(train.num_examples)
     row = sum(int(np.prod(np.shape(v)[2:])) * np.dtype(v.dtype).itemsize
               for v in train.examples.values())

@@ -55,9 +55,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedjax_fair import client as C  # noqa: E402
-from fedjax_fair.algorithm import compose  # noqa: E402
-from fedjax_fair.execution import Execution  # noqa: E402
+from fedjax_fair.core import client as C  # noqa: E402
+from fedjax_fair.core.algorithm import compose  # noqa: E402
+from fedjax_fair.core.execution import Execution  # noqa: E402
 from timing import alternate, load_average  # noqa: E402
 
 BATCH, LR, PADDED = 20, 0.05, 200

@@ -33,8 +33,8 @@ from round_throughput import (BATCH, LR, Federation, local_epochs,  # noqa: E402
 from timing import alternate_rounds, compile_rounds, load_average  # noqa: E402
 
 from fedjax_fair.algorithms.fedavg import fedavg  # noqa: E402
-from fedjax_fair.execution import Execution  # noqa: E402
-from fedjax_fair.mixing import by_num_examples  # noqa: E402
+from fedjax_fair.core.execution import Execution  # noqa: E402
+from fedjax_fair.core.mixing import by_num_examples  # noqa: E402
 
 STEPS = 10
 

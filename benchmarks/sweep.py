@@ -1,4 +1,4 @@
-"""A vectorised sweep (``fedjax_fair.sweep``) against the same runs one after another.
+"""A vectorised sweep (``fedjax_fair.drivers.sweeps``) against the same runs one after another.
 
 Run:   python benchmarks/sweep.py grid      (q-FFL, 4 q x 4 client rates, one seed)
        python benchmarks/sweep.py seeds     (FedAvg, one setting x 16 seeds)
@@ -47,12 +47,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import runner
+from fedjax_fair.drivers import runner
 from fedjax_fair.algorithms import fedavg, qffl
 from fedjax_fair.data import get_dataset
 from fedjax_fair.models import logistic_regression
-from fedjax_fair.sweep import evaluate_state, final_state, sweep
-from fedjax_fair import sampling
+from fedjax_fair.drivers.sweeps import evaluate_state, final_state, sweep
+from fedjax_fair.core import sampling
 
 COHORT, BATCH = 10, 10
 QS = (0.0, 0.1, 1.0, 5.0)
@@ -179,7 +179,7 @@ def chunks(ds, model, rounds: int) -> dict:
 
 
 def remat() -> dict:
-    from fedjax_fair import meta
+    from fedjax_fair.drivers import meta
     from fedjax_fair.data import resplit
     from fedjax_fair.models import mlp
     ds = resplit(get_dataset("digits", num_clients=20, seed=0), (0.6, 0.2, 0.2), seed=0)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import client_states
+from fedjax_fair.core import client_states
 from fedjax_fair.models import get_model
 
 # (label, registry name, input shape, classes, model keywords)
@@ -113,7 +113,7 @@ import jax
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import get_dataset
 from fedjax_fair.models import mlp
-from fedjax_fair.runner import run
+from fedjax_fair.drivers.runner import run
 cohort, strategy, aggregation = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 def rss():
     with open("/proc/self/status") as f:
@@ -125,7 +125,7 @@ model = mlp(ds.input_shape, ds.num_classes)
 params = jax.jit(model.init)(jax.random.key(0))
 # "stacked": the same weights without their per-client form, so the round stacks
 # every client's update [K, d] before the server step (the layout before streaming)
-from fedjax_fair.mixing import by_num_examples
+from fedjax_fair.core.mixing import by_num_examples
 mixing = by_num_examples()
 mixing = mixing if aggregation == "streamed" else mixing._replace(logit=None)
 alg = fedavg(model, client_lr=0.05, batch_size=20, num_epochs=1, mixing=mixing)

@@ -67,11 +67,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import synthetic as S
+from fedjax_fair.algorithms.families import generative as S
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import get_dataset
 from fedjax_fair.models import get_model
-from fedjax_fair.runner import run
+from fedjax_fair.drivers.runner import run
 C = importlib.import_module("fedjax_fair.algorithms.fedcvae")  # the package exports the factories
 F = importlib.import_module("fedjax_fair.algorithms.fedevg")
 

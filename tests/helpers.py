@@ -21,7 +21,7 @@ import numpy as np
 
 from fedjax_fair.models import logistic_regression
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import ClientData, Cohort, FederatedData
+from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 
 NUM_FEATURES = 10
 NUM_CLASSES = 3
@@ -125,7 +125,7 @@ def stacked_cohorts(train: ClientData, rounds) -> Cohort:
 
 @functools.lru_cache(maxsize=None)
 def epoch_orders(epochs: int, batch_size: int):
-    from fedjax_fair.client import epoch_order
+    from fedjax_fair.core.client import epoch_order
     return jax.jit(lambda data, key: jax.vmap(
         lambda e: epoch_order(data, key, e, batch_size))(jnp.arange(epochs)))
 
@@ -313,7 +313,7 @@ def bind_execution(algorithm, execution):
 
 def with_params(client_update):
     """A client update called with plain server parameters (round 0, no extra)."""
-    from fedjax_fair.types import Broadcast
+    from fedjax_fair.core.types import Broadcast
 
     def call(params, client_state, data, local_steps, key):
         return client_update(Broadcast(params, jnp.zeros((), jnp.int32)), client_state, data,

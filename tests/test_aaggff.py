@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair import mixing as mixing_lib
-from fedjax_fair import sampling
+from fedjax_fair.core import mixing as mixing_lib
+from fedjax_fair.core import sampling
 from fedjax_fair.solvers import online
 from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms import aaggff as ag
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.client import proximal_term
-from fedjax_fair.simulate import simulate
+from fedjax_fair.core.client import proximal_term
+from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.solvers.simplex import project_simplex
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 1)
@@ -918,8 +918,8 @@ def test_server_lr_scales_the_step_and_accepts_a_compensating_schedule():
     ``schedules.compensated`` grows it as the client rate decays (spec §9.9)."""
     from fedjax_fair.data import get_dataset
     from fedjax_fair.models import logistic_regression
-    from fedjax_fair.schedules import compensated, exponential
-    from fedjax_fair.simulate import simulate
+    from fedjax_fair.core.schedules import compensated, exponential
+    from fedjax_fair.drivers.simulate import simulate
     ds = get_dataset("synthetic", num_clients=6, max_examples=40)
     model = logistic_regression(ds.input_shape, ds.num_classes)
     params = model.init(jax.random.key(0))

@@ -13,13 +13,14 @@ import pytest
 import helpers
 from fedjax_fair.algorithms.afedpd import afedpd, afedpd_sam
 from fedjax_fair.algorithms.fedadmm import fedadmm
-from fedjax_fair.algorithms.fedavg import client_training, fedavg
+from fedjax_fair.algorithms.families.training import client_training
+from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.feddyn import feddyn
 from fedjax_fair.algorithms.fedpd import fedpd
 from fedjax_fair.algorithms.fedspeed import fedspeed
-from fedjax_fair.algorithms.primal_dual import augmented_lagrangian, dual_ascent
-from fedjax_fair.simulate import make_cohort, simulate
-from fedjax_fair.types import Broadcast, ClientData, FederatedData
+from fedjax_fair.algorithms.families.primal_dual import augmented_lagrangian, dual_ascent
+from fedjax_fair.drivers.simulate import make_cohort, simulate
+from fedjax_fair.core.types import Broadcast, ClientData, FederatedData
 
 DIM, N, P, LR = 5, 20, 4, 0.1
 

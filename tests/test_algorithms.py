@@ -18,16 +18,15 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair import mixing as mixing_lib
-from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import compose
+from fedjax_fair.core import mixing as mixing_lib
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import compose
 from fedjax_fair.algorithms.fedopt import scale_by_adagrad_tau
-from fedjax_fair.algorithms import (fedadagrad, fedadam, fedavg, fedavgm, fedprox,
-                                    fedyogi)
+from fedjax_fair.algorithms import fedadagrad, fedadam, fedavg, fedavgm, fedprox, fedyogi
 from fedjax_fair.algorithms import REGISTRY as _REGISTRY
-from fedjax_fair.client import local_training
-from fedjax_fair.mixing import MixingRule
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.core.client import local_training
+from fedjax_fair.core.mixing import MixingRule
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 1)
@@ -470,7 +469,7 @@ def test_local_training_refuses_an_optimizer_that_is_not_optax():
 def test_local_training_lets_schedules_and_traced_rates_through():
     """A schedule and a JAX array pass unchecked (never a Python comparison on a
     tracer): the client update is differentiable in a traced client_lr."""
-    from fedjax_fair.types import Broadcast
+    from fedjax_fair.core.types import Broadcast
     local_training(MODEL, client_lr=lambda t: -1.0, batch_size=4)  # evaluated per round
     local_training(MODEL, client_lr=jnp.float32(-1.0), batch_size=4)
     data = helpers.client(TRAIN, 0)
@@ -487,7 +486,7 @@ def test_local_training_lets_schedules_and_traced_rates_through():
 
 @pytest.mark.parametrize("value", [-1.0, -1e-9, float("nan"), "0.1", None], ids=repr)
 def test_proximal_term_checks_a_concrete_mu(value):
-    from fedjax_fair.client import proximal_term
+    from fedjax_fair.core.client import proximal_term
     with pytest.raises(ValueError, match="^mu: "):
         proximal_term(value)
 
@@ -495,8 +494,8 @@ def test_proximal_term_checks_a_concrete_mu(value):
 def test_proximal_term_is_differentiable_and_vmappable_in_a_traced_mu():
     """mu as a tracer skips the check: d/dmu (mu / 2) ||w - w^t||^2 = ||w - w^t||^2 / 2,
     under jax.grad and jax.vmap alike (mu = 0 is allowed, as FedAvg)."""
-    from fedjax_fair.client import proximal_term
-    from fedjax_fair.types import Broadcast
+    from fedjax_fair.core.client import proximal_term
+    from fedjax_fair.core.types import Broadcast
     proximal_term(0.0)
     proximal_term(np.float32(0.5))
     params = {"w": jnp.array([1.0, 2.0, 3.0])}
@@ -555,7 +554,7 @@ def _clipped_numpy(start, anchor, x, y, lr, c, mode):
 def _clipped_update(clip_norm, clip_mode, start_params):
     """One client's FedProx-style local training from ``start_params`` (not the
     broadcast, so the proximal term pulls from the first step)."""
-    from fedjax_fair.client import proximal_term
+    from fedjax_fair.core.client import proximal_term
     return local_training(MODEL, client_lr=LR, batch_size=FULL_BATCH, num_epochs=CLIP_STEPS,
                           regularizer=proximal_term(CLIP_MU), weight_decay=CLIP_WD,
                           start=lambda broadcast, state: start_params,
@@ -567,7 +566,7 @@ def test_clipped_local_steps_equal_a_numpy_reference(mode):
     """Both clip forms against a literal float64 reference, the clip active at every
     step, the proximal term present (so the forms differ) and the weight decay added
     after the clip."""
-    from fedjax_fair.types import Broadcast
+    from fedjax_fair.core.types import Broadcast
     k = 1  # 12 rows: one full batch a step
     x, y = helpers.real_rows(TRAIN, [k])
     start = helpers.random_like(PARAMS, 5)
@@ -592,11 +591,11 @@ def test_clip_norm_none_builds_the_program_without_the_option():
     """clip_norm=None: the same compiled program as the local steps had before the
     option (weight decay joined to the regularizer), so the iterates are bit-identical;
     a clip that never binds gives the same iterates to float rounding."""
-    from fedjax_fair.client import local_sgd, proximal_term, with_weight_decay
+    from fedjax_fair.core.client import local_sgd, proximal_term, with_weight_decay
     prox = proximal_term(CLIP_MU)
     reg = lambda p, b: prox(p, b, ())
     data = helpers.client(TRAIN, 1)
-    from fedjax_fair.types import Broadcast
+    from fedjax_fair.core.types import Broadcast
     broadcast = Broadcast(PARAMS, jnp.zeros((), jnp.int32), ())
     start = helpers.random_like(PARAMS, 5)
 
@@ -619,7 +618,7 @@ def test_clip_norm_none_builds_the_program_without_the_option():
 def test_clip_by_global_norm_matches_optax_and_is_finite_at_zero():
     """The rule of optax.clip_by_global_norm, but NaN-free in reverse mode through a
     zero gradient (an all-masked batch), with bfloat16 leaves and a traced bound."""
-    from fedjax_fair.client import clip_by_global_norm
+    from fedjax_fair.core.client import clip_by_global_norm
     tree = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}  # norm 13
     for c in (1.0, 13.0, 20.0):
         mine = clip_by_global_norm(tree, c)
@@ -675,7 +674,7 @@ _BUILD_EXTRA = {"lg_fedavg": dict(shared_layers=())}  # the one-layer model stay
 
 def test_the_methods_that_train_locally_state_the_shared_options():
     from fedjax_fair.algorithms import method_hparams
-    from fedjax_fair.client import CLIP_NORM
+    from fedjax_fair.core.client import CLIP_NORM
     shared = ("clip_norm", "clip_mode", "client_optimizer")
     takers = {n for n in _REGISTRY if set(shared) <= set(method_hparams(n))}
     assert takers == set(LOCAL_TRAINING)
@@ -724,8 +723,8 @@ def test_epoch_order_is_the_stable_argsort_of_the_scores(padded):
     """``epoch_order`` (one packed uint32 sort for M <= 256) equals the stable argsort
     of the uniform scores for every client size, empty and full clients included,
     under vmap; 400 clients of 256 rows also meet a few tied scores on average."""
-    from fedjax_fair import client as client_lib
-    from fedjax_fair.types import ClientData
+    from fedjax_fair.core import client as client_lib
+    from fedjax_fair.core.types import ClientData
     num = 400
     n = jnp.asarray(np.random.default_rng(padded).integers(0, padded + 1, num), jnp.int32)
     n = n.at[:2].set(jnp.asarray([0, padded], jnp.int32))
@@ -741,8 +740,8 @@ def test_epoch_order_is_the_stable_argsort_of_the_scores(padded):
 
 def test_epoch_order_breaks_tied_scores_by_row(monkeypatch):
     """Tied scores keep their rows in order (a stable sort), in the packed sort too."""
-    from fedjax_fair import client as client_lib
-    from fedjax_fair.types import ClientData
+    from fedjax_fair.core import client as client_lib
+    from fedjax_fair.core.types import ClientData
     tied = lambda key, shape: (jnp.arange(shape[0]) * 7 % 5).astype(jnp.float32) / 8
     monkeypatch.setattr(jax.random, "uniform", tied)
     for padded, n in ((12, 9), (256, 200), (300, 250)):
@@ -759,7 +758,7 @@ def test_batches_gathered_before_the_loop_give_the_same_round(image, monkeypatch
     (``client.PREGATHER``), from a [M, -1] view of image-shaped examples: the round
     (parameters, metrics, train losses) and its gradient in the client learning rate
     equal the in-loop gather's exactly, with step budgets and an empty client."""
-    from fedjax_fair import client as client_lib
+    from fedjax_fair.core import client as client_lib
     train = TRAIN
     if image:  # [N, M, d] -> [N, M, 2, d / 2, 1]: the model flattens its input
         x = train.examples["x"]
@@ -794,7 +793,7 @@ def _stacked(rule):
 
 
 def _stream_cases():
-    from fedjax_fair.aggregators import step_normalized, weighted_mean
+    from fedjax_fair.core.aggregators import step_normalized, weighted_mean
     from fedjax_fair.algorithms.fedmax import fedsoftmax_mixing
     from fedjax_fair.algorithms.propfair import propfair_mixing
     from fedjax_fair.algorithms.qffl import prior_mixing, qffl_aggregator, qffl_mixing
@@ -854,7 +853,7 @@ def test_streamed_round_equals_the_stacked_round(name):
 @pytest.mark.parametrize("strategy,chunk_size", [("vmap", None), ("chunked", 4),
                                                  ("bucketed", 4)])
 def test_streamed_round_equals_the_stacked_round_under_every_strategy(strategy, chunk_size):
-    from fedjax_fair.execution import Execution
+    from fedjax_fair.core.execution import Execution
     mixing, aggregator = _stream_cases()["qffl"]
     _assert_rounds_close(*_streamed_and_stacked(mixing, aggregator,
                                                 Execution(strategy, chunk_size)))
@@ -871,7 +870,7 @@ def test_streamed_fall_backs_equal_the_stacked_rules(name):
 
 
 def test_stream_sum_folds_in_any_grouping_without_overflow():
-    from fedjax_fair.aggregators import STREAM_SUM, ratio
+    from fedjax_fair.core.aggregators import STREAM_SUM, ratio
     tiers = jnp.array([3, 3, 2, 3, -1, 3, 2], jnp.int32)
     # logits 2000 apart: a plain exp would overflow; -inf takes no weight
     logits = jnp.array([1000.0, -1000.0, 5.0, 999.0, 7.0, -jnp.inf, 0.0])
@@ -893,7 +892,7 @@ def test_stream_sum_folds_in_any_grouping_without_overflow():
 
 
 def test_stream_sum_of_no_weighted_client_is_zero():
-    from fedjax_fair.aggregators import STREAM_SUM, ratio
+    from fedjax_fair.core.aggregators import STREAM_SUM, ratio
     batch = (jnp.array([-1, 3, 3]), jnp.array([0.0, -jnp.inf, -jnp.inf]),
              (jnp.array([5.0, 6.0, 7.0]), jnp.ones(3)))
     np.testing.assert_array_equal(ratio(*STREAM_SUM.fold(batch)[2]), 0.0)
@@ -918,7 +917,7 @@ def test_streamed_round_differentiates_like_the_stacked_round():
 def test_streamed_round_does_not_hold_every_clients_update():
     # K = 128 clients of a 4096-parameter model, one example each: the stacked round
     # holds [K, d] deltas (2 MiB) in its temporaries, the streamed one does not
-    from fedjax_fair.types import ClientData, Cohort
+    from fedjax_fair.core.types import ClientData, Cohort
     k, dim = 128, 4096
     model = helpers.quadratic_model(dim)
     x = jax.random.uniform(jax.random.key(0), (k, 1, 2 * dim))

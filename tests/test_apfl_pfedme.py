@@ -36,11 +36,11 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair import client
+from fedjax_fair.core import client
 from fedjax_fair.algorithms.apfl import Joint, apfl, joint_model
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.pfedme import pfedme
-from fedjax_fair.evaluation import make_state_evaluator
+from fedjax_fair.core.evaluation import make_state_evaluator
 
 MODEL = helpers.logreg()
 TRAIN_SIZES = (7, 9, 0, 3, 5, 13)  # client 2 is empty; every epoch ends in a partial batch

@@ -14,10 +14,10 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_fair import client
+from fedjax_fair.core import client
 from fedjax_fair.data import augment as A
 from fedjax_fair.models import mlp
-from fedjax_fair.types import Broadcast, ClientData
+from fedjax_fair.core.types import Broadcast, ClientData
 
 
 def _images(b=4, h=6, w=5, c=3, seed=0, dtype=np.float32):

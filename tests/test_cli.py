@@ -15,10 +15,10 @@ from fedjax_fair.cli import report
 from fedjax_fair.cli import config as C
 from fedjax_fair.algorithms import ALGORITHMS
 from fedjax_fair.data import DATASETS
-from fedjax_fair.execution import STRATEGIES
+from fedjax_fair.core.execution import STRATEGIES
 from fedjax_fair.metrics import METRICS
 from fedjax_fair.models import MODELS
-from fedjax_fair.sampling import SAMPLERS
+from fedjax_fair.core.sampling import SAMPLERS
 
 TINY = ["--num-clients", "6", "--dataset-arg", "max_examples=100", "--cohort-size", "3",
         "--no-progress"]
@@ -27,7 +27,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _latest(checkpoint_dir):
     """The newest committed step directory of a checkpoint (checkpoint.latest)."""
-    from fedjax_fair import checkpoint as ckpt
+    from fedjax_fair.drivers import checkpoint as ckpt
     return ckpt.latest(str(checkpoint_dir))
 
 
@@ -846,7 +846,7 @@ def test_a_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
 
 @pytest.mark.slow  # heavy; the default run keeps the SIGTERM compare test
 def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, monkeypatch):
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")
     args = [*TINY, "--algorithms", "fedavg,fedprox,scaffold", "--num-rounds", "2",
             "--seeds", "0", "--no-plots"]
@@ -1062,7 +1062,7 @@ def test_compensate_server_lr_scales_the_server_rate(tmp_path, capsys):
     """FedAvgM (momentum 0) steps by server_lr_t x direction: compensated, server_lr_t
     grows as 1 / client_lr_t, so round t's step is 2^t times the direction."""
     import jax
-    from fedjax_fair.simulate import simulate
+    from fedjax_fair.drivers.simulate import simulate
     cfg = C.build(C.RunConfig, None, {"algorithm": "fedavgm", "hparams": {"momentum": 0.0},
                                       "client_lr_schedule": "exponential:0.5",
                                       "compensate_server_lr": True,
@@ -1170,7 +1170,7 @@ def test_compare_seeds_as_one_program_equal_one_run_per_seed(tmp_path):
 def test_compare_resume_runs_the_missing_seeds_as_one_program(tmp_path, monkeypatch):
     """A comparison interrupted after its first algorithm resumes with the missing
     seeds of the others run together; the table equals an uninterrupted one."""
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")
     args = [*TINY, "--algorithms", "fedavg,qffl", "--seeds", "0,1", "--num-rounds", "2",
             "--no-plots"]
@@ -1297,7 +1297,7 @@ def test_full_disk_while_the_run_streams_its_metrics_is_one_line(tmp_path, capsy
     """The disk filling mid-run, as an evaluation is appended to metrics.jsonl: one
     line naming output_dir, exit EXIT_WRITE, no traceback."""
     import errno
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     out = tmp_path / "out"
     real = runner.run
 

@@ -1,4 +1,4 @@
-"""Per-client state tables (fedjax_fair/client_states.py): the dense and lazy forms.
+"""Per-client state tables (fedjax_fair/core/client_states.py): the dense and lazy forms.
 
 Every table operation below runs under ``jax.jit`` (``_ops``), as it does inside
 ``compose``'s round. Rows are a small pytree with two float32 leaves of different
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_fair import client_states as cs
+from fedjax_fair.core import client_states as cs
 
 N = 7  # clients in the federation
 FORMS = {"dense": cs.dense, "lazy": cs.lazy}

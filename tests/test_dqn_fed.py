@@ -15,13 +15,13 @@ import pytest
 
 import helpers
 D = importlib.import_module("fedjax_fair.algorithms.dqn_fed")  # the package exports the factory dqn_fed
-from fedjax_fair.algorithm import with_improvement
+from fedjax_fair.core.algorithm import with_improvement
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.client import data_loss
-from fedjax_fair.simulate import simulate
+from fedjax_fair.core.client import data_loss
+from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.solvers.qp import solve_box_simplex_qp
-from fedjax_fair.types import (Broadcast, ClientData, ClientOutput, FederatedData,
-                               ServerContext)
+from fedjax_fair.core.types import (Broadcast, ClientData, ClientOutput, FederatedData,
+                                    ServerContext)
 
 
 _combine = jax.jit(D.dqn_combine, static_argnames=("solver",))  # one compile per shape

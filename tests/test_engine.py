@@ -20,17 +20,17 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair import checkpoint as ckpt
-from fedjax_fair import client as client_lib
-from fedjax_fair import execution, sampling
-from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.drivers import checkpoint as ckpt
+from fedjax_fair.core import client as client_lib
+from fedjax_fair.core import execution, sampling
+from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.algorithms import ALGORITHMS, REGISTRY, fedavg
-from fedjax_fair.client import (batch_at, local_training, masked_mean, max_local_steps,
-                                steps_per_epoch)
-from fedjax_fair.execution import Execution
-from fedjax_fair.runner import NonFiniteError, run
-from fedjax_fair.simulate import make_cohort, simulate
-from fedjax_fair.types import ClientData
+from fedjax_fair.core.client import (batch_at, local_training, masked_mean, max_local_steps,
+                                     steps_per_epoch)
+from fedjax_fair.core.execution import Execution
+from fedjax_fair.drivers.runner import NonFiniteError, run
+from fedjax_fair.drivers.simulate import make_cohort, simulate
+from fedjax_fair.core.types import ClientData
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 0)
@@ -541,7 +541,7 @@ def test_compile_seconds_counts_every_compile_of_the_run():
     the evaluator of a model not evaluated before, one-off ops), as jax reports them,
     and no more than the run's wall clock."""
     import time
-    from fedjax_fair.runner import CompileClock
+    from fedjax_fair.drivers.runner import CompileClock
     spans = []
 
     def listener(event, start, end, **kwargs):
@@ -614,7 +614,7 @@ def no_compile(monkeypatch):
     """Compiling a program (how the runner compiles its chunk programs) fails the test:
     a refused input must be refused before compute. The runner's program cache starts
     empty, so a program compiled by an earlier test is not reused either."""
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
 
     def refuse(*args, **kwargs):
         raise AssertionError("the input reached compilation")
@@ -995,8 +995,8 @@ _AUTO_MESH_CHECK = """
 import jax, jax.numpy as jnp, numpy as np, optax
 import helpers
 from fedjax_fair.algorithms import fedavg
-from fedjax_fair import execution
-from fedjax_fair.execution import Execution
+from fedjax_fair.core import execution
+from fedjax_fair.core.execution import Execution
 model, data = helpers.logreg(), helpers.tiny_federation()
 params = helpers.init_params(model, 0)
 cohort = helpers.cohort(data.train, (4, 0, 3, 1, 5))  # 5 clients over 2 devices: padded

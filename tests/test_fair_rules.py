@@ -22,26 +22,26 @@ import pytest
 
 import helpers
 from fedjax_fair.cli import config as config_lib
-from fedjax_fair.aggregators import weighted_mean
+from fedjax_fair.core.aggregators import weighted_mean
 from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms.afl import AFLState, afl, afl_ascent, afl_mixing
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, fedavg
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS
+from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedmax import (effective_k, fedmax, fedmax_k, fedmax_k_mixing,
                                            fedmax_k_weights, fedmax_mixing, fedmax_weights,
                                            fedsoftmax, fedsoftmax_mixing, fedsoftmax_weights)
 from fedjax_fair.algorithms.propfair import (client_batch_loss, client_objective, propfair,
                                              propfair_mixing)
-from fedjax_fair.algorithms.qffl import (prior_mixing, qffl,
-                                         qffl_aggregator, qffl_coefficients, qffl_mixing,
-                                         qffl_weights)
+from fedjax_fair.algorithms.qffl import (prior_mixing, qffl, qffl_aggregator,
+                                         qffl_coefficients, qffl_mixing, qffl_weights)
 from fedjax_fair.algorithms.term import term, term_mixing, term_weights
-from fedjax_fair.client import (batch_from_orders, data_loss, epoch_order, local_sgd,
-                                masked_mean)
-from fedjax_fair.mixing import by_num_examples
-from fedjax_fair.mixing import active_clients
-from fedjax_fair.solvers.simplex import (exponentiated_gradient, masked_softmax, project_simplex,
-                                         project_simplex_masked)
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.core.client import (batch_from_orders, data_loss, epoch_order, local_sgd,
+                                     masked_mean)
+from fedjax_fair.core.mixing import by_num_examples
+from fedjax_fair.core.mixing import active_clients
+from fedjax_fair.solvers.simplex import (exponentiated_gradient, masked_softmax,
+                                         project_simplex, project_simplex_masked)
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ import helpers
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedcm import fedcm
 from fedjax_fair.algorithms.fedsam import fedsam
-from fedjax_fair.client import data_loss
+from fedjax_fair.core.client import data_loss
 
 MODEL = helpers.logreg()
 SIZES = (7, 12, 0, 3, 9)  # client 2 is empty

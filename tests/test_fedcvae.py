@@ -21,13 +21,13 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair import synthetic as S
-from fedjax_fair.algorithm import SERVER_KEY_ID, with_improvement
+from fedjax_fair.algorithms.families import generative as S
+from fedjax_fair.core.algorithm import SERVER_KEY_ID, with_improvement
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.client import data_loss
+from fedjax_fair.core.client import data_loss
 from fedjax_fair.models import mlp
-from fedjax_fair.runner import run
-from fedjax_fair.types import FederatedData
+from fedjax_fair.drivers.runner import run
+from fedjax_fair.core.types import FederatedData
 C = importlib.import_module("fedjax_fair.algorithms.fedcvae")  # the package exports the factory
 
 

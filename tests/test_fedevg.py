@@ -25,15 +25,15 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair import sampling
-from fedjax_fair.algorithm import with_improvement
-from fedjax_fair import synthetic as S
+from fedjax_fair.core import sampling
+from fedjax_fair.core.algorithm import with_improvement
+from fedjax_fair.algorithms.families import generative as S
 from fedjax_fair.models import mlp
 from fedjax_fair.models.base import from_flax
 from fedjax_fair.models.resnet import SpectralDense, resnet10_gn_sn
-from fedjax_fair.runner import run
-from fedjax_fair.simulate import simulate
-from fedjax_fair.types import FederatedData
+from fedjax_fair.drivers.runner import run
+from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.core.types import FederatedData
 F = importlib.import_module("fedjax_fair.algorithms.fedevg")  # the package exports the factory
 
 E = math.e

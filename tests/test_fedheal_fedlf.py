@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair.algorithms.fedavg import client_training
-from fedjax_fair.simulate import simulate
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.algorithms.families.training import client_training
+from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 # the package exports the factories under the modules' names
 FH = importlib.import_module("fedjax_fair.algorithms.fedheal")
@@ -622,7 +622,7 @@ def test_pseudo_gradient_client_divides_the_fedavg_delta_by_the_rate():
     plain = client_training(model, **kw)
     pseudo = FL.pseudo_gradient_client(plain, kw["client_lr"])
     row = helpers.client(data.train, 1)
-    from fedjax_fair.types import Broadcast
+    from fedjax_fair.core.types import Broadcast
 
     @jax.jit
     def both(b):

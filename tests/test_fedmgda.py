@@ -18,15 +18,15 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair import mixing as mixing_lib
+from fedjax_fair.core import mixing as mixing_lib
 from fedjax_fair.solvers import qp
 from fedjax_fair.algorithms import method_hparams
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedmgda import (fedmgda_plus, fedmgda_plus_aggregator,
                                             fedmgda_plus_direction, fedmgda_plus_lambdas,
                                             mgda_box, normalized_gram, server_schedule)
-from fedjax_fair.client import proximal_term
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.core.client import proximal_term
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 K = 5  # problem size of the QP tests (one compile per solver configuration)
 BATCH = 16

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair import heterogeneity as het
-from fedjax_fair.aggregators import step_normalized, weighted_mean
+from fedjax_fair.core import heterogeneity as het
+from fedjax_fair.core.aggregators import step_normalized, weighted_mean
 from fedjax_fair.algorithms import fedavg
-from fedjax_fair.runner import run
-from fedjax_fair.simulate import simulate
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.drivers.runner import run
+from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 SIZES = jnp.array([7, 12, 0, 3, 9, 5])
 

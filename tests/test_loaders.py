@@ -18,8 +18,8 @@ import helpers
 
 from fedjax_fair.data import federated as fd
 from fedjax_fair.data import leaf
-from fedjax_fair.data.tfds_source import (DatasetNotPreparedError, load_tfds,
-                                          open_source, resolve_name)
+from fedjax_fair.data.tfds_source import (DatasetNotPreparedError, load_tfds, open_source,
+                                          resolve_name)
 
 # --------------------------------------------------------------------------- TFDS mocks
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair import memory as mem
+from fedjax_fair.core import memory as mem
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import padding_report
-from fedjax_fair.runner import run
-from fedjax_fair.simulate import gather_cohorts, sample_client_ids
-from fedjax_fair.types import FederatedData
+from fedjax_fair.drivers.runner import run
+from fedjax_fair.drivers.simulate import gather_cohorts, sample_client_ids
+from fedjax_fair.core.types import FederatedData
 
 # A skewed federation: one big client, many small ones, one empty.
 SKEWED_TRAIN = (1, 3, 4, 5, 40, 0, 2, 2)
@@ -80,8 +80,8 @@ def test_gather_cohorts_cuts_padding_and_keeps_every_real_row():
 def test_sampled_ids_are_the_cohorts_simulate_draws():
     key = jax.random.key(3)
     ids = sample_client_ids(key, 5, 3, 8, 4)
-    from fedjax_fair.simulate import round_keys
-    from fedjax_fair.sampling import uniform
+    from fedjax_fair.drivers.simulate import round_keys
+    from fedjax_fair.core.sampling import uniform
     for r in range(3):
         np.testing.assert_array_equal(ids[r], uniform(round_keys(key, 5 + r)[0], 8, 4))
 

@@ -1,4 +1,4 @@
-"""Meta-gradients (fedjax_fair/meta.py): gradients of validation objectives through
+"""Meta-gradients (fedjax_fair/drivers/meta.py): gradients of validation objectives through
 whole runs agree with finite differences in float64; the reductions match their
 definitions; a meta-optimiser improves a held-out objective on built-in data.
 
@@ -21,9 +21,9 @@ import pytest
 
 import helpers
 from fedjax_fair import algorithms
-from fedjax_fair import meta
+from fedjax_fair.drivers import meta
 from fedjax_fair import metrics as fairness
-from fedjax_fair.types import FederatedData
+from fedjax_fair.core.types import FederatedData
 
 MODEL = helpers.logreg()
 NUM_ROUNDS, COHORT, EXECUTION, B = 3, 4, "sequential", 4
@@ -167,7 +167,7 @@ def test_meta_optimiser_improves_held_out_worst_accuracy():
     """A per-round server learning-rate schedule of FedAvg (log rates, from FedAvg's
     1.0), learned on the smooth worst-10% validation accuracy of two seeds, raises the
     (argmax) worst-10% and mean test accuracy of three other seeds."""
-    from fedjax_fair.sweep import sweep
+    from fedjax_fair.drivers.sweeps import sweep
     ds, model = _digits()
     rounds, cohort = 10, 5
 

@@ -15,7 +15,7 @@ import helpers
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import get_dataset, leaf
 from fedjax_fair.models import MODELS, get_model
-from fedjax_fair.runner import run
+from fedjax_fair.drivers.runner import run
 
 # model -> dataset (and whether the test is slow on a 2-core CPU)
 SMOKE = {

@@ -220,7 +220,7 @@ def test_memory_plan_refusal_after_the_lock_leaves_the_folders_as_they_were(
         tmp_path, capsys, monkeypatch, finished):
     """The runner's own plan (XLA's accounting) refuses after the folders were locked:
     the lock files and directories this command created are removed again."""
-    from fedjax_fair import memory
+    from fedjax_fair.core import memory
     monkeypatch.setattr(memory, "device_capacity", lambda device=None: 100_000)
     out = str(tmp_path / "new" / "run")
     assert cli.main(["run", *TINY, "--num-rounds", "2", "--placement", "device",

@@ -30,7 +30,7 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair.algorithms import partial
+from fedjax_fair.algorithms.families import partial
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedrep import FEDPER_HPARAMS, HPARAMS as FEDREP_HPARAMS
 from fedjax_fair.algorithms.fedrep import fedper, fedrep
@@ -38,9 +38,9 @@ from fedjax_fair.algorithms.finetune import HPARAMS as FT_HPARAMS
 from fedjax_fair.algorithms.finetune import fedavg_ft
 from fedjax_fair.algorithms.lg_fedavg import HPARAMS as LG_HPARAMS
 from fedjax_fair.algorithms.lg_fedavg import lg_fedavg
-from fedjax_fair.evaluation import make_state_evaluator
+from fedjax_fair.core.evaluation import make_state_evaluator
 from fedjax_fair.models import mlp
-from fedjax_fair.types import Broadcast
+from fedjax_fair.core.types import Broadcast
 
 MODEL = mlp((helpers.NUM_FEATURES,), helpers.NUM_CLASSES, hidden=(8,))
 PARAMS = helpers.init_params(MODEL, 1)
@@ -456,8 +456,8 @@ def test_improved_fraction_compares_each_clients_own_model(name):
     """``with_improvement`` on a partial-model method takes both losses on the model
     each participant is scored on: its own layers merged with the global ones,
     before and after the round (the global model would miss the kept layers)."""
-    from fedjax_fair.algorithm import with_improvement
-    from fedjax_fair.client import data_loss
+    from fedjax_fair.core.algorithm import with_improvement
+    from fedjax_fair.core.client import data_loss
     alg = FACTORIES[name]()
     wrapped = with_improvement(alg, MODEL)
     state = alg.init(PARAMS, N)

@@ -18,7 +18,7 @@ def test_readme_python_examples_run():
     # The plug-and-play example builds a working round: AAggFF-D weights on FedProx.
     ds, model = namespace["ds"], namespace["model"]
     state = algorithm.init(model.init(jax.random.key(0)), ds.num_clients)
-    from fedjax_fair.simulate import simulate
+    from fedjax_fair.drivers.simulate import simulate
     _, metrics = simulate(algorithm, state, ds.data, jax.random.key(1), num_rounds=2,
                           cohort_size=5)
     assert abs(float(metrics["weights"][-1].sum()) - 1.0) < 1e-5

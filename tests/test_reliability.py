@@ -69,7 +69,7 @@ def _no_compute():
     raises ``ReachedCompute``; the runner's cache of compiled programs starts empty, so
     a program compiled by an earlier test is not reused either."""
     import jax.stages
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
 
     def refuse(*args, **kwargs):
         raise ReachedCompute("the input was not refused before compiling a chunk program")
@@ -97,7 +97,8 @@ class _Saved:
     def get(cls) -> Path:
         if cls.root is None:
             import atexit
-            from fedjax_fair import cli, runner
+            from fedjax_fair import cli
+            from fedjax_fair.drivers import runner
             root = Path(tempfile.mkdtemp(prefix="fedjax_fair_reliability_"))
             atexit.register(shutil.rmtree, root, True)
             quiet = io.StringIO()
@@ -575,7 +576,7 @@ def _corrupt(path: str, mutate: Callable) -> Callable:
         run = ws.finished_run()
         target = Path(run) / path
         if path.startswith("checkpoint/"):
-            from fedjax_fair import checkpoint as ckpt
+            from fedjax_fair.drivers import checkpoint as ckpt
             target = Path(ckpt.latest(str(Path(run) / "checkpoint"))) / path.split("/", 1)[1]
             if target.is_dir():  # a log: its newest segment
                 target = max(target.iterdir())
@@ -1005,10 +1006,10 @@ for shown, fn, field, xfail in (
         ("client_states.get_table('lazy:x')",
          lambda: _ff().client_states.get_table("lazy:x"), "client_table", None),
         ("schedules.parse('exponential:2')",
-         lambda: __import__("fedjax_fair.schedules", fromlist=["parse"]).parse(
+         lambda: __import__("fedjax_fair.core.schedules", fromlist=["parse"]).parse(
              "exponential:2", "client_lr_schedule"), "client_lr_schedule", None),
         ("heterogeneity.parse('uniform:3:1')",
-         lambda: __import__("fedjax_fair.heterogeneity", fromlist=["parse"]).parse(
+         lambda: __import__("fedjax_fair.core.heterogeneity", fromlist=["parse"]).parse(
              "uniform:3:1"), "step_budgets", None),
         ("get_dataset('synthetic', num_clients=0)",
          lambda: __import__("fedjax_fair.data", fromlist=["get_dataset"]).get_dataset(

@@ -1,12 +1,12 @@
-"""Cohort samplers (fedjax_fair/sampling.py) and the plain-average prior they pair with."""
+"""Cohort samplers (fedjax_fair/core/sampling.py) and the plain-average prior they pair with."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_fair import sampling
-from fedjax_fair.mixing import prior
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.core import sampling
+from fedjax_fair.core.mixing import prior
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 
 def _draws(sampler, num_clients, cohort_size, n):

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_fair import schedules
+from fedjax_fair.core import schedules
 
 
 def _values(text, rate, rounds):
@@ -42,7 +42,7 @@ def test_base_rate_may_be_traced():
 
 
 def test_compensated_server_rate_keeps_the_product_constant():
-    from fedjax_fair.schedules import compensated, exponential
+    from fedjax_fair.core.schedules import compensated, exponential
     client = exponential(0.1, 0.5, every=2)
     server = compensated(2.0, client)
     for t in range(7):

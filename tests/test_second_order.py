@@ -1,5 +1,5 @@
 """Second-order baselines of DQN-Fed: FedNL, FedNL-PP, FedNew, and the curvature
-helpers they share (fedjax_fair/hessian.py).
+helpers they share (fedjax_fair/algorithms/families/second_order.py).
 
 * Hutchinson's diagonal estimator: exact with one probe on a diagonal-Hessian
   quadratic; its mean over many probes converges to the exact diagonal (checked
@@ -30,13 +30,13 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import helpers
-from fedjax_fair import hessian
-from fedjax_fair import simulate as sim
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS
+from fedjax_fair.algorithms.families import second_order as hessian
+from fedjax_fair.drivers import simulate as sim
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS
 from fedjax_fair.algorithms.fednew import fednew
 from fedjax_fair.algorithms.fednl import fednl, fednl_pp, top_k
-from fedjax_fair.client import data_loss
-from fedjax_fair.types import ClientData, FederatedData
+from fedjax_fair.core.client import data_loss
+from fedjax_fair.core.types import ClientData, FederatedData
 
 # the package exports the factories under the modules' names
 fednew_lib = importlib.import_module("fedjax_fair.algorithms.fednew")
@@ -571,7 +571,7 @@ def test_registry_contract(factory, module):
 @pytest.mark.slow
 def test_end_to_end_on_synthetic_improves_accuracy():
     from fedjax_fair.data import get_dataset
-    from fedjax_fair.evaluation import make_evaluator
+    from fedjax_fair.core.evaluation import make_evaluator
     from fedjax_fair.models import logistic_regression
     ds = get_dataset("synthetic", num_clients=6, max_examples=60)
     data = ds.data

@@ -1,4 +1,4 @@
-"""Sharded cohorts (fedjax_fair/sharding.py, docs/scaling.md).
+"""Sharded cohorts (fedjax_fair/core/sharding.py, docs/scaling.md).
 
 The multi-device checks run in a subprocess with 8 CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``, set before jax is imported):
@@ -45,9 +45,9 @@ def _compare(alg, cohort_size: int, strategy: str, num_rounds: int = 2, chunk_si
     argument bytes against the single-device program's."""
     import jax
     import numpy as np
-    from fedjax_fair import sharding
-    from fedjax_fair.execution import Execution
-    from fedjax_fair.simulate import simulate
+    from fedjax_fair.core import sharding
+    from fedjax_fair.core.execution import Execution
+    from fedjax_fair.drivers.simulate import simulate
 
     data, model, params = _setup()
     mesh = sharding.make_mesh(DEVICES)
@@ -74,7 +74,7 @@ def _compare(alg, cohort_size: int, strategy: str, num_rounds: int = 2, chunk_si
 def _table_layout(table) -> dict:
     """How the first row leaf of a client table is laid out."""
     import jax
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     leaf = jax.tree.leaves(table.rows)[0]
     s = leaf.sharding
     return {"named": isinstance(s, jax.sharding.NamedSharding),
@@ -101,7 +101,7 @@ def check_gather():
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     mesh = sharding.make_mesh(DEVICES)
     rng = np.random.default_rng(0)
     tree = {"x": rng.normal(size=(64, 3, 2)).astype(np.float32),
@@ -158,9 +158,10 @@ def _runner_cases(cases, placement: str = "auto"):
     final states, the table's layout, the plan and the log."""
     import jax
     import numpy as np
-    from fedjax_fair import runner, sharding
+    from fedjax_fair.drivers import runner
+    from fedjax_fair.core import sharding
     from fedjax_fair.algorithms.scaffold import scaffold
-    from fedjax_fair.execution import Execution
+    from fedjax_fair.core.execution import Execution
 
     out = {}
     mesh = sharding.make_mesh(DEVICES)
@@ -194,7 +195,7 @@ def check_runner():
     """The runner over 16 clients (split 2 per device); and the layout of a
     federation of 6 clients, which 8 devices cannot split: replicated, with a note."""
     import helpers as H
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     out = _runner_cases({"even": _setup()})
     layout, note = sharding.federation_shardings(sharding.make_mesh(DEVICES),
                                                  H.tiny_federation())
@@ -221,9 +222,9 @@ def check_runner_auto():
     results of one device's ``sequential`` run."""
     import jax
     import numpy as np
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     from fedjax_fair.algorithms.fedavg import fedavg
-    from fedjax_fair.execution import Execution
+    from fedjax_fair.core.execution import Execution
     data, model, params = _setup()
     runs = [runner.run(fedavg(model, batch_size=4), params, data, jax.random.key(0),
                        model=model, num_rounds=3, cohort_size=8, eval_every=3,
@@ -256,9 +257,10 @@ def check_fresh_buffers():
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from fedjax_fair import runner, sharding
+    from fedjax_fair.drivers import runner
+    from fedjax_fair.core import sharding
     from fedjax_fair.algorithms.dqn_fed import dqn_fed
-    from fedjax_fair.execution import Execution
+    from fedjax_fair.core.execution import Execution
     mesh = sharding.make_mesh(DEVICES)
     a = jnp.arange(3.0)
     put = sharding.put({"x": a, "y": a}, sharding.replicated(mesh))
@@ -289,7 +291,7 @@ def check_server_solvers():
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     from fedjax_fair.algorithms.fedlf import fedlf_direction
     from fedjax_fair.solvers import online, qp
     mesh = sharding.make_mesh(DEVICES)
@@ -334,7 +336,8 @@ def check_cli():
     the same final summary; an auto run resumed; the mesh ``auto`` and an explicit
     count pick by step and round size."""
     import tempfile
-    from fedjax_fair import cli, execution
+    from fedjax_fair import cli
+    from fedjax_fair.core import execution
     args = ["--num-clients", "16", "--dataset-arg", "max_examples=60", "--cohort-size",
             "5", "--num-rounds", "2", "--eval-every", "1", "--no-progress", "--no-plots"]
     out = {}
@@ -524,7 +527,7 @@ def test_fair_and_quasi_newton_rules_sharded_equal_single_device(slow_checks):
 
 def test_make_mesh_refuses_more_devices_than_exist():
     import jax
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     n = jax.device_count()
     with pytest.raises(ValueError, match="^devices:"):
         sharding.make_mesh(n + 1)
@@ -541,7 +544,7 @@ def test_make_mesh_refuses_more_devices_than_exist():
 def test_execution_refuses_a_mesh_without_a_clients_axis():
     import jax
     import numpy as np
-    from fedjax_fair.execution import Execution, as_execution
+    from fedjax_fair.core.execution import Execution, as_execution
     with pytest.raises(ValueError, match="^mesh:"):
         as_execution(Execution("vmap", None, "8 devices"))
     other = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("batch",))
@@ -552,9 +555,9 @@ def test_execution_refuses_a_mesh_without_a_clients_axis():
 def test_runner_refuses_a_bad_mesh_before_compute(monkeypatch):
     import jax
     import helpers as H
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     from fedjax_fair.algorithms.fedavg import fedavg
-    from fedjax_fair.execution import Execution
+    from fedjax_fair.core.execution import Execution
     model = H.logreg()
     monkeypatch.setattr(runner, "simulate", lambda *a, **k: pytest.fail("compiled"))
     with pytest.raises(ValueError, match="^mesh:"):
@@ -607,7 +610,7 @@ def test_devices_config_value():
 def test_pad_and_unpad_clients_keep_the_real_clients_in_order():
     import jax.numpy as jnp
     import numpy as np
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     x = {"a": jnp.arange(3), "b": jnp.arange(6.0).reshape(3, 2)}
     padded = sharding.pad_clients(x, 8)
     assert padded["a"].shape == (8,) and padded["b"].shape == (8, 2)
@@ -638,7 +641,7 @@ def _devices_after(devices, **env) -> int:
 def test_devices_flag_makes_one_cpu_device_per_core_unless_the_user_chose():
     """``--devices all`` on a CPU: one device per core before JAX starts (so the
     cohort splits over the cores); a count the user set is kept; 1 asks for nothing."""
-    from fedjax_fair.sharding import usable_cores
+    from fedjax_fair.core.sharding import usable_cores
     cores = usable_cores()
     assert _devices_after("all") == cores
     assert _devices_after("auto") == cores  # the command line's default

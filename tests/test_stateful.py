@@ -27,11 +27,11 @@ import pytest
 
 import fedjax_fair as ff
 import helpers
-from fedjax_fair import client, sampling
-from fedjax_fair import simulate as sim
+from fedjax_fair.core import client, sampling
+from fedjax_fair.drivers import simulate as sim
 from fedjax_fair.algorithms import ditto, fedavg, feddyn, scaffold
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import ClientData, FederatedData
+from fedjax_fair.core.types import ClientData, FederatedData
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 1)

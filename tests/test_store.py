@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_fair import checkpoint as ckpt
+from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair import cli
 
 TINY = ["--num-clients", "6", "--dataset-arg", "max_examples=100", "--cohort-size", "3",
@@ -470,7 +470,7 @@ def _compare_points(monkeypatch, out, kill=None) -> list:
     n-th (1-based) point, ``how`` being "before", "torn" or "inside"."""
     import importlib
     from fedjax_fair.cli import report
-    sweep = importlib.import_module("fedjax_fair.sweep")  # the module, not the function
+    sweep = importlib.import_module("fedjax_fair.drivers.sweeps")  # the module, not the function
     points: list = []
     real_replace, real_history = report._replace_with, cli._write_client_history
     real_run_seeds = sweep.run_seeds
@@ -620,7 +620,7 @@ def test_a_stop_during_an_algorithms_seeds_is_honoured_at_the_chunks_end(
     stop request (what Ctrl-C / SIGTERM do) part-way stops at the end of the chunk, with
     every seed's progress committed to its checkpoint, and --resume continues those
     runs from there to the uninterrupted comparison."""
-    from fedjax_fair import runner
+    from fedjax_fair.drivers import runner
     full, _ = compare_reference
     out = str(tmp_path / "cmp")
     commits = []

@@ -14,7 +14,7 @@ from fedjax_fair.algorithms.fedprox import fedprox
 from fedjax_fair.algorithms.superfed import (cos_squared, draw_lambdas, lambda_grid_metrics,
                                              layer_groups, mix, personalised_summary,
                                              superfed)
-from fedjax_fair.evaluation import make_evaluator
+from fedjax_fair.core.evaluation import make_evaluator
 from fedjax_fair.models import mlp
 
 MODEL = helpers.logreg()

@@ -1,4 +1,4 @@
-"""Vectorised sweeps (fedjax_fair/sweep.py): one program equals the separate runs,
+"""Vectorised sweeps (fedjax_fair/drivers/sweeps.py): one program equals the separate runs,
 axes are labelled, chunking changes nothing, bad inputs fail before compiling.
 
 The federation is helpers.tiny_federation() (6 clients, client 2 empty) with a
@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair import algorithms, runner, sampling
-from fedjax_fair.sweep import (SEED, Axis, Tiles, evaluate_state, final_state, summarise,
-                               sweep)
-from fedjax_fair.types import FederatedData
+from fedjax_fair import algorithms
+from fedjax_fair.drivers import runner
+from fedjax_fair.core import sampling
+from fedjax_fair.drivers.sweeps import (SEED, Axis, Tiles, evaluate_state, final_state,
+                                        summarise, sweep)
+from fedjax_fair.core.types import FederatedData
 
 MODEL = helpers.logreg()
 _TINY = helpers.tiny_federation()
@@ -251,7 +253,7 @@ def test_lax_map_chunks_and_seeds_only_and_runner():
 def test_run_seeds_equals_runner_run_per_seed(vmap_seeds):
     """``run_seeds`` (compare's seeds as one program) gives each seed runner.run's
     history, per-client metrics, per-round metrics and client history."""
-    from fedjax_fair.sweep import run_seeds
+    from fedjax_fair.drivers.sweeps import run_seeds
     algorithm = algorithms.qffl(MODEL, q=1.0, client_lr=0.3, batch_size=B)
     runs = run_seeds(algorithm, MODEL, DATA, SEEDS, num_rounds=5, cohort_size=COHORT,
                      eval_every=2, execution=EXECUTION, vmap_seeds=vmap_seeds)

@@ -1,5 +1,5 @@
 """The synthetic-set evaluation shared by the generative methods
-(fedjax_fair/synthetic.py; spec/fedevg.md §5): the Fréchet distance against
+(fedjax_fair/algorithms/families/generative.py; spec/fedevg.md §5): the Fréchet distance against
 ``scipy.linalg.sqrtm``, the feature distance on a classifier's logits, the sample grids."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair import synthetic as S
+from fedjax_fair.algorithms.families import generative as S
 from fedjax_fair.models import mlp
 
 

@@ -28,10 +28,11 @@ import optax
 import pytest
 
 import helpers
-from fedjax_fair import algorithms, sampling
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.client import data_loss
-from fedjax_fair.simulate import simulate
+from fedjax_fair import algorithms
+from fedjax_fair.core import sampling
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.core.client import data_loss
+from fedjax_fair.drivers.simulate import simulate
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 0)

@@ -86,13 +86,14 @@ import numpy as np
 import optax
 from jax.scipy.special import erfc, ndtr
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.mixing import MixingRule, normalize
-from fedjax_fair.solvers.online import (diagonal_simplex_qp, entropic_ftrl, psd_lipschitz_bound,
-                                simplex_qp)
-from fedjax_fair.types import ClientOutput, ServerContext
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.mixing import MixingRule, normalize
+from fedjax_fair.solvers.online import (diagonal_simplex_qp, entropic_ftrl,
+                                        psd_lipschitz_bound, simplex_qp)
+from fedjax_fair.core.types import ClientOutput, ServerContext
 
 VARIANTS = ("thesis", "reference")
 HPARAMS = {"alpha": H.Range(0.0, None, low_open=True, nullable=True),
@@ -396,7 +397,7 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
     """AAggFF-S mixing rule (Online Newton Step over all N clients; spec §2).
 
     Needs full participation: the cohort must hold every client (sampler
-    ``fedjax_fair.sampling.full``); a cohort smaller than the federation raises.
+    ``fedjax_fair.core.sampling.full``); a cohort smaller than the federation raises.
     Clients masked out of a round (padding) get the mean observed response, write
     nothing else and get weight 0; a round with no participant leaves the state as is.
 

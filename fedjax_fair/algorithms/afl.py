@@ -39,10 +39,11 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.mixing import MixingRule, active_clients, normalize
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.mixing import MixingRule, active_clients, normalize
 from fedjax_fair.solvers.simplex import project_simplex
 
 HPARAMS = {"lambda_lr": H.NONNEGATIVE, **CLIENT_HPARAMS}

@@ -53,15 +53,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import execution
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
-from fedjax_fair.client import (clip_by_global_norm, data_loss, local_sgd, make_optimizer,
-                                round_value)
-from fedjax_fair.mixing import prior
+from fedjax_fair.core import execution
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
+from fedjax_fair.core.client import (clip_by_global_norm, data_loss, local_sgd,
+                                     make_optimizer, round_value)
+from fedjax_fair.core.mixing import prior
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 HPARAMS = {"alpha": H.Range(0.0, 1.0),
            "alpha_lr": H.Range(0.0, None, low_open=True, nullable=True),

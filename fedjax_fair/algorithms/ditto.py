@@ -34,13 +34,13 @@ from typing import Optional
 
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, check_client,
-                                           client_training)
-from fedjax_fair.client import (check_optimizer, local_sgd, make_optimizer, proximal_term,
-                                round_value)
-from fedjax_fair.mixing import prior
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client, client_training)
+from fedjax_fair.core.client import (check_optimizer, local_sgd, make_optimizer,
+                                     proximal_term, round_value)
+from fedjax_fair.core.mixing import prior
 
 HPARAMS = {"lam": H.NONNEGATIVE,
            "personal_lr": H.Range(0.0, None, low_open=True, nullable=True),

@@ -57,15 +57,16 @@ import jax.numpy as jnp
 import optax
 from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
-from fedjax_fair.client import (check_rate_optimizer, data_loss, inner, local_sgd,
-                                make_optimizer, round_value)
-from fedjax_fair.hessian import row_subset
-from fedjax_fair.mixing import uniform
-from fedjax_fair.types import ClientData, ClientOutput
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
+from fedjax_fair.core.client import (check_rate_optimizer, data_loss, inner, local_sgd,
+                                     make_optimizer, round_value)
+from fedjax_fair.algorithms.families.second_order import row_subset
+from fedjax_fair.core.mixing import uniform
+from fedjax_fair.core.types import ClientData, ClientOutput
 
 MODES = ("pseudo_grad", "grad_at_global")
 BFGS_FORMS = ("inverse", "direct")

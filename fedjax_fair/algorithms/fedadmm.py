@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import Optimizer, Rate
-from fedjax_fair.algorithms.primal_dual import HPARAMS as PD_HPARAMS
-from fedjax_fair.algorithms.primal_dual import primal_dual
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import Optimizer, Rate
+from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
+from fedjax_fair.algorithms.families.primal_dual import primal_dual
 
 HPARAMS = dict(PD_HPARAMS)
 

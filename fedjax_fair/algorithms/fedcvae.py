@@ -50,16 +50,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import SERVER_KEY_ID, FederatedAlgorithm, ServerState
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import SERVER_KEY_ID, FederatedAlgorithm, ServerState
 from fedjax_fair.algorithms.fedavg import HPARAMS as FEDAVG_HPARAMS
-from fedjax_fair.algorithms.fedavg import Optimizer, Rate, fedavg
-from fedjax_fair.client import data_loss
-from fedjax_fair.execution import local_step_unroll, map_clients
+from fedjax_fair.algorithms.families.training import Optimizer, Rate
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import data_loss
+from fedjax_fair.core.execution import local_step_unroll, map_clients
 from fedjax_fair.models.base import Model, check_widths
-from fedjax_fair.synthetic import (balanced_labels, check_data_range, classifier_optimizer,
-                                   fit_classifier, synthetic_accuracy)
-from fedjax_fair.types import Cohort
+from fedjax_fair.algorithms.families.generative import (balanced_labels, check_data_range,
+                                                        classifier_optimizer, fit_classifier,
+                                                        synthetic_accuracy)
+from fedjax_fair.core.types import Cohort
 
 NETWORK_HPARAMS = {"latent_dim": H.COUNT, "kl_weight": H.NONNEGATIVE}
 HPARAMS = {**FEDAVG_HPARAMS,  # client_lr, batch_size, num_epochs, max_steps, weight_decay

@@ -39,10 +39,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate
-from fedjax_fair.algorithms.primal_dual import primal_dual
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
+                                                      Rate)
+from fedjax_fair.algorithms.families.primal_dual import primal_dual
 
 HPARAMS = {"alpha": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
 

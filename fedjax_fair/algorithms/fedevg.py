@@ -60,7 +60,7 @@ Public pieces: ``server_steps`` (schedule), ``signed_weights`` / ``log_energy_we
 ``client_sgld`` (eq. 4.9), ``pcd_loss``, ``energy_and_grad`` (the upload's per-sample
 values and gradients), ``make_client_update`` (one client, spec §2.3), ``init_synthetic``
 (eq. 4.12), ``mean_epoch_iters``. The synthetic set's accessors and evaluation, shared
-with FedCVAE, are in ``fedjax_fair.synthetic``: ``synthetic_data``,
+with FedCVAE, are in ``fedjax_fair.algorithms.families.generative``: ``synthetic_data``,
 ``synthetic_federation``, ``downstream_accuracy`` / ``downstream_report`` (spec §5.1),
 ``feature_distance`` (§5.2) and ``plot_sample_grid`` (§5.3).
 
@@ -79,16 +79,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair import client_states as tables
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
-                                   cohort_train_loss)
-from fedjax_fair.client import check_rate, data_loss, masked_mean, masked_steps, round_value
-from fedjax_fair.execution import local_step_unroll, loss_chunk_size_here, map_clients
+from fedjax_fair.core import client_states as tables
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
+                                        cohort_train_loss)
+from fedjax_fair.core.client import (check_rate, data_loss, masked_mean, masked_steps,
+                                     round_value)
+from fedjax_fair.core.execution import local_step_unroll, loss_chunk_size_here, map_clients
 from fedjax_fair.models.base import Model, cross_entropy
-from fedjax_fair.synthetic import (SyntheticSet, balanced_labels, check_data_range,
-                                   classifier_optimizer, fit_classifier, synthetic_accuracy)
-from fedjax_fair.types import ClientData, Cohort
+from fedjax_fair.algorithms.families.generative import (SyntheticSet, balanced_labels,
+                                                        check_data_range,
+                                                        classifier_optimizer, fit_classifier,
+                                                        synthetic_accuracy)
+from fedjax_fair.core.types import ClientData, Cohort
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
 

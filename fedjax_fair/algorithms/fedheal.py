@@ -75,11 +75,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, stateless, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, client_training
-from fedjax_fair.mixing import MixingRule, active_clients, normalize
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator, stateless, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      client_training)
+from fedjax_fair.core.mixing import MixingRule, active_clients, normalize
 
 DISTANCES = ("layers", "global")
 HPARAMS = {"tau": H.Range(0.0, 1.0), "beta": H.Range(0.0, 1.0), "server_lr": H.POSITIVE,

@@ -77,16 +77,17 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from fedjax_fair import execution
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, client_training
+from fedjax_fair.core import execution
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      client_training)
 from fedjax_fair.algorithms.fedmgda import server_schedule
-from fedjax_fair.client import data_loss, round_value
-from fedjax_fair.mixing import active_clients, uniform
+from fedjax_fair.core.client import data_loss, round_value
+from fedjax_fair.core.mixing import active_clients, uniform
 from fedjax_fair.solvers import qp
-from fedjax_fair.types import ClientData, ClientOutput
+from fedjax_fair.core.types import ClientData, ClientOutput
 
 GRADIENTS = ("global", "pseudo")
 GUARD_TOL = 1e-6  # the code's threshold on max_k -(g_k . d)

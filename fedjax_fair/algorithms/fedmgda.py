@@ -47,11 +47,12 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.mixing import MixingRule, by_num_examples, uniform
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.mixing import MixingRule, by_num_examples, uniform
 from fedjax_fair.solvers import qp
 
 CENTERS = {"num_examples": by_num_examples, "uniform": uniform}

@@ -29,7 +29,7 @@ Deviations (documented):
 
 * **Diagonal Hessians.** H_k is the diagonal of ∇²f_k(theta^t): exact (small models)
   or Hutchinson's estimate E[z * Hz] with Rademacher z via Hessian-vector products
-  (``fedjax_fair.hessian``; ``curvature``, ``num_probes``, ``curvature_rows``); the
+  (``fedjax_fair.algorithms.families.second_order``; ``curvature``, ``num_probes``, ``curvature_rows``); the
   inverse is then per coordinate. Negative entries (networks; Hutchinson noise) are
   floored at 0 before the damping, so H_k + (alpha + rho) I stays positive. H_k is
   recomputed every round (the authors' "H_k" variant; their fixed and periodic
@@ -57,14 +57,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
 from fedjax_fair.algorithms.fednl import reporting
-from fedjax_fair.hessian import client_derivatives
-from fedjax_fair.mixing import uniform
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.algorithms.families.second_order import client_derivatives
+from fedjax_fair.core.mixing import uniform
+from fedjax_fair.core.types import ClientOutput
 
 HPARAMS = {"server_lr": H.POSITIVE, "rho": H.POSITIVE, "alpha": H.NONNEGATIVE,
            "num_probes": H.COUNT, "curvature_rows": H.Range(1, None, integer=True, nullable=True),

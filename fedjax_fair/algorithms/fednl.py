@@ -40,7 +40,7 @@ Deviations (documented):
 * **Diagonal Hessians.** A d x d Hessian is infeasible for neural networks, so H_k,
   D_k and S_k are diagonals (the paper's matrices restricted to diagonal ones). D_k is
   the exact diagonal (small models) or Hutchinson's estimate E[z * Hz] with Rademacher
-  z via Hessian-vector products (``fedjax_fair.hessian``; ``curvature``, ``num_probes``,
+  z via Hessian-vector products (``fedjax_fair.algorithms.families.second_order``; ``curvature``, ``num_probes``,
   ``curvature_rows``). The projection [H]_mu onto {⪰ mu I} of a diagonal matrix is
   max(H_jj, mu) per coordinate; ||.||_F is the Euclidean norm of the diagonal.
 * **Compressor** on the diagonal: the identity, or Top-K over all coordinates
@@ -80,13 +80,14 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
-from fedjax_fair.hessian import choice, client_derivatives, tree_norm
-from fedjax_fair.mixing import uniform
-from fedjax_fair.types import ClientOutput
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
+from fedjax_fair.algorithms.families.second_order import choice, client_derivatives, tree_norm
+from fedjax_fair.core.mixing import uniform
+from fedjax_fair.core.types import ClientOutput
 
 OPTIONS = ("projection", "shift")
 COMPRESSORS = ("identity", "topk")

@@ -26,9 +26,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, fedavg
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate
+from fedjax_fair.algorithms.fedavg import fedavg
 
 HPARAMS = {"server_lr": H.POSITIVE, "momentum": H.Range(0.0, 1.0, high_open=True),
            "b1": H.Range(0.0, 1.0, high_open=True), "b2": H.Range(0.0, 1.0, high_open=True),

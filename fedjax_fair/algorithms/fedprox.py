@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.client import proximal_term
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import proximal_term
 
 HPARAMS = {"mu": H.NONNEGATIVE, **CLIENT_HPARAMS}
 

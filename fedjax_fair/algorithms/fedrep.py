@@ -47,10 +47,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms import partial
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families import partial
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
 
 FEDPER_HPARAMS = dict(CLIENT_HPARAMS)
 HPARAMS = {"head_epochs": H.COUNT, **CLIENT_HPARAMS}

@@ -27,11 +27,11 @@ from typing import Optional
 
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate,
-                                           client_training)
-from fedjax_fair.mixing import prior
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
+                                                      Rate, client_training)
+from fedjax_fair.core.mixing import prior
 
 HPARAMS = {"sam_radius": H.NONNEGATIVE, "sam_eps": H.POSITIVE, "server_lr": H.POSITIVE,
            **CLIENT_HPARAMS, **WEIGHT_DECAY}

@@ -45,13 +45,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, check_client,
-                                           client_training)
-from fedjax_fair.client import local_sgd, make_optimizer, round_value
-from fedjax_fair.execution import local_step_unroll
-from fedjax_fair.mixing import prior
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client, client_training)
+from fedjax_fair.core.client import local_sgd, make_optimizer, round_value
+from fedjax_fair.core.execution import local_step_unroll
+from fedjax_fair.core.mixing import prior
 
 HPARAMS = {"finetune_epochs": H.Range(1, None, integer=True, nullable=True),
            "finetune_lr": H.Range(0.0, None, low_open=True, nullable=True),

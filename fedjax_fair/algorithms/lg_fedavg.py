@@ -33,9 +33,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms import partial
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families import partial
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
 
 HPARAMS = dict(CLIENT_HPARAMS)
 

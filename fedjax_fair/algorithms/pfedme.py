@@ -65,14 +65,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import execution
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
-from fedjax_fair.client import (check_optimizer, clip_by_global_norm, data_loss,
-                                make_optimizer, masked_steps, round_value)
-from fedjax_fair.mixing import prior
-from fedjax_fair.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.core import execution
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
+from fedjax_fair.core.client import (check_optimizer, clip_by_global_norm, data_loss,
+                                     make_optimizer, masked_steps, round_value)
+from fedjax_fair.core.mixing import prior
+from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 HPARAMS = {"lam": H.NONNEGATIVE, "inner_steps": H.COUNT, "personal_lr": H.POSITIVE,
            "beta": H.POSITIVE, **CLIENT_HPARAMS}

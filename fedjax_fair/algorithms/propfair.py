@@ -47,12 +47,13 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, Transform,
-                                           client_training, fedavg)
-from fedjax_fair.client import masked_mean
-from fedjax_fair.mixing import MixingRule, exponentiated, prior
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      Transform, client_training)
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import masked_mean
+from fedjax_fair.core.mixing import MixingRule, exponentiated, prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE, **CLIENT_HPARAMS}

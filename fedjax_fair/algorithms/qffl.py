@@ -53,14 +53,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import (Aggregator, ratio, stateless, stateless_stream,
-                                     weighted_sum)
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, Optimizer, Rate, Transform, check_client,
-                                           fedavg)
-from fedjax_fair.client import round_value
-from fedjax_fair.mixing import MixingRule, exponentiated
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import (Aggregator, ratio, stateless, stateless_stream,
+                                          weighted_sum)
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      Transform, check_client)
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import round_value
+from fedjax_fair.core.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 MODES = ("faithful", "mixing")

@@ -37,13 +37,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate,
-                                           check_rate_optimizer, client_training)
-from fedjax_fair.client import inner
-from fedjax_fair.mixing import MixingRule, prior
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
+                                                      Rate, client_training)
+from fedjax_fair.core.client import check_rate_optimizer
+from fedjax_fair.core.client import inner
+from fedjax_fair.core.mixing import MixingRule, prior
 
 HPARAMS = {"server_lr": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
 

@@ -49,16 +49,17 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, check_client
-from fedjax_fair.client import (data_loss, data_metrics, local_sgd, make_optimizer, round_value,
-                                sq_distance)
-from fedjax_fair.execution import local_step_unroll
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
+                                                      check_client)
+from fedjax_fair.core.client import (data_loss, data_metrics, local_sgd, make_optimizer,
+                                     round_value, sq_distance)
+from fedjax_fair.core.execution import local_step_unroll
 from fedjax_fair.metrics import worst_k
-from fedjax_fair.mixing import by_num_examples
+from fedjax_fair.core.mixing import by_num_examples
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 MODES = ("mm", "lm")
 PROX_FORMS = ("squared", "ref_sum_of_norms")

@@ -30,10 +30,11 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.fedavg import CLIENT_HPARAMS, Optimizer, Rate, Transform, fedavg
-from fedjax_fair.mixing import MixingRule, exponentiated
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 HPARAMS = {"tilt": H.REAL, **CLIENT_HPARAMS}

@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "on the same data and budget, print a table of final "
                                    "per-client accuracy statistics and timings, and save it "
                                    "with overlaid plots. An algorithm's seeds run as one "
-                                   "program (fedjax_fair.sweep.run_seeds; --sweep-seeds "
+                                   "program (fedjax_fair.drivers.sweeps.run_seeds; --sweep-seeds "
                                    "false: one run per seed), except for generative "
                                    "methods, a device mesh (--devices), --placement host, "
                                    "a program larger than the device and a single seed, "
@@ -434,15 +434,15 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     --client-weight-decay (as ``client_optimizer``), the hyper-parameters, and the
     round-indexed schedules; wrapped to log the per-round improved fraction unless
     ``cfg.improvement`` is off."""
-    from fedjax_fair.algorithm import with_improvement
+    from fedjax_fair.core.algorithm import with_improvement
     from fedjax_fair.algorithms import get_method, method_hparams
-    from fedjax_fair.schedules import parse as parse_schedule
+    from fedjax_fair.core.schedules import parse as parse_schedule
     accepted = method_hparams(name)
     kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
               if not h.python_only and k in C.config_fields() and hasattr(cfg, k)}
     kwargs.update(C.mixing_kwargs(name, cfg.mixing) or {})  # an explicit --hp wins
     if C.client_sgd_field(cfg) and "client_optimizer" in accepted:  # --client-momentum
-        from fedjax_fair.client import sgd_optimizer
+        from fedjax_fair.core.client import sgd_optimizer
         kwargs["client_optimizer"] = sgd_optimizer(cfg.client_momentum, cfg.client_weight_decay)
     kwargs.update(hparams)
     client_schedule = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
@@ -453,7 +453,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     if server_schedule is not None:
         kwargs[rate] = server_schedule(kwargs.get(rate, accepted[rate].default))
     if cfg.compensate_server_lr:
-        from fedjax_fair.schedules import compensated
+        from fedjax_fair.core.schedules import compensated
         kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
                                    client_schedule(1.0))
     try:
@@ -499,9 +499,9 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                  commit_seconds=0.0):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
     import jax
-    from fedjax_fair import runner
-    from fedjax_fair.heterogeneity import parse as parse_budgets
-    from fedjax_fair import sampling
+    from fedjax_fair.drivers import runner
+    from fedjax_fair.core.heterogeneity import parse as parse_budgets
+    from fedjax_fair.core import sampling
     params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
     try:
         return runner.run(alg, params, ds.host_data, jax.random.key(seed), model=model,
@@ -610,7 +610,7 @@ def _write_synthetic(out: str, cfg_dict: dict, ds, state, plots: bool) -> None:
     """A generative method's final synthetic set: synthetic.npz ("x", "y") and, for
     image inputs, synthetic_samples.png (a row of samples per class)."""
     from fedjax_fair.algorithms import REGISTRY, base_name, method_hparams
-    from fedjax_fair import synthetic
+    from fedjax_fair.algorithms.families import generative as synthetic
     name = base_name(str(cfg_dict.get("algorithm")))
     if name not in REGISTRY or not REGISTRY[name].generative:
         return
@@ -683,7 +683,7 @@ def _preflight(cfg, ds, model) -> None:
     large for one array or for the device) are refused naming the field, from
     ``jax.eval_shape`` alone: before anything is compiled or written."""
     import jax
-    from fedjax_fair import memory
+    from fedjax_fair.core import memory
     params = jax.eval_shape(model.init, jax.random.key(0))
     one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
            for k, v in ds.host_data.train.examples.items()}
@@ -757,7 +757,6 @@ def cmd_run(args) -> int:
         _check_checkpoint_owner(cfg, cfg_dict)
 
     from fedjax_fair.cli import lock
-    from fedjax_fair import checkpoint as ckpt
     primary = _is_primary()
     held = _own(cfg, primary, check_fresh=True)
     branches = list(getattr(cfg, "branches", []))
@@ -808,7 +807,8 @@ def cmd_run(args) -> int:
             for row in report.round_rows(first_round, metrics):
                 f.write(report.to_json(row) + "\n")
 
-    from fedjax_fair.runner import CompileClock, Interrupted, NonFiniteError, stop_on_signals
+    from fedjax_fair.drivers.runner import (CompileClock, Interrupted, NonFiniteError,
+                                            stop_on_signals)
     import jax
     _STAGE_DIR.append(out)
     try:
@@ -951,7 +951,7 @@ def _fix_resumed_seconds(history: list, new_entries: list) -> int:
 def _check_capacity(alg, num_clients: int, cfg) -> None:
     """A lazy client table too small for the run is a config error before anything
     is written (``runner.check_capacity``)."""
-    from fedjax_fair.runner import check_capacity
+    from fedjax_fair.drivers.runner import check_capacity
     try:
         check_capacity(alg, num_clients, cfg.cohort_size, cfg.num_rounds)
     except ValueError as e:
@@ -962,8 +962,8 @@ def _committed_logs(ckdir: str) -> tuple:
     """(round, metrics.jsonl rows, rounds.jsonl rows) of the last committed checkpoint:
     its evaluation history and its round log, so an evaluation or round streamed after
     that commit (a killed chunk) is neither kept nor lost on resume."""
-    from fedjax_fair import checkpoint as ckpt
-    from fedjax_fair.runner import load_round_log
+    from fedjax_fair.drivers import checkpoint as ckpt
+    from fedjax_fair.drivers.runner import load_round_log
     meta = ckpt.read_meta(ckdir)
     done = int(meta["round"])
     rounds = report.round_rows(0, load_round_log(ckdir, done)) if done else []
@@ -975,7 +975,7 @@ def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
     and its meta, per-client history and round log are of the state's round
     (``runner.verify_resumable``)."""
     import jax
-    from fedjax_fair.runner import verify_resumable
+    from fedjax_fair.drivers.runner import verify_resumable
     template = jax.eval_shape(lambda k: alg.init(model.init(k), num_clients),
                               jax.random.key(0))
     try:
@@ -1065,7 +1065,8 @@ def cmd_compare(args) -> int:
         _check_capacity(alg, ds.num_clients, cfg)
 
     from tqdm.auto import tqdm
-    from fedjax_fair.runner import Interrupted, NonFiniteError, stop_on_signals, stop_requested
+    from fedjax_fair.drivers.runner import (Interrupted, NonFiniteError, stop_on_signals,
+                                            stop_requested)
     from fedjax_fair.cli import lock
     _own(cfg, _is_primary(), check_fresh=True)
     if not cfg.resume:
@@ -1146,7 +1147,7 @@ def cmd_compare(args) -> int:
                              notes, time.perf_counter() - t_start,
                              print_table=not interrupted)
     if interrupted:
-        from fedjax_fair import checkpoint as ckpt
+        from fedjax_fair.drivers import checkpoint as ckpt
         partly = sum(ckpt.latest(os.path.join(out, a, f"seed{s}", "checkpoint")) is not None
                      and not os.path.isfile(os.path.join(out, a, f"seed{s}", "summary.json"))
                      for a in algs for s in cfg.seeds)
@@ -1180,7 +1181,7 @@ def _started_round(run_dir: str, alg, model, ds) -> int:
     (``run_dir/checkpoint``), 0 when it has none or one it cannot continue from (the
     run then starts again, and its first commit replaces that checkpoint)."""
     import jax
-    from fedjax_fair.runner import verify_resumable
+    from fedjax_fair.drivers.runner import verify_resumable
     directory = os.path.join(run_dir, "checkpoint")
     if not os.path.isdir(directory):
         return 0
@@ -1277,9 +1278,9 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
     ``_compare_one`` writes it; ``{seed: what _finished_run reads back}``, or {} when
     the program does not fit the device (the caller then runs each seed with
     ``runner.run``, which streams cohorts from the host)."""
-    from fedjax_fair import sampling
-    from fedjax_fair.heterogeneity import parse as parse_budgets
-    from fedjax_fair.sweep import run_seeds
+    from fedjax_fair.core import sampling
+    from fedjax_fair.core.heterogeneity import parse as parse_budgets
+    from fedjax_fair.drivers.sweeps import run_seeds
     run_dirs = [os.path.join(out, name, f"seed{seed}") for seed in seeds]
     runs = run_seeds(
         alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
@@ -1459,12 +1460,12 @@ def _list_models() -> list[str]:
 
 
 def _list_strategies() -> list[str]:
-    from fedjax_fair.execution import STRATEGIES
+    from fedjax_fair.core.execution import STRATEGIES
     return ["execution strategies (--execution):"] + [f"  {s}" for s in STRATEGIES]
 
 
 def _list_samplers() -> list[str]:
-    from fedjax_fair.sampling import SAMPLERS
+    from fedjax_fair.core.sampling import SAMPLERS
     return ["samplers (--sampler):"] + [f"  {n:<14} {_doc_line(f)}".rstrip()
                                         for n, f in SAMPLERS.items()]
 
@@ -1483,7 +1484,7 @@ LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
 def _initialize_distributed() -> None:
     """``--distributed``: ``sharding.initialize_distributed``, its failures reported as
     a ``distributed`` configuration error (the job's environment is the config)."""
-    from fedjax_fair import sharding
+    from fedjax_fair.core import sharding
     try:
         sharding.initialize_distributed()
     except (ValueError, RuntimeError) as e:

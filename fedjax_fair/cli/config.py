@@ -169,7 +169,7 @@ class CompareConfig(_Common):
     hparams: dict = _f({}, "dict", "hyper-parameters, NAME or ALGORITHM.NAME", flag=False)
     seeds: list = _f([0, 1, 2], "list[int]", "comma-separated seeds")
     sweep_seeds: bool = _f(True, "bool", "run each algorithm's seeds as one program "
-                           "(fedjax_fair.sweep.run_seeds: vmapped on accelerators, one "
+                           "(fedjax_fair.drivers.sweeps.run_seeds: vmapped on accelerators, one "
                            "compiled program called per seed on CPU; the same results as "
                            "one run per seed up to float rounding); false: one runner.run "
                            "per seed. Generative methods, a device mesh (--devices), "
@@ -609,12 +609,12 @@ def _choice(field: str, value: str, allowed) -> None:
 
 
 def _validate_common(cfg: _Common) -> None:
-    from fedjax_fair.execution import STRATEGIES
+    from fedjax_fair.core.execution import STRATEGIES
     from fedjax_fair.data.augment import STANDARD_AUGMENTATIONS
-    from fedjax_fair.heterogeneity import parse as parse_budgets
-    from fedjax_fair.memory import PLACEMENTS
+    from fedjax_fair.core.heterogeneity import parse as parse_budgets
+    from fedjax_fair.core.memory import PLACEMENTS
     from fedjax_fair.models import MODELS
-    from fedjax_fair.sampling import SAMPLERS
+    from fedjax_fair.core.sampling import SAMPLERS
 
     for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
         value = getattr(cfg, name)
@@ -648,7 +648,7 @@ def _validate_common(cfg: _Common) -> None:
     _choice("placement", cfg.placement, PLACEMENTS)
     check_devices(cfg.devices)
     _choice("augment", cfg.augment, STANDARD_AUGMENTATIONS)
-    from fedjax_fair.schedules import parse as parse_schedule
+    from fedjax_fair.core.schedules import parse as parse_schedule
     for name in ("client_lr_schedule", "server_lr_schedule"):
         try:
             parse_schedule(getattr(cfg, name), name)
@@ -674,7 +674,7 @@ def check_devices(devices) -> None:
     if devices not in ("all", "auto") and (not _is_int(devices) or devices < 1):
         raise ConfigError("devices", f"must be an integer >= 1, 'all' or 'auto', "
                                      f"got {devices!r}")
-    from fedjax_fair.sharding import make_mesh, provide_cpu_devices
+    from fedjax_fair.core.sharding import make_mesh, provide_cpu_devices
     provide_cpu_devices("all" if devices == "auto" else devices)
     if devices in ("all", "auto"):
         return
@@ -691,7 +691,7 @@ def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None,
     and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh,
     ``auto`` is fixed for one device even where JAX has several CPU devices (``auto`` alone would split the cohort over
     them, ``execution.auto_mesh``)."""
-    from fedjax_fair.execution import Execution, resolve
+    from fedjax_fair.core.execution import Execution, resolve
     mesh = mesh_of(cfg.devices, cfg.cohort_size, num_clients, step_flops, round_flops)
     strategy = cfg.execution
     if mesh is None and strategy == "auto":
@@ -708,11 +708,11 @@ def mesh_of(devices, cohort_size: int, num_clients: int,
     ``round_flops`` too small to pay for the mesh), or every device of a
     multi-process job."""
     import jax
-    from fedjax_fair.sharding import make_mesh
+    from fedjax_fair.core.sharding import make_mesh
     if devices == 1:
         return None
     if devices == "auto" and jax.process_count() == 1:
-        from fedjax_fair.execution import auto_mesh
+        from fedjax_fair.core.execution import auto_mesh
         return auto_mesh(cohort_size, num_clients=num_clients, step_flops=step_flops,
                          round_flops=round_flops)
     mesh = make_mesh(None if devices in ("all", "auto") else devices)
@@ -805,7 +805,7 @@ def _check_fresh_checkpoint(cfg: RunConfig) -> None:
     """A new run does not write into a checkpoint directory outside its output
     directory that another process holds, or that holds a checkpoint, without
     ``--overwrite`` (two runs sharing one would overwrite each other)."""
-    from fedjax_fair import checkpoint as ckpt
+    from fedjax_fair.drivers import checkpoint as ckpt
     from fedjax_fair.cli import lock
     directory = cfg.resolved_checkpoint_dir()
     out = os.path.abspath(cfg.resolved_output_dir())
@@ -835,7 +835,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
         _check_fresh_checkpoint(cfg)
     else:
-        from fedjax_fair import checkpoint as ckpt
+        from fedjax_fair.drivers import checkpoint as ckpt
         directory = cfg.resolved_checkpoint_dir()
         if directory is None:
             raise ConfigError("resume", "needs checkpoints; remove --no-checkpoint")
@@ -934,7 +934,7 @@ def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> 
             raise ConfigError("cohort_size", f"{name} needs every client every round: use "
                                              f"--cohort-size {num_clients} --sampler full")
     import jax
-    from fedjax_fair import sampling
+    from fedjax_fair.core import sampling
     try:  # samplers check their own constraints (e.g. "full" needs K == N)
         sampler = sampling.get(cfg.sampler, num_examples)
         jax.eval_shape(lambda k: sampler(k, num_clients, cfg.cohort_size), jax.random.key(0))

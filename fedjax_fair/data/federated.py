@@ -17,8 +17,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from fedjax_fair.memory import bucket_report
-from fedjax_fair.types import ClientData, FederatedData
+from fedjax_fair.core.memory import bucket_report
+from fedjax_fair.core.types import ClientData, FederatedData
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_fair.data.federated import (Dataset, _check_positive_int, _check_seed,
-                                        from_padded)
-from fedjax_fair.types import ClientData
+from fedjax_fair.data.federated import Dataset, _check_positive_int, _check_seed, from_padded
+from fedjax_fair.core.types import ClientData
 
 SIDE = 28
 LOW_RES = 7  # templates and style shifts are 7x7 patterns upsampled to 28x28

@@ -7,7 +7,8 @@ FedEvg's ResNet-10 with a spectral-normalised head, SuPerFed's ResNet9 and
 MobileNet. text.py: the Shakespeare character LSTM.
 """
 from fedjax_fair.models import resnet, text, zoo
-from fedjax_fair.models.base import INITIALIZERS, Model, cross_entropy, from_flax, with_initializer
+from fedjax_fair.models.base import (INITIALIZERS, Model, cross_entropy, from_flax,
+                                     with_initializer)
 from fedjax_fair.models.simple import cnn, logistic_regression, mlp
 
 MODELS = {"logreg": logistic_regression, "mlp": mlp, "cnn": cnn, **zoo.MODELS, **resnet.MODELS,

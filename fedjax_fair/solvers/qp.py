@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fedjax_fair.sharding import replicated_here
+from fedjax_fair.core.sharding import replicated_here
 
 PROJECTIONS = ("sort", "bisect")
 

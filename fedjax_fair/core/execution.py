@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import sharding
+from fedjax_fair.core import sharding
 
 STRATEGIES = ("auto", "vmap", "chunked", "sequential", "bucketed")
 # vmap axis of the clients run together; not the mesh's ``sharding.CLIENTS`` axis,

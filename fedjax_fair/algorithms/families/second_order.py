@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_fair.client import (check_rate_optimizer, data_loss, epoch_order, local_sgd,
-                                make_optimizer, round_value)
-from fedjax_fair.types import ClientData
+from fedjax_fair.core.client import (check_rate_optimizer, data_loss, epoch_order, local_sgd,
+                                     make_optimizer, round_value)
+from fedjax_fair.core.types import ClientData
 
 CURVATURES = ("auto", "exact", "hutchinson")
 MODES = ("grad_at_global", "pseudo_grad")

@@ -61,13 +61,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import client_states as tables
-from fedjax_fair.sharding import on_mesh
-from fedjax_fair.aggregators import STREAM_SUM, Aggregator, weighted_mean
-from fedjax_fair.client import check_optimizer, data_loss, describe_object
-from fedjax_fair.execution import as_execution, map_clients
-from fedjax_fair.mixing import MixingRule, by_num_examples, tiered_softmax
-from fedjax_fair.types import Broadcast, ClientUpdate, Cohort, ServerContext
+from fedjax_fair.core import client_states as tables
+from fedjax_fair.core.sharding import on_mesh
+from fedjax_fair.core.aggregators import STREAM_SUM, Aggregator, weighted_mean
+from fedjax_fair.core.client import check_optimizer, data_loss, describe_object
+from fedjax_fair.core.execution import as_execution, map_clients
+from fedjax_fair.core.mixing import MixingRule, by_num_examples, tiered_softmax
+from fedjax_fair.core.types import Broadcast, ClientUpdate, Cohort, ServerContext
 
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
 

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_fair.client_states import DenseTable, LazyTable
+from fedjax_fair.core.client_states import DenseTable, LazyTable
 
 CLIENTS = "clients"  # mesh axis the cohort, the federation and client tables split over
 MODEL = "model"  # mesh axis left to the compiler (size 1 by default)
@@ -149,7 +149,7 @@ def check_mesh(mesh) -> Mesh:
     """``mesh`` if it is a ``jax.sharding.Mesh`` with a ``clients`` axis."""
     if not isinstance(mesh, Mesh) or CLIENTS not in mesh.axis_names:
         raise ValueError(f"mesh: must be a jax.sharding.Mesh with a {CLIENTS!r} axis "
-                         f"(fedjax_fair.sharding.make_mesh), got {mesh!r}")
+                         f"(fedjax_fair.core.sharding.make_mesh), got {mesh!r}")
     return mesh
 
 

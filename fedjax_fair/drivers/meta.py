@@ -39,12 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair import execution as _execution, sampling
-from fedjax_fair.algorithm import FederatedAlgorithm
-from fedjax_fair.client import masked_mean
-from fedjax_fair.sweep import (as_federation, check_count, check_seeds, final_state,
-                               has_examples)
-from fedjax_fair.types import ClientData
+from fedjax_fair.core import execution as _execution, sampling
+from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.core.client import masked_mean
+from fedjax_fair.drivers.sweeps import (as_federation, check_count, check_seeds, final_state,
+                                        has_examples)
+from fedjax_fair.core.types import ClientData
 
 Objective = Callable[["ClientScores"], jax.Array]
 SPLITS = ("validation", "test", "train")

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair import hparams as H
-from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.models.base import Model, cross_entropy
-from fedjax_fair.types import ClientData, FederatedData
+from fedjax_fair.core.types import ClientData, FederatedData
 
 
 class SyntheticSet(NamedTuple):
@@ -168,7 +168,7 @@ def downstream_accuracy(model: Model, x, y, test_split: ClientData, key, steps: 
     number), "accuracy_std": unweighted std across clients with test rows,
     "per_client": [N] accuracies, "num_examples": [N], "train_loss": mean loss over the
     steps, "params": the trained classifier}."""
-    from fedjax_fair.evaluation import make_evaluator
+    from fedjax_fair.core.evaluation import make_evaluator
 
     H.Range(0, None, integer=True).check("steps", steps)
     H.COUNT.check("batch_size", batch_size)

@@ -187,7 +187,7 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
 
     ``capacity`` None: one slot per client (same memory as ``dense`` plus 8 N bytes,
     but no work for unwritten rows). A run that samples cohorts of K clients for R
-    rounds needs at most min(N, K R) slots; ``fedjax_fair.runner.run`` refuses a smaller
+    rounds needs at most min(N, K R) slots; ``fedjax_fair.drivers.runner.run`` refuses a smaller
     capacity before compute. A write past the capacity is dropped and sets
     ``overflow``, which the runner also turns into an error.
 

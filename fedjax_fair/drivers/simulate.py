@@ -9,7 +9,7 @@
   ``Cohort`` with a leading round axis), for federations kept in host memory.
 
 The runner around it (memory plan, placement, evaluation, checkpoints, the NaN
-guard, progress) is ``fedjax_fair.runner.run``.
+guard, progress) is ``fedjax_fair.drivers.runner.run``.
 
 Randomness: the key of round r is ``fold_in(key, r)`` (r counted from the start of
 the run, so resuming from a checkpoint reproduces the uninterrupted run); it is
@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import sampling, sharding
-from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
-from fedjax_fair.client_states import gather
-from fedjax_fair.execution import as_execution
-from fedjax_fair.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
-from fedjax_fair.types import ClientData, Cohort, FederatedData
+from fedjax_fair.core import sampling, sharding
+from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.core.client_states import gather
+from fedjax_fair.core.execution import as_execution
+from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
+from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 
 
 def make_cohort(data: FederatedData, client_ids, step_budgets=None, mesh=None) -> Cohort:

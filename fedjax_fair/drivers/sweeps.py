@@ -53,13 +53,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import algorithms, execution as _execution, sampling
+from fedjax_fair import algorithms
+from fedjax_fair.core import execution as _execution, sampling
 from fedjax_fair import metrics as fairness
-from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
-from fedjax_fair.evaluation import make_state_evaluator
-from fedjax_fair.runner import check_count
-from fedjax_fair.simulate import simulate
-from fedjax_fair.types import ClientData, FederatedData
+from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.core.evaluation import make_state_evaluator
+from fedjax_fair.drivers.runner import check_count
+from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.core.types import ClientData, FederatedData
 
 SEED = "seed"  # name of the seeds' axis
 CONFIG = "config"  # name of the one axis of a zipped grid
@@ -675,10 +676,9 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     A seed whose state becomes NaN/inf stops at its last good evaluation
     (``SeedRuns.non_finite``) while the others go on.
     """
-    from fedjax_fair import checkpoint as ckpt
-    from fedjax_fair import memory as mem
-    from fedjax_fair.runner import (Chunk, CompileClock, Record, _progress, drive,
-                                    split_summary)
+    from fedjax_fair.core import memory as mem
+    from fedjax_fair.drivers.runner import (Chunk, CompileClock, Record, _progress, drive,
+                                            split_summary)
     data = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
     cohort_size = check_count(cohort_size, "cohort_size")

@@ -43,11 +43,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import execution
-from fedjax_fair import hparams as H
+from fedjax_fair.core import execution
+from fedjax_fair.core import hparams as H
 from fedjax_fair.metrics import binned_calibration
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import Array, Broadcast, ClientData, ClientOutput, ClientUpdate
+from fedjax_fair.core.types import Array, Broadcast, ClientData, ClientOutput, ClientUpdate
 
 
 def masked_mean(values: Array, mask: Array) -> Array:

@@ -222,7 +222,7 @@ def compact_views(rows: dict, offsets, sizes, padded_size: int):
     """Device side (traced): the clients' ``ClientData`` [K, padded_size, ...] of one
     round, each client's window of ``rows`` at its offset, rows past its size zeroed
     and masked: the same arrays as the padded layout's."""
-    from fedjax_fair.types import ClientData
+    from fedjax_fair.core.types import ClientData
     import jax.numpy as jnp
 
     def view(offset, n):

@@ -45,13 +45,13 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair import hparams as H
-from fedjax_fair.aggregators import Aggregator, weighted_sum
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.fedavg import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer, Rate,
-                                           client_training)
-from fedjax_fair.client import inner, sq_distance
-from fedjax_fair.mixing import prior
+from fedjax_fair.core import hparams as H
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
+                                                      Rate, client_training)
+from fedjax_fair.core.client import inner, sq_distance
+from fedjax_fair.core.mixing import prior
 
 RULES = ("virtual", "participants", "cohort")
 EVALUATED = ("average", "server")

@@ -38,8 +38,8 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.execution import Reduction
-from fedjax_fair.mixing import EXCLUDED, top_tier
+from fedjax_fair.core.execution import Reduction
+from fedjax_fair.core.mixing import EXCLUDED, top_tier
 
 
 class Stream(NamedTuple):

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.hparams import probability
+from fedjax_fair.core.hparams import probability
 
 UNLIMITED_STEPS = 2 ** 30
 UNITS = ("steps", "epochs")

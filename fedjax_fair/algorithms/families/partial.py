@@ -42,12 +42,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair import execution
-from fedjax_fair.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.client import data_loss, local_sgd, make_optimizer, round_value
-from fedjax_fair.mixing import prior
+from fedjax_fair.core import execution
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.core.client import data_loss, local_sgd, make_optimizer, round_value
+from fedjax_fair.core.mixing import prior
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 Layers = tuple  # layer names (str) and / or positions (int; negative counts from the output)
 

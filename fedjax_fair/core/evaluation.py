@@ -22,9 +22,9 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from fedjax_fair.client import data_metrics
+from fedjax_fair.core.client import data_metrics
 from fedjax_fair.models.base import Model
-from fedjax_fair.types import ClientData
+from fedjax_fair.core.types import ClientData
 
 
 @functools.lru_cache(maxsize=32)
@@ -71,7 +71,7 @@ def make_sharded_evaluator(model: Model, mesh, chunk_size: int = 64) -> Callable
     with the split's clients (N a multiple of the ``clients`` axis) split over the
     devices, each evaluating its own clients; the parameters replicated."""
     from jax.sharding import PartitionSpec as P
-    from fedjax_fair.sharding import CLIENTS
+    from fedjax_fair.core.sharding import CLIENTS
     local = make_evaluator(model, chunk_size)
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(CLIENTS)),
                                  out_specs=P(CLIENTS), axis_names=frozenset({CLIENTS}),

@@ -27,19 +27,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair import checkpoint as ckpt
-from fedjax_fair import memory as mem
+from fedjax_fair.drivers import checkpoint as ckpt
+from fedjax_fair.core import memory as mem
 from fedjax_fair import metrics as fairness
-from fedjax_fair import sampling
-from fedjax_fair import sharding
-from fedjax_fair.algorithm import FederatedAlgorithm, ServerState
-from fedjax_fair.client_states import table_memory
-from fedjax_fair.evaluation import make_state_evaluator, state_evaluator_program
-from fedjax_fair.execution import as_execution, auto_mesh, resolve
-from fedjax_fair.heterogeneity import UNLIMITED_STEPS, StepBudgets
-from fedjax_fair.simulate import (budget_tables, gather_cohorts, sample_client_ids, simulate,
-                                  simulate_cohorts)
-from fedjax_fair.types import ClientData, Cohort, FederatedData
+from fedjax_fair.core import sampling
+from fedjax_fair.core import sharding
+from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
+from fedjax_fair.core.client_states import table_memory
+from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
+from fedjax_fair.core.execution import as_execution, auto_mesh, resolve
+from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets
+from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, sample_client_ids,
+                                          simulate, simulate_cohorts)
+from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 
 
 _STOP = threading.Event()
@@ -272,7 +272,7 @@ def _simulate_compact(algorithm: FederatedAlgorithm, state: ServerState,
     """``simulate_cohorts`` over a chunk in the compact layout: each round builds its
     cohort's client windows [K, padded_size] from the chunk's rows (one round's views
     at a time, never the chunk's R x K x padded_size block)."""
-    from fedjax_fair.simulate import _play, round_keys
+    from fedjax_fair.drivers.simulate import _play, round_keys
 
     def round_fn(state, xs):
         offsets, sizes, ids, steps = xs
