@@ -7,7 +7,7 @@ Run:   python benchmarks/generative.py methods     (one round of every method, c
 
 ``bill`` (also printed by ``methods`` and ``all``): FedEvg's memory, from shapes only
 (``jax.eval_shape``, float32, nothing allocated), for the spec's settings
-(spec/fedevg.md: ResNet-10 with GroupNorm and a spectral-normalised head,
+(Hahn's thesis Ch. IV §4.1: ResNet-10 with GroupNorm and a spectral-normalised head,
 ``resnet10_gn_sn``; MNIST padded to 32x32x1 and CIFAR-10 32x32x3; M = 10 L = 100
 synthetic samples; K = 100 clients, C = 0.1, so S = 10 per round, and S = 100 for
 the issue's cohort of 100) and for this benchmark's (``mlp``, 28x28x1, M = 100,

@@ -40,7 +40,7 @@ MODELS = (
     ("lenet_fedpd (CIFAR-10)", "lenet_fedpd", (32, 32, 3), 10, {}),
     ("resnet18_gn imagenet stem (CIFAR-10)", "resnet18_gn", (32, 32, 3), 10,
      {"stem": "imagenet"}),
-    # SuPerFed's networks (spec/superfed.md §4): its local-model table (one model per
+    # SuPerFed's networks (thesis Ch. II Table 2.2): its local-model table (one model per
     # client), Ditto's / pFedMe's / APFL's personal models have the same rows.
     ("twonn (MNIST)", "twonn", (28, 28, 1), 10, {}),
     ("twocnn (CIFAR-10, 28x28)", "twocnn", (28, 28, 3), 10, {}),
@@ -48,7 +48,7 @@ MODELS = (
     ("mobilenet (TinyImageNet)", "mobilenet", (64, 64, 3), 200, {}),
     ("vgg9 (FEMNIST)", "vgg9", (28, 28, 1), 62, {}),
 )
-EXPECTED = {"lenet_fedpd": 797_962, "resnet18_gn": 11_181_642}  # spec/a_fedpd.md §5
+EXPECTED = {"lenet_fedpd": 797_962, "resnet18_gn": 11_181_642}  # A-FedPD (arXiv:2409.18915) §5, FL-Simulator
 
 
 def nbytes(tree) -> int:

@@ -1,6 +1,6 @@
 """FedEvg vs FedCVAE on the built-in 8x8 digits federation (small-scale stand-in for the
-thesis' MNIST / CIFAR-10 comparison, Hahn 2024 Ch. IV Tables 4.2 / 4.4; spec/fedevg.md
-§4-§6). CPU-sized: about 12-15 minutes on 2 (shared) cores for the default 4 cells x 3
+thesis' MNIST / CIFAR-10 comparison, Hahn 2024 Ch. IV Tables 4.2 / 4.4;
+§4.1-§4.2). CPU-sized: about 12-15 minutes on 2 (shared) cores for the default 4 cells x 3
 seeds at T = 100.
 
     python experiments/fedevg_digits.py                  # the main grid (I = 20), a table
@@ -13,7 +13,7 @@ round) and seed s in {1, 2, 3}, on ``get_dataset("digits", num_clients=K,
 partition=..., alpha=alpha, seed=s)`` (``dataset``; pixels are already in [0, 1]: the
 loader divides sklearn's 0..16 counts by 16; 80/20 stratified holdout per client):
 
-* FedEvg (``algorithms.fedevg``) with the spec's §3 thesis values (gamma = 1, sigma =
+* FedEvg (``algorithms.fedevg``) with the thesis's values (Ch. IV §4.1) (gamma = 1, sigma =
   0.01, beta 10 -> 0.01 on the ddpm-cosine schedule, delta = 0.01, clip 3, lambda = 0.1,
   Adam 1e-3 / wd 1e-4, B = 64, fresh client models every round), M = 10 per class, T
   rounds, through ``runner.run``; the energy network is the zoo's ``mlp`` (ReLU
@@ -32,7 +32,7 @@ loader divides sklearn's 0..16 counts by 16; 80/20 stratified holdout per client
   M = 10 random real training rows per class (pooled over clients, "same-size real
   data"), and chance (1 / L).
 
-Metrics (spec §5): downstream accuracy, a fresh ``mlp`` trained on the synthetic set only
+Metrics (thesis Ch. IV §4.2): downstream accuracy, a fresh ``mlp`` trained on the synthetic set only
 (200 Adam 1e-3 steps of B = 64, i.e. 100 epochs over M = 100) and tested on every
 client's real held-out split (mean weighted by test size; "client std" is the
 unweighted std across clients); the Fréchet classifier distance
@@ -78,7 +78,7 @@ F = importlib.import_module("fedjax_fair.algorithms.fedevg")
 NUM_CLASSES = 10
 INPUT_SHAPE = (8, 8, 1)
 SPC = 10  # synthetic (and real-reference) samples per class, M = 100
-DOWNSTREAM_STEPS = 200  # 100 epochs over M = 100 at B = 64 (spec §5.1 recommendation)
+DOWNSTREAM_STEPS = 200  # 100 epochs over M = 100 at B = 64 (the thesis leaves the budget open)
 FEATURE_STEPS = 2000  # the fixed feature classifier: ~90 epochs over the pooled train rows
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -334,7 +334,7 @@ def main(argv=None):
                         "(an int), or 'epoch' for one local epoch each (the spec's default "
                         "reading; see the module docstring)")
     p.add_argument("--schedule", default="ddpm_cosine_beta", choices=F.SCHEDULES,
-                   help="FedEvg's server step-size schedule beta_t (spec §2.4)")
+                   help="FedEvg's server step-size schedule beta_t (thesis Ch. IV §3.2)")
     p.add_argument("--server-step", type=float, default=10.0,
                    help="FedEvg's first server step size beta_0 (the thesis: 10)")
     p.add_argument("--cvae-lr", type=float, default=1e-3)

@@ -9,10 +9,11 @@ exactly ``fedjax-fair compare --config experiments/NAME.yaml`` (in-process), rea
 runs it wrote under ``runs/reproduce/NAME/``, and renders the tables:
 
 * fairness experiments (AAggFF cross-silo / cross-device): the final per-client test
-  accuracy's mean, worst 10% (test-size weighted, AAggFF §7), std and Gini, mean ±
+  accuracy's mean, worst 10% (test-size weighted, AAggFF, thesis Ch. III §6.1), std and Gini, mean ±
   std over seeds;
 * computational-heterogeneity experiments (IID / NIID / TNIID): R90 (rounds until the
-  global model's test accuracy first reaches 90%, spec §5; 95% CI over seeds), the
+  global model's test accuracy first reaches 90%, arXiv:2307.06283 §3.2; 95% CI over
+  seeds), the
   smoothness S of the accuracy curve, and the final accuracy;
 * DQN-Fed experiments (CIFAR-10 setups 1 and 2 and the participation ablation at small
   scale): DQN-Fed's metrics (unweighted worst / best 10%), rounds to FedAvg's final
@@ -24,7 +25,7 @@ runs it wrote under ``runs/reproduce/NAME/``, and renders the tables:
 * A-FedPD and the primal-dual family (IID / Dirichlet-1.0 / Dirichlet-0.1, 10%
   participation; ``afedpd_table``): the global model's test accuracy (max over
   evaluations and mean of the last 3), its late swing, rounds to FedAvg's and to
-  SCAFFOLD's final accuracy (spec Table 4 style) and seconds per round relative to
+  SCAFFOLD's final accuracy (A-FedPD Table 4 style) and seconds per round relative to
   FedAvg; the
   Dirichlet-0.1 curves are drawn into docs/img/afedpd_dir01_curves.png;
 * FedEvg against FedCVAE, FedAvg and same-size real data on digits (``GENERATIVE``: not
@@ -122,7 +123,7 @@ def _improved(out: str, alg: str, seeds) -> list:
 
 
 def dqn_table(out: str) -> str:
-    """DQN-Fed's metrics (spec §6): mean, std and worst / best 10% (unweighted) of the
+    """DQN-Fed's metrics (its §5): mean, std and worst / best 10% (unweighted) of the
     final per-client accuracy; rounds until the global model's mean client accuracy
     first reaches FedAvg's final one (mean over seeds; "-" if never); the mean share of
     participants whose training loss did not rise (eq. 29)."""
@@ -191,7 +192,7 @@ def _reach_text(reach, reference=None) -> str:
 
 
 def afedpd_table(out: str) -> str:
-    """A-FedPD's Table 2 / Table 4 / Table 5 columns (spec §6, §7.11) for one split:
+    """A-FedPD's Table 2 / Table 4 / Table 5 columns (arXiv:2409.18915) for one split:
     the global model's test accuracy (``accuracy_weighted_mean``, the pooled test
     examples of every client) as max over evaluations and mean of the last 3
     evaluations, mean ± std over seeds; the swing, the std of that accuracy over the
@@ -242,7 +243,7 @@ def _personal_runs(out: str) -> dict:
     """{algorithm: [(accuracy, client std, worst 10%, ECE, seconds per round, lambda
     grid or None) per seed]}
     of a personalisation comparison: the final evaluation of each client's own model
-    (clients unweighted, spec/superfed.md §5); for SuPerFed the lambda grid's
+    (clients unweighted, as in SuPerFed's reference code); for SuPerFed the lambda grid's
     best-average lambda (``summary["method_report"]``)."""
     summary = json.load(open(os.path.join(out, "summary.json")))
     runs = {}
@@ -295,7 +296,7 @@ def superfed_table(out: str) -> str:
 
 
 def noise_table(outs: dict) -> str:
-    """Spec Table 2.6 layout: per noise setting, accuracy (mean over clients, mean ±
+    """Thesis Table 2.6 layout: per noise setting, accuracy (mean over clients, mean ±
     std over seeds) / ECE (seed mean) of each client's own model; SuPerFed at its
     best-average lambda."""
     runs = {name: _personal_runs(out) for name, out in outs.items()}

@@ -1,4 +1,5 @@
-"""Fairness metrics over per-client values (DQN-Fed spec §6, AAggFF spec §7).
+"""Fairness metrics over per-client values (DQN-Fed, TMLR, OpenReview KbteA50cni, Sec. 5;
+AAggFF, arXiv:2405.20821).
 
 Every metric takes per-client values ``a`` of shape ``[N]`` (test accuracy, AUROC, loss,
 ...) and returns a 0-d array. The metric functions use ``jax.numpy`` only, so they accept
@@ -173,7 +174,7 @@ def std(a) -> Array:
 def num_selected(n: int, fraction: float) -> int:
     """Number of clients in a worst/best group: ``k = max(1, floor(fraction * n))``.
 
-    The floor rule of the DQN-Fed spec (also AAggFF's ``max(1, floor(0.1 N))``): with 15
+    The floor rule (DQN-Fed does not state it; also AAggFF's ``max(1, floor(0.1 N))``): with 15
     clients and ``fraction=0.1``, ``k = 1``; with 25 clients, ``k = 2``. The product is
     floored with a 1e-9 tolerance so that floating-point error cannot drop a client
     (``0.29 * 100`` gives 29). ``fraction`` must lie in ``[0, 1]`` and ``n >= 1``.
@@ -249,7 +250,7 @@ def gini(a) -> Array:
           = sum_{i,j} |a_i - a_j| / (2 N^2 mean(a))
 
     ``G = 0`` when all values are equal, ``(N-1)/N`` when a single client holds
-    everything. Defined as ``G = 1`` when ``sum_j a_j == 0`` (AAggFF spec). Scale-invariant;
+    everything. Defined as ``G = 1`` when ``sum_j a_j == 0`` (our convention). Scale-invariant;
     AAggFF tables report ``100 * G``.
     """
     a = _as_vector(a)
@@ -358,8 +359,8 @@ def calibration_errors(logits, labels, mask=None, num_bins: int = 15) -> tuple[A
     Calibration of Modern Neural Networks", ICML 2017, arXiv:1706.04599).
 
     Confidence is the max softmax probability of each row of ``logits`` [n, C]; rows
-    fall into ``num_bins`` equal-width bins of (0, 1] (the spec's 15, spec/superfed.md
-    §5), and with acc_b / conf_b the accuracy and mean confidence of bin b,
+    fall into ``num_bins`` equal-width bins of (0, 1] (15 in the SuPerFed thesis's
+    calibration study, Hahn, UNIST 2024, Ch. II), and with acc_b / conf_b the accuracy and mean confidence of bin b,
 
         ECE = sum_b (|B_b| / n) |acc_b - conf_b|,   MCE = max_b |acc_b - conf_b|
 
@@ -508,7 +509,8 @@ def _np_weighted_mean(a: np.ndarray, w: np.ndarray) -> float:
 
 
 # ----------------------------------------------------------------- curves over rounds
-# Host-side (NumPy) metrics of per-round curves, spec/computational_heterogeneity.md §5.
+# Host-side (NumPy) metrics of per-round curves (R_p and smoothness of Ben Mansour et al.,
+# arXiv:2307.06283, Tables 3-4).
 
 
 def rounds_to_reach(curve, level: float = 0.9) -> float:

@@ -1,4 +1,4 @@
-"""Test settings: strict rank promotion (DESIGN.md §9) and float32 by default; on a
+"""Test settings: strict rank promotion (jax_numpy_rank_promotion="raise") and float32 by default; on a
 GPU, test workers (pytest-xdist, one per CPU) allocate device memory as they need it
 instead of each reserving most of it."""
 import os

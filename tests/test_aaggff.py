@@ -1,4 +1,4 @@
-"""AAggFF-S / AAggFF-D tests (spec/aaggff.md §10) against literal NumPy float64
+"""AAggFF-S / AAggFF-D tests (Hahn, UNIST 2024 thesis, Ch. III; arXiv:2405.20821) against literal NumPy float64
 references of the thesis's equations, the regret guarantees, a Monte-Carlo check of
 the doubly robust estimator, and a few end-to-end rounds on helpers.tiny_federation().
 """
@@ -89,7 +89,7 @@ def np_qp_exact(B, b):
 
 def np_ons_run(responses, alpha, beta, variant="thesis", diagonal=False):
     """Literal eq. 3.7 (thesis) / the authors' cvxpy objective (reference), float64;
-    ``diagonal`` keeps only diag(B) (spec §4 (c)). Returns the decisions p^(2..T+1)."""
+    ``diagonal`` keeps only diag(B). Returns the decisions p^(2..T+1)."""
     t_max, k = responses.shape
     p = np.ones(k) if variant == "reference" else np.full(k, 1.0 / k)
     A, b = np.zeros((k, k)), np.zeros(k)
@@ -420,7 +420,7 @@ def test_entropic_ftrl_optimality():
 
 
 def test_reference_variant_changes_the_ons_objective():
-    """The two objectives of spec §2 / §9.1 really differ (the module matches each:
+    """The two objectives (thesis eq. 3.7 / reference code) really differ (the module matches each:
     test_rule_properties[s_thesis] / [s_reference])."""
     k, t_max = 7, 12
     resp = np.random.default_rng(7).uniform(0, 1.0 / k, size=(t_max, k))
@@ -552,7 +552,7 @@ def test_dr_estimator_monte_carlo():
     assert np.all(np.abs(a.mean(0) - r) <= 5 * se_a)  # (a) unbiased with fixed imputation
     bias = (k - m) / (m * (k - 1)) * (r.mean() - r)
     se_b = b.std(0) / math.sqrt(draws)
-    assert np.all(np.abs(b.mean(0) - r - bias) <= 5 * se_b)  # (b) the spec's bias formula
+    assert np.all(np.abs(b.mean(0) - r - bias) <= 5 * se_b)  # (b) bias (K-m)/(m(K-1)) (rbar_pop - r_i)
     assert np.abs(bias).max() > 5 * se_b.max()  # ... which is measurably non-zero
     assert abs((b.mean(0) - r).mean()) <= 5 * se_b.mean() / math.sqrt(k)  # ~0 on average
     # (c) affinity: E[gbreve] = htilde(E rbreve) for a fixed expansion point r0.
@@ -704,7 +704,7 @@ def _scenarios(partial, n, k, rounds, rng):
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_rule_properties(name):
     """NumPy references of the updates, the simplex invariant over 200 rounds,
-    symmetry, permutation equivariance and the monotone response (spec §10.2-10.4),
+    symmetry, permutation equivariance and the monotone response,
     one compiled scan per rule."""
     n, rounds = 6, 200
     partial = name.startswith("d")
@@ -739,7 +739,7 @@ def test_rule_properties(name):
     assert w.min() >= 0 and np.abs(w.sum(-1) - 1).max() <= 1e-5
     if name == "d_reference":
         # The reference code's DR value (r_i - rbar) / C drops rbar for participants
-        # (spec §9.4): even equal losses move weight away from the sampled clients.
+        # (it drops rbar): even equal losses move weight away from the sampled clients.
         first = dec[1, 0]
         assert np.all(first[ids[1, 0]] < np.delete(first, ids[1, 0]).min() - 1e-3)
     else:
@@ -915,7 +915,7 @@ def test_server_step_helper(mode):
 @pytest.mark.slow
 def test_server_lr_scales_the_step_and_accepts_a_compensating_schedule():
     """AAggFF's reference code has a global rate eta_g (default 1, FedAvg's step);
-    ``schedules.compensated`` grows it as the client rate decays (spec §9.9)."""
+    ``schedules.compensated`` grows it as the client rate decays (the reference code's choice)."""
     from fedjax_fair.data import get_dataset
     from fedjax_fair.models import logistic_regression
     from fedjax_fair.core.schedules import compensated, exponential

@@ -1,5 +1,5 @@
 """The primal-dual family (fedjax_fair/algorithms/{primal_dual, afedpd, fedadmm, fedpd,
-fedspeed, feddyn}.py): the test properties of spec/a_fedpd.md §9 (T1-T11), in float64
+fedspeed, feddyn}.py): the properties T1-T11 below (A-FedPD, arXiv:2409.18915), in float64
 on heterogeneous quadratic clients f_i(theta) = 1/2 (theta - b_i)^T A_i (theta - b_i)
 with full-batch local steps, where every quantity has a closed form.
 """
@@ -33,7 +33,7 @@ def x64():
 
 def quadratics(num_clients=N, dim=DIM, seed=0, identical=False):
     """(data, A [N, d], b [N, d]): one row (a_i, b_i) per client, A_i = diag(U(0.5, 2)),
-    b_i ~ N(0, 3^2 I) (spec §9)."""
+    b_i ~ N(0, 3^2 I)."""
     rng = np.random.default_rng(seed)
     a = rng.uniform(0.5, 2.0, size=(num_clients, dim))
     b = rng.normal(scale=3.0, size=(num_clients, dim))
@@ -266,7 +266,7 @@ def _final_error(alg, data, a, b, rounds, seed=0):
 
 
 def test_quadratic_convergence_under_partial_participation():
-    """spec T8: C = 20, P = 4, K = 200, eta = 0.1, 300 rounds: A-FedPD reaches the
+    """T8: C = 20, P = 4, K = 200, eta = 0.1, 300 rounds: A-FedPD reaches the
     optimum, FedAvg keeps its client-drift bias, FedADMM (dual drift) does not converge."""
     data, a, b = quadratics()
     errors = {"afedpd": _final_error(make(afedpd, steps=200, rho=0.5), data, a, b, 300),

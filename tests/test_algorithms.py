@@ -1,5 +1,5 @@
 """Algorithm tests: FedAvg, FedProx, the FedOpt family and compose, against NumPy
-float64 references and literal paper formulas (DESIGN.md §5, §9).
+float64 references and literal paper formulas.
 
 Most rounds use full-batch clients (B = 12 >= every client's size), so each local
 step is one gradient-descent step on the client's whole objective and the

@@ -1,5 +1,5 @@
 """APFL and pFedMe (fedjax_fair/algorithms/{apfl,pfedme}.py), the personalised
-baselines of spec/superfed.md §4.
+baselines of SuPerFed (Hahn et al., KDD 2022, arXiv:2109.07628).
 
 Every comparison with NumPy runs in float64 (``jax.enable_x64`` in a fixture) on the
 logistic-regression federation of tests/helpers.py (6 clients of 7, 9, 0, 3, 5 and

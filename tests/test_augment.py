@@ -52,7 +52,7 @@ def test_normalize_matches_numpy_and_constants():
     expected = (x - np.array(A.CIFAR10_MEAN)) / np.array(A.CIFAR10_STD)
     assert out.dtype == jnp.float32 and out.shape == x.shape
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
-    # The spec's numbers (a_fedpd.md §5) and the usual ImageNet / MNIST values.
+    # The paper's numbers (A-FedPD (arXiv:2409.18915) §5) and the usual ImageNet / MNIST values.
     assert A.CIFAR10_MEAN == (0.491, 0.482, 0.447) and A.CIFAR10_STD == (0.247, 0.243, 0.262)
     assert A.CIFAR100_MEAN == (0.5071, 0.4867, 0.4408)
     assert A.CIFAR100_STD == (0.2675, 0.2565, 0.2761)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from fedjax_fair import cli
+from fedjax_fair.cli import compare as cli_compare
+from fedjax_fair.cli import run as cli_run
 from fedjax_fair.cli import report
 from fedjax_fair.cli import config as C
 from fedjax_fair.algorithms import ALGORITHMS
@@ -568,7 +570,7 @@ def test_personal_run_and_round_diagnostics(tmp_path):
                      "--eval-every", "1", "--no-plots", "-o", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["evaluated"] == "personal"
-    grid = summary["method_report"]  # the lambda grid of spec/superfed.md §5
+    grid = summary["method_report"]  # SuPerFed's lambda grid, thesis Ch. II §4.2
     assert grid["acc_oracle_per_client"] >= grid["acc_best_lambda_avg"] >= grid["acc_lambda0"]
     assert 0.0 <= grid["best_lambda"] <= 1.0
     assert summary["client_table"]["rows_stored"] == summary["dataset"]["num_clients"]
@@ -594,7 +596,7 @@ def test_generative_run_writes_its_synthetic_set_and_downstream_report(tmp_path,
                      "--hp", "local_iters=2", "--client-lr", "0.001", "-o", str(out)]) == 0
     assert "synthetic set (100 samples" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
-    report_ = summary["method_report"]  # spec/fedevg.md §5.1
+    report_ = summary["method_report"]  # FedEvg's downstream utility, thesis Ch. IV §4.2
     assert 0.0 <= report_["downstream_accuracy"] <= 1.0 and report_["num_synth"] == 100
     saved = np.load(out / "synthetic.npz")
     assert saved["x"].shape == (100, 8, 8, 1) and saved["y"].shape == (100,)
@@ -850,7 +852,7 @@ def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, m
     out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")
     args = [*TINY, "--algorithms", "fedavg,fedprox,scaffold", "--num-rounds", "2",
             "--seeds", "0", "--no-plots"]
-    real = cli._compare_one
+    real = cli_compare._compare_one
     calls = []
 
     def stop_after_first(*a, **k):  # as if Ctrl-C came during the second run
@@ -859,7 +861,7 @@ def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, m
             runner.request_stop()
         return real(*a, **k)
 
-    monkeypatch.setattr(cli, "_compare_one", stop_after_first)
+    monkeypatch.setattr(cli_compare, "_compare_one", stop_after_first)
     assert cli.main(["compare", *args, "-o", out]) == cli.EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert "2 of 3 runs finished" in err and "--resume" in err  # the second one ends its chunk
@@ -869,7 +871,7 @@ def test_interrupted_compare_keeps_finished_runs_and_resumes(tmp_path, capsys, m
     assert "| fedprox" in md and "| scaffold" not in md and "2 of 3 runs" in md
 
     calls.clear()
-    monkeypatch.setattr(cli, "_compare_one", real)
+    monkeypatch.setattr(cli_compare, "_compare_one", real)
     assert cli.main(["compare", "-o", out, "--resume", "--no-progress"]) == 0
     assert cli.main(["compare", *args, "-o", fresh]) == 0
     strip = lambda path: [l.split("|")[1:7] for l in open(path).read().splitlines()
@@ -1174,7 +1176,7 @@ def test_compare_resume_runs_the_missing_seeds_as_one_program(tmp_path, monkeypa
     out, fresh = str(tmp_path / "cmp"), str(tmp_path / "fresh")
     args = [*TINY, "--algorithms", "fedavg,qffl", "--seeds", "0,1", "--num-rounds", "2",
             "--no-plots"]
-    real = cli._compare_seeds
+    real = cli_compare._compare_seeds
     calls = []
 
     def stop_after_first(*a, **k):  # as if Ctrl-C came during the first algorithm's seeds
@@ -1182,12 +1184,12 @@ def test_compare_resume_runs_the_missing_seeds_as_one_program(tmp_path, monkeypa
         runner.request_stop()
         return real(*a, **k)
 
-    monkeypatch.setattr(cli, "_compare_seeds", stop_after_first)
+    monkeypatch.setattr(cli_compare, "_compare_seeds", stop_after_first)
     assert cli.main(["compare", *args, "-o", out]) == cli.EXIT_INTERRUPTED
     assert calls == [("fedavg", [0, 1])]
     assert not os.path.exists(os.path.join(out, "qffl"))
     calls.clear()
-    monkeypatch.setattr(cli, "_compare_seeds", lambda *a, **k: (calls.append(a[0]),
+    monkeypatch.setattr(cli_compare, "_compare_seeds", lambda *a, **k: (calls.append(a[0]),
                                                                 real(*a, **k))[1])
     assert cli.main(["compare", "-o", out, "--resume", "--no-progress"]) == 0
     assert calls == ["qffl"]
@@ -1231,7 +1233,7 @@ def test_interrupt_before_the_first_round_is_one_line_and_writes_nothing(
     directory not even created."""
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, where, interrupt)
+    monkeypatch.setattr(cli_run, where, interrupt)  # as cmd_run calls it
     out = tmp_path / "out"
     code = cli.main(["run", *TINY, "--num-rounds", "2", "-o", str(out)])
     assert code == cli.EXIT_INTERRUPTED

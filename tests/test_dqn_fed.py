@@ -1,4 +1,4 @@
-"""DQN-Fed (fedjax_fair/algorithms/dqn_fed.py): the spec's test properties (§9).
+"""DQN-Fed (fedjax_fair/algorithms/dqn_fed.py): the properties its theorems and update rules imply.
 
 The server's closed form is checked against the paper's literal Gram-Schmidt
 equations written here in NumPy (float64), the client's decrement against dense

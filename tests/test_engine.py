@@ -1,5 +1,5 @@
 """Engine tests: local training, execution strategies, rounds, the driver,
-samplers, checkpoints (DESIGN.md §3-§6, §9).
+samplers, checkpoints (docs/architecture.md).
 
 The federation is helpers.tiny_federation(): 6 clients, 10 features, 3 classes,
 train sizes (7, 12, 0, 3, 9, 5) padded to M = 12, client 2 empty.
@@ -918,7 +918,7 @@ def test_checkpoint_verify_reads_shapes_from_headers(tmp_path):
 
 
 def test_checkpoint_roundtrip_with_bfloat16_leaf(tmp_path):
-    """bf16 is the documented memory-aware form of per-client tables (DESIGN.md §5),
+    """bf16 is the documented memory-aware form of per-client tables (docs/architecture.md),
     so a checkpoint must restore it. NumPy has no bfloat16: np.savez writes such a
     leaf as raw void bytes (|V2), which restore() then rejects as a dtype mismatch."""
     state = {"table": jnp.arange(6.0, dtype=jnp.bfloat16).reshape(3, 2)}

@@ -1,10 +1,10 @@
 """Loss-driven fair aggregation rules: q-FFL, AFL, TERM, PropFair, FedMax, FedMax(k),
 FedSoftMax, and the simplex helpers they share.
 
-Every rule is checked against a literal NumPy float64 transcription of its paper /
-spec equation, plus the "Test properties" of spec/aaggff.md §10 (simplex
+Every rule is checked against a literal NumPy float64 transcription of its paper's
+equation, plus properties the AAggFF thesis's rules must have (simplex
 invariant, symmetry, monotone response, EG unification, one-hot aggregation) and
-spec/computational_heterogeneity.md §8 (simplex under jit/vmap and extreme inputs,
+those of FedMax / FedSoftMax (arXiv:2307.06283; simplex under jit/vmap and extreme inputs,
 reductions and limits, skew monotonicity, consensus, NaN on masked rows), the
 reductions q = 0 (uniform averaging) and t -> 0 (FedAvg), and a short end-to-end
 run on a skewed federation where the fair rules lower the worst client's loss.
@@ -204,7 +204,7 @@ def test_masked_softmax_is_stable_and_handles_empty_support():
 
 
 def test_exponentiated_gradient_unifies_the_rules(rng):
-    """spec/aaggff.md §10.11: EG with prior n / sum n reproduces FedAvg (r = 0), q-FFL
+    """Unification (AAggFF thesis, Remark 3.1 and appendix §8.1): EG with prior n / sum n reproduces FedAvg (r = 0), q-FFL
     (r = q log F, zeta = 1), TERM (r = F, zeta = 1 / lambda) and PropFair
     (r = -log(M - F), zeta = 1) to 1e-6 after normalisation."""
     mask = jnp.ones(6, bool)
@@ -305,7 +305,7 @@ def _scan_of_vmaps(losses, n, mask, ids):
 
 
 def test_weights_stay_on_the_simplex_under_jit_vmap_and_scan():
-    """spec/aaggff.md §10.2 and spec/computational_heterogeneity.md §8.1: 200 random
+    """Simplex invariant: 200 random
     rounds (4 federations x 50 rounds, vmapped and scanned under jit) incl. zero /
     equal / huge losses: weights >= 0, zero on masked rows, sum to 1; AFL's state
     stays on the simplex."""
@@ -323,7 +323,7 @@ def test_weights_stay_on_the_simplex_under_jit_vmap_and_scan():
 
 def test_masked_and_empty_rows_get_zero_weight_and_do_not_matter():
     """Masked rows (even with NaN losses) and empty clients get weight 0, and what
-    they hold does not change the other weights (computational_heterogeneity §8.6)."""
+    they hold does not change the other weights."""
     losses = np.array([0.7, 1.3, 0.2, 0.9, 2.0, 0.4], np.float32)
     n = np.array([5, 8, 0, 3, 9, 4])
     mask = np.array([True, True, True, True, False, True])
@@ -338,7 +338,7 @@ def test_masked_and_empty_rows_get_zero_weight_and_do_not_matter():
 
 
 def test_identical_client_models_are_returned_unchanged():
-    """Consensus (computational_heterogeneity §8.6): the weights sum to one, so
+    """Consensus: the weights sum to one, so
     identical client deltas aggregate to that delta under every rule."""
     delta = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(4, np.float32)}
     stacked = jax.tree.map(lambda x: np.broadcast_to(x, (K, *x.shape)), delta)
@@ -351,7 +351,7 @@ def test_identical_client_models_are_returned_unchanged():
 
 
 def test_permuting_the_cohort_permutes_the_weights():
-    """spec/aaggff.md §10.3: permuting the clients permutes p (distinct losses)."""
+    """Symmetry: permuting the clients permutes p (distinct losses)."""
     losses = np.array([0.7, 1.3, 0.2, 0.9, 2.0, 0.5], np.float32)
     n = np.array([5, 8, 2, 3, 9, 6])
     perm = np.array([3, 0, 4, 1, 5, 2])
@@ -361,7 +361,7 @@ def test_permuting_the_cohort_permutes_the_weights():
 
 
 def test_equal_losses_give_data_or_uniform_weights():
-    """spec/aaggff.md §10.3 / computational_heterogeneity §8.3: equal losses give the
+    """Symmetry and reduction to FedAvg: equal losses give the
     prior (n / sum n, or uniform); FedMax splits the weight over all (a tie) and
     FedMax(k) takes the first k rows (ties by the lower row)."""
     n = np.array([5, 8, 2, 3, 9, 6])
@@ -375,7 +375,7 @@ def test_equal_losses_give_data_or_uniform_weights():
 
 
 def test_strictly_larger_loss_gets_strictly_larger_weight():
-    """Monotone response (spec/aaggff.md §10.4): with equal n, a higher loss gets a
+    """Monotone response: with equal n, a higher loss gets a
     strictly higher weight."""
     f = np.array([0.3, 1.1, 0.6, 0.9, 0.45, 0.7], np.float32)
     weights = _all(f, np.full(K, 4))
@@ -734,7 +734,7 @@ def test_fedmax_family_matches_reference(rng):
 
 
 def test_fedmax_limits_and_reductions():
-    """computational_heterogeneity §8.3-8.4: beta = 0 and equal losses give FedAvg;
+    """FedSoftMax (arXiv:2307.06283): beta = 0 and equal losses give FedAvg;
     a common shift changes nothing; beta = 1e4 with gaps >= 0.01 equals FedMax;
     FedMax(1) = FedMax; FedMax(M) = uniform."""
     mask = jnp.ones(6, bool)
@@ -766,7 +766,7 @@ def test_fedmax_k_fraction_counts_only_active_rows():
 
 
 def test_skew_is_monotone_in_beta():
-    """computational_heterogeneity §8.5: heterogeneous 1-D quadratics
+    """Skew (arXiv:2307.06283, Section 1.3): heterogeneous 1-D quadratics
     F_i(w) = a_i (w - c_i)^2 / 2 (F_i* = 0): rho(FedAvg) = 1,
     rho(FedMax) = max gap / sum p gap, and rho(FedSoftMax(beta)) is non-decreasing in
     beta and lies between the two."""
@@ -835,7 +835,7 @@ def test_factories_state_fedavg_arguments_for_the_cli():
         hparams = method_hparams(name)
         for arg, value_range in CLIENT_HPARAMS.items():
             if name == "fedevg" and arg in ("max_steps", "clip_norm"):
-                # FedEvg counts its local work in local_iters (spec/fedevg.md §7.5) and
+                # FedEvg counts its local work in local_iters (Algorithm 4.2 of the thesis counts iterations) and
                 # clips its gradients with its own grad_clip / max_grad_norm
                 continue
             assert arg in hparams, (name, arg)
@@ -1056,7 +1056,7 @@ def test_propfair_mode_is_checked_and_reachable_from_a_config():
 
 @pytest.mark.slow
 def test_fedmax_round_returns_the_worst_clients_model():
-    """One-hot weights on j give theta' = theta_j (spec/aaggff.md §10.12)."""
+    """One-hot weights on j give theta' = theta_j (the aggregation of AAggFF thesis eq. 3.13)."""
     state, metrics = _rounds("fedmax")
     losses = np.asarray(metrics["loss_before"])
     j = int(np.argmax(losses))

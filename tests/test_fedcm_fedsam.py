@@ -1,4 +1,4 @@
-"""FedSAM and FedCM (fedjax_fair/algorithms/{fedsam,fedcm}.py; spec a_fedpd.md §3-4).
+"""FedSAM and FedCM (fedjax_fair/algorithms/{fedsam,fedcm}.py; A-FedPD, arXiv:2409.18915, its baselines).
 
 Every comparison with NumPy runs in float64 (``jax.enable_x64`` for that test) on
 logistic regression over a 5-client federation (client 2 empty) with full-batch

@@ -6,7 +6,7 @@
 * One round on the tiny federation: the CVAE takes FedAvg's step exactly, the server
   draws a fresh balanced set in the data range and trains the classifier on it, the
   metrics ``with_improvement`` reads are the classifier's.
-* ``runner.run`` on the 2-D toy of spec/fedevg.md §8.10 with one class per client (slow):
+* ``runner.run`` on the 2-D toy of tests/test_fedevg.py (two Gaussians) with one class per client (slow):
   the runner's accuracy (the server classifier, trained on decoder samples only) is
   high, the samples sit at their class means, and ``downstream_accuracy`` scores them.
 """

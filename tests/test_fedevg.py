@@ -1,14 +1,14 @@
-"""FedEvg (fedjax_fair/algorithms/fedevg.py): the test properties of spec/fedevg.md §8.
+"""FedEvg (fedjax_fair/algorithms/fedevg.py): properties of Hahn's thesis, UNIST 2024, Ch. IV.
 
 * Pure pieces against literal formulas (NumPy, float64 under ``jax.enable_x64``): the
-  server schedule (§2.4 values), the signed weights, eq. 4.13 (signed weights, and the
+  server schedule (eq. 4.14 values), the signed weights, eq. 4.13 (signed weights, and the
   exact mixture gradient with ``energy_weighting="exp"``), its invariances, the server
   SGLD step (eq. 4.14), the client SGLD direction, the PCD sign, the linear upload.
 * Rounds on the tiny federation of tests/helpers.py (logistic regression as the energy
   model; one compiled round per algorithm and strategy, shared): padding garbage, cohort
   order, masked / empty clients, vmap = sequential, determinism, persistent vs stateless
   clients, tracers, the metrics ``with_improvement`` reads.
-* ``runner.run`` end to end on the spec's 2-D toy (two Gaussians, two clients, IID;
+* ``runner.run`` end to end on a 2-D toy (two Gaussians, two clients, IID;
   both splits, seeds 0-2 and the downstream accuracy of a fresh classifier trained on D~
   under ``-m slow``): the synthetic samples move to their class means.
 """
@@ -521,7 +521,7 @@ def test_synthetic_federation_and_downstream_report():
 
 
 class _SNMLP(nn.Module):
-    """MLP 2-64-64-2, SiLU, spectral-normalised last layer (spec §8.10)."""
+    """MLP 2-64-64-2, SiLU, spectral-normalised last layer."""
 
     @nn.compact
     def __call__(self, x):
@@ -584,9 +584,9 @@ def _check_toy(split, seed):
 
 
 def test_runner_on_the_toy_moves_samples_to_their_class_means():
-    """``runner.run`` end to end on the spec's toy (IID split; one class per client, where
+    """``runner.run`` end to end on the 2-D toy (IID split; one class per client, where
     only the composition of the clients' energies can place both classes, runs under
-    ``-m slow``): the thresholds of spec §8.10, and the runner's accuracy, that of the
+    ``-m slow``): distance reduction >= 25% and nearest-mean agreement >= 0.7, and the runner's accuracy, that of the
     server classifier trained on D~ only, on held-out real points."""
     train = _toy_data("iid", 0)
     data = FederatedData(train, _toy_data("iid", 1))
@@ -612,7 +612,7 @@ def test_runner_on_the_toy_moves_samples_to_their_class_means():
 @pytest.mark.parametrize("split", ["iid", "one_class_per_client"])
 def test_toy_all_seeds_and_downstream_accuracy(split, seed):
     final, train = _check_toy(split, seed)
-    # spec §5.1: a fresh classifier trained on D~ only, tested on the real data
+    # the thesis's protocol: a fresh classifier trained on D~ only, tested on the real data
     x, y = S.synthetic_data(final)
     out = S.downstream_accuracy(mlp((2,), 2, hidden=(16,)), np.clip(np.asarray(x), 0, 1), y,
                                 train, jax.random.key(0), steps=100, lr=1e-2, batch_size=32)

@@ -1,5 +1,5 @@
 """FedHEAL (Chen et al., CVPR 2024) and FedLF (Pan et al., AAAI 2024), the DQN-Fed
-baselines of spec/dqn_fed.md §4.
+baselines (Mohajer Hamidi, Ye, TMLR, OpenReview KbteA50cni).
 
 Every server step is checked against a literal float64 NumPy transcription of the
 authors' code (FedHEAL: ``consistency_mask``, ``compute_distance``,

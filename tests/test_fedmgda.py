@@ -4,8 +4,7 @@ References are literal float64 NumPy: the projection by 200-step bisection on it
 definition, the QP by enumerating every face of the box (each coordinate at lo, at
 hi or free; solve the KKT system of the face; keep the feasible point with the
 smallest objective), and FedMGDA+ as normalise -> Gram -> box -> that QP. Problems
-have a fixed size so every jitted solver compiles once (spec/dqn_fed.md §4, §9;
-spec/aaggff.md §5, §10.2 and §10.5).
+have a fixed size so every jitted solver compiles once.
 """
 from __future__ import annotations
 
@@ -192,7 +191,7 @@ def _qp_batch(seed):
 
 
 def test_qp_matches_enumeration_reference_and_kkt():
-    """spec/aaggff.md §10.5: matches a float64 reference; KKT residual ~ 0."""
+    """Matches a float64 reference; KKT residual ~ 0."""
     cases = _qp_batch(1)
     q, c, lo, hi, p = stack32(cases)
     x = np.asarray(SOLVE(q, c, lo, hi, p))
@@ -302,7 +301,7 @@ def test_epsilon_one_two_clients_closed_form():
 
 def test_matches_literal_reference_and_constraints():
     """lambda* and d against the float64 literal FedMGDA+, for several eps, with
-    masked rows; lambda* on the simplex and inside the box (spec/aaggff.md §10.2)."""
+    masked rows; lambda* on the simplex and inside the box."""
     rng = np.random.default_rng(7)
     for i, eps in enumerate([0.02, 0.1, 0.3, 0.5, 1.0, 1.0]):
         deltas, flat = _deltas(rng, scales=rng.uniform(0.05, 5, size=K))

@@ -11,7 +11,7 @@
 * ``char_lstm`` == a NumPy float64 LSTM recurrence on the same parameters.
 * Deterministic init, argument checks, ``from_flax(input_dtype=...)``.
 
-Numerical checks on the full-size models at the spec shapes are ``slow``.
+Numerical checks on the full-size models at the papers' shapes are ``slow``.
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_parameter_counts_and_output_shapes(name, input_shape, num_classes, kwar
 def test_spec_numbers_and_layer_shapes():
     """The counts the specs state, and the flatten widths they spell out."""
     assert FEMNIST_CNN == 6_603_710
-    assert LENET_TRUNK + 192 * 10 + 10 == 797_962  # a_fedpd.md §5
+    assert LENET_TRUNK + 192 * 10 + 10 == 797_962  # A-FedPD (arXiv:2409.18915) §5
     assert LENET_TRUNK + 192 * 100 + 100 == 815_332
     assert CNN_CH == 34_826
     assert MLP2 == 656_810 and TWONN == 238_800 and TWOCNN == 722_800
@@ -380,7 +380,7 @@ def test_argument_checks():
 
 
 # --------------------------------------------------------------------------------------
-# Full-size models at the spec shapes (slow: several seconds of compilation each).
+# Full-size models at the papers' shapes (slow: several seconds of compilation each).
 
 
 @pytest.mark.slow

@@ -119,7 +119,7 @@ def test_mlp_shapes_and_count():
     image = mlp((4, 4, 1), 3, hidden=(6,))
     assert _count(image) == (16 * 6 + 6) + (6 * 3 + 3)
     assert _shapes(image, _batch((4, 4, 1), 3))[1].shape == (5, 3)
-    # The FEMNIST-shaped default MLP 784-200-200-62 of DESIGN.md §7 (d ~ 210k).
+    # The FEMNIST-shaped default MLP 784-200-200-62 of docs/performance.md (d ~ 210k).
     assert _count(mlp((28, 28, 1), 62)) == (784 * 200 + 200) + (200 * 200 + 200) + (200 * 62 + 62)
 
 
@@ -139,7 +139,7 @@ def test_cnn_shapes_and_count():
 
 @pytest.mark.parametrize("conv_impl", ["xla", "patches"])
 def test_cnn_under_strict_rank_promotion(conv_impl):
-    """The suite runs with jax_numpy_rank_promotion="raise" (DESIGN.md §9): the
+    """The suite runs with jax_numpy_rank_promotion="raise" (tests/conftest.py): the
     built-in CNN must trace under it, like the MLP does."""
     model = cnn((8, 8, 1), 4, channels=(2,), dense=8, conv_impl=conv_impl)
     _, logits, _, _ = _shapes(model, _batch((8, 8, 1), 4))

@@ -71,7 +71,7 @@ def test_resnet18_gn_param_count_by_hand():
     # CIFAR stem: the well-known 11,173,962 of CIFAR ResNet-18 (GN has BN's affine count).
     assert cifar_stem + trunk + fc(10) == 11_173_962
     assert _count(resnet18_gn((32, 32, 3), 10)) == 11_173_962
-    # ImageNet stem: spec/a_fedpd.md §2.3's 11,181,642 (C=10) and 11,227,812 (C=100).
+    # ImageNet stem: the A-FedPD FL-Simulator's 11,181,642 (C=10) and 11,227,812 (C=100).
     assert _count(resnet18_gn((32, 32, 3), 10, stem="imagenet")) == \
         imagenet_stem + trunk + fc(10) == 11_181_642
     assert _count(resnet18_gn((32, 32, 3), 100, stem="imagenet")) == \
@@ -85,7 +85,7 @@ def test_resnet10_gn_sn_param_count_by_hand():
     blocks = (_basic(64, 64, 1) + _basic(64, 128, 2) + _basic(128, 256, 2)
               + _basic(256, 512, 2))
     trunk = stem + blocks + _gn(512)
-    assert trunk == 4_899_136  # spec/fedevg.md §2.5: "≈4.9M conv"
+    assert trunk == 4_899_136  # FedEvg reference code's ResNet-10: "≈4.9M conv"
     # classifier on the flattened (32/8)^2 * 512 = 8,192 features, with bias
     assert _count(resnet10_gn_sn((32, 32, 3), 10)) == trunk + 8_192 * 10 + 10 == 4_981_066
     # 64x64: (64/8)^2 * 512 = 32,768 features (spec: "32768 for 64x64")

@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair import cli
+from fedjax_fair.cli import compare as cli_compare
 
 TINY = ["--num-clients", "6", "--dataset-arg", "max_examples=100", "--cohort-size", "3",
         "--no-progress"]
@@ -472,7 +473,7 @@ def _compare_points(monkeypatch, out, kill=None) -> list:
     from fedjax_fair.cli import report
     sweep = importlib.import_module("fedjax_fair.drivers.sweeps")  # the module, not the function
     points: list = []
-    real_replace, real_history = report._replace_with, cli._write_client_history
+    real_replace, real_history = report._replace_with, cli_compare._write_client_history
     real_run_seeds = sweep.run_seeds
 
     def reached(point, torn_write=None):
@@ -515,7 +516,7 @@ def _compare_points(monkeypatch, out, kill=None) -> list:
         if reached(f"checkpoint {point}"):
             raise Killed(point)
     monkeypatch.setattr(report, "_replace_with", replace_with)
-    monkeypatch.setattr(cli, "_write_client_history", write_history)
+    monkeypatch.setattr(cli_compare, "_write_client_history", write_history)
     monkeypatch.setattr(sweep, "run_seeds", run_seeds)
     monkeypatch.setattr(ckpt, "_fault", fault)
     return points

@@ -1,5 +1,5 @@
-"""SuPerFed (fedjax_fair/algorithms/superfed.py): the test properties of
-spec/superfed.md §8 on the tiny logistic-regression federation of tests/helpers.py
+"""SuPerFed (fedjax_fair/algorithms/superfed.py): its properties (Hahn et al.,
+KDD 2022, arXiv:2109.07628) on the tiny logistic-regression federation of tests/helpers.py
 and a two-layer MLP (for layer mixing)."""
 from __future__ import annotations
 

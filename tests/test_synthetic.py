@@ -1,5 +1,5 @@
 """The synthetic-set evaluation shared by the generative methods
-(fedjax_fair/algorithms/families/generative.py; spec/fedevg.md §5): the Fréchet distance against
+(fedjax_fair/algorithms/families/generative.py): the Fréchet distance against
 ``scipy.linalg.sqrtm``, the feature distance on a classifier's logits, the sample grids."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def x64():
         yield
 
 
-# ----------------------------------------------------------------- evaluation (§5.2, §5.3)
+# ----------------------------------------------------------------- evaluation (FedEvg thesis Tables 4.4-4.5, sample grids)
 
 
 def _numpy_frechet(a, b):

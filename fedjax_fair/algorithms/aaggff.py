@@ -1,7 +1,7 @@
 """AAggFF — Hahn, Kim, Lee, "Pursuing Overall Welfare in Federated Learning via
 Sequential Decision Making", ICML 2024 (arXiv:2405.20821); S.-J. Hahn, PhD thesis "Algorithms for
 Collaborative Machine Learning under Statistical Heterogeneity", UNIST 2024, Ch. III
-(spec/aaggff.md).
+(equation numbers below are the thesis's).
 
 The server is an online decision maker: each round it commits to mixing
 coefficients p^(t) on the simplex over the K clients of the federation, observes a
@@ -35,22 +35,22 @@ the algorithm's (default theta - sum_i ptilde_i Delta_i).
 
 The default (``variant="thesis"``) follows the thesis; ``variant="reference"``
 reproduces the authors' PyTorch code (github.com/vaseline555/AAggFF, commit 3932c3d,
-``src/server/aaggffserver.py``) where the two differ. Every difference (spec §2, §9):
+``src/server/aaggffserver.py``) where the two differ. Every difference:
 
     what                        thesis (default)                  authors' code
-R   ONS objective (§2, §9.1)    B = alpha I + beta A,             B = alpha (1 + beta) I
+R   ONS objective (eq. 3.7)     B = alpha I + beta A,             B = alpha (1 + beta) I
                                 b = sum (1 - beta <g, p>) g           + beta A, b = sum g
-R   initial decision (§9.3)     p^(1) = 1/K                       C 1_K, off-simplex (S: 1_K)
-R   DR value (§9.4)             rbar + (r_i - rbar) / C           (r_i - rbar) / C
-R   Lbreve (§9.7)               C2/(1+C1) + 2 (C2-C1)/(C (1+C1)); 2 + C at every C
+R   initial decision (Alg. 3.1) p^(1) = 1/K                       C 1_K, off-simplex (S: 1_K)
+R   DR value (eq. 3.10)         rbar + (r_i - rbar) / C           (r_i - rbar) / C
+R   Lbreve (Lemma 3.5)          C2/(1+C1) + 2 (C2-C1)/(C (1+C1)); 2 + C at every C
                                 C2/(1+C1) at full participation
 R   Normal transform (id 3)     Phi(x - 1): increasing in F_i,    (1 + erfc((x - 1)/sqrt 2)) / 2
                                 in [0, 1], 1/2 at the mean loss   = 1.5 - Phi(x - 1): decreasing
                                                                   in F_i, in (0.5, 1.35), 1 at
                                                                   the mean loss
--   propensity (§9.6)           C = m / K (the realised cohort)   the nominal fraction C (also
+-   propensity (Alg. 3.2)       C = m / K (the realised cohort)   the nominal fraction C (also
                                                                   as C2 and in 2 + C)
--   server LR (§9.9)            constant                          divided by phi at every
+-   server LR                   constant                          divided by phi at every
                                                                   client-LR decay (run option,
                                                                   see ``compensate_server_lr``)
 -   Fbar = 0, Frechet at x = 0  clamped to >= 1e-12               raw division (NaN / inf)
@@ -118,7 +118,7 @@ def exponential_cdf(x):
 
 
 def frechet_cdf(x):
-    """Frechet(scale 1, shape 1): exp(-1/x), x clamped to >= 1e-12 (spec §9.8)."""
+    """Frechet(scale 1, shape 1): exp(-1/x), x clamped to >= 1e-12 (the thesis does not guard x = 0)."""
     return jnp.exp(-1.0 / jnp.maximum(x, _FRECHET_MIN))
 
 
@@ -162,7 +162,7 @@ REFERENCE_TRANSFORMS = {**CDFS, "normal": reference_normal_transform}
 REFERENCE_CDFS = {"berka": "normal", "mqp": "logistic", "isic2019": "weibull",
                   "celeba": "gumbel", "reddit": "frechet", "speechcommands": "weibull",
                   "heart": "frechet", "tinyimagenet": "exponential"}
-"""The CDF of the authors' run scripts per dataset (spec §6); tune over ``CDFS`` else.
+"""The CDF of the authors' run scripts per dataset (the thesis does not state it); tune over ``CDFS`` else.
 Their "normal" (Berka) is ``reference_normal_transform``, i.e. ``variant="reference"``."""
 
 
@@ -204,7 +204,7 @@ def transform_responses(losses, client_mask, cdf: Union[str, int] = "normal",
         (``get_transform``): for "normal" (id 3) 1.5 - Phi(x - 1), decreasing in F_i
         and in C1 + (C2 - C1) (0.5, 1.35).
 
-    Fbar is clamped to >= 1e-12, so all-zero losses give CDF(0) (spec §9.8; the
+    Fbar is clamped to >= 1e-12, so all-zero losses give CDF(0) (the thesis does not guard Fbar = 0; the
     authors' code divides by the raw mean). The thesis map is increasing in F_i;
     both variants are invariant to scaling all losses by c > 0.
     """
@@ -261,13 +261,13 @@ def doubly_robust_responses(responses, client_ids, client_mask, num_clients: int
     num_clients : N, static.
     propensity : C = P(i in S) (AAggFF-D: m / N).
     imputation : rhat, a scalar or [N] (AAggFF-D: the sample mean rbar).
-    variant : "reference" writes (r_i - rhat_i) / C on the sample (spec §9.4).
+    variant : "reference" writes (r_i - rhat_i) / C on the sample (it drops rbar).
 
     Returns
     -------
     [N] estimate over all clients. With rhat independent of S it is unbiased; with
     rhat = rbar (same sample) E[rbreve_i] - r_i = (K - m) / (m (K - 1)) (rbar_pop - r_i)
-    (spec §9.5).
+    (Lemma 3.2 treats rbar as a constant).
     """
     _check_variant(variant)
     dtype = jnp.asarray(responses).dtype
@@ -332,7 +332,7 @@ def ons_step(state: ONSState, responses, *, alpha: float, beta: float,
     reference code:    b += g, p' = argmin_Delta 1/2 p^T (alpha (1 + beta) I + beta A) p + b^T p.
 
     ``solver="diagonal"`` keeps only diag(A) and uses the water-filling closed form of
-    the diagonal QP (spec §4 (c); loses the log T guarantee). ``initial_decision``
+    the diagonal QP (an approximation; loses the log T guarantee). ``initial_decision``
     (reference variant) replaces p in the first round (t = 0).
     """
     _check_variant(variant)
@@ -356,7 +356,7 @@ def ons_step(state: ONSState, responses, *, alpha: float, beta: float,
         hessian = state.hessian + jnp.outer(g, g)
         k = p.shape[0]
         B = ridge * jnp.eye(k, dtype=p.dtype) + beta * hessian
-        # lambda_max(B) <= ridge + beta min(tr A, Gershgorin(A)) (spec §2: alpha + beta tr A).
+        # lambda_max(B) <= ridge + beta min(tr A, Gershgorin(A)) (alpha + beta tr A).
         decision = simplex_qp(B, linear, init=state.decision, num_iters=num_iters,
                               strong_convexity=ridge,
                               lipschitz=ridge + beta * psd_lipschitz_bound(hessian))
@@ -394,7 +394,7 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
                     alpha: Optional[float] = None, beta: Optional[float] = None,
                     variant: str = "thesis", num_iters: int = 300,
                     solver: str = "fista") -> MixingRule:
-    """AAggFF-S mixing rule (Online Newton Step over all N clients; spec §2).
+    """AAggFF-S mixing rule (Online Newton Step over all N clients; eq. 3.7).
 
     Needs full participation: the cohort must hold every client (sampler
     ``fedjax_fair.core.sampling.full``); a cohort smaller than the federation raises.
@@ -479,7 +479,7 @@ def ftrl_init(num_clients: int) -> FTRLState:
 def dr_lipschitz(propensity, lower, upper, *, full_participation=None,
                  variant: str = "thesis"):
     """Lbreve of Lemma 3.5, C2/(1+C1) + 2 (C2-C1) / (C (1+C1)); L = C2/(1+C1) at full
-    participation (spec §9.7). The reference code uses 2 + C always."""
+    participation (Theorem 3.2). The reference code uses 2 + C always."""
     if variant == "reference":
         return 2.0 + propensity
     base = upper / (1.0 + lower)
@@ -493,7 +493,7 @@ def ftrl_step(state: FTRLState, responses, client_ids, client_mask, *, lower=0.0
               upper=None, variant: str = "thesis") -> FTRLState:
     """One AAggFF-D decision update from the cohort's responses [K].
 
-    With m = #unmasked rows, C = m / N (spec §9.6), rbar their mean response:
+    With m = #unmasked rows, C = m / N (the reference code uses the nominal C), rbar their mean response:
     rbreve = ``doubly_robust_responses(..., C, rbar)``,
     gbreve = ``linearized_gradient(rbreve, rbar, p)``, s += gbreve, t += 1,
     p' = softmax(-s sqrt(log N) / (Lbreve sqrt(t + 1))). ``upper`` (C2) None = C; it
@@ -523,7 +523,7 @@ def ftrl_step(state: FTRLState, responses, client_ids, client_mask, *, lower=0.0
 
 def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
                     variant: str = "thesis") -> MixingRule:
-    """AAggFF-D mixing rule (linearised FTRL + doubly robust estimator; spec §3).
+    """AAggFF-D mixing rule (linearised FTRL + doubly robust estimator; eqs. 3.10-3.12).
 
     Works with any sampler; the propensity is C = m / N with m the cohort's unmasked
     rows (C = 1 under full participation, where the estimator is exact). The state is

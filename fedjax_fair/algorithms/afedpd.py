@@ -1,6 +1,6 @@
 """A-FedPD and A-FedPDSAM — Sun, Shen, Tao, "A-FedPD: Aligning Dual-Drift is All
 Federated Primal-Dual Learning Needs", NeurIPS 2024 (arXiv:2409.18915),
-Algorithms 1 and 2 (spec/a_fedpd.md §2-§3).
+Algorithms 1 and 2.
 
 Round t with cohort P^t of a federation of C clients, every client holding a dual
 lambda_i (lambda_i^0 = 0):
@@ -29,13 +29,13 @@ weight-decay terms are added unperturbed. r (Algorithm 2's second "rho") is
 Pieces (primal_dual.py): ``augmented_lagrangian`` (regularizer), ``dual_ascent``
 (finish), ``virtual_dual_drift`` (drift), ``primal_dual_aggregator("virtual")``.
 
-Symbols -> arguments: rho = ``rho`` (spec §7.1: 0.1; traced), eta^t = ``client_lr``
+Symbols -> arguments: rho = ``rho`` (not in Table 3; we use 0.1, FedDyn's value; traced), eta^t = ``client_lr``
 (a schedule of the round for eta_0 d^t, e.g. ``lambda t: 0.1 * 0.998 ** t``), K =
 ``num_epochs`` x ceil(n_i / B) capped by ``max_steps``, B = ``batch_size``, wd =
 ``weight_decay`` (Table 3: 1e-3), r = ``sam_radius``, eps = ``sam_eps``; uniform
 weights 1 / P (``weight_by_size``: n_i-weighted theta-bar, and lambda-bar follows
 the same recursion). ``evaluate``: "average" evaluates theta-bar^t (the paper's
-output, Theorem 1), "server" the broadcast theta^t (spec §7.5).
+output, Theorem 1), "server" the broadcast theta^t.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """AFL — Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019,
-arXiv:1902.00146 (spec/aaggff.md §5; the thesis's AFL baseline).
+arXiv:1902.00146 (the AAggFF thesis's AFL baseline, Hahn, UNIST 2024, appendix §8.1,
+eq. 3.15).
 
 AFL solves the minimax problem over the mixture weights of all N clients,
 
@@ -17,7 +18,7 @@ with F_i = F_i(theta^t) the server model's loss on client i's training rows,
 measured before local training (``ClientOutput.loss_before``), and Proj_Delta the
 Euclidean projection onto the simplex (``fedjax_fair.simplex.project_simplex``).
 lambda is updated first and the new lambda weights this round's deltas (the
-spec's order: the losses are observed before the model step).
+thesis's order: the losses are observed before the model step).
 
 Partial participation. The thesis runs AFL with full participation only (every
 client every round), where the above is exact. With a cohort S of m < N clients

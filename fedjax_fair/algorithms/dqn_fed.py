@@ -1,12 +1,12 @@
 """DQN-Fed — S. Mohajer Hamidi and L. Ye, "Distributed Quasi-Newton Method for Fair and
-Fast Federated Learning", TMLR (OpenReview KbteA50cni); spec/dqn_fed.md.
+Fast Federated Learning", TMLR (OpenReview KbteA50cni).
 
 Every participant k sends a vector g_k and its quasi-Newton decrement
 d~_k = g_k^T H_k^{-1} g_k. The server looks for the step v that lowers every
 participant's linearised loss by exactly its own decrement, g_k . v = d~_k, and takes
 the smallest such v. The paper builds it by a scaled Gram-Schmidt pass, the min-norm
 point of the orthogonalised vectors and the step size eta^t = S (eqs. 7-17); all of
-it collapses into one order-independent closed form (spec §2.2):
+it collapses into one order-independent closed form (derived from eqs. 7-17):
 
     M = G^T G  (K x K Gram),   v = G M^{-1} d~,   theta^{t+1} = theta^t - eta_g v,
     S = d~^T M^{-1} d~ = ||v||^2,   lambda*_k ∝ 1 / ||g~_k||^2 (Cholesky identities).
@@ -28,17 +28,17 @@ theta^t.
 Client (``dqn_client``): curvature pairs (s, y) from the previous global model to the
 current one, and (``local_pairs``) from each local epoch, every gradient of a pair on
 the same probe set (all local rows, or ``probe_size`` of them), a pair kept only if
-s.y > ``eps_curv`` ||s|| ||y|| (spec A4, A6); the last ``memory`` pairs feed an
+s.y > ``eps_curv`` ||s|| ||y|| (Algorithm 1 has no such check; both ends of a pair use the same rows); the last ``memory`` pairs feed an
 L-BFGS two-loop with H0 = gamma0 I, gamma0 = s.y / y.y of the newest pair clipped to
 [``gamma_min``, ``gamma_max``] (else the local rate; ``gamma_max`` also caps d~ at
-gamma_max ||g||^2, and its default is 1, not the spec's 100: with 100 a client with a
+gamma_max ||g||^2, and its default is 1, not 100: with 100 a client with a
 large pseudo-gradient could demand a step of ~100 ||g||, and the command line's default
 job diverged in one seed of three within 3,000 rounds, with 10 within 1,300; with 1 the
 three seeds ran 3,000 rounds at 84.6% mean client accuracy, docs/reproducing.md). g_k is the pseudo-gradient
 (theta^t - theta_k^E) / (eta_l tau_k) (``mode="pseudo_grad"``, default) or the
 gradient at the global model (``"grad_at_global"``, the literal E = 1 algorithm, no
 local training); d~_k = max(g.H g, ``delta_min`` gamma0 ||g||^2). The paper's direct
-(Hessian-form) BFGS of eq. 19 is ``bfgs_form="direct"`` (B^1 = I, spec A1); the d x d
+(Hessian-form) BFGS of eq. 19 is ``bfgs_form="direct"`` (B^1 = I; the paper does not give B^1); the d x d
 matrix is never formed.
 
 Symbols -> arguments: eta_g = ``server_lr`` (a number or a schedule; default 0.5, the
@@ -111,7 +111,7 @@ def empty_pairs(params, memory: int) -> Pairs:
 
 def push_pair(pairs: Pairs, s, y, eps_curv=1e-8) -> Pairs:
     """``pairs`` with (s, y) appended (the oldest dropped) if s.y > eps ||s|| ||y||
-    (keeps the inverse Hessian positive definite, spec A4); else unchanged."""
+    (keeps the inverse Hessian positive definite; Algorithm 1 has no check); else unchanged."""
     sy = inner(s, y)
     accept = sy > eps_curv * jnp.sqrt(inner(s, s) * inner(y, y))
     accept = accept & (sy > 0)
@@ -204,7 +204,7 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
                bfgs_form: str = "inverse", probe_size: Optional[int] = 512,
                eps_curv=1e-8, gamma_min=1e-6, gamma_max=1.0, delta_min=1e-3,
                client_optimizer=None, clip_norm=None, clip_mode: str = "step") -> Callable:
-    """DQN-Fed's ClientUpdate (spec §2.5): receives theta^t and theta^{t-1}
+    """DQN-Fed's ClientUpdate (Algorithm 1, eq. 18): receives theta^t and theta^{t-1}
     (``broadcast.extra``), returns ``extra = {"g", "dtilde", "gamma0", "num_pairs"}``
     and ``delta = theta^t - theta_k^E``. In "pseudo_grad" mode the local epochs use
     ``client_optimizer`` (a ``rate -> transformation``, default ``optax.sgd``; its
@@ -226,7 +226,7 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
         theta, theta_prev = broadcast.params, broadcast.extra
         lr = round_value(client_lr, broadcast.round)
         probe_key, train_key = jax.random.split(key)
-        probe = row_subset(data, probe_key, probe_size)  # spec A6: one probe set per pair
+        probe = row_subset(data, probe_key, probe_size)  # the paper is silent; one probe set per pair
         loss_before = data_loss(model, theta, data)
         g_probe = grad_on(theta, probe)
         pairs = push_pair(empty_pairs(theta, memory),
@@ -542,7 +542,7 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
     """DQN-Fed (module doc): quasi-Newton decrements on the clients, the closed-form
     fair step on the server, theta^{t-1} kept and broadcast. ``server_lr`` defaults
     to 0.5: the paper's eta_g = 1 (eq. 17) blows up near a Pareto-stationary point of
-    the cohort on networks (spec A7b; docs/reproducing.md); give 1.0 for the literal
+    the cohort on networks (docs/reproducing.md); give 1.0 for the literal
     step. ``client_optimizer`` and ``clip_norm`` / ``clip_mode``: the local epochs of
     ``mode="pseudo_grad"`` (``dqn_client``)."""
     check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,

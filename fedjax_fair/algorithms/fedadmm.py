@@ -2,7 +2,7 @@
 Allowing Partial Participation", CDC 2022 (arXiv:2203.15104); Gong, Li, Freris,
 "FedADMM: A Robust Federated Deep Learning Framework with Adaptivity to System
 Heterogeneity", ICDE 2022 (arXiv:2204.03529). Implemented as the A-FedPD paper
-writes it (eq. 6 of arXiv:2409.18915, with g = 0; spec/a_fedpd.md §4, §7.14):
+writes it (eq. 6 of arXiv:2409.18915, with g = 0, the average of the active augmented models only):
 
     active i:   K local steps from theta^t on
                 f_i(theta) + <lambda_i, theta - theta^t> + (rho / 2) ||theta - theta^t||^2,
@@ -13,7 +13,7 @@ writes it (eq. 6 of arXiv:2409.18915, with g = 0; spec/a_fedpd.md §4, §7.14):
 Only the cohort's augmented models enter the server step, so a client's stale dual
 (sampled tens of rounds ago at 10% participation) pulls its next local solve in an
 outdated direction: the "dual drift" A-FedPD removes. FedADMM is kept as the
-demonstration of that instability (spec §9 T8: it does not converge on the
+demonstration of that instability (tests/test_afedpd.py, T8: it does not converge on the
 heterogeneous quadratics where A-FedPD does). Under full participation it is FedPD
 and A-FedPD.
 

@@ -15,7 +15,7 @@ update per local step and unit rate:
     Delta^{t+1} = sum_k p_k Delta_k / (K_k eta^t),
 
 i.e. Delta^{t+1} = -(theta-bar^{t+1} - theta^t) / (K eta^t) when every client takes
-K steps (spec a_fedpd.md §4). A client that took no step adds nothing to
+K steps (the A-FedPD paper's FedCM baseline, arXiv:2409.18915, Table 3). A client that took no step adds nothing to
 Delta^{t+1}. Round 0 is FedAvg on the data term scaled by alpha; alpha = 1 is FedAvg.
 
 Pieces: v is the gradient of the batch objective alpha * (masked mean loss) plus the

@@ -1,6 +1,6 @@
 """FedCVAE — the conditional-VAE baseline of FedEvg's comparison (Hahn, "Algorithms for
 Collaborative Machine Learning under Statistical Heterogeneity", PhD thesis, UNIST 2024,
-Chapter IV, §4.2 "Baselines" and Tables 4.2-4.5; spec/fedevg.md §4): a conditional VAE
+Chapter IV, §4.2 "Baselines" and Tables 4.2-4.5): a conditional VAE
 (Sohn, Lee, Yan, "Learning Structured Output Representation using Deep Conditional
 Generative Models", NeurIPS 2015) trained with FedAvg, whose decoder gives the server a
 labelled synthetic set of ``samples_per_class`` samples per class.
@@ -28,7 +28,7 @@ size-weighted averaging of encoder and decoder, server step sgd(1.0)); the serve
 draws a fresh synthetic set D~ of M = L ``samples_per_class`` decoder means
 (``fold_in(server_key, 0)``) and trains the classifier in ``state.params`` on it,
 warm-started, for ``server_classifier_steps`` Adam steps (``synthetic.fit_classifier``,
-as FedEvg does). The runner's accuracy is thus downstream accuracy (spec §5.1), and
+as FedEvg does). The runner's accuracy is thus downstream accuracy (the thesis's Tables 4.2-4.3), and
 ``synthetic.synthetic_data(state)`` / ``synthetic.downstream_report`` read the set as for
 FedEvg. ``state.aggregator_state`` is ``FedCVAEState(x, y, generator)``, ``generator``
 the CVAE's FedAvg ``ServerState`` (its parameters: ``generator.params``).
@@ -196,7 +196,7 @@ class FedCVAEState(NamedTuple):
 
 
 def sample(generator: Model, params, key, samples_per_class: int = 10):
-    """Labelled decoder means of a CVAE (``cvae``) at ``params`` (spec §4, spc = 10):
+    """Labelled decoder means of a CVAE (``cvae``) at ``params`` (spc = 10, as for the thesis's baselines):
     balanced labels [0]*spc + [1]*spc + ..., z ~ N(0, I) from ``key``. Returns
     (x [L spc, *X], y int32 [L spc])."""
     H.COUNT.check("samples_per_class", samples_per_class)

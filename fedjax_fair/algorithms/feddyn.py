@@ -19,7 +19,7 @@ d = (1 / |P|) sum Delta_i + h / alpha, the aggregator's direction (server step
 sgd(1)). At a fixed point the clients' g_i sum to zero and every client's model
 is the global optimum, which removes FedAvg's client-drift bias.
 
-In the primal-dual notation of the family (primal_dual.py, spec/a_fedpd.md §4) the
+In the primal-dual notation of the family (primal_dual.py; the A-FedPD paper, arXiv:2409.18915, eq. 7) the
 client's dual is lambda_i = -g_i and the server's mean dual lambda-bar = -h, with
 rho = alpha: the client solves f_i + <lambda_i, theta - theta^{t-1}> + (rho/2)||.||^2,
 lambda_i += rho (theta_i^t - theta^{t-1}), and theta^t = theta-bar + lambda-bar / rho with
@@ -31,7 +31,7 @@ Symbols -> arguments: alpha = ``alpha`` (may be traced; the paper's grid {0.1,
 0.01, 0.001}); the local solver is SGD with ``client_lr`` for ``num_epochs`` epochs
 of batch ``batch_size`` (the argmin is approximate, as in the paper), plus coupled
 ``weight_decay``. ``evaluate``: "average" evaluates theta-bar^t, the same model as
-the rest of the primal-dual family (spec/a_fedpd.md §7.5), so a comparison made
+the rest of the primal-dual family (A-FedPD's Theorem 1 is stated for theta-bar), so a comparison made
 with defaults is like for like; "server" evaluates theta^t (the FedDyn paper's
 choice).
 """

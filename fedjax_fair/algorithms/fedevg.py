@@ -1,6 +1,6 @@
 """FedEvg — Hahn, "Algorithms for Collaborative Machine Learning under Statistical
 Heterogeneity", PhD thesis, UNIST 2024, Chapter IV ("Federated Synthetic Data
-Generation through Energy-based Composition"); spec/fedevg.md.
+Generation through Energy-based Composition").
 
 The server holds M labelled synthetic samples D~ = {(x~_j, y~_j)} and never receives
 parameters. Every round each selected client trains a fresh classifier f(.; theta_i)
@@ -22,14 +22,14 @@ Client SGLD (eq. 4.9, Alg. 4.2 line 11): R steps x <- x + gamma clip(grad_x f[y]
 i.e. it descends the energy, with the samples clipped to the data range once after the
 chain (``sample_clip="chain"``: the authors' sampler) or after every step
 (``"step"``); the thesis clips neither the gradient nor the samples. For R = 1 (the
-default) the two coincide. PCD loss with the corrected sign (spec §7.1):
+default) the two coincide. PCD loss with the corrected sign (Alg. 4.2 line 13 has it flipped):
 L_pcd = E(x_real, y) - E(x_neg, y~) = -f(x_real)[y] + f(x_neg)[y~] (batch means).
 
 Symbols -> arguments: M = ``num_synth`` (default 10 L, class-balanced deterministic
 labels [0]*spc + [1]*spc + ...), lambda = ``ce_weight``, E (local iterations) =
 ``local_iters`` (None: ``num_epochs`` epochs over each client's own rows, the reference
 code's epoch mode with per-client step masking; an int: that many iterations for every
-client, the thesis' reading; ``mean_epoch_iters`` gives the spec's ceil(mean n_i / B)),
+client, the thesis' reading; ``mean_epoch_iters`` gives ceil(mean n_i / B), about one epoch),
 R = ``client_sgld_steps``, gamma = ``client_step``, sigma = ``client_noise``, beta_0 /
 beta_{T-1} = ``server_step`` / ``server_step_end`` on the ``schedule``
 ("ddpm_cosine_beta" | "cosine_alphabar", ``server_steps``) over T = ``num_rounds``,
@@ -37,8 +37,8 @@ delta = ``server_noise``, the energy-gradient clip c = ``grad_clip`` (None: off)
 sample range [lo, hi] = ``data_range`` (None: no clipping) applied per ``sample_clip``, eta = ``client_lr`` (Adam;
 a number, a traced scalar or a schedule of the round), coupled L2 ``weight_decay``,
 optional global gradient-norm clip ``max_grad_norm``, B = ``batch_size``; the
-ablations ``energy_weighting`` ("signed_exp" | "exp" | "uniform", spec §7.11) and
-``ce_on_initial_synth`` (spec §7.3); ``persistent_client_model`` keeps each client's
+ablations ``energy_weighting`` ("signed_exp" | "exp" | "uniform"; "exp" is the exact eq. 4.13) and
+``ce_on_initial_synth`` (the reference code's reading); ``persistent_client_model`` keeps each client's
 classifier in a per-client table (``client_table``) instead of re-initialising it.
 
 What the runner evaluates. FedEvg has no global model: its product is D~. So that
@@ -47,9 +47,9 @@ server keeps a classifier of the model's architecture in ``state.params`` (its A
 state in ``state.opt_state``) and trains it, warm-started, for
 ``server_classifier_steps`` Adam steps (rate ``server_classifier_lr``, minibatches of
 min(B, M) distinct synthetic samples) on the updated D~ after every server step. The
-runner's accuracy is then the downstream accuracy (spec §5.1) of a classifier trained on
+runner's accuracy is then the downstream accuracy (Tables 4.2-4.3) of a classifier trained on
 D~ so far; 0 steps leaves ``state.params`` at its initial value (only D~ evolves). The
-spec's end-of-run protocol (a *fresh* classifier trained on D~ only) is
+thesis's end-of-run protocol (a *fresh* classifier trained on D~ only) is
 ``downstream_accuracy``. The synthetic set lives in ``state.aggregator_state``
 (``SyntheticSet(x, y)``; ``synthetic_data(state)``), drawn at ``init`` from
 ``jax.random.key(seed)`` (eq. 4.12). Round keys follow the engine: client k uses
@@ -58,11 +58,11 @@ spec's end-of-run protocol (a *fresh* classifier trained on D~ only) is
 Public pieces: ``server_steps`` (schedule), ``signed_weights`` / ``log_energy_weights``,
 ``mixture_weights`` / ``mixture_gradient`` (eq. 4.13), ``server_sgld_step`` (eq. 4.14),
 ``client_sgld`` (eq. 4.9), ``pcd_loss``, ``energy_and_grad`` (the upload's per-sample
-values and gradients), ``make_client_update`` (one client, spec §2.3), ``init_synthetic``
+values and gradients), ``make_client_update`` (one client, Alg. 4.2), ``init_synthetic``
 (eq. 4.12), ``mean_epoch_iters``. The synthetic set's accessors and evaluation, shared
 with FedCVAE, are in ``fedjax_fair.algorithms.families.generative``: ``synthetic_data``,
-``synthetic_federation``, ``downstream_accuracy`` / ``downstream_report`` (spec §5.1),
-``feature_distance`` (§5.2) and ``plot_sample_grid`` (§5.3).
+``synthetic_federation``, ``downstream_accuracy`` / ``downstream_report`` (Tables 4.2-4.3),
+``feature_distance`` (Tables 4.4-4.5) and ``plot_sample_grid``.
 
 Traced (vmappable / differentiable): ``ce_weight``, ``client_step``, ``client_noise``,
 ``server_step``, ``server_step_end``, ``server_noise``, ``grad_clip``, ``data_range``
@@ -157,7 +157,7 @@ def _alphabar(num_rounds: int, s: float = COSINE_OFFSET) -> np.ndarray:
 
 
 def server_steps(num_rounds: int, beta_0, beta_end, schedule: str = "ddpm_cosine_beta"):
-    """The server SGLD step sizes beta_t, t = 0..T-1 ([T]; spec §2.4).
+    """The server SGLD step sizes beta_t, t = 0..T-1 ([T]; eq. 4.14).
 
     "ddpm_cosine_beta" ([ref-code]): b_t = 1 - alphabar(t+1) / alphabar(t) rises from
     ~9e-5 to 1, beta_t = (1 - b_t) beta_0 + b_t beta_end (= beta_0 + b_t (beta_end -
@@ -245,7 +245,7 @@ def energy_and_grad(apply: Callable, params, x, y):
 
     One backward pass; the rows of the gradient are the per-sample gradients only when
     the network treats samples independently (GroupNorm / no normalisation, never batch
-    statistics; spec §7.7)."""
+    statistics)."""
     def f_y(x):
         return _pick(apply(params, x), y)
 
@@ -284,7 +284,7 @@ def client_sgld(apply: Callable, params, x, y, key, *, steps: int, step_size, no
 
 def pcd_from_logits(logits_real, y_real, mask, logits_neg, y_neg):
     """L_pcd = mean E(x_real, y) - mean E(x_neg, y~) = -mean f(x_real)[y] + mean
-    f(x_neg)[y~] (spec §7.1: the thesis' Alg. 4.2 line 13 has the sign flipped), the
+    f(x_neg)[y~] (the thesis' Alg. 4.2 line 13 has the sign flipped), the
     real mean over the rows where ``mask`` is True."""
     return -masked_mean(_pick(logits_real, y_real), mask) + jnp.mean(_pick(logits_neg, y_neg))
 
@@ -295,8 +295,8 @@ def pcd_loss(apply: Callable, params, x_real, y_real, mask, x_neg, y_neg):
 
 
 def mean_epoch_iters(train: ClientData, batch_size: int) -> int:
-    """ceil(mean_i n_i / B) over the clients of a (host or device) split: the spec's
-    default ``local_iters`` (about one epoch, spec §7.5)."""
+    """ceil(mean_i n_i / B) over the clients of a (host or device) split: the
+    default ``local_iters`` (about one epoch; Alg. 4.2 counts iterations)."""
     n = np.asarray(train.num_examples, np.float64)
     return max(1, math.ceil(float(n.mean()) / batch_size))
 
@@ -325,7 +325,7 @@ class ClientConfig(NamedTuple):
 
 
 def make_client_update(model: Model, cfg: ClientConfig) -> Callable:
-    """ONE client's FedEvg update (spec §2.3 ``fedevg_client_update``):
+    """ONE client's FedEvg update (Alg. 4.2, client side):
 
     ``update(x_syn, y_syn, data, local_steps, key, lr, params) -> (Upload, metrics,
     params)``: local training of the classifier ``params`` (the fresh initialisation,

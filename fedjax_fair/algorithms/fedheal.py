@@ -1,6 +1,6 @@
 """FedHEAL — Chen, Huang, Ye, "Fair Federated Learning under Domain Skew with Local
 Consistency and Domain Diversity", CVPR 2024 (arXiv:2405.16585); a DQN-Fed baseline
-(spec/dqn_fed.md §4). The rules follow the authors' code (github.com/yuhangchen0/FedHEAL,
+(Mohajer Hamidi, Ye, TMLR, OpenReview KbteA50cni). The rules follow the authors' code (github.com/yuhangchen0/FedHEAL,
 commit fa4f640: ``models/utils/federated_model.py``, ``consistency_mask``,
 ``compute_distance``, ``get_params_diff_weights``, ``aggregate_nets_parameter``).
 
@@ -58,7 +58,7 @@ Differences from the code, where it cannot be followed literally:
 
 Hyper-parameters: the code's defaults are threshold 0.3 and beta 0.4; the DQN-Fed
 paper's grid lists (alpha, beta) = (0.5, 0.5), (gamma_s, gamma_c) = (0.5, 0.9), symbols
-that do not map onto the code's two. Following spec/dqn_fed.md §4 (recommendation)
+that do not map onto the code's two; we use the paper's 0.5 for both:
 the defaults here are tau = beta = 0.5. (The equations above are the code's; the
 FedHEAL paper's own text was not available when this was written.)
 

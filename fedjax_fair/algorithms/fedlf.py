@@ -1,6 +1,6 @@
 """FedLF — Pan, Li, Yu, Wang, Wang, Tang, Zhao, "FedLF: Layer-Wise Fair Federated
 Learning", AAAI 2024, vol. 38, pp. 14527-14535 (no arXiv version); a DQN-Fed baseline
-(spec/dqn_fed.md §4). The rules follow the authors' reference code
+(Mohajer Hamidi, Ye, TMLR, OpenReview KbteA50cni). The rules follow the authors' reference code
 (github.com/zibinpan/FedLF, ``gfedplat/algorithm/FedLF/FedLF.py`` at commit b56e05e,
 ``get_FedLF_d_layers`` and ``FedLF.train_a_round``).
 

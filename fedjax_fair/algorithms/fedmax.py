@@ -1,6 +1,6 @@
 """FedMax, FedMax(k), FedSoftMax — Ben Mansour, Carenini, Duplessis, "Tackling
-Computational Heterogeneity in FL: A Few Theoretical Insights", arXiv:2307.06283 (spec/
-computational_heterogeneity.md §2, §2.1, §7).
+Computational Heterogeneity in FL: A Few Theoretical Insights", arXiv:2307.06283
+(Section 2, the aggregation strategies).
 
 Loss-aware aggregation: the new model is a convex combination of the returned
 client models, theta^{t+1} = sum_i alpha_i theta_i = theta^t - sum_i alpha_i Delta_i,
@@ -18,7 +18,7 @@ clients raises the weighting skew rho and speeds convergence, at the price of a
 bias term when data are heterogeneous; the soft variant keeps every weight
 positive, which caps that bias.
 
-Choices (spec §7):
+Choices where the paper is ambiguous:
 
 * A2 loss source: ``loss_source="pre_round"`` (default; the paper's formula, which
   tilts by F_i(w_t) - F_i*) reads ``ClientOutput.loss_before`` = F_i(theta^t) on the
@@ -45,9 +45,8 @@ Choices (spec §7):
   command line's cohort of 10, 0.1 is one client, i.e. FedMax itself.
 
 Masked cohort rows and empty clients (n_i = 0) never get weight (partial
-participation: "renormalised over the sampled clients"). The spec discusses no
-weighting by local steps (its §3.3 step budgets leave aggregation unchanged), so
-none is offered.
+participation: "renormalised over the sampled clients"). The paper discusses no
+weighting by local steps, so none is offered.
 
 Symbols -> arguments: beta (the paper's T^{-1}) = ``beta``; k = ``k``;
 p_i = n_i / n if ``weight_by_size``.
@@ -148,7 +147,7 @@ LOSS_SOURCES = ("last_epoch", "pre_round")
 
 
 def client_losses(outputs, loss_source: str):
-    """The loss statistic l_i of spec A2: last-epoch running loss or F_i(theta^t)."""
+    """The loss statistic l_i (choice A2 above): last-epoch running loss or F_i(theta^t)."""
     return outputs.train_loss if loss_source == "last_epoch" else outputs.loss_before
 
 

@@ -1,6 +1,6 @@
 """FedMGDA+ — Hu, Wang, Xu, Yu, "Federated Learning Meets Multi-objective Optimization",
 IEEE Transactions on Network Science and Engineering 2022 (arXiv:2006.11489);
-spec/dqn_fed.md §4 and spec/aaggff.md §5-6.
+a baseline of DQN-Fed (TMLR, OpenReview KbteA50cni) and of the AAggFF thesis (Hahn, UNIST 2024).
 
 Every participating client k sends its model delta Delta_k = theta^t - theta_k. The
 server normalises the deltas, finds the minimum-norm point of their convex hull
@@ -20,11 +20,11 @@ lambda* = lambda0 (FedAvg's weighted mean of the NORMALISED updates); eps >= 1 i
 plain MGDA over the participants (min-norm element of their convex hull, a common
 descent direction: g_k . d >= ||d||^2 for every k).
 
-As a mixing-coefficient rule (spec/aaggff.md §5) the effective weight on the raw
+As a mixing-coefficient rule (AAggFF thesis, appendix §8.1) the effective weight on the raw
 delta is lambda*_k / ||Delta_k||, which is not on the simplex; hence FedMGDA+ is an
 ``Aggregator`` (it needs the deltas) whose incoming ``weights`` are the centre
 lambda0: any ``MixingRule`` can supply it (``by_num_examples``: data weights
-p_k = n_k / sum_S n_j, the FedMGDA+ paper and spec/dqn_fed.md; ``uniform``: 1 / |S|,
+p_k = n_k / sum_S n_j, the FedMGDA+ paper and DQN-Fed; ``uniform``: 1 / |S|,
 the AAggFF reference code). Clients with lambda0_k = 0 (masked-out cohort rows, and
 clients without training data under ``by_num_examples``) are pinned at
 lambda*_k = 0 and never influence the direction. (Under ``uniform`` an empty client
@@ -32,8 +32,8 @@ keeps a positive centre and a zero g_k, and MGDA may move weight onto it, which
 shortens d: the min-norm point of a hull containing 0 is 0.)
 
 Symbols -> arguments: eps = ``epsilon``; eta = ``global_lr``; phi = ``global_lr_decay``
-(per ``decay_every`` = s rounds; default 1.0, a constant rate: the specs give no
-decay for FedMGDA+);
+(per ``decay_every`` = s rounds; default 1.0, a constant rate: the AAggFF thesis and
+DQN-Fed give no decay for FedMGDA+);
 lambda0 = the mixing rule's weights (``center``, or ``mixing=``); the QP iteration count
 = ``qp_iters``. Grids: eps in {0.1, 0.5, 1} (AAggFF thesis; reference scripts pick
 1.0 Berka, 0.1 MQP, 0.5 otherwise), eps in {0.01, 0.05, 0.1, 0.5, 1} (DQN-Fed).
@@ -106,7 +106,7 @@ def mgda_box(center, epsilon):
 def fedmgda_plus_lambdas(gram, center, epsilon, *, qp_iters: int = 200,
                          method: str = "sort"):
     """lambda* = argmin lambda^T G lambda over the simplex and the eps-box around
-    lambda0 (FedMGDA+, spec/dqn_fed.md §4), started from lambda0.
+    lambda0 (FedMGDA+), started from lambda0.
 
     Parameters
     ----------
@@ -210,7 +210,7 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
     qp_iters : int
         Fixed number of QP iterations per round.
     center : {"num_examples", "uniform"}
-        lambda0: data weights (default; the paper, spec/dqn_fed.md) or 1 / |S| (the
+        lambda0: data weights (default; the paper, DQN-Fed) or 1 / |S| (the
         AAggFF reference code). A ``mixing=`` rule, if given, is the centre instead.
     client_lr, batch_size, num_epochs, max_steps, client_optimizer :
         FedAvg's local training.

@@ -1,7 +1,7 @@
 """FedNew — Elgabli, Ben Issaid, Bedi, Rajawat, Bennis, Aggarwal, "FedNew: A
 Communication-Efficient and Privacy-Preserving Newton-Type Method for Federated
 Learning", ICML 2022 (arXiv:2206.08829), Algorithm 1; a second-order baseline of
-DQN-Fed (spec/dqn_fed.md §4).
+DQN-Fed (Mohajer Hamidi, Ye, TMLR, OpenReview KbteA50cni).
 
 The Newton direction y* = (mean_k H_k)^{-1} mean_k g_k solves the consensus problem
 min sum_k (1/2 y_k^T H_k y_k - g_k^T y_k) s.t. y_k = y. FedNew runs ONE pass of ADMM
@@ -16,7 +16,7 @@ the start); in round t, at theta^t, every participant computes g_k and H_k and
 
 Only y_k leaves a client (neither g_k nor H_k). The paper's step is eta = 1 and alpha
 is a damping of the local Hessians (the authors' code adds (alpha + lambda_reg) I to
-each H_k); the spec's "theta <- theta - alpha y" step is ``server_lr`` here.
+each H_k); the paper's "theta <- theta - alpha y" step is ``server_lr`` here.
 
 Pieces: lambda_k is the client-table row, y the aggregator's state, broadcast with
 theta^t. The client returns y_k as its ``delta`` (its proposed model is

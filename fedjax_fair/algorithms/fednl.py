@@ -1,7 +1,7 @@
 """FedNL and FedNL-PP — Safaryan, Islamov, Qian, Richtárik, "FedNL: Making Newton-Type
 Methods Applicable to Federated Learning", ICML 2022 (arXiv:2106.02969), Algorithm 1
 (FedNL) and the partial-participation variant FedNL-PP; a second-order baseline of
-DQN-Fed (spec/dqn_fed.md §4).
+DQN-Fed (Mohajer Hamidi, Ye, TMLR, OpenReview KbteA50cni).
 
 **FedNL** (``fednl``). Client k keeps a Hessian estimate H_k across rounds (one row
 per client). At theta^t it computes its gradient g_k and curvature D_k = ∇²f_k(theta^t),

@@ -1,7 +1,6 @@
 """FedPD — Zhang, Hong, Dhople, Yin, Liu, "FedPD: A Federated Learning Framework with
 Adaptivity to Non-IID Data", IEEE TSP 2021 (arXiv:2005.11418), in the
-full-participation form the A-FedPD paper writes (eq. 5 of arXiv:2409.18915;
-spec/a_fedpd.md §1):
+full-participation form the A-FedPD paper writes (eq. 5 of arXiv:2409.18915):
 
     every i:  theta_i^{t+1} = argmin_theta f_i(theta) + <lambda_i^t, theta - theta^t>
                                  + (rho / 2) ||theta - theta^t||^2   (K local steps)
@@ -10,7 +9,7 @@ spec/a_fedpd.md §1):
 
 the exact minimiser of the augmented Lagrangian over theta. Every client every round
 (registered with participation "full"); then A-FedPD, FedDyn and FedADMM give the
-same iterates (spec §9 T4). FedPD's communication skipping (a client solving again
+same iterates (tests/test_afedpd.py, T4). FedPD's communication skipping (a client solving again
 without a server round) is not part of this form.
 
 Pieces: FedADMM's (``primal_dual_aggregator("cohort")``).

@@ -19,7 +19,7 @@ Symbols -> arguments: r = ``sam_radius`` (may be traced), eps = ``sam_eps``,
 eta_l = ``client_lr`` (a number, a traced scalar or a schedule of the round),
 wd = ``weight_decay``, eta_g = ``server_lr``, K = the local steps (``num_epochs`` x
 ceil(n_k / B), capped by ``max_steps``), B = ``batch_size``; p_k = 1 / |S| (the
-spec's uniform average of the active models), n_k / n with ``weight_by_size``.
+A-FedPD paper's uniform average of the active models), n_k / n with ``weight_by_size``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """FedSpeed — Sun, Shen, Huang, Ding, Tao, "FedSpeed: Larger Local Interval, Less
 Communication Round, and Higher Generalization Accuracy", ICLR 2023
 (arXiv:2302.10429), in the form the A-FedPD paper compares against ("SAM inside
-FedDyn", spec/a_fedpd.md §4): FedDyn's local solve and server with SAM's gradient,
+FedDyn", its Appendix A.1): FedDyn's local solve and server with SAM's gradient,
 
     active i:   K steps theta <- theta - eta (grad f_i(theta + e; B) + lambda_i
                 + rho (theta - theta^t) + wd theta),  e = r g0 / (||g0|| + eps),
@@ -11,7 +11,7 @@ FedDyn", spec/a_fedpd.md §4): FedDyn's local solve and server with SAM's gradie
                 theta^{t+1} = theta-bar^{t+1} + lambda-bar^{t+1} / rho.
 
 The original paper's merged perturbed / unperturbed gradient and corrected-model
-aggregation are not reproduced (the spec follows the A-FedPD paper). ``sam_radius=0``
+aggregation are not reproduced (we follow the A-FedPD paper's description). ``sam_radius=0``
 is FedDyn on the same keys.
 
 Pieces (primal_dual.py): ``augmented_lagrangian``, ``dual_ascent``,

@@ -1,6 +1,6 @@
 """PropFair — Zhang, Malekmohammadi, Chen, Yu, "Proportional Fairness in Federated
-Learning", TMLR 2023, arXiv:2202.01666: the aggregation form of spec/aaggff.md §5 /
-thesis eq. 3.21-3.23 (default), and the authors' client-loss form (``mode="client"``).
+Learning", TMLR 2023, arXiv:2202.01666: the aggregation form of the AAggFF thesis (Hahn, UNIST 2024,
+appendix §8.1, eqs. 3.21-3.23; default), and the authors' client-loss form (``mode="client"``).
 
 PropFair maximises the Nash social welfare of the clients' utilities M - F_k:
 
@@ -15,14 +15,14 @@ place of its gradient, the server step is
 an exponentiated-gradient step with response r_k = -log(M - F_k) and zeta = 1.
 F_k = F_k(theta^t) is ``ClientOutput.loss_before``.
 
-Losses at or above M (spec/aaggff.md §5, §9.10): the formula needs F_k < M, so the
+Losses at or above M (the thesis does not treat them; we clip): the formula needs F_k < M, so the
 utility is clipped, M - F_k >= ``eps``. Every client with F_k >= M - eps then
 gets the same, largest per-example weight n_k / eps (0 < eps <= M, checked in
 Python for concrete values). The default eps = 0.2 is the
 margin at which the reference code leaves the log utility.
 
 ``mode="client"`` is the authors' implementation instead (AAggFF code, commit
-3932c3d, ``src/client/propfairclient.py``; spec §5): each local minibatch with mean
+3932c3d, ``src/client/propfairclient.py``): each local minibatch with mean
 loss l minimises
 
     -log(1 - l / M)   if M - l >= eps,      l / M   if M - l < eps  (eps = 0.2 there),

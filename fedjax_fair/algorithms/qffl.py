@@ -1,6 +1,6 @@
 """q-FFL / q-FedAvg — Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in
-Federated Learning", ICLR 2020, arXiv:1905.10497 (Algorithm 2; spec/aaggff.md §5,
-spec/dqn_fed.md §4).
+Federated Learning", ICLR 2020, arXiv:1905.10497 (Algorithm 2; a baseline of
+the AAggFF thesis, appendix §8.1, eqs. 3.16-3.18, and of DQN-Fed, TMLR, OpenReview KbteA50cni).
 
 q-FFL minimises f_q(w) = sum_k p_k F_k(w)^{q+1} / (q + 1): larger q puts more
 weight on clients with a high loss (q = 0 is FedAvg's objective, q -> inf AFL's).
@@ -23,7 +23,7 @@ the cohort (FedAvg with uniform weights; with pi ∝ n, FedAvg exactly). The
 effective coefficients pi_k L F_k^q / sum_j pi_j h_j are ∝ pi_k F_k^q and sum to
 at most 1 (q >= 0).
 
-Two modes (spec/aaggff.md §5 ``qffl_mode``):
+Two modes (``qffl_mode``):
 
 * ``"faithful"`` (default): the update above, an ``Aggregator``
   (``qffl_aggregator``) on top of the prior mixing weights.

@@ -1,6 +1,6 @@
 """SuPerFed — Hahn, Jeong, Lee, "Connecting Low-Loss Subspace for Personalized
-Federated Learning", KDD 2022 (arXiv:2109.07628); thesis Chapter II
-(spec/superfed.md).
+Federated Learning", KDD 2022 (arXiv:2109.07628); S.-J. Hahn, PhD thesis "Algorithms for Collaborative Machine Learning under
+Statistical Heterogeneity", UNIST 2024, Chapter II.
 
 Every client i keeps two models of one architecture: the federated model theta_f
 (reset to the broadcast theta_g at every participation, the only one uploaded) and a
@@ -20,7 +20,7 @@ with mu = 0). The server averages the uploaded theta_f by n_i (FedAvg).
 
 A client is evaluated on theta(lambda) with one lambda for every layer
 (``eval_lambda`` for the runner's per-round evaluation; ``lambda_grid_metrics``
-sweeps lambda in {0, 0.1, ..., 1} for the spec's best-average-lambda and per-client
+sweeps lambda in {0, 0.1, ..., 1} for the thesis's best-average-lambda and per-client
 oracle accuracies).
 
 Pieces: the client update trains the pair (theta_f, theta_l) with
@@ -31,7 +31,7 @@ client_id))``, as the reference code seeds each local model with its client inde
 so clients never sampled cost nothing in the lazy table; only theta_f is aggregated
 (``by_num_examples``).
 
-Symbols -> arguments: mu = ``mu``, nu = ``nu``, L = ``start_round`` (the spec's
+Symbols -> arguments: mu = ``mu``, nu = ``nu``, L = ``start_round`` (the thesis's
 l_frac x T), eta = ``client_lr`` (a schedule of the round for the 1%/round decay, e.g.
 ``lambda t: 0.01 * 0.99 ** t``), momentum 0.9 and coupled weight decay 1e-4 over the
 pair (``momentum``, ``weight_decay``; a ``client_optimizer``, if given, replaces that
@@ -140,7 +140,7 @@ def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
     interpolation; evaluated personally at ``eval_lambda``.
 
     ``client_optimizer`` (None: SGD with ``momentum`` and coupled ``weight_decay``,
-    the spec's) replaces that optimizer of the pair, ``momentum`` and ``weight_decay``
+    the thesis's) replaces that optimizer of the pair, ``momentum`` and ``weight_decay``
     then unused; ``clip_norm`` / ``clip_mode``: gradient clipping of every local step.
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the local models
@@ -227,7 +227,7 @@ def lambda_grid_metrics(model: Model, algorithm: FederatedAlgorithm, state, spli
 
 
 def personalised_summary(grid: dict, lambdas=LAMBDA_GRID) -> dict:
-    """The spec's §5 numbers from ``lambda_grid_metrics``, over clients with test data,
+    """The thesis's evaluation numbers (Ch. II) from ``lambda_grid_metrics``, over clients with test data,
     unweighted: ``acc_best_lambda_avg`` = max_lambda mean_i A[i, lambda] (and that
     lambda), ``acc_oracle_per_client`` = mean_i max_lambda A[i, lambda] (optimistic),
     ``acc_lambda0`` (the federated endpoint), ``acc_lambda1`` (the local endpoint),

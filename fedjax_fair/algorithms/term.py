@@ -1,5 +1,6 @@
 """TERM — Li, Beirami, Sanjabi, Smith, "Tilted Empirical Risk Minimization", ICLR 2021,
-arXiv:2007.01162 (client-level tilt, as used for fair FL; spec/aaggff.md §5, spec/dqn_fed.md §4).
+arXiv:2007.01162 (client-level tilt, as used for fair FL; a baseline of the AAggFF thesis, appendix §8.1,
+eqs. 3.19-3.20, and of DQN-Fed, TMLR, OpenReview KbteA50cni).
 
 The tilted objective over clients
 
@@ -16,7 +17,7 @@ F_k = F_k(theta^t) is the server model's loss on client k's training rows,
 measured before local training (``ClientOutput.loss_before``). t > 0 up-weights
 high-loss clients (fairness); t -> 0 gives FedAvg's data weights n_k / n; t < 0
 down-weights them (robustness to outliers). The thesis form keeps the n_k prior
-(spec/aaggff.md §5); the reference code and spec/dqn_fed.md §4 drop it:
+(eq. 3.20); the reference code and DQN-Fed's softmax_k(t F_k) drop it:
 ``weight_by_size=False`` (uniform prior, t -> 0 gives 1 / |S|).
 
 Symbols -> arguments: t (the paper's tilt; the thesis's lambda) = ``tilt``;

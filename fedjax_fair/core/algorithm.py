@@ -1,4 +1,4 @@
-"""``FederatedAlgorithm(init, apply)`` and ``compose`` (DESIGN.md §5).
+"""``FederatedAlgorithm(init, apply)`` and ``compose`` (docs/architecture.md).
 
 A federated algorithm is two pure functions and a statement of what it evaluates:
 

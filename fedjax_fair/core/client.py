@@ -1,4 +1,4 @@
-"""Local training of ONE client (DESIGN.md §4).
+"""Local training of ONE client (docs/architecture.md).
 
 ``local_training`` builds a ``ClientUpdate``: a pure function of
 ``(broadcast, client_state, data, local_steps, key)`` that an execution strategy

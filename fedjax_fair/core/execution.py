@@ -1,4 +1,4 @@
-"""How a cohort runs: mapping ONE client's update over K clients (DESIGN.md §7).
+"""How a cohort runs: mapping ONE client's update over K clients (docs/performance.md).
 
 Strategies (all produce identical results up to float rounding):
 

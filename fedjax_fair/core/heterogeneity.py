@@ -7,9 +7,10 @@ training then takes ``min(budget_k, E * ceil(n_k / B))`` steps, the steps past a
 client's budget being masked inside the same compiled program (client.py). A fixed
 int32 [N] table (the old ``step_budgets`` argument) still works and never changes.
 
-This is the optional extension of spec/computational_heterogeneity.md §3.3, NOT what
-that paper simulates (its only heterogeneity is unequal n_k, A1): budgets drawn per
-client per round, e.g. epochs ~ U{1..E_max} or a straggler fraction doing one epoch.
+This is an optional extension, NOT what Ben Mansour et al. ("Tackling Computational
+Heterogeneity in FL", arXiv:2307.06283, §3.1) simulate (their only heterogeneity is
+unequal n_k): budgets drawn per client per round, e.g. epochs ~ U{1..E_max} or a
+straggler fraction doing one epoch.
 Budgets are counted in local steps, or in epochs (``unit="epochs"``: budget b means
 b * ceil(n_k / B) steps, which needs the batch size B).
 

@@ -1,4 +1,4 @@
-"""Mixing rules: per-client weights on the simplex (DESIGN.md §5).
+"""Mixing rules: per-client weights on the simplex (docs/architecture.md).
 
 A ``MixingRule`` is ``init(num_clients) -> state`` and
 ``update(state, outputs, ctx) -> (weights [K], state)``. ``outputs`` is the cohort's

@@ -39,7 +39,7 @@ def compensated(server_rate, client_rate: Callable) -> Callable:
     """server_t = server_rate_t * client_rate(0) / client_rate(t): the server rate grows
     as the client rate decays, so eta_g * eta_l stays what it was in round 0 (AAggFF's
     reference code divides the server rate by phi at every client decay; the thesis
-    is silent, spec/aaggff.md §9.9). ``server_rate``: a number or a schedule."""
+    is silent, so this is off by default). ``server_rate``: a number or a schedule."""
     server = server_rate if callable(server_rate) else (lambda t: server_rate)
     return lambda t: server(t) * client_rate(0) / client_rate(t)
 

@@ -1,4 +1,4 @@
-"""Core types of fedjax_fair (DESIGN.md §3).
+"""Core types of fedjax_fair (docs/architecture.md).
 
 Everything that crosses a jit boundary is a NamedTuple of arrays, so it is a pytree
 with fixed shapes: no dicts keyed by client id, no Python lists of clients.

@@ -1,4 +1,4 @@
-"""Federated datasets (DESIGN.md §8): builders, partitioners and the registry.
+"""Federated datasets (docs/datasets.md): builders, partitioners and the registry.
 
 ``get_dataset(name, **kwargs)`` builds a registered dataset; ``DATASET_PARAMS[name]``
 lists each builder's keyword arguments and their defaults (for the CLI).

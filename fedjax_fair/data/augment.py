@@ -19,7 +19,7 @@ a key (local training) and leaves the batch alone when ``key`` is None (evaluati
 
 Pipelines of the specs (/work/shared/spec):
 
-* A-FedPD (a_fedpd.md §5, CIFAR-10/100): per-channel normalisation, then a random
+* A-FedPD (A-FedPD (arXiv:2409.18915) §5, CIFAR-10/100): per-channel normalisation, then a random
   horizontal flip with p = 0.5, then with probability 0.5 a random 32x32 crop of the
   image zero-padded by 4 px (zero padding in normalised space, i.e. normalise
   first, then augment). Test set: no augmentation. -> ``standard_augmentation("cifar")``.
@@ -45,7 +45,7 @@ from fedjax_fair.models.base import Model
 Augmenter = Callable[[jax.Array, jax.Array], jax.Array]
 
 # Channel statistics of images scaled to [0, 1] (RGB order).
-# CIFAR-10 and CIFAR-100: the values written in a_fedpd.md §5 (the sim's numbers:
+# CIFAR-10 and CIFAR-100: the values written in A-FedPD (arXiv:2409.18915) §5 (the sim's numbers:
 # the training-set channel mean / std usually quoted for these sets; CIFAR-10's are
 # rounded to three decimals).
 CIFAR10_MEAN = (0.491, 0.482, 0.447)
@@ -155,7 +155,7 @@ def random_crop(key, x, padding: int = 4, mode: str = "constant", p: float = 1.0
     The window of example b starts at ``crop_offsets(key, B, padding, p)[b]`` in the
     padded image, so the output has the input's shape and dtype. This is
     torchvision's ``RandomCrop(H, padding=padding)`` applied per example (with
-    ``p < 1``, as in a_fedpd.md §5, only a random subset of examples is cropped).
+    ``p < 1``, as in A-FedPD (arXiv:2409.18915) §5, only a random subset of examples is cropped).
 
     Parameters
     ----------
@@ -298,7 +298,7 @@ def standard_augmentation(name: str) -> Augmenter:
     """The training-time augmentation of a spec, by name.
 
     * ``"none"``: ``identity``.
-    * ``"cifar"`` (a_fedpd.md §5): horizontal flip with p = 0.5, then with
+    * ``"cifar"`` (A-FedPD (arXiv:2409.18915) §5): horizontal flip with p = 0.5, then with
       probability 0.5 a random crop from the image zero-padded by 4 px. Apply it to
       normalised images (the zero padding is in normalised space).
     * ``"tinyimagenet"`` (superfed.md): random rotation in [-20, 20] degrees, then a

@@ -4,13 +4,13 @@ Personalised and fair FL report accuracy on each client's own test data. The spe
 use two protocols:
 
 - ``holdout_split``: hold out a fraction of each client's own examples (the 80/20
-  split of AAggFF, FedEvg and SuPerFed, spec/aaggff.md §6, spec/fedevg.md §4,
-  spec/superfed.md §4; DQN-Fed's recommendation for natural partitions,
-  spec/dqn_fed.md §5). Optionally stratified by label ("stratified where applicable",
+  split of AAggFF, FedEvg and SuPerFed, Hahn's PhD thesis Ch. III §6.1, Ch. IV §4.1,
+  Ch. II §4.1; for DQN-Fed, whose paper leaves it open, our choice for natural
+  partitions). Optionally stratified by label ("stratified where applicable",
   AAggFF).
 - ``matched_test``: draw each client's test examples from the global test set so that
-  their label proportions match the client's training label proportions (DQN-Fed's
-  recommendation for Dirichlet / shard splits, spec/dqn_fed.md §5).
+  their label proportions match the client's training label proportions (our choice
+  for DQN-Fed's Dirichlet / shard splits, whose per-client test sets it leaves open).
 
 Both work on index arrays (pure NumPy, seeded by ``np.random.default_rng(seed)``), so
 the caller gathers inputs and labels; neither touches labels, so label noise
@@ -121,9 +121,9 @@ def matched_test(train_labels, test_labels, num_classes: int, seed: int, *,
     For client k with training label counts m_k[c] (n_k = sum_c m_k[c]) and test size
     s_k, the per-class test counts are ``t_k = apportion(m_k, s_k)`` (largest-remainder
     rounding of s_k m_k[c] / n_k, summing exactly to s_k), and t_k[c] indices of class
-    c are drawn uniformly from the global test set. This is the recommendation of
-    spec/dqn_fed.md §5 ("draw each client's test samples from the global test set with
-    the client's label proportions"); none of the papers fixes the size, so:
+    c are drawn uniformly from the global test set. This is our choice for DQN-Fed's
+    label-skewed setups (draw each client's test samples from the global test set with
+    the client's label proportions); none of the papers fixes the size, so:
 
     - ``size=None`` (default): s_k = round(len(test_labels) n_k / sum_j n_j), i.e. the
       client's share of the global test set in proportion to its share of the

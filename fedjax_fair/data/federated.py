@@ -1,4 +1,4 @@
-"""The ``Dataset`` container and the host-side helpers that build one (DESIGN.md §8).
+"""The ``Dataset`` container and the host-side helpers that build one (docs/datasets.md).
 
 A federation's split is stored as one padded block (``ClientData`` with a leading
 client axis): client ``k``'s ``n_k`` real rows come first, then ``M - n_k`` zero rows,

@@ -1,6 +1,6 @@
 """Label noise: class-transition matrices and seeded label flipping.
 
-The SuPerFed label-noise study (Hahn's thesis, spec/superfed.md §4 "Label noise"):
+The SuPerFed label-noise study (Hahn's PhD thesis Ch. II §4.3, Table 2.6, "Label noise"):
 with noise rate epsilon (``rate``) and N classes (``num_classes``),
 
 - pair: ``T[i, i] = 1 - eps``, ``T[i, (i + 1) mod N] = eps``;
@@ -106,7 +106,7 @@ def add_label_noise(labels, kind: str, rate: float, num_classes: int, seed: int
 
     Args:
       labels: 1-D integer training labels in [0, num_classes). Apply to training
-        splits only; test labels stay clean (spec/superfed.md §4).
+        splits only; test labels stay clean (thesis Ch. II §4.3).
       kind: ``label_noise`` field: "none" (returns a copy), "symmetric" or "pair".
       rate: ``noise_rate`` field, eps in [0, 1].
       num_classes: C >= 2.

@@ -19,15 +19,15 @@ Disjoint and covering (``COVERING``):
   Learning of Deep Networks from Decentralized Data"): sort by label, cut into
   num_clients * shards_per_client shards, give every client shards_per_client
   random shards (or, ``assignment="modulo"``, shard s to client s mod N as in the
-  SuPerFed reference code, spec/superfed.md §4).
+  SuPerFed reference code, github.com/vaseline555/SuPerFed).
 - ``classes``: "#C=k" label skew (Li et al. 2022, "Federated Learning on Non-IID Data
   Silos", NIID-Bench): every client is given k classes and each class is cut evenly
   among the clients holding it. (Covers every index when num_clients * k >= the
   number of classes.)
 - ``quantity``: label-IID examples, client sizes drawn from a log-normal or a
   power-law (Pareto) distribution.
-- ``unbalanced_shards``: the NIID / TNIID split of spec/computational_heterogeneity.md
-  §4: shards of a fixed size, one random shard per client, every other shard to a
+- ``unbalanced_shards``: the NIID / TNIID split of Ben Mansour et al.
+  (arXiv:2307.06283) §3.1: shards of a fixed size, one random shard per client, every other shard to a
   uniformly random client.
 
 Partial or overlapping, by design:
@@ -36,10 +36,10 @@ Partial or overlapping, by design:
   with fewer clients than groups, a seeded subset of groups is kept and the rest
   dropped.
 - ``handpick``: the alternative "hand-pick" split of
-  spec/computational_heterogeneity.md §4: fixed class pairs shared by groups of
+  Ben Mansour et al. (arXiv:2307.06283) §3.1 / Table 2: fixed class pairs shared by groups of
   clients, a fixed number of examples per class; the remaining examples are dropped.
 - ``dirichlet_prior``: the per-client-prior Dirichlet split with pool refills of
-  spec/a_fedpd.md §5: equal client sizes; clients may share examples.
+  A-FedPD (arXiv:2409.18915) §5 and App. A.3: equal client sizes; clients may share examples.
 
 ``apportion`` (largest-remainder rounding) is shared with ``client_test.py``.
 """
@@ -118,7 +118,7 @@ def dirichlet(labels: np.ndarray, num_clients: int, seed: int, alpha: float = 0.
       min_size: smallest acceptable client (0 accepts any draw). Needs
         num_clients * min_size <= len(labels).
       balance: if True, as in the reference code of Wang et al. 2020 (also used by
-        the SuPerFed code, see spec/superfed.md), a client that already holds
+        the SuPerFed code, github.com/vaseline555/SuPerFed), a client that already holds
         len(labels) / num_clients examples gets no share of later classes, which
         keeps client sizes closer to equal. Off by default (the paper's description).
       max_retries: bound on the number of draws.
@@ -182,7 +182,7 @@ def shards(labels: np.ndarray, num_clients: int, seed: int, shards_per_client: i
         ``"random"`` (default): a random permutation of the S shards, cut into rows of
         shards_per_client.
         ``"modulo"``: shard s goes to client ``s mod num_clients``, the SuPerFed
-        reference code's deal (spec/superfed.md §4): client k gets shards k, k + N,
+        reference code's deal (thesis Ch. II §4.1, Table 2.2): client k gets shards k, k + N,
         k + 2N, ... of the label-sorted pool, mostly two classes with 2 shards per
         client. The deal itself is fixed; the seed only orders examples within a label.
     """
@@ -207,7 +207,7 @@ def unbalanced_shards(labels: np.ndarray, num_clients: int, seed: int, shard_siz
                       ) -> list[np.ndarray]:
     """Fixed-size shards dealt one per client, then at random: the NIID / TNIID split.
 
-    spec/computational_heterogeneity.md §4 (the authors' ``split_dataset_noniid_old``):
+    Ben Mansour et al. (arXiv:2307.06283) §3.1 (the authors' ``split_dataset_noniid_old``):
     the pool is sorted by label (random order within a label) and cut into contiguous
     shards of ``shard_size`` examples (the last shard is shorter when shard_size does
     not divide len(labels)). Each client first receives one random shard; every
@@ -265,7 +265,7 @@ def classes_per_client(labels: np.ndarray, num_clients: int, seed: int,
 
     The quantity-based label imbalance of Li et al. 2022 ("Federated Learning on
     Non-IID Data Silos: An Experimental Study", NIID-Bench; also DQN-Fed's
-    FEMNIST-skewed setup with 5 random classes per client, spec/dqn_fed.md §5).
+    FEMNIST-skewed setup with 5 random classes per client, DQN-Fed §5.3).
     Class choice (``_deal_classes``): classes are first dealt round-robin from random
     permutations so that every class is used whenever num_clients * k >= C (C = the
     number of distinct labels), then each client is topped up to k distinct classes
@@ -366,8 +366,8 @@ def natural(labels: np.ndarray, num_clients: int | None, seed: int, groups=None,
     """Natural partition: one client per writer / user / speaker id.
 
     LEAF's by-writer FEMNIST, by-role Shakespeare, by-user CelebA / Reddit, the
-    by-speaker SpeechCommands of AAggFF (spec/aaggff.md §6, spec/superfed.md §4,
-    spec/dqn_fed.md §5). ``groups[i]`` is the id of example i's writer; every
+    by-speaker SpeechCommands of AAggFF (Hahn's PhD thesis Ch. III §6.1 and Ch. II
+    §4.1; DQN-Fed §5.3-§5.4). ``groups[i]`` is the id of example i's writer; every
     distinct id with at least ``min_size`` examples is a candidate client, and the
     clients come in ascending id order (``np.unique``), so client k's id is
     ``groups[parts[k][0]]``.
@@ -408,7 +408,7 @@ def handpick(labels: np.ndarray, num_clients: int, seed: int, classes_per_client
              samples_per_class: int = 100) -> list[np.ndarray]:
     """The "hand-pick" split: groups of clients share fixed class blocks.
 
-    spec/computational_heterogeneity.md §4 (the alternative preset, "size of each
+    Ben Mansour et al. (arXiv:2307.06283) §3.1, Table 2 (the alternative preset, "size of each
     client's dataset = 200"): the sorted classes are cut into B = C / k consecutive
     blocks ({0, 1}, {2, 3}, ... for k = 2), client i gets block ``i * B // N`` (so
     with N = 50 and B = 5, clients 0-9 share {0, 1}, 10-19 share {2, 3}, ...), and
@@ -450,7 +450,7 @@ def dirichlet_prior(labels: np.ndarray, num_clients: int, seed: int, alpha: floa
                     client_size: int | None = None) -> list[np.ndarray]:
     """Per-client Dirichlet class priors, equal sizes, class pools refilled.
 
-    The A-FedPD split (spec/a_fedpd.md §5, "sampling with replacement"): client k draws
+    The A-FedPD split (arXiv:2409.18915, App. A.3, "sampling with replacement"): client k draws
     a class prior q_k ~ Dir(alpha 1_C) and ``client_size`` (default
     len(labels) // num_clients, the paper's 500 on CIFAR) class draws from it, so its
     class counts are Multinomial(client_size, q_k). Each class's examples are handed

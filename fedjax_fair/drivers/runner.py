@@ -880,9 +880,9 @@ def split_summary(per_client: dict, split: str) -> dict:
     ``accuracy_worst_10%_unweighted``, ... (``metrics.fairness_summary``'s keys
     prefixed ``accuracy_``), ``loss`` (the example-weighted mean loss) and, when the
     model reports them, ``ece`` / ``mce`` (each client's calibration errors averaged
-    over clients, unweighted, as spec/superfed.md §5 reports them), over the
-    clients that have examples in the split. Test keys are returned as they are
-    (``loss`` as ``test_loss``); validation keys are prefixed ``validation_``. A split
+    over clients, unweighted, as SuPerFed's calibration study does, Hahn's PhD thesis
+    Ch. II §4.3), over the clients that have examples in the split. Test keys are
+    returned as they are (``loss`` as ``test_loss``); validation keys are prefixed ``validation_``. A split
     in which no client has examples gives {}."""
     has = per_client["num_examples"] > 0
     if not has.any():

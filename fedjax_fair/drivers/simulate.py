@@ -1,4 +1,4 @@
-"""The pure simulation core: a ``lax.scan`` over rounds (DESIGN.md §6).
+"""The pure simulation core: a ``lax.scan`` over rounds (docs/architecture.md).
 
 * ``simulate``: pure and jittable. Runs ``num_rounds`` rounds of an algorithm as
   one ``lax.scan``; the data is an argument (never closed over), so the same

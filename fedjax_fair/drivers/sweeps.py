@@ -1,4 +1,4 @@
-"""Vectorised sweeps: many whole runs as ONE compiled program (DESIGN.md §6).
+"""Vectorised sweeps: many whole runs as ONE compiled program (docs/meta.md).
 
 A run (init + ``simulate`` + a final evaluation of every client) is a pure function
 of its continuous hyper-parameters and its seed, so ``jax.vmap`` maps it over a grid

@@ -8,21 +8,21 @@ so they are wrapped with ``uses_xla_conv=True``.
 * ``resnet18_gn``: ResNet-18 (He et al. 2016, basic blocks [2, 2, 2, 2], widths
   64-128-256-512) with every BatchNorm replaced by GroupNorm, global average pooling
   and a dense classifier. Default: the CIFAR stem (3x3 conv, stride 1, no max-pool)
-  and 2 groups, the recommendation of spec/dqn_fed.md §5 ("ResNet-18-GN"). The
-  A-FedPD simulation (spec/a_fedpd.md §5) keeps torchvision's ImageNet stem (7x7
+  and 2 groups (common in FL; DQN-Fed §5 names "ResNet-18-GN" only). The
+  A-FedPD simulation (arXiv:2409.18915 §5, its author's FL-Simulator code) keeps torchvision's ImageNet stem (7x7
   stride-2 conv + 3x3 stride-2 max-pool) with 2 groups: ``stem="imagenet"``.
   Initialisation follows torchvision: Kaiming-normal (fan_out) convolutions, GN
   scale 1 / shift 0, PyTorch's default uniform(+-1/sqrt(fan_in)) for the classifier.
-* ``resnet10_gn_sn``: the FedEvg energy network (spec/fedevg.md §2.5, [ref-code]):
+* ``resnet10_gn_sn``: the FedEvg energy network (Hahn's thesis Ch. IV §4.1, [ref-code]):
   ResNet-10 (one basic block per stage), GroupNorm with ``width/4`` groups in the stem,
   ``planes/2`` in the blocks and ``width`` groups at the end, Swish (SiLU)
   activations, no activation after the residual sum, flatten (no pooling) and a
   spectral-normalised linear classifier ``W / sigma_max(W)``. Xavier-normal kernels.
-* ``resnet9``: SuPerFed's CIFAR-100 "ResNet9" (spec/superfed.md §4, [ref-code]):
+* ``resnet9``: SuPerFed's CIFAR-100 "ResNet9" (thesis Ch. II Table 2.2, [ref-code]):
   conv3x3(64, s2) + norm + ReLU, max-pool 3 s2, four basic blocks 64, 128, 256 s2,
   512 s2, global average pooling, 512 -> 256 -> ReLU -> C. No biases, Xavier-normal
   kernels.
-* ``mobilenet``: SuPerFed's TinyImageNet MobileNet (spec/superfed.md §4, [ref-code]):
+* ``mobilenet``: SuPerFed's TinyImageNet MobileNet (thesis Ch. II Table 2.2, [ref-code]):
   conv3x3(32, s2) + norm + ReLU, four depthwise-separable blocks (depthwise 3x3 with
   no padding + norm + ReLU, pointwise 1x1 + norm + ReLU; 32->64 s1, 64->128 s2,
   128->256 s2, 256->512 s1), global average pooling, 512 -> 256 -> ReLU -> C. No
@@ -36,20 +36,20 @@ Deviations and choices (all documented at the builders):
   normalise real rows with statistics of the padding (and of other rows of a partial
   last batch). SuPerFed's reference networks use BatchNorm with per-call batch
   statistics (``track_running_stats=False``); here they use GroupNorm (``norm="group"``,
-  the deterministic alternative of spec/superfed.md §7.3) and ``norm="batch"`` is
+  a deterministic alternative to batch statistics under vmap) and ``norm="batch"`` is
   rejected. With GroupNorm every example is normalised on its own, so a network's
   output on one example never depends on the other examples of the batch (which
-  FedEvg's per-sample input gradients need, spec/fedevg.md §7.7). The SuPerFed
+  FedEvg's per-sample input gradients need, thesis Ch. IV §3.3). The SuPerFed
   networks default to 2 groups, the FL convention of the other two specs.
-* **GroupNorm epsilon 1e-5** (PyTorch's default, stated by spec/a_fedpd.md and
-  spec/fedevg.md) instead of Flax's 1e-6, and two-pass variance.
+* **GroupNorm epsilon 1e-5** (PyTorch's default, used by the A-FedPD and FedEvg
+  reference code) instead of Flax's 1e-6, and two-pass variance.
 * **Padding as in PyTorch.** Every 3x3 convolution except MobileNet's depthwise ones
   pads 1 pixel on each side (7x7: 3), also at stride 2, where Flax's ``"SAME"`` would
   pad only after; max-pools pad 1 (with -inf).
 * **Spectral norm without state.** PyTorch's ``spectral_norm`` carries a power-iteration
   vector ``u`` between forward passes; ``Model`` holds parameters only. By default
   ``sigma_max(W)`` is exact (``jnp.linalg.svd(W, compute_uv=False)[0]``, the choice
-  recommended by spec/fedevg.md §2.5): deterministic, identical in training and
+  chosen for determinism): deterministic, identical in training and
   evaluation, and its gradient is ``u_1 v_1^T``. ``sn_method="power"`` runs a fixed
   number of power iterations from a fixed start vector inside ``apply``, with the
   singular vectors under ``stop_gradient`` (PyTorch's gradient convention).
@@ -365,7 +365,7 @@ def mobilenet_feature_size(size: int, depthwise_padding: int) -> int:
 
 def resnet18_gn(input_shape, num_classes, groups: int = 2, stem: str = "cifar",
                 width: int = 64) -> Model:
-    """ResNet-18 with GroupNorm (spec/dqn_fed.md §5, spec/a_fedpd.md §5).
+    """ResNet-18 with GroupNorm (DQN-Fed §5; A-FedPD, arXiv:2409.18915, §5).
 
     Parameters
     ----------
@@ -384,7 +384,7 @@ def resnet18_gn(input_shape, num_classes, groups: int = 2, stem: str = "cifar",
 
     Parameter count (width 64, 3 input channels): 11,173,962 (CIFAR stem, C = 10);
     11,181,642 (ImageNet stem, C = 10) and 11,227,812 (C = 100), the numbers of
-    spec/a_fedpd.md §2.3.
+    the A-FedPD author's FL-Simulator ResNet-18.
     """
     input_shape = _check_image_shape(input_shape)
     width = _check_positive("width", width)
@@ -399,13 +399,13 @@ def resnet10_gn_sn(input_shape, num_classes, width: int = 64, sn_method: str = "
                    sn_iters: int = 20) -> Model:
     """FedEvg's ResNet-10: GroupNorm, Swish, spectral-normalised classifier.
 
-    spec/fedevg.md §2.5 ([ref-code] ``ResNet10(width=64)``): stem conv3x3(width,
+    Hahn's thesis Ch. IV §4.1 ([ref-code] ``ResNet10(width=64)``): stem conv3x3(width,
     stride 1, no bias) -> GN(width/4 groups) -> SiLU; four stages of one basic block
     (width x 1 s1, x2 s2, x4 s2, x8 s2) conv3x3_s -> GN(planes/2) -> SiLU -> conv3x3 ->
     GN(planes/2), shortcut identity or conv1x1_s + GN(planes/2), no activation after
     the sum; GN(width groups) -> SiLU -> flatten ((H/8)(W/8)·8·width features, no
     pooling) -> Linear(features -> L, bias) normalised as ``W / sigma_max(W)``.
-    Xavier-normal kernels, zero classifier bias (the spec names only kernels), GN
+    Xavier-normal kernels, zero classifier bias (the paper names only kernels), GN
     scale 1 / shift 0, eps 1e-5.
 
     Parameters
@@ -437,7 +437,7 @@ def resnet10_gn_sn(input_shape, num_classes, width: int = 64, sn_method: str = "
 
 def resnet9(input_shape, num_classes, norm: str = "group", groups: int = 2,
             width: int = 64, hidden: int = 256, identity_shortcut: bool = False) -> Model:
-    """SuPerFed's "ResNet9" (spec/superfed.md §4, [ref-code], CIFAR-100).
+    """SuPerFed's "ResNet9" (thesis Ch. II Table 2.2, [ref-code], CIFAR-100).
 
     conv3x3(width, stride 2, pad 1) -> norm -> ReLU -> max-pool 3 s2 pad 1 -> four
     basic blocks (width x 1, x2, x4 s2, x8 s2; conv-norm-ReLU-conv-norm, conv1x1 + norm
@@ -474,7 +474,7 @@ def resnet9(input_shape, num_classes, norm: str = "group", groups: int = 2,
 
 def mobilenet(input_shape, num_classes, norm: str = "group", groups: int = 2,
               width: int = 32, hidden: int = 256, depthwise_padding: int = 0) -> Model:
-    """SuPerFed's MobileNet (spec/superfed.md §4, [ref-code], TinyImageNet 64x64).
+    """SuPerFed's MobileNet (thesis Ch. II Table 2.2, [ref-code], TinyImageNet 64x64).
 
     conv3x3(width, stride 2, pad 1) -> norm -> ReLU -> four depthwise-separable blocks
     [depthwise conv3x3 (stride s, padding ``depthwise_padding``) -> norm -> ReLU ->

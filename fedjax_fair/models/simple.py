@@ -4,7 +4,7 @@
   Synthetic(alpha, beta) experiments in FedProx (Li et al., 2020) and q-FFL
   (Li et al., 2020): logits = x W + b.
 * ``mlp``: fully connected ReLU network (default 200-200 hidden units, the
-  FEMNIST-shaped MLP of DESIGN.md §7).
+  FEMNIST-shaped MLP of docs/performance.md).
 * ``cnn``: the LEAF FEMNIST CNN shape (conv5x5-32, pool, conv5x5-64, pool, dense,
   softmax), with width knobs so a small version runs fast in tests.
 

@@ -3,7 +3,7 @@
 ``char_lstm``: embedding(V, 8) -> 2 stacked LSTM layers of 256 units -> hidden state of
 the last time step -> dense V. This is the Shakespeare model of LEAF (Caldas et al.,
 2018, ``models/shakespeare/stacked_lstm.py``) used by q-FFL (Li et al., 2020) and
-inferred for DQN-Fed (dqn_fed.md §5), and SuPerFed's StackedLSTM (superfed.md §4,
+inferred for DQN-Fed (the DQN-Fed paper (TMLR, OpenReview KbteA50cni) §5), and SuPerFed's StackedLSTM (SuPerFed (arXiv:2109.07628) experiments,
 reference code) with ``use_bias=False, forget_bias=0.0``.
 
 Inputs are int32 token ids [B, T] (T = 80 in LEAF), targets the id of the next
@@ -109,7 +109,7 @@ def _positive_int(field: str, value) -> int:
 def char_lstm(input_shape, num_classes, embed_dim: int = 8, hidden: Sequence[int] = (256, 256),
               use_bias: bool = True, forget_bias: float = 1.0, vocab_size: int | None = None,
               unroll: int = 1) -> Model:
-    """Stacked character LSTM (LEAF Shakespeare; superfed.md §4 StackedLSTM).
+    """Stacked character LSTM (LEAF Shakespeare; SuPerFed (arXiv:2109.07628) experiments StackedLSTM).
 
     Parameters
     ----------

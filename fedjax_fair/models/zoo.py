@@ -3,17 +3,17 @@
 Each builder has the registry signature ``builder(input_shape, num_classes, **kwargs)
 -> Model`` and names the model after its registry key (``MODELS`` at the bottom).
 
-* ``femnist_cnn``: the LEAF FEMNIST CNN (Caldas et al., 2018; dqn_fed.md §5
+* ``femnist_cnn``: the LEAF FEMNIST CNN (Caldas et al., 2018; the DQN-Fed paper (TMLR, OpenReview KbteA50cni) §5
   "FEMNIST-original", inferred LEAF): conv5x5-32 SAME, ReLU, maxpool 2, conv5x5-64 SAME,
   ReLU, maxpool 2, dense 2048, ReLU, dense C. It is ``simple.cnn`` with ``dense=2048``.
-* ``lenet_fedpd``: the A-FedPD LeNet (a_fedpd.md §5): conv5x5-64 VALID, ReLU, maxpool 2,
+* ``lenet_fedpd``: the A-FedPD LeNet (A-FedPD (arXiv:2409.18915) §5): conv5x5-64 VALID, ReLU, maxpool 2,
   conv5x5-64 VALID, ReLU, maxpool 2, FC 384, ReLU, FC 192, ReLU, FC C (CIFAR 32x32x3).
-* ``mlp2``: the DQN-Fed two-hidden-layer MLP (dqn_fed.md §5, CIFAR-10 setup 1, inferred
+* ``mlp2``: the DQN-Fed two-hidden-layer MLP (the DQN-Fed paper (TMLR, OpenReview KbteA50cni) §5, CIFAR-10 setup 1, inferred
   3072-200-200-10 from FedFV/easyFL; also its Fashion-MNIST MLP). It is ``simple.mlp``.
-* ``cnn_ch``: the MNIST CNN of computational_heterogeneity.md §4: conv3x3-32 VALID, ReLU,
+* ``cnn_ch``: the MNIST CNN of Ben Mansour et al. (arXiv:2307.06283) §3.1: conv3x3-32 VALID, ReLU,
   maxpool 2, conv3x3-64 VALID, ReLU, maxpool 2, flatten (1600), dense 10 (34,826
   parameters); ``hidden=1600`` adds the paper's literal Dense(1600)+ReLU layer (A7).
-* ``twonn``, ``twocnn``, ``vgg9``: SuPerFed's reference-code networks (superfed.md §4
+* ``twonn``, ``twocnn``, ``vgg9``: SuPerFed's reference-code networks (SuPerFed (arXiv:2109.07628) experiments
   "Models"), every layer without bias.
 
 Convolutions are ``PaddedConv``: any explicit zero padding, stride 1, with or without
@@ -182,7 +182,7 @@ def _conv_model(name, input_shape, num_classes, *, layers, kernel_size, padding,
 
 
 def femnist_cnn(input_shape, num_classes, conv_impl: str = "auto") -> Model:
-    """LEAF FEMNIST CNN (Caldas et al., 2018, ``models/femnist/cnn.py``; dqn_fed.md §5).
+    """LEAF FEMNIST CNN (Caldas et al., 2018, ``models/femnist/cnn.py``; the DQN-Fed paper (TMLR, OpenReview KbteA50cni) §5).
 
     conv5x5-32 SAME + ReLU, maxpool 2, conv5x5-64 SAME + ReLU, maxpool 2, dense 2048 +
     ReLU, dense C; biases everywhere. 6,603,710 parameters for 28x28x1 and C = 62.
@@ -194,7 +194,7 @@ def femnist_cnn(input_shape, num_classes, conv_impl: str = "auto") -> Model:
 
 def lenet_fedpd(input_shape, num_classes, channels: Sequence[int] = (64, 64),
                 hidden: Sequence[int] = (384, 192), conv_impl: str = "auto") -> Model:
-    """A-FedPD LeNet (a_fedpd.md §5 "LeNet [sim]") for CIFAR 32x32x3.
+    """A-FedPD LeNet (A-FedPD (arXiv:2409.18915) §5 "LeNet [sim]") for CIFAR 32x32x3.
 
     conv5x5 3->64 VALID + ReLU, maxpool 2, conv5x5 64->64 VALID + ReLU, maxpool 2,
     flatten (64*5*5 = 1600), FC 384 + ReLU, FC 192 + ReLU, FC n_cls; no normalisation.
@@ -208,7 +208,7 @@ def lenet_fedpd(input_shape, num_classes, channels: Sequence[int] = (64, 64),
 
 
 def mlp2(input_shape, num_classes, hidden: Sequence[int] = (200, 200)) -> Model:
-    """DQN-Fed MLP with two hidden ReLU layers (dqn_fed.md §5, CIFAR-10 setup 1 and
+    """DQN-Fed MLP with two hidden ReLU layers (the DQN-Fed paper (TMLR, OpenReview KbteA50cni) §5, CIFAR-10 setup 1 and
     Fashion-MNIST; widths inferred from FedFV/easyFL: 3072-200-200-10, biases).
     656,810 parameters for 32x32x3 inputs and 10 classes."""
     return mlp(input_shape, num_classes, hidden=_check_widths("hidden", hidden))._replace(
@@ -216,7 +216,7 @@ def mlp2(input_shape, num_classes, hidden: Sequence[int] = (200, 200)) -> Model:
 
 
 def cnn_ch(input_shape, num_classes, hidden: int = 0, conv_impl: str = "auto") -> Model:
-    """MNIST CNN of computational_heterogeneity.md §4 (code's Keras model).
+    """MNIST CNN of Ben Mansour et al. (arXiv:2307.06283) §3.1 (code's Keras model).
 
     conv3x3-32 VALID + ReLU, maxpool 2, conv3x3-64 VALID + ReLU, maxpool 2, flatten
     (64*5*5 = 1600 for 28x28x1), Dense(C): 34,826 parameters. ``hidden > 0`` inserts a
@@ -232,7 +232,7 @@ def cnn_ch(input_shape, num_classes, hidden: int = 0, conv_impl: str = "auto") -
 
 def twonn(input_shape, num_classes, hidden: Sequence[int] = (200, 200, 200),
           use_bias: bool = False) -> Model:
-    """SuPerFed TwoNN (superfed.md §4, ref code): flatten, 784-200-200-200-C with ReLU,
+    """SuPerFed TwoNN (SuPerFed (arXiv:2109.07628) experiments, ref code): flatten, 784-200-200-200-C with ReLU,
     no biases (one hidden layer more than McMahan et al.'s 2NN).
     238,800 parameters for 28x28x1 and C = 10."""
     module = _ConvNet(int(num_classes), hidden=_check_widths("hidden", hidden),
@@ -241,7 +241,7 @@ def twonn(input_shape, num_classes, hidden: Sequence[int] = (200, 200, 200),
 
 
 def twocnn(input_shape, num_classes, use_bias: bool = False, conv_impl: str = "auto") -> Model:
-    """SuPerFed TwoCNN (superfed.md §4, ref code), no biases.
+    """SuPerFed TwoCNN (SuPerFed (arXiv:2109.07628) experiments, ref code), no biases.
 
     conv5x5-32 pad 1 + ReLU, maxpool 2 pad 1, conv5x5-64 pad 1 + ReLU, maxpool 2 pad 1,
     flatten (64*7*7 for 28x28 input), 200 + ReLU, 200 + ReLU, C.
@@ -257,12 +257,12 @@ VGG9_CHANNELS = (16, 32, 64, 128, 256, 512)
 
 def vgg9(input_shape, num_classes, channels: Sequence[int] = VGG9_CHANNELS,
          dense: int = 256, use_bias: bool = False, conv_impl: str = "auto") -> Model:
-    """SuPerFed VGG9 for FEMNIST 28x28x1 (superfed.md §4), no biases, no BN.
+    """SuPerFed VGG9 for FEMNIST 28x28x1 (SuPerFed (arXiv:2109.07628) experiments), no biases, no BN.
 
     conv3x3 (pad 1) widths c1, pool, c2, pool, c3, c4, pool, c5, c6, pool, each conv
     followed by ReLU; flatten (c6 * 1 * 1 for 28x28), dense ``dense`` + ReLU, dense C.
     Defaults (16, 32, 64, 128, 256, 512), 256: 1,718,416 parameters for C = 62 (the
-    spec's "1.7M"). An older reference-code revision is narrower:
+    paper's "1.7M"). An older reference-code revision is narrower:
     ``channels=(16, 32, 64, 64, 128, 64), dense=64``.
     """
     c = _check_widths("channels", channels)

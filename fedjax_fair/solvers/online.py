@@ -5,7 +5,7 @@ Learning under Statistical Heterogeneity", PhD thesis, UNIST 2024, Ch. III;
 "Pursuing Overall Welfare in Federated Learning via Sequential Decision Making",
 ICML 2024) treat the mixing vector p in the simplex Delta_{K-1} as an online
 decision. This module holds the method-independent pieces, all pure and jittable
-with fixed iteration counts (spec/aaggff.md §2-§3):
+with fixed iteration counts (AAggFF-S / -D, thesis eqs. 3.7 and 3.10-3.12):
 
 * ``simplex_qp``: argmin_{p in Delta} 1/2 p^T B p + b^T p for a PSD ``B``, by
   accelerated projected gradient (FISTA; constant momentum when a strong-convexity
@@ -17,7 +17,7 @@ with fixed iteration counts (spec/aaggff.md §2-§3):
   argmin_{x in Delta} (x - y)^T A (x - y) = ``simplex_qp(A, -A y)``, and
   ``projection_kkt_residual`` / ``simplex_qp_kkt_residual`` to check a solution.
 * ``diagonal_simplex_qp``: the exact O(K log K) water-filling solution for a
-  diagonal B (the diagonal approximation of spec §4 (c)).
+  diagonal B (a diagonal approximation; loses the O(K log T) guarantee).
 * ``entropic_ftrl``: FTRL with the negative-entropy regulariser,
   argmin_{p in Delta} <s, p> + zeta sum_i p_i log p_i = softmax(-s / zeta)
   (thesis eq. 3.12).

@@ -6,7 +6,7 @@ Solves
     s.t.   sum_k x_k = 1,   lo_k <= x_k <= hi_k                       (P)
 
 for a symmetric positive semi-definite Q [K, K] (a Gram matrix, e.g. the min-norm
-problem of MGDA / FedMGDA+, spec/dqn_fed.md §4 and spec/aaggff.md §5) with
+problem of MGDA / FedMGDA+, arXiv:2006.11489) with
 accelerated projected gradient (FISTA, Beck & Teboulle, "A Fast Iterative
 Shrinkage-Thresholding Algorithm for Linear Inverse Problems", SIAM J. Imaging Sci.
 2009) and the gradient-based adaptive restart of O'Donoghue & Candès ("Adaptive

@@ -16,8 +16,8 @@
   log-sum-exp shift; -inf logits give weight 0; if every unmasked logit is -inf
   the result is uniform over the mask.
 * ``exponentiated_gradient(response, prior, mask, zeta)``: one exponentiated-gradient
-  step from the prior, p_i ∝ prior_i exp(r_i / zeta) (spec/aaggff.md §1 Remark 3.1,
-  §5 "Generic EG rule"); FedAvg, q-FFL, TERM and PropFair are instances of it.
+  step from the prior, p_i ∝ prior_i exp(r_i / zeta) (AAggFF thesis, Hahn, UNIST
+  2024, Remark 3.1 and appendix §8.1); FedAvg, q-FFL, TERM and PropFair are instances of it.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def exponentiated_gradient(response, prior, mask, zeta: float = 1.0):
 
         p_i = prior_i exp(r_i / zeta) / sum_{j in mask} prior_j exp(r_j / zeta),
 
-    computed as ``masked_softmax(log prior + r / zeta)`` (spec/aaggff.md §1,
+    computed as ``masked_softmax(log prior + r / zeta)`` (AAggFF thesis,
     Remark 3.1: FedAvg r = 0; q-FFL r = q log F, zeta = 1; TERM r = F,
     zeta = 1 / lambda; PropFair r = -log(M - F), zeta = 1).
 

@@ -1,5 +1,5 @@
 """Synthetic labelled data sets, the product of the generative methods (FedEvg,
-``algorithms.fedevg``; the FedCVAE baseline, ``algorithms.fedcvae``; spec/fedevg.md §5):
+``algorithms.fedevg``; the FedCVAE baseline, ``algorithms.fedcvae``; metrics of Hahn's thesis, UNIST 2024, Ch. IV, Tables 4.2-4.5):
 the state they share, the server classifier they train on it, and its evaluation.
 
 A generative method keeps its synthetic set D~ = {(x~_j, y~_j)} in
@@ -12,12 +12,12 @@ with every other method in one table.
 * ``classifier_optimizer`` (Adam with coupled L2, optional global-norm clip),
   ``fit_classifier`` (minibatch cross-entropy steps on D~), ``synthetic_accuracy``;
 * accessors ``synthetic_data`` (arrays) and ``synthetic_federation`` (a federation);
-* spec §5.1: ``downstream_accuracy`` (a fresh classifier trained on D~ only, tested on
+* Tables 4.2-4.3 (downstream utility): ``downstream_accuracy`` (a fresh classifier trained on D~ only, tested on
   real held-out rows) and ``downstream_report`` (the registry's end-of-run hook);
-* spec §5.2: ``frechet_distance`` and ``feature_distance`` (a Fréchet *classifier*
+* Tables 4.4-4.5 (sample quality): ``frechet_distance`` and ``feature_distance`` (a Fréchet *classifier*
   distance on a fixed classifier's logits, the offline stand-in for FID; not FID),
   ``feature_classifier`` and ``pooled_examples`` (its embedding network);
-* spec §5.3: ``plot_sample_grid`` (class-wise sample grids over rounds).
+* the thesis's sample figures: ``plot_sample_grid`` (class-wise sample grids over rounds).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class SyntheticSet(NamedTuple):
 
 
 def balanced_labels(num_synth: int, num_classes: int) -> jax.Array:
-    """[0]*spc + [1]*spc + ... + [L-1]*spc, spc = M / L (int32 [M]; spec §2.2)."""
+    """[0]*spc + [1]*spc + ... + [L-1]*spc, spc = M / L (int32 [M]; eq. 4.12)."""
     if num_synth % num_classes:
         raise ValueError(f"num_synth: must be a multiple of num_classes={num_classes} "
                          f"(class-balanced labels), got {num_synth}")
@@ -158,7 +158,7 @@ def _downstream_program(model: Model, steps: int, batch_size: int):
 
 def downstream_accuracy(model: Model, x, y, test_split: ClientData, key, steps: int = 200,
                         lr=1e-3, batch_size: int = 64, weight_decay=0.0) -> dict:
-    """Spec §5.1: a fresh classifier (``model.init`` from ``key``) trained on the
+    """Downstream utility (thesis Tables 4.2-4.3): a fresh classifier (``model.init`` from ``key``) trained on the
     synthetic set (x, y) only, ``steps`` Adam steps (rate ``lr``, coupled L2
     ``weight_decay``) on minibatches of min(B, M) distinct samples (100 epochs over
     M = 100 with B = 64: ``steps = 200``), then evaluated on every client's real
@@ -190,9 +190,9 @@ def downstream_accuracy(model: Model, x, y, test_split: ClientData, key, steps: 
 def downstream_report(model: Model, algorithm: FederatedAlgorithm, state: ServerState,
                       test_split: ClientData, *, epochs: int = 100, lr=1e-3,
                       batch_size: int = 64, seed: int = 0) -> dict:
-    """The end-of-run numbers of spec §5.1 for a registry ``report`` hook: a fresh
+    """The end-of-run numbers of Tables 4.2-4.3 for a registry ``report`` hook: a fresh
     ``model`` trained on the final D~ only for ``epochs`` passes (``epochs`` ceil(M / B)
-    Adam steps, rate ``lr``, batch ``batch_size``; the spec's recommendation is 100
+    Adam steps, rate ``lr``, batch ``batch_size``; the thesis gives no budget; we recommend 100
     epochs, Adam 1e-3, B = 64), tested on every client's held-out rows. Returns
     {"downstream_accuracy" (weighted by test size), "downstream_accuracy_std" (across
     clients, unweighted), "downstream_steps", "num_synth", "synthetic_min",
@@ -265,14 +265,14 @@ def feature_distance(model: Model, params, x_synth, x_real):
     ``frechet_distance`` of the **logits** f(x; theta) [n, L] of a fixed classifier
     ``model`` / ``params`` (lower is better; 0 for identical sets).
 
-    A stand-in for the spec's FID (§5.2), which needs InceptionV3 pool3 features that
+    A stand-in for the thesis's FID (Tables 4.4-4.5), which needs InceptionV3 pool3 features that
     are not available offline. It is **not FID** and not on FID's scale: the embedding
     is a small classifier trained on the federation's real pooled training rows
     (``feature_classifier``), d = L; logits rather than penultimate features because
     ``Model.apply`` returns logits only (the ``Model`` API exposes no hidden layer).
     Logits are a class-discriminative embedding: the distance grows when the synthetic
     set's class-conditional structure, confidence or spread differs from the real
-    data's, and it is blind to pixel detail the classifier ignores. The spec's two
+    data's, and it is blind to pixel detail the classifier ignores. The thesis's two
     variants are the caller's choice of ``x_real``: all real held-out images (the
     default reading of FID, n_real = all), or M of them ("M vs M", the [ref-code]
     variant, noisier with M <= d samples). Pure and jittable in ``params`` and both
@@ -339,7 +339,7 @@ def plot_sample_grid(snapshots, labels, rounds, path: Optional[str], num_classes
                      per_class: int = 10, title: str = "Synthetic samples by class",
                      context: str = "", value_range=(0.0, 1.0), class_names=None,
                      panel_width: float = 2.6, dpi: int = 110):
-    """Class-wise grids of synthetic samples (spec §5.3), one panel per snapshot.
+    """Class-wise grids of synthetic samples (as in the thesis's figures), one panel per snapshot.
 
     snapshots: a sequence of sample sets [M, H, W], [M, H, W, 1] (grey, e.g. 8x8,
       28x28, 32x32), [M, H, W, 3] (RGB) or [M, H*W] (flat square grey images), e.g.

@@ -1,5 +1,6 @@
 """Pieces of the federated primal-dual family: FedPD, FedADMM, FedDyn, FedSpeed,
-A-FedPD and A-FedPDSAM (spec/a_fedpd.md §2, §4).
+A-FedPD and A-FedPDSAM (Sun, Shen, Tao, "A-FedPD: Aligning Dual-Drift is All Federated
+Primal-Dual Learning Needs", NeurIPS 2024, arXiv:2409.18915, Algorithms 1-2, eqs. 5-7).
 
 Every client i keeps a dual lambda_i, one parameter-shaped row of a client table
 (dense or lazy, client_states.py; lambda_i = 0 at the start). An active client
@@ -34,7 +35,7 @@ next broadcast by one of three rules (``primal_dual_aggregator(rule)``):
 
 The server state (``PrimalDualState``) holds lambda-bar, the exact mean of the N
 duals for uniform weights (the rules' recursions, O(d): the table is never summed),
-and theta-bar^t, the model the spec evaluates by default (``evaluated``).
+and theta-bar^t, the model A-FedPD evaluates by default (Theorem 1) (``evaluated``).
 With the pseudo-gradients Delta_i = theta^t - theta_i^{t+1} every rule is a
 direction d for the server step theta^{t+1} = theta^t - d (``optax.sgd(1)``).
 """
@@ -143,7 +144,7 @@ def primal_dual_aggregator(rho, rule: str) -> Aggregator:
 
 def evaluated_model(evaluate: str):
     """``compose``'s ``evaluated_params`` for ``evaluate``: "average" (theta-bar^t, the
-    spec's primary model) or "server" (theta^t = ``state.params``, the broadcast)."""
+    A-FedPD paper's output) or "server" (theta^t = ``state.params``, the broadcast)."""
     if evaluate not in EVALUATED:
         raise ValueError(f"evaluate: must be one of {EVALUATED}, got {evaluate!r}")
     return (lambda state: state.aggregator_state.average) if evaluate == "average" else None

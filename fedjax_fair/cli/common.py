@@ -1,0 +1,608 @@
+"""What the commands share: exit codes, building the data, model and algorithm of a
+configuration, running one simulation, writing a run's outputs, owning folders, and
+resolving a configuration (defaults <- config file <- flags; a resumed run's saved
+config.json)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import json
+import os
+import re
+import sys
+from typing import Optional
+
+import numpy as np
+
+from fedjax_fair.cli import config as C
+from fedjax_fair.cli import report
+
+
+EXIT_CONFIG = 2
+
+
+EXIT_NONFINITE = 3
+
+
+EXIT_INTERRUPTED = 130
+
+
+EXIT_WRITE = 4
+
+
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+# Dataset flags of the issue text, stored in dataset_args (validated against the
+# chosen dataset's builder like any --dataset-arg).
+DATASET_SHORTCUTS = (("num_clients", "number of clients (dataset argument)"),
+                     ("partition", "partition scheme, e.g. iid, dirichlet, shards (dataset argument)"),
+                     ("alpha", "dataset alpha, e.g. Synthetic(alpha, .) or Dirichlet alpha "
+                               "(dataset argument)"),
+                     ("beta", "dataset beta, e.g. Synthetic(., beta) (dataset argument)"))
+
+
+class _Exit(Exception):
+    def __init__(self, code: int):
+        self.code = code
+
+
+def config_from_args(args: argparse.Namespace, cls):
+    """defaults <- --config file <- flags, as a validated-type ``cls`` instance."""
+    return C.build(cls, *config_layers(args, cls))
+
+
+def _narrowed(hparams, algorithms: list) -> dict:
+    """A config file's comparison hyper-parameters without those of registered
+    algorithms that an ``--algorithms`` flag left out (``ALGORITHM.NAME`` keys and
+    ``ALGORITHM: {...}`` blocks); everything else is kept for validation."""
+    from fedjax_fair.algorithms import REGISTRY, base_name
+    if not isinstance(hparams, dict) or not algorithms:
+        return hparams
+    out = {}
+    for key, value in hparams.items():
+        owner = key if isinstance(value, dict) else str(key).partition(".")[0]
+        if base_name(owner) in REGISTRY and owner not in algorithms and (isinstance(value, dict)
+                                                              or "." in str(key)):
+            continue
+        out[key] = value
+    return out
+
+
+def config_layers(args: argparse.Namespace, cls) -> tuple[dict, dict, str]:
+    """(config-file values, flag values, the file's name) given on the command line."""
+    ns = vars(args)
+    file_values = C.load_file(ns["config"]) if "config" in ns else {}
+    overrides = {}
+    fields = C.fields(cls)
+    for name in fields:
+        if name in ns:
+            overrides[name] = ns[name]
+    hparams = {}
+    if "hparams" in ns:
+        hparams.update(C.parse_json_object(ns["hparams"], "hparams"))
+    hparams.update(C.parse_assignments(ns.get("hp"), "hp"))
+    if hparams:
+        overrides["hparams"] = hparams
+    dargs = {}
+    if "dataset_args" in ns:
+        dargs.update(C.parse_json_object(ns["dataset_args"], "dataset_args"))
+    dargs.update(C.parse_assignments(ns.get("dataset_arg"), "dataset_arg"))
+    for name, _ in DATASET_SHORTCUTS:
+        if f"ds_{name}" in ns:
+            dargs[name] = C.parse_value(ns[f"ds_{name}"])
+    if dargs:
+        overrides["dataset_args"] = dargs
+    if cls is C.CompareConfig and "algorithms" in overrides and "hparams" in file_values:
+        file_values = {**file_values, "hparams": _narrowed(
+            file_values["hparams"], C.coerce("list[str]", overrides["algorithms"], "algorithms"))}
+    margs = C.parse_assignments(ns.get("model_arg"), "model_arg")
+    if margs:
+        overrides["model_args"] = margs
+    source = os.path.basename(ns["config"]) if "config" in ns else "config"
+    return file_values, overrides, f"config[{source}]"
+
+
+def _resumable_config(args: argparse.Namespace, cls, allowed, what: str):
+    """``cls`` from the command line; with ``--resume``, layered on the config.json
+    saved in the output directory, changing only the ``allowed`` fields."""
+    layers = config_layers(args, cls)
+    cfg = C.build(cls, *layers)
+    if not cfg.resume:
+        if getattr(args, "branch", False):
+            raise C.ConfigError("branch", "continues a saved run: give it with --resume "
+                                          "(fedjax-fair run -o DIR --resume --branch ...)")
+        return cfg
+    out = cfg.resolved_output_dir()
+    path = os.path.join(out, "config.json")
+    if not os.path.isfile(path):
+        raise C.ConfigError("resume", f"no saved {what} in {out!r} (config.json); give its "
+                                      f"directory with -o")
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise C.ConfigError("resume", f"{path} is unreadable ({type(e).__name__}: "
+                                      f"{str(e).splitlines()[0] if str(e) else ''}); it is "
+                                      f"not a saved {what}") from None
+    kind = "algorithms" if cls is C.CompareConfig else "algorithm"
+    if not isinstance(saved, dict) or kind not in saved:
+        other = "run" if cls is C.CompareConfig else "compare"
+        hint = (f"; continue it with `fedjax-fair {other} -o {out} --resume`"
+                if isinstance(saved, dict) and ("algorithm" in saved or "algorithms" in saved)
+                else "")
+        raise C.ConfigError("resume", f"{path} does not hold a saved {what}{hint}")
+    branch = bool(getattr(args, "branch", False))
+    rebased = _rebased(saved, out)
+    cfg = C.resumed(cls, rebased, *layers,
+                    allowed=tuple(allowed) + (C.BRANCHABLE if branch else ()))
+    cfg.branches = list(saved.get("branches") or [])
+    cfg.saved_config = (out, path, saved)  # checked against its fingerprint once valid
+    if branch:
+        known = C.fields(cls)
+        before = C.build(cls, base={k: v for k, v in rebased.items() if k in known})
+        changed = {k: [getattr(before, k), getattr(cfg, k)] for k in C.BRANCHABLE
+                   if k in known and C._canonical(getattr(before, k))
+                   != C._canonical(getattr(cfg, k))}
+        if not changed:
+            raise C.ConfigError("branch", "no setting changed; give the settings the branch "
+                                          "continues with (e.g. --client-lr 0.01), or resume "
+                                          "without --branch")
+        cfg.branch_changes = changed
+    return cfg
+
+
+def _check_recorded(out: str, path: str, saved: dict) -> None:
+    """A config.json whose iterate settings differ from the fingerprint the run recorded
+    when it started (``lock.FINGERPRINT_NAME``, e.g. edited by hand) is refused, naming
+    the fields that differ."""
+    from fedjax_fair.cli import lock
+    recorded = lock.read(out)
+    if not recorded or not isinstance(recorded.get("config"), dict):
+        return  # a run from before fingerprints: nothing to compare
+    diffs = lock.differences(recorded["config"], saved)
+    if diffs:
+        raise C.ConfigError("resume", f"{path} differs from the configuration the run "
+                                      f"recorded when it started ({lock.FINGERPRINT_NAME}): "
+                                      f"{', '.join(diffs)}; restore it, or change settings "
+                                      f"with --resume --branch and the flags")
+
+
+def _check_checkpoint_owner(cfg, cfg_dict: dict) -> None:
+    """A checkpoint directory whose recorded fingerprint is another run's is refused on
+    ``--resume`` (two runs shared it), naming what differs."""
+    from fedjax_fair.cli import lock
+    ckdir = cfg.resolved_checkpoint_dir()
+    theirs = lock.read(ckdir) if ckdir else None
+    ours = lock.read(cfg.resolved_output_dir())
+    if not theirs or not ours or theirs.get("fingerprint") == ours.get("fingerprint"):
+        return
+    diffs = lock.differences(ours.get("config") or {}, theirs.get("config") or {})
+    raise C.ConfigError("checkpoint_dir", f"{ckdir!r} holds the checkpoint of another run "
+                                          f"(fingerprint {theirs.get('fingerprint')}, this "
+                                          f"run's {ours.get('fingerprint')}"
+                                          + (f": {', '.join(diffs)}" if diffs else "")
+                                          + "); give this run's own checkpoint directory")
+
+
+def _rebased(saved: dict, out: str) -> dict:
+    """A saved config whose run directory was copied or moved to ``out``: its output
+    directory is ``out``, and a checkpoint directory that lay inside the old output
+    directory lies at the same place inside ``out``."""
+    saved = dict(saved)
+    old = saved.get("output_dir")
+    ck = saved.get("checkpoint_dir")
+    if isinstance(old, str) and isinstance(ck, str):
+        rel = os.path.relpath(ck, old)
+        if not rel.startswith(os.pardir):
+            saved["checkpoint_dir"] = os.path.join(out, rel)
+    saved["output_dir"] = out
+    return saved
+
+
+def build_dataset(cfg):
+    from fedjax_fair.data import get_dataset
+    try:
+        ds = get_dataset(cfg.dataset, **cfg.dataset_args)
+    except (ValueError, TypeError) as e:
+        err = C.error_from_message(str(e), "dataset_args")
+        if err.field in cfg.dataset_args or err.field in C.dataset_params(
+                C.dataset_registry()[cfg.dataset]):
+            err = C.ConfigError(f"dataset_args.{err.field}", str(e).split(": ", 1)[-1])
+        raise err from None
+    if cfg.resplit != "none":
+        from fedjax_fair.data import resplit
+        try:
+            ds = resplit(ds, C.parse_fractions(cfg.resplit), cfg.resplit_seed)
+        except ValueError as e:  # e.g. fractions that leave no client a test example
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise C.ConfigError("resplit", first.split(": ", 1)[-1]) from None
+    pad = ds.info.get("padding", {})
+    for split in ("train", "validation", "test"):
+        if split in pad:
+            p = pad[split]
+            print(f"data: {ds.name} {split}: {p['num_clients']} clients x {p['padded_size']} rows "
+                  f"({p['min_examples']}-{p['max_examples']} real, median {p['median_examples']:g}), "
+                  f"{100 * p['padding_fraction']:.0f}% padding, {p['bytes'] / 2**20:.1f} MiB"
+                  + (f"; in size buckets {100 * p['buckets']['bucketed_padding_fraction']:.0f}% "
+                     "padding" if "buckets" in p else ""))
+    return ds
+
+
+def build_model(cfg, ds):
+    import jax
+    from fedjax_fair.data.augment import standard_augmentation, with_augmentation
+    from fedjax_fair.models import get_model, with_initializer
+    inputs = ", ".join(f"{k} {v.dtype}{tuple(v.shape[2:])}"
+                       for k, v in ds.host_data.train.examples.items())
+    # The loss on one real example of the data (shapes and dtypes only): a model or
+    # an augmentation that cannot read these inputs fails here, not in XLA.
+    one = {k: jax.ShapeDtypeStruct((1, *v.shape[2:]), v.dtype)
+           for k, v in ds.host_data.train.examples.items()}
+    try:
+        model = with_initializer(get_model(cfg.model, ds.input_shape, ds.num_classes,
+                                           **cfg.model_args), cfg.initializer)
+        params = jax.eval_shape(model.init, jax.random.key(0))  # shape check, no compute
+        jax.eval_shape(lambda p, b: model.per_example_loss(p, b, jax.random.key(0)),
+                       params, one)
+    except Exception as e:  # flax raises several types for a wrong input shape
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if isinstance(e, ValueError) and re.match(r"^\w+: ", first):  # a model argument
+            err = C.error_from_message(first, "model_args")
+            if err.field in cfg.model_args:
+                err = C.ConfigError(f"model_args.{err.field}", first.split(": ", 1)[1])
+            raise err from None
+        raise C.ConfigError("model", f"{cfg.model!r} cannot take the {ds.name!r} inputs "
+                                     f"({inputs}): {first}") from None
+    augmented = with_augmentation(model, standard_augmentation(cfg.augment))
+    try:
+        jax.eval_shape(lambda p, b: augmented.per_example_loss(p, b, jax.random.key(0)),
+                       params, one)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise C.ConfigError("augment", f"{cfg.augment!r} cannot augment the {ds.name!r} "
+                                       f"inputs ({inputs}): {first}") from None
+    return augmented
+
+
+def build_algorithm(name: str, model, cfg, hparams: dict):
+    """The registered factory called with the config fields its signature names
+    (client_lr, batch_size, num_epochs), the client SGD of --client-momentum /
+    --client-weight-decay (as ``client_optimizer``), the hyper-parameters, and the
+    round-indexed schedules; wrapped to log the per-round improved fraction unless
+    ``cfg.improvement`` is off."""
+    from fedjax_fair.core.algorithm import with_improvement
+    from fedjax_fair.algorithms import get_method, method_hparams
+    from fedjax_fair.core.schedules import parse as parse_schedule
+    accepted = method_hparams(name)
+    kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
+              if not h.python_only and k in C.config_fields() and hasattr(cfg, k)}
+    kwargs.update(C.mixing_kwargs(name, cfg.mixing) or {})  # an explicit --hp wins
+    if C.client_sgd_field(cfg) and "client_optimizer" in accepted:  # --client-momentum
+        from fedjax_fair.core.client import sgd_optimizer
+        kwargs["client_optimizer"] = sgd_optimizer(cfg.client_momentum, cfg.client_weight_decay)
+    kwargs.update(hparams)
+    client_schedule = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
+    if client_schedule is not None and "client_lr" in kwargs:
+        kwargs["client_lr"] = client_schedule(kwargs["client_lr"])
+    server_schedule = parse_schedule(cfg.server_lr_schedule, "server_lr_schedule")
+    rate = C.server_rate_name(name)
+    if server_schedule is not None:
+        kwargs[rate] = server_schedule(kwargs.get(rate, accepted[rate].default))
+    if cfg.compensate_server_lr:
+        from fedjax_fair.core.schedules import compensated
+        kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
+                                   client_schedule(1.0))
+    try:
+        algorithm = get_method(name).factory(model, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise C.error_from_message(str(e), "hparams") from None
+    return with_improvement(algorithm, model) if cfg.improvement else algorithm
+
+
+def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int):
+    """``alg`` of a ``compare`` for one seed: a factory with a ``seed`` argument (the
+    method's own initial state: FedEvg's synthetic set, FedCVAE's generator; ``run``
+    sets it from ``--seed``) gets the run's seed in its ``init``. The round programs
+    stay shared across seeds (the runner keys them without ``init``)."""
+    if not C.accepts(name, "seed"):
+        return alg
+    return alg._replace(init=build_algorithm(name, model, cfg, {**hparams, "seed": seed}).init)
+
+
+def execution_of(cfg, ds, model):
+    """``config.execution_of`` for this federation and model: ``--devices auto`` splits
+    the cohort over the CPU's cores unless a client's local step (3 x batch x the
+    forward FLOPs of one example) is large enough to keep one device's cores busy
+    (``execution.SPLIT_MAX_STEP_FLOPS``), or a round's local training (cohort x the
+    federation's mean local steps x a step) too small to pay for the mesh
+    (``execution.SPLIT_MIN_ROUND_FLOPS``)."""
+    import jax
+    import numpy as np
+    from fedjax_fair.models.base import example_flops
+    step_flops = round_flops = None
+    if cfg.devices == "auto":  # the federation's arrays are [clients, rows, ...]
+        one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
+               for k, v in ds.host_data.train.examples.items()}
+        step_flops = 3 * cfg.batch_size * example_flops(model, one)
+        sizes = np.asarray(ds.host_data.train.num_examples)
+        steps = cfg.num_epochs * float(np.mean(np.ceil(sizes / cfg.batch_size)))
+        round_flops = cfg.cohort_size * steps * step_flops
+    return C.execution_of(cfg, ds.host_data.num_clients, step_flops, round_flops)
+
+
+def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
+                 progress=True, description="", on_eval=None, on_rounds=None, log=print,
+                 commit_seconds=0.0):
+    """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
+    import jax
+    from fedjax_fair.drivers import runner
+    from fedjax_fair.core.heterogeneity import parse as parse_budgets
+    from fedjax_fair.core import sampling
+    params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
+    try:
+        return runner.run(alg, params, ds.host_data, jax.random.key(seed), model=model,
+                            num_rounds=cfg.num_rounds, cohort_size=cfg.cohort_size,
+                            eval_every=cfg.eval_every, sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
+                            step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
+                            checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
+                            on_eval=on_eval, description=description,
+                            placement=cfg.placement, log=log,
+                            execution=execution_of(cfg, ds, model),
+                            on_rounds=on_rounds, commit_seconds=commit_seconds)
+    except ValueError as e:
+        if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
+            raise C.error_from_message(str(e), "checkpoint") from None  # or no memory plan fits
+        raise
+
+
+def final_summary(result) -> dict:
+    """The last evaluation's fairness summary (history[-1] without timing)."""
+    return {k: v for k, v in result.history[-1].items() if k != "seconds"}
+
+
+def _selected(history: list) -> Optional[dict]:
+    """The evaluation with the best validation_accuracy_mean (None without a
+    validation split), labelled with what selected it."""
+    from fedjax_fair.metrics import select_evaluation
+    best = select_evaluation(history, "validation_accuracy_mean")
+    if best is None:
+        return None
+    best.pop("seconds", None)
+    return {"by": "validation_accuracy_mean (max)", **best}
+
+
+def _has_test(client_metrics) -> np.ndarray:
+    return np.asarray(client_metrics["num_examples"]) > 0
+
+
+def dataset_description(ds) -> dict:
+    return {"name": ds.name, "num_clients": int(ds.num_clients),
+            "input_shape": list(ds.input_shape), "num_classes": int(ds.num_classes),
+            "info": ds.info}
+
+
+def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: bool = True,
+                      extra: Optional[dict] = None) -> dict:
+    """metrics.jsonl, clients.csv (+ plots) and, last, summary.json of one finished
+    run."""
+    os.makedirs(out, exist_ok=True)
+    try:  # an earlier summary.json would vouch for outputs being rewritten now
+        os.remove(os.path.join(out, "summary.json"))
+    except FileNotFoundError:
+        pass
+    report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
+    report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics,
+                            evaluated=result.evaluated, names=ds.info.get("users"))
+    imp = result.round_metrics.get("improved_fraction")
+    summary = {
+        "status": "ok",
+        "config": cfg_dict,
+        "dataset": dataset_description(ds),
+        "model": {"name": model.name, "num_params": _num_params(model)},
+        "evaluated": result.evaluated,
+        "final": final_summary(result),
+        "selected": _selected(result.history),
+        "improved_fraction_mean": None if imp is None or not len(imp) else float(np.mean(imp)),
+        "timings": {"compile_seconds": result.compile_seconds,
+                    "run_seconds": result.run_seconds,
+                    "run_seconds_cumulative": result.history[-1].get("seconds", 0.0)},
+        "client_table": result.client_table,
+        "devices": 1 if result.memory is None else result.memory.devices,  # --devices auto
+        **(extra or {}),
+    }
+    if plots:
+        which = report.EVALUATED[result.evaluated]
+        ctx = ", ".join(str(x) for x in (
+            ds.name, model.name, cfg_dict.get("algorithm"),
+            f"{cfg_dict.get('num_rounds', result.history[-1]['round'])} rounds",
+            f"seed {cfg_dict.get('seed')}") if x is not None)
+        report.save_figure(report.plot_accuracy(result.history, context=ctx,
+                                                title=f"Per-client test accuracy ({which})"),
+                           os.path.join(out, "accuracy.png"))
+        report.save_figure(report.plot_loss(result.history, title=f"Loss ({which})",
+                                            context=ctx),
+                           os.path.join(out, "loss.png"))
+        acc = np.asarray(result.client_metrics["accuracy"])[_has_test(result.client_metrics)]
+        report.save_figure(report.plot_client_histogram(
+            acc, title=f"Final per-client test accuracy ({which})", context=ctx),
+            os.path.join(out, "client_accuracy_hist.png"))
+        report.save_figure(report.plot_lorenz(acc, context=ctx),
+                           os.path.join(out, "lorenz.png"))
+        if imp is not None and len(imp):
+            report.save_figure(report.plot_improved_fraction(imp, context=ctx),
+                               os.path.join(out, "improved_clients.png"))
+    _write_synthetic(out, cfg_dict, ds, result.state, plots)
+    # the plots written (an interrupt while plotting leaves no summary.json at all)
+    summary["plots"] = sorted(n for n in ("accuracy.png", "loss.png",
+                                          "client_accuracy_hist.png", "lorenz.png",
+                                          "improved_clients.png", "synthetic_samples.png")
+                              if plots and os.path.exists(os.path.join(out, n)))
+    # last, by one rename: a run directory with its summary.json has all its outputs
+    report.write_json(os.path.join(out, "summary.json"), summary)
+    return summary
+
+
+def _write_synthetic(out: str, cfg_dict: dict, ds, state, plots: bool) -> None:
+    """A generative method's final synthetic set: synthetic.npz ("x", "y") and, for
+    image inputs, synthetic_samples.png (a row of samples per class)."""
+    from fedjax_fair.algorithms import REGISTRY, base_name, method_hparams
+    from fedjax_fair.algorithms.families import generative as synthetic
+    name = base_name(str(cfg_dict.get("algorithm")))
+    if name not in REGISTRY or not REGISTRY[name].generative:
+        return
+    x, y = (np.asarray(a) for a in synthetic.synthetic_data(state))
+    np.savez(os.path.join(out, "synthetic.npz"), x=x, y=y)
+    shape = tuple(ds.input_shape)
+    if not plots or not (len(shape) == 2 or (len(shape) == 3 and shape[-1] in (1, 3))):
+        return
+    bounds = (cfg_dict.get("hparams") or {}).get(
+        "data_range", method_hparams(name)["data_range"].default)
+    bounds = (float(x.min()), float(x.max())) if bounds is None else tuple(bounds)
+    per_class = int(np.bincount(y).max())
+    synthetic.plot_sample_grid(
+        [x], y, [f"round {int(state.round)}"], os.path.join(out, "synthetic_samples.png"),
+        ds.num_classes, per_class=min(per_class, 20), value_range=bounds,
+        title=f"{name}: the final synthetic set by class",
+        context=f"{ds.name}, {cfg_dict.get('model')}, seed {cfg_dict.get('seed')}")
+
+
+def _num_params(model) -> int:
+    import jax
+    shapes = jax.eval_shape(model.init, jax.random.key(0))
+    return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(shapes)))
+
+
+def _err(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+def _ordered_config(cfg) -> dict:
+    d = C.to_dict(cfg)
+    first = [k for k in ("algorithm", "algorithms", "hparams", "seed", "seeds") if k in d]
+    return {**{k: d[k] for k in first}, **{k: v for k, v in d.items() if k not in first}}
+
+
+def _other_process(cfg):
+    """In a multi-host job every process runs the same simulation and process 0 writes
+    the results: another process writes its copies into a temporary directory
+    (removed at exit) but keeps the shared checkpoint directory, which it reads on
+    ``--resume`` and never writes (``runner.run``). ``cfg`` as is in process 0 and in
+    a single-process run."""
+    if "jax" not in sys.modules:
+        return cfg
+    import jax
+    if not jax.distributed.is_initialized() or jax.process_index() == 0:
+        return cfg
+    import atexit
+    import shutil
+    import tempfile
+    if isinstance(cfg, C.CompareConfig) and cfg.resume:
+        raise C.ConfigError("resume", "a multi-host compare cannot resume (each process "
+                                      "would have to read process 0's finished runs); "
+                                      "start it again or resume on one host")
+    scratch = tempfile.mkdtemp(prefix=f"fedjax-fair-process{jax.process_index()}-")
+    atexit.register(shutil.rmtree, scratch, True)
+    changes = {"output_dir": scratch, "overwrite": True, "plots": False}
+    if isinstance(cfg, C.RunConfig):
+        changes["checkpoint_dir"] = cfg.resolved_checkpoint_dir()
+    extra = {k: v for k, v in vars(cfg).items() if k not in C.fields(type(cfg))}
+    new = dataclasses.replace(cfg, **changes)
+    vars(new).update(extra)  # the resume's record (saved config, branches)
+    return new
+
+
+def _preflight(cfg, ds, model) -> None:
+    """Shapes XLA cannot hold (``memory.preflight``: a parameter array or a batch too
+    large for one array or for the device) are refused naming the field, from
+    ``jax.eval_shape`` alone: before anything is compiled or written."""
+    import jax
+    from fedjax_fair.core import memory
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
+           for k, v in ds.host_data.train.examples.items()}
+    refused = memory.preflight(params, one, cfg.batch_size)
+    if refused is None:
+        return
+    if refused.what == "batch":
+        raise C.ConfigError("batch_size", f"{cfg.batch_size} is too large: {refused.message}")
+    args = list(cfg.model_args)
+    field = f"model_args.{args[0]}" if len(args) == 1 else "model_args" if args else "model"
+    raise C.ConfigError(field, f"the {cfg.model!r} model is too large: {refused.message}")
+
+
+def _own(cfg, primary: bool, check_fresh: bool):
+    """Locks the output directory and (when it lies elsewhere) the checkpoint directory
+    for this process's life (``lock.Held``); refuses a directory another process holds,
+    and a new run's directory that filled meanwhile."""
+    from fedjax_fair.cli import lock
+    held = lock.Held(_COMMAND or None)
+    out = cfg.resolved_output_dir()
+    try:
+        held.acquire(out, "output_dir")
+        ckdir = cfg.resolved_checkpoint_dir() if isinstance(cfg, C.RunConfig) else None
+        if primary and ckdir and not os.path.abspath(ckdir).startswith(
+                os.path.abspath(out) + os.sep):
+            held.acquire(ckdir, "checkpoint_dir")
+        if check_fresh and not cfg.resume and not cfg.overwrite and lock.holds_results(out):
+            raise C.ConfigError("output_dir", f"{out!r} already holds results (written by a "
+                                              f"run that ended meanwhile); continue that run "
+                                              f"with --resume, or replace it with --overwrite")
+    except BaseException:
+        held.release(undo=True)
+        raise
+    _HELD.append(held)  # released when the process ends
+    return held
+
+
+_HELD: list = []
+
+
+_COMMAND: list = []  # the arguments of main(), written into the lock files
+
+
+def _is_primary() -> bool:
+    if "jax" not in sys.modules:
+        return True
+    import jax
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
+def _method_report(name: str, model, alg, result, ds) -> dict:
+    """{"method_report": the method's own end-of-run numbers} (``Method.report`` on the
+    test split, e.g. SuPerFed's lambda grid), or {} for a method without them."""
+    from fedjax_fair.algorithms import REGISTRY, base_name
+    method = REGISTRY.get(base_name(name))
+    if method is None or method.report is None:
+        return {}
+    return {"method_report": method.report(model, alg, result.state, ds.host_data.test)}
+
+
+def _check_capacity(alg, num_clients: int, cfg) -> None:
+    """A lazy client table too small for the run is a config error before anything
+    is written (``runner.check_capacity``)."""
+    from fedjax_fair.drivers.runner import check_capacity
+    try:
+        check_capacity(alg, num_clients, cfg.cohort_size, cfg.num_rounds)
+    except ValueError as e:
+        raise C.error_from_message(str(e), "client_table") from None
+
+
+def _write_client_history(out: str, result) -> None:
+    """clients_over_time.npz: "round" [E] and each per-client test metric [E, N] at
+    every evaluation (``np.load``), plus "num_test_examples" [N]; written to a
+    temporary name and renamed."""
+    path = os.path.join(out, "clients_over_time.npz")
+    with open(path + ".tmp", "wb") as f:
+        np.savez(f, **result.client_history,
+                 num_test_examples=np.asarray(result.client_metrics["num_examples"]))
+    os.replace(path + ".tmp", path)
+
+
+# What an interrupt outside the runner's stop_on_signals leaves (set by the commands as
+# they go), and the output directory being written.
+_STAGE: list = []
+
+
+_STAGE_DIR: list = []

@@ -1,0 +1,402 @@
+"""``fedjax-fair compare``: several algorithms x seeds on the same data and budget,
+each run resumable, the table and plots of the finished runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+
+from fedjax_fair.cli import config as C
+from fedjax_fair.cli import report
+from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _STAGE, _STAGE_DIR,
+                                    _check_capacity, _check_recorded, _err, _has_test,
+                                    _is_primary, _method_report, _ordered_config,
+                                    _other_process, _own, _preflight, _resumable_config,
+                                    _seeded, _write_client_history, build_algorithm,
+                                    build_dataset, build_model, dataset_description,
+                                    execution_of, simulate_one, write_run_outputs)
+
+
+def compare_config(args: argparse.Namespace):
+    """The CompareConfig of ``compare``: with ``--resume``, the interrupted comparison's
+    config.json <- the config file <- flags (which may only change progress / plots)."""
+    return _resumable_config(args, C.CompareConfig, C.COMPARE_RESUMABLE, "comparison")
+
+
+def _improved_curve(run_dir: str):
+    """The per-round improved fraction of a run directory's rounds.jsonl, or None."""
+    path = os.path.join(run_dir, "rounds.jsonl")
+    if not os.path.isfile(path):
+        return None
+    rows = report.read_jsonl(path)
+    values = [r["improved_fraction"] for r in rows if "improved_fraction" in r]
+    return np.asarray(values) if values else None
+
+
+def _finished_run(run_dir: str):
+    """(summary, history, accuracies) of a run a comparison already wrote, or None
+    when it is not finished: ``summary.json``, written last (``_write_compare_run``),
+    is missing, unreadable or not a run's summary, or an output it commits is missing
+    or unreadable (metrics.jsonl; for a finished run also rounds.jsonl, clients.csv
+    and clients_over_time.npz with one row per evaluation). ``compare --resume`` then
+    runs it again."""
+    import zipfile
+    import zlib
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if not isinstance(summary, dict) or summary.get("status") not in ("ok",
+                                                                          "non_finite"):
+            return None
+        ok = summary["status"] == "ok"
+        if ok and not isinstance(summary.get("final"), dict):
+            return None
+        history = report.read_jsonl(os.path.join(run_dir, "metrics.jsonl"), strict=True)
+        acc = None
+        if ok:
+            report.read_jsonl(os.path.join(run_dir, "rounds.jsonl"), strict=True)
+            with np.load(os.path.join(run_dir, "clients_over_time.npz")) as z:
+                if not history or "round" not in z.files or len(z["round"]) != len(history):
+                    return None
+            table = report.read_client_csv(os.path.join(run_dir, "clients.csv"))
+            acc = table["accuracy"][table["num_test_examples"] > 0]
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile,
+            zlib.error):
+        return None
+    return summary, history, acc
+
+
+def cmd_compare(args) -> int:
+    cfg = _other_process(compare_config(args))
+    every = not cfg.algorithms  # the default list: methods that refuse the model are left out
+    hparams = C.validate_compare(cfg)
+    if getattr(cfg, "saved_config", None):
+        _check_recorded(*cfg.saved_config)
+    out = cfg.resolved_output_dir()
+    cfg_dict = _ordered_config(cfg)
+    cfg_dict["output_dir"] = out
+
+    ds = build_dataset(cfg)
+    C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
+    for a in cfg.algorithms:
+        C.check_data_range(a, hparams[a], ds.host_data.train, f"hparams[{a}]")
+    model = build_model(cfg, ds)
+    _preflight(cfg, ds, model)
+    algs = {}
+    for a in cfg.algorithms:
+        try:
+            algs[a] = build_algorithm(a, model, cfg, hparams[a])
+        except C.ConfigError as e:
+            if not every:
+                raise
+            print(f"left out {a}: {e}")  # e.g. LG-FedAvg on a one-layer model
+    cfg.algorithms = cfg_dict["algorithms"] = list(algs)
+    for alg in algs.values():
+        _check_capacity(alg, ds.num_clients, cfg)
+
+    from tqdm.auto import tqdm
+    from fedjax_fair.drivers.runner import (Interrupted, NonFiniteError, stop_on_signals,
+                                            stop_requested)
+    from fedjax_fair.cli import lock
+    _own(cfg, _is_primary(), check_fresh=True)
+    if not cfg.resume:
+        cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
+        report.write_json(os.path.join(out, "config.json"), cfg_dict)
+        lock.record(out, cfg_dict)
+    histories = {a: [] for a in algs}
+    accuracies = {a: [] for a in algs}
+    summaries = {a: [] for a in algs}
+    notes: dict = {}
+    t_start = time.perf_counter()
+    total_runs = len(algs) * len(cfg.seeds)
+    bar = tqdm(total=total_runs, desc="compare", unit="run", dynamic_ncols=True,
+               disable=not (cfg.progress and sys.stderr.isatty()))  # no \r floods in logs
+
+    def diverged(name, seed, round_):
+        note = f"diverged at round {round_}"
+        note = f"seed {seed} {note}" if len(cfg.seeds) > 1 else note
+        notes[name] = f"{notes[name]}; {note}" if name in notes else note
+
+    planned: list = []
+
+    def log_first(line):  # the memory plan of the first run stands for all of them
+        if not planned:
+            planned.append(line)
+            print(line)
+
+    interrupted = False
+    try:
+        with stop_on_signals():
+            for name, alg in algs.items():
+                found = {s: (_finished_run(os.path.join(out, name, f"seed{s}")) if cfg.resume
+                             else None) for s in cfg.seeds}
+                missing = [s for s in cfg.seeds if found[s] is None]
+                started = {s: _started_round(os.path.join(out, name, f"seed{s}"), alg, model,
+                                             ds) if cfg.resume else 0 for s in missing}
+                for start in sorted(set(started.values())):  # seeds of one round together
+                    group = [s for s in missing if started[s] == start]
+                    if _seeds_fallback(name, cfg, group, ds, model) is None:
+                        if stop_requested():
+                            raise Interrupted(0)
+                        bar.set_postfix(algorithm=name, seeds=",".join(map(str, group)))
+                        found.update(_compare_seeds(name, alg, group, out, cfg, cfg_dict,
+                                                    hparams[name], model, ds, log=log_first,
+                                                    resume=start > 0))
+                for seed in cfg.seeds:
+                    run_dir = os.path.join(out, name, f"seed{seed}")
+                    done = found[seed]
+                    if done is None:
+                        if stop_requested():
+                            raise Interrupted(0)
+                        bar.set_postfix(algorithm=name, seed=seed)
+                        done = _compare_one(name, _seeded(name, alg, model, cfg,
+                                                          hparams[name], seed),
+                                            seed, run_dir, cfg, cfg_dict,
+                                            hparams[name], model, ds, NonFiniteError,
+                                            log=log_first, resume=started[seed] > 0)
+                    summary, history, acc = done
+                    if summary.get("status") == "non_finite":
+                        diverged(name, seed, summary["non_finite_round"])
+                        summaries[name].append({})
+                    else:
+                        summaries[name].append({**summary["final"], **summary["timings"]})
+                        accuracies[name].append(acc)
+                    if history:
+                        histories[name].append(history)
+                    bar.update(1)
+    except (Interrupted, KeyboardInterrupt):
+        interrupted = True
+    bar.close()
+    finished = sum(len(v) for v in summaries.values())
+    _STAGE_DIR.append(out)
+    _STAGE.append(f"while writing the comparison's table and plots to {out}; its "
+                  f"summary.json (written last) is not written; the {finished} finished "
+                  f"runs are saved; write them again with: fedjax-fair compare -o {out} "
+                  f"--resume")
+    code = _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies,
+                             notes, time.perf_counter() - t_start,
+                             print_table=not interrupted)
+    if interrupted:
+        from fedjax_fair.drivers import checkpoint as ckpt
+        partly = sum(ckpt.latest(os.path.join(out, a, f"seed{s}", "checkpoint")) is not None
+                     and not os.path.isfile(os.path.join(out, a, f"seed{s}", "summary.json"))
+                     for a in algs for s in cfg.seeds)
+        _err(f"interrupted: {finished} of {total_runs} runs finished and saved in {out} "
+             f"(comparison.md holds them)"
+             + (f", {partly} more committed part-way (each in its checkpoint folder)"
+                if partly else "")
+             + f"; continue with: fedjax-fair compare -o {out} --resume")
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _round_rows(rounds: dict) -> list:
+    """rounds.jsonl's rows of a run's per-round metrics (none when no round ran)."""
+    return report.round_rows(0, rounds) if rounds else []
+
+
+def _started_round(run_dir: str, alg, model, ds) -> int:
+    """The round a comparison's unfinished run has committed in its checkpoint
+    (``run_dir/checkpoint``), 0 when it has none or one it cannot continue from (the
+    run then starts again, and its first commit replaces that checkpoint)."""
+    import jax
+    from fedjax_fair.drivers.runner import verify_resumable
+    directory = os.path.join(run_dir, "checkpoint")
+    if not os.path.isdir(directory):
+        return 0
+    template = jax.eval_shape(lambda k: alg.init(model.init(k), ds.num_clients),
+                              jax.random.key(0))
+    try:
+        return int(verify_resumable(directory, template, ds.num_clients)["round"])
+    except (OSError, ValueError):
+        return 0
+
+
+def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, NonFiniteError,
+                 log=print, resume=False):
+    """One run of a comparison, committed to ``run_dir/checkpoint`` every
+    ``cfg.commit_seconds`` (``resume``: continued from there) and written to
+    ``run_dir`` as soon as it ends (diverged runs keep their metrics.jsonl); returns
+    what ``_finished_run`` would read back."""
+    try:
+        res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
+                           description=f"{name} seed {seed}", log=log,
+                           checkpoint_dir=os.path.join(run_dir, "checkpoint"), resume=resume,
+                           commit_seconds=cfg.commit_seconds)
+    except NonFiniteError as e:
+        return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
+                                  None, e.history, _round_rows(e.rounds),
+                                  (e.round, e.last_good_round))
+    return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res,
+                              res.history, _round_rows(res.rounds))
+
+
+def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res, entries,
+                       rounds, non_finite=None):
+    """Writes one run of a comparison to ``run_dir``: the finished run ``res``, or,
+    with ``non_finite = (round, last_good_round)``, a diverged run's evaluations
+    ``entries`` and rounds; its summary.json last (the run's commit), then removes the
+    run's checkpoint. Returns what ``_finished_run`` would read back."""
+    summary, history, acc = _write_compare_outputs(name, alg, seed, run_dir, cfg_dict,
+                                                   hparams, model, ds, res, entries, rounds,
+                                                   non_finite)
+    shutil.rmtree(os.path.join(run_dir, "checkpoint"), ignore_errors=True)
+    return summary, history, acc
+
+
+def _write_compare_outputs(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res,
+                           entries, rounds, non_finite):
+    run_cfg = {**cfg_dict, "algorithm": name, "hparams": hparams, "seed": seed,
+               "output_dir": run_dir}
+    for k in ("algorithms", "seeds", "sweep_seeds"):
+        run_cfg.pop(k, None)
+    os.makedirs(run_dir, exist_ok=True)
+    try:  # a run being redone is not finished until its summary.json is written again
+        os.remove(os.path.join(run_dir, "summary.json"))
+    except FileNotFoundError:
+        pass
+    if non_finite is not None:
+        report.write_jsonl(os.path.join(run_dir, "metrics.jsonl"), entries)
+        report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
+        summary = {"status": "non_finite", "config": run_cfg,
+                   "non_finite_round": non_finite[0], "last_good_round": non_finite[1]}
+        report.write_json(os.path.join(run_dir, "summary.json"), summary)
+        return summary, entries, None
+    # the run's commit is its summary.json, which write_run_outputs writes last
+    report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
+    _write_client_history(run_dir, res)
+    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False,
+                                extra=_method_report(name, model, alg, res, ds))
+    acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]
+    return summary, res.history, acc
+
+
+def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
+    """Why ``compare`` runs ``name``'s ``seeds`` one ``runner.run`` each instead of as one
+    program (``_compare_seeds``), or None when one program runs them all."""
+    from fedjax_fair.algorithms import REGISTRY, base_name
+    if not cfg.sweep_seeds:
+        return "sweep_seeds is off"
+    if len(seeds) < 2:
+        return "one seed to run"
+    if REGISTRY[base_name(name)].generative:
+        return "a generative method (per-seed synthetic sets, written per run)"
+    if execution_of(cfg, ds, model).mesh is not None:
+        return "a device mesh (runner.run splits each cohort over the devices)"
+    if cfg.placement == "host":
+        return "placement host (runner.run streams each chunk's cohorts)"
+    return None
+
+
+def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log=print,
+                   resume=False) -> dict:
+    """The runs of ``name`` for ``seeds`` as one program (``sweep.run_seeds``: vmapped
+    on accelerators, one compiled program called per seed on CPU), each committed to
+    its run directory's checkpoint every ``cfg.commit_seconds`` (``resume``: every seed
+    continues from there, all at one round) and written to its run directory as
+    ``_compare_one`` writes it; ``{seed: what _finished_run reads back}``, or {} when
+    the program does not fit the device (the caller then runs each seed with
+    ``runner.run``, which streams cohorts from the host)."""
+    from fedjax_fair.core import sampling
+    from fedjax_fair.core.heterogeneity import parse as parse_budgets
+    from fedjax_fair.drivers.sweeps import run_seeds
+    run_dirs = [os.path.join(out, name, f"seed{seed}") for seed in seeds]
+    runs = run_seeds(
+        alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
+        cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,
+        sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
+        execution=execution_of(cfg, ds, model),
+        step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
+        inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log,
+        checkpoint_dirs=[os.path.join(d, "checkpoint") for d in run_dirs], resume=resume,
+        commit_seconds=cfg.commit_seconds, progress=cfg.progress,
+        description=f"{name} seeds {','.join(map(str, seeds))}")
+    if runs is None:
+        return {}
+    return {seed: _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
+                                     res, res.history, _round_rows(rounds), bad)
+            for seed, run_dir, res, rounds, bad in zip(seeds, run_dirs, runs.results,
+                                                       runs.rounds, runs.non_finite)}
+
+
+def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies, notes,
+                      seconds, print_table=True) -> int:
+    """comparison.md / .csv, summary.json and plots of the runs finished so far."""
+    try:  # an earlier summary.json would vouch for outputs being rewritten now
+        os.remove(os.path.join(out, "summary.json"))
+    except FileNotFoundError:
+        pass
+    done = {a: s for a, s in summaries.items() if s}
+    rows = {a: report.aggregate_runs(s) for a, s in done.items()}
+    header, body = report.comparison_table(rows, len(cfg.seeds), notes)
+    table = report.markdown_table(header, body)
+    title = (f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
+             f"cohort {cfg.cohort_size}, seeds {','.join(map(str, cfg.seeds))}: final per-client "
+             f"test accuracy (mean ± std over seeds)" if len(cfg.seeds) > 1 else
+             f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
+             f"cohort {cfg.cohort_size}, seed {cfg.seeds[0]}: final per-client test accuracy")
+    finished = sum(len(s) for s in summaries.values())
+    total_runs = len(algs) * len(cfg.seeds)
+    if finished < total_runs:
+        title += f" ({finished} of {total_runs} runs finished)"
+    evaluated = {a: alg.evaluates for a, alg in algs.items()}
+    personal = [a for a, e in evaluated.items() if e == "personal"]
+    table_note = report.TABLE_NOTE + (f" Evaluated on each client's own (personal) model: "
+                                      f"{', '.join(personal)}; the others on the global "
+                                      f"model." if personal else "")
+    label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
+             + (" (diverged)" if a in notes else "") for a in algs}
+    with open(os.path.join(out, "comparison.md"), "w") as f:
+        f.write(f"{title}\n\n{table}\n{table_note}\n")
+    report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(cfg.seeds))
+    if cfg.plots:
+        ctx = (f"{ds.name}, {cfg.model}, {cfg.num_rounds} rounds, "
+               f"seed{'s' if len(cfg.seeds) > 1 else ''} {','.join(map(str, cfg.seeds))}"
+               + (f" ({finished} of {total_runs} runs finished)"
+                  if finished < total_runs else ""))
+        report.save_figure(report.plot_compare_accuracy(
+            {label[a]: h for a, h in histories.items()}, context=ctx),
+            os.path.join(out, "accuracy.png"))
+        hist_title = ("Final per-client test accuracy"
+                      + (" (all seeds)" if len(cfg.seeds) > 1 else ""))
+        final = {label[a]: np.concatenate(v) for a, v in accuracies.items() if v}
+        report.save_figure(report.plot_compare_boxplots(final, title=hist_title, context=ctx),
+                           os.path.join(out, "client_accuracy_hist.png"))
+        report.save_figure(report.plot_compare_ecdf(final, title=hist_title + ", ECDF",
+                                                    context=ctx),
+                           os.path.join(out, "client_accuracy_ecdf.png"))
+        report.save_figure(report.plot_lorenz(
+            final, title="Lorenz curve of final per-client accuracy"
+            + (" (all seeds)" if len(cfg.seeds) > 1 else ""), context=ctx),
+            os.path.join(out, "lorenz.png"))
+        improved = {label[a]: [c for c in (_improved_curve(os.path.join(out, a, f"seed{s}"))
+                                          for s in cfg.seeds) if c is not None]
+                    for a in summaries}
+        report.save_figure(report.plot_improved_fraction(
+            {k: v for k, v in improved.items() if v}, context=ctx),
+            os.path.join(out, "improved_clients.png"))
+    report.write_json(os.path.join(out, "summary.json"), {
+        "config": cfg_dict, "dataset": dataset_description(ds),
+        "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}
+                  for a, agg in rows.items()},
+        "evaluated": evaluated, "notes": notes, "labels": label, "total_seconds": seconds,
+        "runs_finished": finished, "runs": total_runs})
+    if not print_table:
+        return 0
+    print(title)
+    print()
+    print(table, end="")
+    if personal:
+        print(f"(personal models: {', '.join(personal)})")
+    print(f"\n{total_runs} runs in {seconds:.1f}s -> {out}")
+    if notes:
+        _err("non-finite parameters (NaN/inf) in " + "; ".join(f"{a}: {n}"
+                                                                for a, n in notes.items()))
+        return EXIT_NONFINITE
+    return 0

@@ -1,0 +1,121 @@
+"""``fedjax-fair list``: algorithms (with their hyper-parameters), datasets, models,
+partitions, strategies, samplers, metrics."""
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+
+from fedjax_fair.cli import config as C
+
+
+def _fmt_default(v) -> str:
+    if v is C.REQUIRED:
+        return "(required)"
+    if callable(v):
+        return getattr(v, "__name__", repr(v))
+    return repr(v)
+
+
+def _params_line(params: dict) -> str:
+    return ", ".join(f"{k}={_fmt_default(v)}" for k, v in params.items()) or "(none)"
+
+
+def _doc_line(obj) -> str:
+    """The first sentence of ``obj``'s docstring (its module's if it has none)."""
+    doc = inspect.getdoc(obj) or ""
+    if not doc and hasattr(obj, "__module__"):
+        doc = inspect.getdoc(sys.modules.get(obj.__module__)) or ""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s", paragraph, maxsplit=1)[0]
+
+
+def _hparam_text(h) -> str:
+    kind = f": {h.annotation}" if h.annotation else ""
+    rng = f" in {h.range.describe()}" if h.range is not None else ""
+    diff = ", differentiable" if h.continuous else ""
+    return f"{h.name}{kind} = {_fmt_default(h.default)}{rng}{diff}"
+
+
+def _list_algorithms() -> list[str]:
+    from fedjax_fair.algorithms import REGISTRY, method_hparams
+    lines = ["algorithms (client_lr, batch_size, num_epochs come from their flags; set the "
+             "others with --hp NAME=VALUE; 'differentiable' ones may be traced arrays for "
+             "jax.vmap / jax.grad in Python):"]
+    for name, method in REGISTRY.items():
+        every = method_hparams(name)
+        settable = C.algorithm_hparams(name)
+        objects = [k for k, h in every.items() if h.python_only]
+        head = f"  {name}" + ("  [full participation: --sampler full]"
+                              if method.participation == "full" else "")
+        lines.append(head + f"  — {_doc_line(method.factory)}")
+        for h in settable.values():
+            lines.append(f"      {_hparam_text(h)}")
+        managed = [_hparam_text(h) for k, h in every.items()
+                   if k in C.config_fields() and not h.python_only]
+        if managed:
+            lines.append(f"      from flags: {'; '.join(managed)}")
+        if objects:
+            lines.append(f"      Python API only: {', '.join(objects)}")
+    return lines
+
+
+def _list_datasets() -> list[str]:
+    lines = ["datasets (set arguments with --dataset-arg NAME=VALUE):"]
+    for name, builder in C.dataset_registry().items():
+        lines.append(f"  {name:<14} {_params_line(C.dataset_params(builder))}")
+    return lines
+
+
+def _list_partitions() -> list[str]:
+    from fedjax_fair.data import PARTITIONERS
+    lines = ["partitions (--partition; their arguments are dataset arguments):"]
+    for name, fn in PARTITIONERS.items():
+        extra = {p.name: p.default for p in list(inspect.signature(fn).parameters.values())[3:]
+                 if p.default is not p.empty}
+        lines.append(f"  {name:<18} {_params_line(extra) if extra else ''}".rstrip())
+    return lines
+
+
+def _list_models() -> list[str]:
+    from fedjax_fair.models import MODELS
+    lines = ["models (input shape and classes come from the dataset):"]
+    for name, fn in MODELS.items():
+        sig = inspect.signature(fn)
+        extra = {p.name: p.default for p in list(sig.parameters.values())[2:]
+                 if p.default is not p.empty}
+        lines.append(f"  {name:<14} {_params_line(extra) if extra else ''}".rstrip())
+    return lines
+
+
+def _list_strategies() -> list[str]:
+    from fedjax_fair.core.execution import STRATEGIES
+    return ["execution strategies (--execution):"] + [f"  {s}" for s in STRATEGIES]
+
+
+def _list_samplers() -> list[str]:
+    from fedjax_fair.core.sampling import SAMPLERS
+    return ["samplers (--sampler):"] + [f"  {n:<14} {_doc_line(f)}".rstrip()
+                                        for n, f in SAMPLERS.items()]
+
+
+def _list_metrics() -> list[str]:
+    from fedjax_fair.metrics import METRICS
+    return ["metrics:"] + [f"  {n:<18} {d}" for n, d in METRICS.items()]
+
+
+LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
+                 "partitions": _list_partitions,
+                 "models": _list_models, "strategies": _list_strategies,
+                 "samplers": _list_samplers, "metrics": _list_metrics}
+
+
+def cmd_list(args) -> int:
+    sections = args.what or list(LIST_SECTIONS)
+    for s in sections:
+        if s not in LIST_SECTIONS:
+            raise C.ConfigError("list", f"unknown section {s!r}; allowed: "
+                                        f"{', '.join(LIST_SECTIONS)}")
+    blocks = ["\n".join(LIST_SECTIONS[s]()) for s in sections]
+    print("\n\n".join(blocks))
+    return 0

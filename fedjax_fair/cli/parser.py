@@ -1,0 +1,134 @@
+"""The argument parser of ``fedjax-fair``: one sub-command per command, flags from
+the config dataclasses (``cli.config``), errors as one-line ``ConfigError``s."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from fedjax_fair.cli import config as C
+from fedjax_fair.cli.common import DATASET_SHORTCUTS, _Exit
+from fedjax_fair.cli.compare import cmd_compare
+from fedjax_fair.cli.listing import LIST_SECTIONS, cmd_list
+from fedjax_fair.cli.run import cmd_run
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one-line ``ConfigError``s and that never calls sys.exit."""
+
+    def error(self, message):
+        # "argument --num-rounds: invalid ..." -> field "num_rounds"
+        if message.startswith("argument "):
+            head, _, rest = message[len("argument "):].partition(": ")
+            field = head.split("/")[0].lstrip("-").replace("-", "_")
+            if field.startswith("{"):  # the sub-command positional
+                field = "command"
+            raise C.ConfigError(field, rest)
+        raise C.ConfigError("arguments", message)
+
+    def exit(self, status=0, message=None):
+        if message:
+            sys.stderr.write(message)
+        raise _Exit(status)
+
+
+def _flag(name: str) -> list[str]:
+    dashed = "--" + name.replace("_", "-")
+    return [dashed] if "_" not in name else [dashed, "--" + name]
+
+
+def _add_common(p: argparse.ArgumentParser, cls) -> None:
+    S = argparse.SUPPRESS
+    p.add_argument("--config", metavar="FILE", default=S,
+                   help="JSON or YAML file of config fields; flags override it")
+    p.add_argument("--hp", metavar="NAME=VALUE", action="append", default=S,
+                   help="algorithm hyper-parameter (repeatable)"
+                        + (", NAME or ALGORITHM.NAME" if cls is C.CompareConfig else ""))
+    p.add_argument("--hparams", metavar="JSON", default=S,
+                   help="hyper-parameters as a JSON object, e.g. '{\"mu\": 0.01}'")
+    p.add_argument("--dataset-arg", "--dataset_arg", metavar="NAME=VALUE", action="append",
+                   default=S, help="dataset builder argument (repeatable)")
+    p.add_argument("--dataset-args", "--dataset_args", metavar="JSON", default=S,
+                   help="dataset builder arguments as a JSON object")
+    for name, help_text in DATASET_SHORTCUTS:
+        p.add_argument(*_flag(name), dest=f"ds_{name}", metavar="VALUE", default=S,
+                       help=help_text)
+    p.add_argument("--model-arg", "--model_arg", metavar="NAME=VALUE", action="append",
+                   default=S, help="model builder argument (repeatable), e.g. groups=32")
+    fields = C.fields(cls)
+    for name, f in fields.items():
+        if not f.metadata.get("flag", True):
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        flags = _flag(name) + (["-o"] if name == "output_dir" else [])
+        if name in ("algorithms", "seeds"):
+            default = ",".join(map(str, default)) or "all"
+        if name == "output_dir":
+            default = ("runs/ALGORITHM_DATASET_seedSEED" if cls is C.RunConfig
+                       else "runs/compare_DATASET")
+        p.add_argument(*flags, dest=name, metavar=name.upper(), default=S,
+                       help=f"{f.metadata['help']} (default: {default})")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
+                   help="no progress bars")
+    p.add_argument("--no-plots", dest="plots", action="store_false", default=S,
+                   help="do not write PNG plots")
+    p.add_argument("--no-improvement", dest="improvement", action="store_false", default=S,
+                   help="do not log the per-round share of participants whose training "
+                        "loss did not rise (saves a forward pass over the cohort a round)")
+    p.add_argument("--overwrite", dest="overwrite", action="store_true", default=S,
+                   help="write into an output directory that already holds results")
+    p.add_argument("--distributed", dest="distributed", action="store_true", default=S,
+                   help="join a multi-host job first (jax.distributed.initialize: SLURM, "
+                        "Open MPI and Kubernetes are detected, else JAX_COORDINATOR_ADDRESS, "
+                        "JAX_NUM_PROCESSES, JAX_PROCESS_ID); see docs/scaling.md")
+    p.add_argument("--compensate-server-lr", "--compensate_server_lr",
+                   dest="compensate_server_lr", action="store_true", default=S,
+                   help=C.fields(cls)["compensate_server_lr"].metadata["help"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedjax-fair", description="Fast, functional simulation of fair "
+                     "federated learning in JAX.", formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="examples:\n  fedjax-fair compare\n"
+                            "  fedjax-fair run --algorithm fedprox --hp mu=0.01 -o runs/prox\n"
+                            "  fedjax-fair list algorithms")
+    sub = parser.add_subparsers(dest="command", metavar="{run,compare,list}")
+
+    p = sub.add_parser("run", help="one simulation; writes metrics, plots and a checkpoint",
+                       description="Run one federated simulation and write metrics.jsonl, "
+                                   "clients.csv, summary.json and plots to the output "
+                                   "directory (default runs/ALGORITHM_DATASET_seedSEED).")
+    _add_common(p, C.RunConfig)
+    S = argparse.SUPPRESS
+    p.add_argument("--no-checkpoint", dest="checkpoint", action="store_false", default=S,
+                   help="do not save checkpoints")
+    p.add_argument("--resume", dest="resume", action="store_true", default=S,
+                   help="continue from the checkpoint (same result as an uninterrupted run)")
+    p.add_argument("--branch", dest="branch", action="store_true", default=S,
+                   help="with --resume: continue from the checkpoint (a diverged run's last "
+                        "good evaluation) with changed optimisation settings (learning "
+                        "rates, hyper-parameters, schedules, epochs), recorded in "
+                        "config.json / summary.json as a branch at that round")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", help="several algorithms x seeds on the same data and budget",
+                       description="Run every algorithm (default: all of them) for every seed "
+                                   "on the same data and budget, print a table of final "
+                                   "per-client accuracy statistics and timings, and save it "
+                                   "with overlaid plots. An algorithm's seeds run as one "
+                                   "program (fedjax_fair.drivers.sweeps.run_seeds; --sweep-seeds "
+                                   "false: one run per seed), except for generative "
+                                   "methods, a device mesh (--devices), --placement host, "
+                                   "a program larger than the device and a single seed, "
+                                   "which run one runner.run per seed; the outputs are the "
+                                   "same.")
+    _add_common(p, C.CompareConfig)
+    p.add_argument("--resume", dest="resume", action="store_true", default=S,
+                   help="continue an interrupted comparison: finished runs are kept")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("list", help="algorithms, datasets, models, strategies, samplers, metrics")
+    p.add_argument("what", nargs="*", metavar="SECTION",
+                   help=f"any of {', '.join(LIST_SECTIONS)} (default: all)")
+    p.set_defaults(func=cmd_list)
+    return parser
