@@ -21,3 +21,47 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+# -------------------------------- shared fixtures (found by name; no import needed)
+
+# test_qffl, test_term, test_afl, test_propfair, test_fedmax, test_simplex
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+# test_runner, test_checkpoint (the damaged-file cases copy its round-4 save)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """An uninterrupted 5-round run in chunks of 2, 2, 1 with checkpoints.
+
+    Returns (result, number of traces of the round function, a copy of the round-4
+    checkpoint). The copy is taken from the ``on_eval`` callback, whichever of the
+    callback and the save comes first.
+    """
+    import shutil
+
+    import helpers
+    from fedjax_fair.drivers import checkpoint as ckpt
+
+    alg, count = helpers.counting(helpers.seq_fedavg())
+    directory = str(tmp_path_factory.mktemp("reference") / "ckpt")
+    snapshot = str(tmp_path_factory.mktemp("snapshot") / "ckpt")
+    template = alg.init(helpers.ENGINE_PARAMS, helpers.ENGINE_N)
+
+    def on_eval(entry):
+        if ckpt.exists(directory):
+            restored, _ = ckpt.restore(directory, template)
+            if int(restored.round) == 4 and not os.path.exists(snapshot):
+                shutil.copytree(directory, snapshot)
+
+    result = helpers.engine_run(alg, checkpoint_dir=directory, on_eval=on_eval)
+    return result, count[0], snapshot

@@ -14,6 +14,8 @@ from typing import Optional, Sequence
 
 import functools
 import json
+import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ import numpy as np
 
 from fedjax_fair.models import logistic_regression
 from fedjax_fair.models.base import Model
-from fedjax_fair.core.types import ClientData, Cohort, FederatedData
+from fedjax_fair.core.types import ClientData, ClientOutput, Cohort, FederatedData, ServerContext
 
 NUM_FEATURES = 10
 NUM_CLASSES = 3
@@ -339,3 +341,324 @@ def quadratic_model(dim: int) -> Model:
                  apply=lambda params, x, key=None: x, per_example_loss=loss,
                  per_example_metrics=metrics, name="quadratic", input_shape=(2 * dim,),
                  num_classes=1)
+
+
+# =====================================================================================
+# Shared by the per-module test files (moved out of their copies there). Test files
+# import these under the names they use locally, e.g.
+# ``from helpers import client_output as _out``.
+# =====================================================================================
+
+# ------------------------------------- mixing-rule inputs (test_qffl, test_term, test_afl,
+# test_propfair, test_fedmax, test_mixing): a round's ClientOutput and ServerContext
+
+
+def client_output(losses, n=None, delta=()):
+    losses = jnp.asarray(losses, jnp.float32)
+    n = jnp.ones(losses.shape, jnp.int32) if n is None else jnp.asarray(n, jnp.int32)
+    return ClientOutput(delta=delta, loss_before=losses, num_examples=n,
+                        num_steps=jnp.zeros(losses.shape, jnp.int32), train_loss=losses)
+
+
+def server_context(client_ids, client_mask):
+    """The round's ServerContext for a cohort (what mixing rules and aggregators read
+    here: the ids and the mask)."""
+    return ServerContext(params=(), round=jnp.zeros((), jnp.int32), key=jax.random.key(0),
+                         client_ids=jnp.asarray(client_ids, jnp.int32),
+                         client_mask=jnp.asarray(client_mask, bool))
+
+
+def full_context(k):
+    return server_context(jnp.arange(k, dtype=jnp.int32), jnp.ones((k,), bool))
+
+
+def rule_weights(rule, losses, n=None):
+    """(weights float64 [K], new state) of one round of ``rule`` over rows 0..K-1."""
+    k = len(losses)
+    w, state = rule.update(rule.init(k), client_output(losses, n), full_context(k))
+    return np.asarray(w, np.float64), state
+
+
+# ------------------------- NumPy float64 references of the fair rules (test_simplex and
+# test_afl, test_term, test_qffl, test_propfair)
+
+
+def np_project_simplex(v, radius=1.0):
+    """Projection by bisection on tau: sum_i max(v_i - tau, 0) = radius."""
+    v = np.asarray(v, np.float64)
+    lo, hi = v.min() - radius, v.max()
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if np.maximum(v - mid, 0).sum() > radius:
+            lo = mid
+        else:
+            hi = mid
+    return np.maximum(v - 0.5 * (lo + hi), 0)
+
+
+def np_term(losses, n, t):
+    """TERM: w_k = n_k exp(t F_k) / sum_j n_j exp(t F_j)."""
+    e = np.asarray(n, np.float64) * np.exp(t * np.asarray(losses, np.float64))
+    return e / e.sum()
+
+
+def np_qffl_mixing(losses, n, q):
+    """Thesis q-FFL: p_k = n_k F_k^q / sum_j n_j F_j^q."""
+    s = np.asarray(n, np.float64) * np.asarray(losses, np.float64) ** q
+    return s / s.sum()
+
+
+def np_propfair(losses, n, m, eps):
+    """PropFair: w_k = (n_k / max(M - F_k, eps)) / sum_j (...)."""
+    s = np.asarray(n, np.float64) / np.maximum(m - np.asarray(losses, np.float64), eps)
+    return s / s.sum()
+
+
+# ------------------------------ the skewed federation's whole rounds (test_qffl, test_fedmax,
+# test_propfair, test_mixing, test_aggregators)
+# One skewed federation with the shapes of tiny_federation (6 clients, M = 12, 10
+# features, 3 classes): clients 0-3 (12 examples) are labelled by a linear teacher,
+# client 4 (4 examples) by the opposite teacher, client 5 is empty. No linear model fits
+# both groups and FedAvg's data weights favour the majority. Clients train full-batch
+# (B = 12 >= n_k), so NumPy gradient descent reproduces every local model.
+
+SKEWED_LR, SKEWED_EPOCHS = 0.3, 2
+SKEWED_KW = dict(client_lr=SKEWED_LR, batch_size=12, num_epochs=SKEWED_EPOCHS)
+SKEWED_KEY = jax.random.key(7)
+ALL_IDS = tuple(range(6))
+
+
+def skewed_train(seed=0, sizes=(12, 12, 12, 12, 4, 0)):
+    rng = np.random.default_rng(seed)
+    teacher = rng.normal(size=(NUM_FEATURES, NUM_CLASSES))
+    arrays = []
+    for k, n in enumerate(sizes):
+        x = rng.normal(size=(n, NUM_FEATURES)).astype(np.float32)
+        arrays.append((x, np.argmax(x @ (teacher if k < 4 else -teacher), -1).astype(np.int32)))
+    return pack(arrays)
+
+
+SKEWED_TRAIN = skewed_train()
+SKEWED_PARAMS = init_params(logreg(), 0)
+
+
+def skewed_rounds(factories):
+    """The ``_rounds(name, num_rounds=1, ids=ALL_IDS, mask=None)`` of a test file whose
+    algorithms are ``factories`` ({name: () -> algorithm}): each algorithm is compiled
+    once (one round, sequential execution) and reused by every test of that file."""
+
+    @functools.cache
+    def compiled(name):
+        alg = bind_execution(factories[name](), "sequential")
+        return alg, jax.jit(alg.apply)
+
+    def rounds(name, num_rounds=1, ids=ALL_IDS, mask=None):
+        """(state, metrics of the last round) after ``num_rounds`` rounds from SKEWED_PARAMS."""
+        alg, apply = compiled(name)
+        state, clients = alg.init(SKEWED_PARAMS, 6), cohort(SKEWED_TRAIN, ids, mask=mask)
+        for r in range(num_rounds):
+            state, metrics = apply(state, clients, jax.random.fold_in(SKEWED_KEY, r))
+        return state, metrics
+
+    return rounds
+
+
+@functools.cache
+def skewed_np_clients():
+    """Per client with data: (flat delta theta^t - theta_k, F_k(theta^t)) in float64."""
+    w0, b0 = logreg_to_numpy(SKEWED_PARAMS)
+    out = {}
+    for k in range(6):
+        x, y = real_rows(SKEWED_TRAIN, [k])
+        if not len(y):
+            continue
+        logits = x.astype(np.float64) @ w0 + b0
+        logits -= logits.max(-1, keepdims=True)
+        loss = np.mean(np.log(np.exp(logits).sum(-1)) - logits[np.arange(len(y)), y])
+        w, b = logreg_gd_numpy(SKEWED_PARAMS, x, y, SKEWED_LR, SKEWED_EPOCHS)
+        out[k] = (np.concatenate([(w0 - w).ravel(), b0 - b]), loss)
+    return out
+
+
+def assert_skewed_step(params, step, rtol=1e-5, atol=1e-6):
+    """params == SKEWED_PARAMS - step (flat [W, b])."""
+    w0, b0 = logreg_to_numpy(SKEWED_PARAMS)
+    w, b = logreg_to_numpy(params)
+    np.testing.assert_allclose(w, w0 - step[:w0.size].reshape(w0.shape), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(b, b0 - step[w0.size:], rtol=rtol, atol=atol)
+
+
+# ------------------------- full-batch rounds on tiny_federation() (test_algorithms,
+# test_local_training; test_aggregators uses the first eight)
+
+ALG_MODEL = logreg()
+ALG_PARAMS = init_params(ALG_MODEL, 1)
+ALG_DATA = tiny_federation()
+ALG_TRAIN = ALG_DATA.train
+ALG_N = ALG_DATA.num_clients
+ALG_LR = 0.3
+ALG_KEY = jax.random.key(3)
+
+
+def sequential(alg):
+    # Sequential execution compiles faster than vmap; test_execution.py ties them together.
+    return bind_execution(alg, "sequential")
+
+
+ALG_FULL_BATCH = 12  # >= every client's size: one step per epoch over all real rows
+ALG_EPOCHS = 3
+ALG_MU = 0.5
+ALG_IDS = (4, 0, 2, 5, 1, 3)  # the whole federation, scrambled
+
+
+def assert_logreg_close(params, wb, rtol=1e-5, atol=1e-6):
+    w, b = logreg_to_numpy(params)
+    np.testing.assert_allclose(w, wb[0], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(b, wb[1], rtol=rtol, atol=atol)
+
+
+# ------------------------- the engine's FedAvg rounds on tiny_federation() (test_client,
+# test_execution, test_simulate, test_runner, test_checkpoint)
+
+ENGINE_MODEL = logreg()
+ENGINE_PARAMS = init_params(ENGINE_MODEL, 0)
+ENGINE_DATA = tiny_federation()
+ENGINE_TRAIN = ENGINE_DATA.train
+ENGINE_N = ENGINE_DATA.num_clients
+ENGINE_LR, ENGINE_B, ENGINE_E = 0.5, 4, 2
+UNLIMITED = 2 ** 30
+ENGINE_KEY = jax.random.key(42)
+# A scrambled full cohort, so slot order != client id order.
+ENGINE_IDS = (3, 0, 5, 2, 1, 4)
+TRAIN_SIZES_ARRAY = np.asarray(TRAIN_SIZES)  # also test_algorithms's SIZES
+
+
+def engine_steps(n, b=ENGINE_B, e=ENGINE_E):
+    return e * math.ceil(n / b)
+
+
+def engine_fedavg(execution="vmap", chunk_size=None, **kwargs):
+    from fedjax_fair.algorithms import fedavg
+    from fedjax_fair.core.execution import Execution
+    kw = dict(client_lr=ENGINE_LR, batch_size=ENGINE_B, num_epochs=ENGINE_E)
+    kw.update(kwargs)
+    return bind_execution(fedavg(ENGINE_MODEL, **kw), Execution(execution, chunk_size))
+
+
+# XLA:CPU compiles dominate the run time of these files, so the jitted functions that
+# several tests can share (same shapes, new values) are built once.
+
+
+@functools.cache
+def vmap_apply():
+    """The jitted vmapped FedAvg round, shared by every test using 6-client cohorts of
+    the M = 12 federation: new values, same shapes, so it must trace exactly once."""
+    import chex
+    alg = engine_fedavg()
+    return alg, jax.jit(chex.assert_max_traces(alg.apply, n=1))
+
+
+def vmap_apply_on(cohort, key=ENGINE_KEY):
+    alg, apply = vmap_apply()
+    return apply(alg.init(ENGINE_PARAMS, ENGINE_N), cohort, key)
+
+
+@functools.cache
+def vmap_round():
+    """FedAvg round over the scrambled full cohort, vmapped."""
+    return vmap_apply_on(cohort(ENGINE_TRAIN, ENGINE_IDS))
+
+
+@functools.cache
+def single_client(**kwargs):
+    import optax
+    from fedjax_fair.core.client import local_training
+    kw = dict(batch_size=ENGINE_B, num_epochs=ENGINE_E)
+    kw.update(kwargs)
+    return jax.jit(with_params(local_training(ENGINE_MODEL, optimizer=optax.sgd(ENGINE_LR),
+                                              **kw)))
+
+
+# ------------------------------- checkpointed runs (test_runner, test_checkpoint; the
+# reference_run fixture in conftest.py)
+
+
+def counting(alg):
+    """The same algorithm, counting how often its round function is traced."""
+    from fedjax_fair.core.algorithm import FederatedAlgorithm
+    count = [0]
+
+    def apply(state, cohort, key, execution="auto"):
+        count[0] += 1
+        return alg.apply(state, cohort, key, execution)
+
+    return FederatedAlgorithm(alg.init, apply), count
+
+
+def seq_fedavg():
+    return engine_fedavg(execution="sequential")  # cheaper to compile than vmap
+
+
+def engine_run(alg, **kwargs):
+    from fedjax_fair.drivers.runner import run
+    kw = dict(model=ENGINE_MODEL, num_rounds=5, cohort_size=3, eval_every=2, progress=False)
+    kw.update(kwargs)
+    data = kw.pop("data", ENGINE_DATA)
+    return run(alg, ENGINE_PARAMS, data, jax.random.key(5), **kw)
+
+
+# Damaged checkpoint files. Their names stay private-looking: test ids are made of
+# ``__name__`` (e.g. ``state.npz-_garbage``).
+
+
+def _garbage(path):
+    path.write_bytes(b"not a checkpoint file")
+
+
+def _cut_in_half(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def _npy_not_npz(path):
+    with open(path, "wb") as f:
+        np.save(f, np.zeros(3, np.float32))
+
+
+def newest_file(directory, name) -> Path:
+    """The newest committed save's file ``name``, or its log ``name``'s newest segment
+    (the one that save wrote)."""
+    from fedjax_fair.drivers import checkpoint as ckpt
+    path = Path(ckpt.latest(str(directory))) / name
+    return max(path.iterdir()) if path.is_dir() else path
+
+
+# ------------------------------------- the command line (test_cli_run, test_cli_compare,
+# test_cli_config)
+
+CLI_TINY = ["--num-clients", "6", "--dataset-arg", "max_examples=100", "--cohort-size", "3",
+            "--no-progress"]
+CLI_DIGITS = ["--dataset", "digits", "--num-clients", "6", "--model", "mlp", "--model-arg",
+              "hidden=[16]", "--cohort-size", "3", "--batch-size", "32", "--no-progress"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def latest_step(checkpoint_dir):
+    """The newest committed step directory of a checkpoint (checkpoint.latest)."""
+    from fedjax_fair.drivers import checkpoint as ckpt
+    return ckpt.latest(str(checkpoint_dir))
+
+
+def png_ok(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+    import matplotlib.image
+    img = matplotlib.image.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def one_line_error(err, field):
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and field in lines[0], err

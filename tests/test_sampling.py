@@ -80,3 +80,26 @@ def test_prior_is_size_or_simple_average(weight_by_size):
     w, _ = rule.update(rule.init(4), out, ctx)
     expected = np.array([0.1, 0.3, 0.6, 0.0]) if weight_by_size else np.array([1, 1, 1, 0]) / 3
     np.testing.assert_allclose(np.asarray(w), expected, rtol=1e-6)
+
+
+def test_uniform_sampler_gives_distinct_ids_in_range():
+    sampler = jax.jit(sampling.uniform, static_argnums=(1, 2))
+    ids = np.stack([sampler(jax.random.key(s), 9, 4) for s in range(32)])
+    assert ids.shape == (32, 4) and ids.dtype == np.int32
+    assert ids.min() >= 0 and ids.max() < 9
+    assert all(len(set(row)) == 4 for row in ids)
+    assert len(set(ids.ravel())) == 9  # every client turns up eventually
+
+
+def test_full_sampler():
+    np.testing.assert_array_equal(sampling.full(jax.random.key(0), 5, 5), np.arange(5))
+    with pytest.raises(ValueError, match="cohort_size"):
+        sampling.full(jax.random.key(0), 5, 3)
+
+
+def test_weighted_sampler_never_picks_zero_probability_clients():
+    sampler = sampling.weighted([0.0, 1.0, 2.0, 0.0, 1.0, 3.0])
+    sampler = jax.jit(sampler, static_argnums=(1, 2))
+    ids = np.stack([sampler(jax.random.key(s), 6, 3) for s in range(32)])
+    assert set(ids.ravel()) <= {1, 2, 4, 5}
+    assert all(len(set(row)) == 3 for row in ids)

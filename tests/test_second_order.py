@@ -540,8 +540,8 @@ def test_bad_hyper_parameters_are_refused_with_their_name(factory, bad):
 @pytest.mark.parametrize("factory,module", [(fednl, fednl_lib), (fednl_pp, fednl_lib),
                                             (fednew, fednew_lib)])
 def test_registry_contract(factory, module):
-    """What REGISTRY entries must satisfy (tests/test_fair_rules.py,
-    tests/test_engine.py): FedAvg's local-training arguments with FedAvg's ranges, no
+    """What REGISTRY entries must satisfy (tests/test_mixing.py,
+    tests/test_algorithms.py): FedAvg's local-training arguments with FedAvg's ranges, no
     **kwargs, every keyword range-checked or categorical, a stable round carry."""
     params = inspect.signature(factory).parameters.values()
     assert not any(p.kind is p.VAR_KEYWORD for p in params)

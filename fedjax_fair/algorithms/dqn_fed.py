@@ -86,11 +86,6 @@ def _choice(field: str, value, allowed) -> None:
         raise ValueError(f"{field}: must be one of {allowed}, got {value!r}")
 
 
-def _axpy(a, x, y):
-    """a * x + y over two pytrees."""
-    return jax.tree.map(lambda u, w: a * u + w, x, y)
-
-
 # ----------------------------------------------------------------- curvature pairs
 
 
@@ -146,12 +141,12 @@ def lbfgs_two_loop(g, pairs: Pairs, gamma0):
         s, y, valid = _pair(pairs, i)
         rhos[i] = jnp.where(valid, 1.0 / jnp.where(valid, inner(s, y), 1.0), 0.0)
         alphas[i] = rhos[i] * inner(s, q)
-        q = _axpy(-alphas[i], y, q)
-    r = jax.tree.map(lambda v: gamma0 * v, q)
+        q = optax.tree.add_scale(q, -alphas[i], y)
+    r = optax.tree.scale(gamma0, q)
     for i in range(m):
         s, y, _ = _pair(pairs, i)
         beta = rhos[i] * inner(y, r)
-        r = _axpy(alphas[i] - beta, s, r)
+        r = optax.tree.add_scale(r, alphas[i] - beta, s)
     return r
 
 
@@ -167,7 +162,7 @@ def direct_bfgs_apply(g, pairs: Pairs):
         for b, sb, y, sy, valid in terms[:upto]:
             coef_b = jnp.where(valid, inner(b, v) / jnp.where(valid, sb, 1.0), 0.0)
             coef_y = jnp.where(valid, inner(y, v) / jnp.where(valid, sy, 1.0), 0.0)
-            out = _axpy(coef_y, y, _axpy(-coef_b, b, out))
+            out = optax.tree.add_scale(optax.tree.add_scale(out, -coef_b, b), coef_y, y)
         return out
 
     for i in range(m):
@@ -230,14 +225,14 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
         loss_before = data_loss(model, theta, data)
         g_probe = grad_on(theta, probe)
         pairs = push_pair(empty_pairs(theta, memory),
-                          jax.tree.map(jnp.subtract, theta, theta_prev),
-                          jax.tree.map(jnp.subtract, g_probe, grad_on(theta_prev, probe)),
+                          optax.tree.sub(theta, theta_prev),
+                          optax.tree.sub(g_probe, grad_on(theta_prev, probe)),
                           eps_curv)
         if mode == "grad_at_global":
             g = g_probe if probe is data else grad_on(theta, data)
             steps = jnp.where(data.num_examples > 0, 1, 0).astype(jnp.int32)
             g = jax.tree.map(lambda v: jnp.where(steps > 0, v, 0.0), g)
-            delta = jax.tree.map(lambda v: lr * v, g)
+            delta = optax.tree.scale(lr, g)
             train_loss = loss_before
         else:
             budget = local_steps if max_steps is None else jnp.minimum(local_steps, max_steps)
@@ -249,14 +244,14 @@ def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs
                                            budget - steps, jax.random.fold_in(train_key, e))
                 if local_pairs:
                     g_new = grad_on(new, probe)
-                    pairs = push_pair(pairs, jax.tree.map(jnp.subtract, new, current),
-                                      jax.tree.map(jnp.subtract, g_new, g_current), eps_curv)
+                    pairs = push_pair(pairs, optax.tree.sub(new, current),
+                                      optax.tree.sub(g_new, g_current), eps_curv)
                     g_current = g_new
                 train_loss = jnp.where(n > 0, epoch_loss, train_loss)
                 current, steps = new, steps + n
-            delta = jax.tree.map(jnp.subtract, theta, current)
+            delta = optax.tree.sub(theta, current)
             scale = 1.0 / (lr * jnp.maximum(steps, 1))
-            g = jax.tree.map(lambda v: scale * v, delta)
+            g = optax.tree.scale(scale, delta)
         gamma0 = initial_scale(pairs, lr, gamma_min, gamma_max)
         dtilde = decrement(g, pairs, gamma0, delta_min=delta_min, gamma_max=gamma_max,
                            bfgs_form=bfgs_form)
@@ -305,6 +300,12 @@ def _products(total, tree, other, block_size):
         if width % block_size:
             total = _gram_update(total, a[:, full * block_size:], b[:, full * block_size:])
     return total
+
+
+# The server's products stay hand-written (not optax.tree.vdot / optax.tree.norm): those
+# reduce each leaf in its own dtype and add the per-leaf scalars, whereas M, G^T v and
+# ||v||^2 must be accumulated in the widest enabled float (preferred_element_type) one
+# column block at a time.
 
 
 def gram_matrix(tree, num_clients: int, block_size: Optional[int] = GRAM_BLOCK, dtype=None):
@@ -496,6 +497,8 @@ def dqn_aggregator(*, ridge=1e-6, step_cap: str = "none", max_step_norm=None,
         info = {"S": comb.S, "realised_decrease": comb.realised, "dtilde": dtilde,
                 "lambda": comb.lam, "step_factor": factor,
                 "min_realised_ratio": jnp.where(jnp.any(comb.kept), jnp.min(ratio), 0.0)}
+        # factor (widest float) cast to each leaf's dtype first; optax.tree.scale would
+        # promote float32 leaves to float64 under x64.
         direction = jax.tree.map(lambda x: factor.astype(x.dtype) * x, comb.v)
         return direction, DQNState(previous=ctx.params), info
 

@@ -51,7 +51,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair.core import hparams as H
-from fedjax_fair.core.algorithm import SERVER_KEY_ID, FederatedAlgorithm, ServerState
+from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
+                                        cohort_train_loss)
 from fedjax_fair.algorithms.fedavg import HPARAMS as FEDAVG_HPARAMS
 from fedjax_fair.algorithms.families.training import Optimizer, Rate
 from fedjax_fair.algorithms.fedavg import fedavg
@@ -223,10 +224,11 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
     schedule of the round), clipped to ``clip_norm`` if given; after every
     round the server classifier ``state.params`` trains on a fresh decoder set.
 
-    Round metrics: FedAvg's on the CVAE (``weights``, ``num_steps``, ``update_norm``,
-    ``train_loss`` = the clients' -ELBO), ``loss_before`` (the server classifier's
-    cross-entropy on each client's rows before the round), ``client/elbo_before`` (the
-    CVAE's), ``server/classifier_loss`` and ``server/synthetic_accuracy``."""
+    Round metrics: FedAvg's on the CVAE (``weights``, ``num_steps``, ``update_norm``;
+    its ``train_loss``, the clients' -ELBO, as ``generator_loss``), ``loss_before`` (the
+    server classifier's cross-entropy on each client's rows before the round) and
+    ``train_loss`` (its n-weighted mean, as for every method), ``client/elbo_before``
+    (the CVAE's), ``server/classifier_loss`` and ``server/synthetic_accuracy``."""
     H.check(HPARAMS, latent_dim=latent_dim, kl_weight=kl_weight, batch_size=batch_size,
             num_epochs=num_epochs, max_steps=max_steps, weight_decay=weight_decay,
             samples_per_class=samples_per_class,
@@ -260,7 +262,13 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
         params, opt_state, cls_loss = fit_classifier(
             model, state.params, state.opt_state, server_opt, x, y,
             jax.random.fold_in(server_key, 1), server_classifier_steps, batch_size, unroll)
+        mask = cohort.client_mask
         metrics = {**metrics, "client/elbo_before": metrics["loss_before"],
+                   "generator_loss": metrics["train_loss"],  # the CVAE's -ELBO
+                   # train_loss as for every method: the scored model (the server
+                   # classifier) on the cohort's training rows before the round
+                   "train_loss": cohort_train_loss(loss_before, cohort.data.num_examples,
+                                                   mask),
                    "loss_before": loss_before, "server/classifier_loss": cls_loss,
                    "server/synthetic_accuracy": synthetic_accuracy(model, params, x, y)}
         new_state = ServerState(params, opt_state, state.mixing_state, FedCVAEState(x, y, gen),

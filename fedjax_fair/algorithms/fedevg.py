@@ -425,7 +425,9 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     the cohort's n; 0 for masked rows), ``num_steps``, ``loss_before`` (the server
     classifier's loss on the client's rows before the round), ``client/ce``,
     ``client/pcd``, ``client/acc`` (means over the local iterations); scalars
-    ``train_loss`` (n-weighted last-epoch real cross-entropy), ``update_norm``
+    ``train_loss`` (the n-weighted ``loss_before``: the server classifier's loss on the
+    cohort's rows before the round, as for every method), ``client_train_loss`` (the
+    clients' n-weighted last-epoch real cross-entropy), ``update_norm``
     (||x~^{t+1} - x~^t||), ``server/grad_norm`` (||G||), ``server/beta``,
     ``server/frac_s_positive`` (share of uploads with s = e), ``server/classifier_loss``
     and ``server/synthetic_accuracy`` (the server classifier on D~^{t+1}).
@@ -528,7 +530,11 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
             "weights": n / total,
             "num_steps": cm["num_steps"],
             "loss_before": cm["loss_before"],
-            "train_loss": cohort_train_loss(cm["train_loss"], n, mask),
+            # train_loss means what it means for every method (compose's): the scored
+            # model's loss on the cohort's training rows before the round; the clients'
+            # own last-epoch cross-entropy on the synthetic set is client_train_loss
+            "train_loss": cohort_train_loss(cm["loss_before"], n, mask),
+            "client_train_loss": cohort_train_loss(cm["train_loss"], n, mask),
             "update_norm": jnp.sqrt(jnp.sum(jnp.square(x_new - synth.x))),
             "client/ce": cm["ce"],
             "client/pcd": cm["pcd"],

@@ -63,7 +63,7 @@ Differences from the code, where it cannot be followed literally:
   paper uses eta in {0.01, 0.05, 0.1} with decay 0.999 per round; DQN-Fed's grid is
   eta in {0.01, 0.05, 0.1, 0.5, 1}); the code's server optimizer is plain SGD.
 
-Symbols -> arguments: eta = ``global_lr``, phi = ``global_lr_decay`` per ``decay_every``
+Symbols -> arguments: eta = ``server_lr``, phi = ``server_lr_decay`` per ``decay_every``
 = s rounds; history rows = ``history``; the guard = ``descent_guard``; QP iterations =
 ``qp_iters``; how g_k is obtained = ``client_gradient`` (then eta_l, E, B =
 ``client_lr``, ``num_epochs``, ``batch_size``).
@@ -92,7 +92,7 @@ from fedjax_fair.core.types import ClientData, ClientOutput
 GRADIENTS = ("global", "pseudo")
 GUARD_TOL = 1e-6  # the code's threshold on max_k -(g_k . d)
 GUARD_ITERS = 160  # halvings of the guard loop: enough for any float32 scale
-HPARAMS = {"global_lr": H.POSITIVE, "global_lr_decay": H.POSITIVE, "decay_every": H.COUNT,
+HPARAMS = {"server_lr": H.POSITIVE, "server_lr_decay": H.POSITIVE, "decay_every": H.COUNT,
            "qp_iters": H.Range(1, None, integer=True), **CLIENT_HPARAMS}
 
 _HI = lax.Precision.HIGHEST
@@ -356,7 +356,7 @@ def fedlf_aggregator(*, history: bool = True, qp_iters: int = 200,
     return Aggregator(init, aggregate)
 
 
-def fedlf(model, *, global_lr: Rate = 0.1, global_lr_decay: float = 1.0, decay_every: int = 1,
+def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_every: int = 1,
           history: bool = True, descent_guard: bool = True, qp_iters: int = 200,
           client_gradient: str = "global", client_lr: Rate = 0.1, batch_size: int = 20,
           num_epochs: int = 1, max_steps: Optional[int] = None,
@@ -366,9 +366,9 @@ def fedlf(model, *, global_lr: Rate = 0.1, global_lr_decay: float = 1.0, decay_e
 
     Parameters
     ----------
-    global_lr, global_lr_decay, decay_every :
+    server_lr, server_lr_decay, decay_every :
         eta, phi, s of eta_t = eta phi^floor(t / s); eta and phi may be traced and
-        ``global_lr`` may be a schedule of the round.
+        ``server_lr`` may be a schedule of the round.
     history : bool
         Add the recent gradients of absent clients to the QPs (the code's behaviour;
         keeps an [N, d] table on the server).
@@ -381,10 +381,10 @@ def fedlf(model, *, global_lr: Rate = 0.1, global_lr_decay: float = 1.0, decay_e
         ``client_optimizer`` and ``clip_norm`` / ``clip_mode`` included, are then only
         checked) or (theta^t - theta_k) / eta_l after local training.
     """
-    H.check(HPARAMS, global_lr_decay=global_lr_decay, decay_every=decay_every,
+    H.check(HPARAMS, server_lr_decay=server_lr_decay, decay_every=decay_every,
             qp_iters=qp_iters)
-    if not callable(global_lr):
-        HPARAMS["global_lr"].check("global_lr", global_lr)
+    if not callable(server_lr):
+        HPARAMS["server_lr"].check("server_lr", server_lr)
     for name, value in (("history", history), ("descent_guard", descent_guard)):
         if not isinstance(value, bool):
             raise ValueError(f"{name}: must be true or false, got {value!r}")
@@ -405,5 +405,5 @@ def fedlf(model, *, global_lr: Rate = 0.1, global_lr_decay: float = 1.0, decay_e
     return compose(client, mixing=uniform(),
                    aggregator=fedlf_aggregator(history=history, qp_iters=qp_iters,
                                                descent_guard=descent_guard),
-                   server_optimizer=optax.sgd(server_schedule(global_lr, global_lr_decay,
+                   server_optimizer=optax.sgd(server_schedule(server_lr, server_lr_decay,
                                                               decay_every)))

@@ -31,7 +31,7 @@ lambda*_k = 0 and never influence the direction. (Under ``uniform`` an empty cli
 keeps a positive centre and a zero g_k, and MGDA may move weight onto it, which
 shortens d: the min-norm point of a hull containing 0 is 0.)
 
-Symbols -> arguments: eps = ``epsilon``; eta = ``global_lr``; phi = ``global_lr_decay``
+Symbols -> arguments: eps = ``epsilon``; eta = ``server_lr``; phi = ``server_lr_decay``
 (per ``decay_every`` = s rounds; default 1.0, a constant rate: the AAggFF thesis and
 DQN-Fed give no decay for FedMGDA+);
 lambda0 = the mixing rule's weights (``center``, or ``mixing=``); the QP iteration count
@@ -56,7 +56,7 @@ from fedjax_fair.core.mixing import MixingRule, by_num_examples, uniform
 from fedjax_fair.solvers import qp
 
 CENTERS = {"num_examples": by_num_examples, "uniform": uniform}
-HPARAMS = {"epsilon": H.NONNEGATIVE, "global_lr": H.POSITIVE, "global_lr_decay": H.POSITIVE,
+HPARAMS = {"epsilon": H.NONNEGATIVE, "server_lr": H.POSITIVE, "server_lr_decay": H.POSITIVE,
            "decay_every": H.COUNT, "qp_iters": H.Range(0, None, integer=True),
            **CLIENT_HPARAMS}
 
@@ -176,20 +176,20 @@ def fedmgda_plus_aggregator(epsilon: float = 0.1, *, qp_iters: int = 200,
     return Aggregator(init, aggregate)
 
 
-def server_schedule(global_lr, global_lr_decay=1.0, decay_every: int = 1):
+def server_schedule(server_lr, server_lr_decay=1.0, decay_every: int = 1):
     """eta_t = eta * phi^floor(t / s) as an optax schedule (t = server steps taken).
 
-    Traced (non-Python) ``global_lr`` / ``global_lr_decay`` are allowed, so a whole run
-    can be differentiated or vmapped over them; ``global_lr`` may itself be a schedule
+    Traced (non-Python) ``server_lr`` / ``server_lr_decay`` are allowed, so a whole run
+    can be differentiated or vmapped over them; ``server_lr`` may itself be a schedule
     of the round."""
     def schedule(count):
-        rate = global_lr(count) if callable(global_lr) else global_lr
-        return rate * jnp.power(global_lr_decay, (count // decay_every).astype(jnp.float32))
+        rate = server_lr(count) if callable(server_lr) else server_lr
+        return rate * jnp.power(server_lr_decay, (count // decay_every).astype(jnp.float32))
     return schedule
 
 
-def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
-                 global_lr_decay: float = 1.0, decay_every: int = 1, qp_iters: int = 200,
+def fedmgda_plus(model, *, epsilon: float = 0.1, server_lr: Rate = 1.0,
+                 server_lr_decay: float = 1.0, decay_every: int = 1, qp_iters: int = 200,
                  center: str = "num_examples", client_lr: Rate = 0.1, batch_size: int = 20,
                  num_epochs: int = 1, max_steps: Optional[int] = None,
                  client_optimizer: Optional[Optimizer] = None,
@@ -204,7 +204,7 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
     epsilon : float
         eps, the box half-width around the centre weights (0 = FedAvg over the
         normalised updates, 1 = MGDA).
-    global_lr, global_lr_decay, decay_every :
+    server_lr, server_lr_decay, decay_every :
         eta, phi, s of eta_t = eta phi^floor(t / s) (the server's sgd step); eta and
         phi may be traced.
     qp_iters : int
@@ -215,24 +215,24 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, global_lr: Rate = 1.0,
     client_lr, batch_size, num_epochs, max_steps, client_optimizer :
         FedAvg's local training.
     server_optimizer :
-        Replaces the sgd(eta_t) step; then leave ``global_lr`` and
-        ``global_lr_decay`` at 1.0.
+        Replaces the sgd(eta_t) step; then leave ``server_lr`` and
+        ``server_lr_decay`` at 1.0.
     """
-    H.check(HPARAMS, epsilon=epsilon, global_lr_decay=global_lr_decay,
+    H.check(HPARAMS, epsilon=epsilon, server_lr_decay=server_lr_decay,
             decay_every=decay_every, qp_iters=qp_iters)
-    if not callable(global_lr):
-        HPARAMS["global_lr"].check("global_lr", global_lr)
+    if not callable(server_lr):
+        HPARAMS["server_lr"].check("server_lr", server_lr)
     if center not in CENTERS:
         raise ValueError(f"center: must be one of {sorted(CENTERS)}, got {center!r}")
     if mixing is not None and center != "num_examples":
         raise ValueError("center: give either center or mixing, not both")
     if server_optimizer is not None and not (
-            H.is_concrete(global_lr) and global_lr == 1.0
-            and H.is_concrete(global_lr_decay) and global_lr_decay == 1.0):
-        raise ValueError("server_optimizer: replaces the sgd(global_lr) server step; "
-                         "leave global_lr and global_lr_decay at 1.0 when giving one")
+            H.is_concrete(server_lr) and server_lr == 1.0
+            and H.is_concrete(server_lr_decay) and server_lr_decay == 1.0):
+        raise ValueError("server_optimizer: replaces the sgd(server_lr) server step; "
+                         "leave server_lr and server_lr_decay at 1.0 when giving one")
     if server_optimizer is None:
-        server_optimizer = optax.sgd(server_schedule(global_lr, global_lr_decay, decay_every))
+        server_optimizer = optax.sgd(server_schedule(server_lr, server_lr_decay, decay_every))
     return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
                   max_steps=max_steps, client_optimizer=client_optimizer,
                   clip_norm=clip_norm, clip_mode=clip_mode,

@@ -80,12 +80,10 @@ HPARAMS = {"lam": H.NONNEGATIVE, "inner_steps": H.COUNT, "personal_lr": H.POSITI
 
 
 def _axpy(x, a, y):
-    """x + a y leaf by leaf, in x's dtypes (a may be a traced scalar)."""
-    return jax.tree.map(lambda u, v: (u + a * v).astype(u.dtype), x, y)
-
-
-def _sub(x, y):
-    return jax.tree.map(jnp.subtract, x, y)
+    """x + a y leaf by leaf, in x's dtypes (a may be a traced scalar): optax.tree.add_scale
+    cast back with optax.tree.cast_like (add_scale alone would let a wider traced ``a``
+    promote the leaves)."""
+    return optax.tree.cast_like(optax.tree.add_scale(x, a, y), x)
 
 
 def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate = 0.1,
@@ -137,7 +135,7 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
                 if clip_norm is not None and clip_mode == "loss":
                     g = clip_by_global_norm(g, clip_norm)
                 # the gradient grad f(theta; D) + lambda (theta - w) of the personal problem
-                g = jax.tree.map(lambda gi, a, b: gi + lam * (a - b), g, th, w)
+                g = optax.tree.add_scale(g, lam, optax.tree.sub(th, w))
                 if clip_norm is not None and clip_mode == "step":
                     g = clip_by_global_norm(g, clip_norm)
                 if inner_opt is None:  # theta <- theta - personal_lr g
@@ -151,10 +149,10 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
             (theta, inner_state, first_loss), _ = jax.lax.scan(
                 inner, (start, inner_state, jnp.zeros((), jnp.float32)), jnp.arange(inner_steps))
             if outer_opt is None:
-                w = _axpy(w, -eta * lam, _sub(w, theta))  # w - eta lambda (w - theta~)
+                w = _axpy(w, -eta * lam, optax.tree.sub(w, theta))  # w - eta lambda (w - theta~)
             else:  # the optimizer's step on the Moreau-envelope gradient lambda (w - theta~)
                 updates, outer_state = outer_opt.update(
-                    jax.tree.map(lambda d: lam * d, _sub(w, theta)), outer_state, w)
+                    optax.tree.scale(lam, optax.tree.sub(w, theta)), outer_state, w)
                 w = optax.apply_updates(w, updates)
             return (w, theta, outer_state, inner_state), first_loss
 
@@ -167,7 +165,7 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
         new_personal = jax.tree.map(lambda new, old: jnp.where(num_steps > 0, new, old),
                                     theta, personal)
         output = ClientOutput(
-            delta=_sub(broadcast.params, w),
+            delta=optax.tree.sub(broadcast.params, w),
             loss_before=data_loss(model, broadcast.params, data,
                                   execution.loss_chunk_size_here()),
             num_examples=data.num_examples, num_steps=num_steps,

@@ -206,7 +206,7 @@ def build_dataset(cfg):
     try:
         ds = get_dataset(cfg.dataset, **cfg.dataset_args)
     except (ValueError, TypeError) as e:
-        err = C.error_from_message(str(e), "dataset_args")
+        err = C.config_error(e, "dataset_args")
         if err.field in cfg.dataset_args or err.field in C.dataset_params(
                 C.dataset_registry()[cfg.dataset]):
             err = C.ConfigError(f"dataset_args.{err.field}", str(e).split(": ", 1)[-1])
@@ -297,7 +297,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     try:
         algorithm = get_method(name).factory(model, **kwargs)
     except (TypeError, ValueError) as e:
-        raise C.error_from_message(str(e), "hparams") from None
+        raise C.config_error(e, "hparams") from None
     return with_improvement(algorithm, model) if cfg.improvement else algorithm
 
 
@@ -353,7 +353,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             on_rounds=on_rounds, commit_seconds=commit_seconds)
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
-            raise C.error_from_message(str(e), "checkpoint") from None  # or no memory plan fits
+            raise C.config_error(e, "checkpoint") from None  # or no memory plan fits
         raise
 
 
@@ -586,7 +586,7 @@ def _check_capacity(alg, num_clients: int, cfg) -> None:
     try:
         check_capacity(alg, num_clients, cfg.cohort_size, cfg.num_rounds)
     except ValueError as e:
-        raise C.error_from_message(str(e), "client_table") from None
+        raise C.config_error(e, "client_table") from None
 
 
 def _write_client_history(out: str, result) -> None:

@@ -33,15 +33,14 @@ import os
 import re
 from typing import Any, Callable, Optional
 
+from fedjax_fair.core.hparams import FieldError
+
 REQUIRED = "<required>"
 
 
-class ConfigError(ValueError):
-    """A configuration mistake; ``str(e)`` is ``"<field>: <what is wrong>"``."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+class ConfigError(FieldError):
+    """A configuration mistake; ``str(e)`` is ``"<field>: <what is wrong>"`` (the
+    library's ``hparams.FieldError``, raised by the command line)."""
 
 
 def _f(default, kind: str, help: str, flag: bool = True):
@@ -84,8 +83,8 @@ class _Common:
                                  "exponential:GAMMA (lr * GAMMA^t), exponential:GAMMA@S "
                                  "(lr * GAMMA^floor(t/S)) or step:FACTOR@R1,R2 (lr * FACTOR "
                                  "at each listed round)")
-    server_lr_schedule: str = _f("none", "str", "the same for the server rate (server_lr / "
-                                 "global_lr) of algorithms that have one")
+    server_lr_schedule: str = _f("none", "str", "the same for the server rate (server_lr) "
+                                 "of algorithms that have one")
     compensate_server_lr: bool = _f(False, "bool", "scale the server rate by client_lr_0 / "
                                     "client_lr_t, keeping their product constant as the "
                                     "client rate decays (AAggFF's reference code)", flag=False)
@@ -653,11 +652,11 @@ def _validate_common(cfg: _Common) -> None:
         try:
             parse_schedule(getattr(cfg, name), name)
         except ValueError as e:
-            raise error_from_message(str(e), name) from None
+            raise config_error(e, name) from None
     try:
         parse_budgets(cfg.step_budgets, cfg.batch_size)
     except ValueError as e:
-        raise error_from_message(str(e), "step_budgets") from None
+        raise config_error(e, "step_budgets") from None
     cfg.model_args = validate_model_args(cfg.model, cfg.model_args, MODELS)
     datasets = dataset_registry()
     _choice("dataset", cfg.dataset, datasets)
@@ -681,7 +680,7 @@ def check_devices(devices) -> None:
     try:
         make_mesh(devices)
     except ValueError as e:
-        raise error_from_message(str(e), "devices") from None
+        raise config_error(e, "devices") from None
 
 
 def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None,
@@ -939,7 +938,7 @@ def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> 
         sampler = sampling.get(cfg.sampler, num_examples)
         jax.eval_shape(lambda k: sampler(k, num_clients, cfg.cohort_size), jax.random.key(0))
     except ValueError as e:
-        raise error_from_message(str(e), "sampler") from None
+        raise config_error(e, "sampler") from None
 
 
 def check_data_range(name: str, hparams: dict, train, field: str = "hparams") -> None:
@@ -1014,26 +1013,34 @@ def check_mixing(algorithm: str, mixing: str) -> None:
                                     f"or one of: {', '.join(allowed)}")
 
 
-SERVER_RATES = ("server_lr", "global_lr")
+SERVER_RATE = "server_lr"  # the one name every factory gives its server learning rate
 
 
 def server_rate_name(algorithm: str) -> Optional[str]:
     """The factory argument holding the server learning rate, if any."""
-    return next((n for n in SERVER_RATES if accepts(algorithm, n)), None)
+    return SERVER_RATE if accepts(algorithm, SERVER_RATE) else None
 
 
 def check_server_schedule(algorithm: str, schedule: str, compensate: bool = False) -> None:
     if schedule != "none" and server_rate_name(algorithm) is None:
         raise ConfigError("server_lr_schedule", f"{algorithm!r} has no server learning rate "
-                                                f"({' or '.join(SERVER_RATES)}); use none")
+                                                f"({SERVER_RATE}); use none")
     if compensate and server_rate_name(algorithm) is None:
         raise ConfigError("compensate_server_lr", f"{algorithm!r} has no server learning "
-                                                  f"rate ({' or '.join(SERVER_RATES)}) to "
+                                                  f"rate ({SERVER_RATE}) to "
                                                   f"compensate")
 
 
+def config_error(error: Exception, default_field: str) -> ConfigError:
+    """A ConfigError from a library error: its ``field`` when it is a ``FieldError``,
+    else the ``field: ...`` prefix of its message (``error_from_message``)."""
+    if isinstance(error, FieldError):
+        return ConfigError(error.field, str(error)[len(error.field) + 2:])
+    return error_from_message(str(error), default_field)
+
+
 def error_from_message(message: str, default_field: str) -> ConfigError:
-    """A ConfigError from a library ValueError, keeping its ``field: ...`` prefix."""
+    """A ConfigError from a library error's message, keeping its ``field: ...`` prefix."""
     first = message.strip().splitlines()[0] if message.strip() else default_field
     m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", first)
     if m:

@@ -43,7 +43,8 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from fedjax_fair.core.memory import tree_bytes  # bytes of every leaf (host-side)
 
 
 class ClientTable(NamedTuple):
@@ -116,15 +117,6 @@ def _widened(rows, dtype):
     return jax.tree.map(lambda x: _decode(x, dtype), rows)
 
 
-def _row_bytes(row) -> int:
-    return int(sum(np.prod(np.shape(x), dtype=np.int64) * np.dtype(x.dtype).itemsize
-                   for x in jax.tree.leaves(row)))
-
-
-def _tree_bytes(tree) -> int:
-    return _row_bytes(tree)
-
-
 # ------------------------------------------------------------------------------ dense
 
 
@@ -162,9 +154,9 @@ def dense(dtype=None) -> ClientTable:
 
     def memory(table: DenseTable) -> dict:
         n = int(table.last_round.shape[0])
-        row = _tree_bytes(table.rows) // max(n, 1)
+        row = tree_bytes(table.rows) // max(n, 1)
         return {"form": "dense", "num_clients": n, "rows_stored": n,
-                "bytes_per_row": row, "bytes": _tree_bytes(table)}
+                "bytes_per_row": row, "bytes": tree_bytes(table)}
 
     return ClientTable(init, gather_, scatter_, drift, memory, _name("dense", None, dtype))
 
@@ -254,8 +246,8 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
         cap = int(jax.tree.leaves(table.rows)[0].shape[0])
         return {"form": "lazy", "num_clients": int(table.slot.shape[0]),
                 "capacity": cap, "rows_stored": int(table.used),
-                "bytes_per_row": _tree_bytes(table.rows) // max(cap, 1),
-                "bytes": _tree_bytes(table)}
+                "bytes_per_row": tree_bytes(table.rows) // max(cap, 1),
+                "bytes": tree_bytes(table)}
 
     return ClientTable(init, gather_, scatter_, drift, memory,
                        _name("lazy", capacity, dtype), capacity)

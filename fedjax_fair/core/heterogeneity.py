@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.core.hparams import probability
+from fedjax_fair.core.hparams import count, probability
 
 UNLIMITED_STEPS = 2 ** 30
 UNITS = ("steps", "epochs")
@@ -56,10 +56,7 @@ def _in_steps(budgets, num_examples, unit: str, batch_size: Optional[int]):
 
 
 def _positive_int(value, field: str, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        raise ValueError(f"{field}: must be an integer >= {0 if allow_zero else 1}, "
-                         f"got {value!r}")
-    return value
+    return count(value, field, minimum=0 if allow_zero else 1)
 
 
 def fixed(budget: int, unit: str = "steps", batch_size: Optional[int] = None) -> StepBudgets:

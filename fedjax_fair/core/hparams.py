@@ -14,7 +14,13 @@ of its factory that take numbers. The same table serves two callers:
 ``Range.continuous`` marks the arguments a whole run is differentiable in and can be
 vmapped over (learning rates, q, tilt, temperature, ...); integer counts and
 categorical choices are static. ``probability`` checks the Python-level fractions of
-the data and heterogeneity settings.
+the data and heterogeneity settings, ``count`` the integer counts of the runner, the
+sweeps, the data builders and the device mesh.
+
+Every failure is a ``FieldError`` (a ``ValueError``; ``FieldTypeError`` for a value
+of the wrong type is also a ``TypeError``) that carries its ``field``, with the
+message ``"field: what is wrong"``; the command line reports it as it is (its
+``ConfigError`` is a ``FieldError``).
 """
 from __future__ import annotations
 
@@ -24,6 +30,30 @@ from typing import NamedTuple, Optional
 
 import jax
 import numpy as np
+
+
+class FieldError(ValueError):
+    """A bad value of a named field (an argument, an option, a configuration key):
+    ``str(e)`` is ``"<field>: <what is wrong>"``; ``e.field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class FieldTypeError(FieldError, TypeError):
+    """A ``FieldError`` for a value of the wrong type (caught as either)."""
+
+
+def count(value, field: str, minimum: int = 1) -> int:
+    """A Python / NumPy integer >= ``minimum`` as an int: booleans, floats and other
+    types raise ``FieldTypeError``, a smaller value ``FieldError``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise FieldTypeError(field, f"must be an integer >= {minimum}, got "
+                                    f"{type(value).__name__} {value!r}")
+    if value < minimum:
+        raise FieldError(field, f"must be an integer >= {minimum}, got {value}")
+    return int(value)
 
 
 class Range(NamedTuple):
@@ -96,15 +126,15 @@ class Range(NamedTuple):
             return value  # a grid of values for a sweep: each is checked by its caller
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real,
                                                                          np.ndarray)):
-            raise ValueError(f"{name}: must be {'an integer' if self.integer else 'a number'}"
-                             f" in {self.describe()}, got {value!r}")
+            raise FieldError(name, f"must be {'an integer' if self.integer else 'a number'}"
+                                   f" in {self.describe()}, got {value!r}")
         if not self.contains(float(value)):
             single = ""
             if not self.integer and self._within(float(value)):  # not as a float32
                 with np.errstate(over="ignore", under="ignore"):
                     single = (f" ({float(np.float32(value))!r} in float32, the "
                               f"computation's precision)")
-            raise ValueError(f"{name}: must be in {self.describe()}, got {value!r}{single}")
+            raise FieldError(name, f"must be in {self.describe()}, got {value!r}{single}")
         return value
 
 
@@ -129,11 +159,11 @@ def probability(value, field: str) -> float:
     """``value`` as a float in [0, 1] (booleans refused), else ``ValueError("field: ...")``
     (for Python-level settings: augmentation, label-noise and straggler fractions)."""
     if isinstance(value, bool):
-        raise ValueError(f"{field}: must be a number in [0, 1], got {value!r}")
+        raise FieldError(field, f"must be a number in [0, 1], got {value!r}")
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{field}: must be a number in [0, 1], got {value!r}") from None
+        raise FieldError(field, f"must be a number in [0, 1], got {value!r}") from None
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{field}: must lie in [0, 1], got {value}")
+        raise FieldError(field, f"must lie in [0, 1], got {value}")
     return value

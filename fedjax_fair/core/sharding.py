@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_fair.core.hparams import count
 from fedjax_fair.core.client_states import DenseTable, LazyTable
 
 CLIENTS = "clients"  # mesh axis the cohort, the federation and client tables split over
@@ -159,9 +160,7 @@ def num_shards(mesh: Mesh) -> int:
 
 
 def _positive(value, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{field}: must be an integer >= 1, got {value!r}")
-    return int(value)
+    return count(value, field)
 
 
 # ----------------------------------------------------------------------- the cohort

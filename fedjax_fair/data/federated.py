@@ -17,6 +17,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from fedjax_fair.core.hparams import count
 from fedjax_fair.core.memory import bucket_report
 from fedjax_fair.core.types import ClientData, FederatedData
 
@@ -59,11 +60,7 @@ class Dataset:
 
 
 def _check_positive_int(value, field: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{field}: must be an integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{field}: must be > 0, got {value}")
-    return int(value)
+    return count(value, field)
 
 
 def _check_seed(value) -> int:

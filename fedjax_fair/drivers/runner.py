@@ -31,6 +31,7 @@ from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core import memory as mem
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core import sampling
+from fedjax_fair.core import hparams as H
 from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import table_memory
@@ -923,13 +924,8 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
 
 
 def check_count(value, field: str) -> int:
-    """A positive Python / NumPy integer as an int (booleans and floats refused)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{field}: must be an integer >= 1, got {type(value).__name__} "
-                        f"{value!r}")
-    if value < 1:
-        raise ValueError(f"{field}: must be an integer >= 1, got {value}")
-    return int(value)
+    """A positive Python / NumPy integer as an int (``hparams.count``)."""
+    return H.count(value, field)
 
 
 def _check_key(key):

@@ -80,6 +80,7 @@ def hutchinson_from_hvp(hvp_fn: Callable, params, key, num_probes: int = 1):
 
     total, _ = jax.lax.scan(probe, jax.tree.map(jnp.zeros_like, params),
                             jnp.arange(num_probes))
+    # a division, not optax.tree.scale(1 / P, .): that would round differently
     return jax.tree.map(lambda t: t / num_probes, total)
 
 
@@ -138,7 +139,9 @@ def row_subset(data: ClientData, key, size: Optional[int]) -> ClientData:
 
 
 def tree_norm(tree):
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+    """||tree||_2 over all leaves (``optax.tree.norm``: per-leaf sums of squares added in
+    leaf order, as the hand-written version did)."""
+    return optax.tree.norm(tree)
 
 
 class Derivatives(NamedTuple):
@@ -164,7 +167,7 @@ class Derivatives(NamedTuple):
 
     @property
     def grad(self):
-        return jax.tree.map(lambda d: self.grad_scale * d, self.delta)
+        return optax.tree.scale(self.grad_scale, self.delta)
 
 
 CURVATURE_KEY_ID = 1  # Hutchinson probes and row subsets: fold_in(client key, 1)
@@ -209,11 +212,11 @@ def client_derivatives(model, *, curvature: str = "auto", num_probes: int = 1,
         lr = jnp.asarray(round_value(client_lr, broadcast.round), jnp.float32)
         if mode == "grad_at_global":
             steps = (data.num_examples > 0).astype(jnp.int32)
-            return Derivatives(value, jax.tree.map(lambda g: lr * g, grad), 1.0 / lr, diag,
+            return Derivatives(value, optax.tree.scale(lr, grad), 1.0 / lr, diag,
                                steps, value)
         local, steps, train_loss = train(theta, make_optimizer(optimizer, lr), data,
                                          local_steps, key)
-        delta = jax.tree.map(jnp.subtract, theta, local)
+        delta = optax.tree.sub(theta, local)
         scale = 1.0 / (lr * jnp.maximum(steps, 1).astype(jnp.float32))
         return Derivatives(value, delta, scale, diag, steps, train_loss)
 
