@@ -78,7 +78,7 @@ from fedjax_fair.algorithms.scaffold import scaffold
 from fedjax_fair.algorithms.superfed import superfed
 from fedjax_fair.algorithms.term import term
 from fedjax_fair.core.hparams import Range
-from fedjax_fair.algorithms.families.generative import downstream_report
+from fedjax_fair.algorithms.families.generative import downstream_line, downstream_report
 
 
 class Method(NamedTuple):
@@ -89,13 +89,16 @@ class Method(NamedTuple):
     the CLI writes under "method_report" in summary.json, and whether the method is
     ``generative``: its product is a synthetic data set (``fedjax_fair.algorithms.families.generative``;
     ``state.params`` is a classifier trained on it). A ``compare`` without
-    ``--algorithms`` leaves generative methods out."""
+    ``--algorithms`` leaves generative methods out. ``report_line(report) -> str``: the
+    one line ``run`` prints of that report (the method's own wording, so the command
+    line names no method)."""
 
     factory: Callable
     hparams: dict
     participation: str = "partial"
     report: Optional[Callable] = None
     generative: bool = False
+    report_line: Optional[Callable] = None
 
 
 class HParam(NamedTuple):
@@ -145,15 +148,18 @@ REGISTRY = {
     "fedspeed": Method(fedspeed, _fedspeed.HPARAMS),
     "fedsam": Method(fedsam, _fedsam.HPARAMS),
     "fedcm": Method(fedcm, _fedcm.HPARAMS),
-    "superfed": Method(superfed, _superfed.HPARAMS, report=_superfed.lambda_report),
+    "superfed": Method(superfed, _superfed.HPARAMS, report=_superfed.lambda_report,
+                       report_line=_superfed.lambda_line),
     "apfl": Method(apfl, _apfl.HPARAMS),
     "pfedme": Method(pfedme, _pfedme.HPARAMS),
     "fedper": Method(fedper, _fedrep.FEDPER_HPARAMS),
     "fedrep": Method(fedrep, _fedrep.HPARAMS),
     "lg_fedavg": Method(lg_fedavg, _lg_fedavg.HPARAMS),
     "fedavg_ft": Method(fedavg_ft, _finetune.HPARAMS),
-    "fedevg": Method(fedevg, _fedevg.HPARAMS, report=downstream_report, generative=True),
-    "fedcvae": Method(fedcvae, _fedcvae.HPARAMS, report=downstream_report, generative=True),
+    "fedevg": Method(fedevg, _fedevg.HPARAMS, report=downstream_report, generative=True,
+                     report_line=downstream_line),
+    "fedcvae": Method(fedcvae, _fedcvae.HPARAMS, report=downstream_report, generative=True,
+                      report_line=downstream_line),
 }
 
 ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}

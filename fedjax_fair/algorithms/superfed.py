@@ -258,3 +258,11 @@ def lambda_report(model: Model, algorithm: FederatedAlgorithm, state, split: Cli
     """``personalised_summary`` of the lambda grid on ``split`` at ``state``: what the
     CLI writes under "method_report" in a SuPerFed run's summary.json."""
     return personalised_summary(lambda_grid_metrics(model, algorithm, state, split))
+
+
+def lambda_line(report: dict) -> str:
+    """The line ``fedjax-fair run`` prints of ``lambda_report``'s numbers."""
+    return (f"personalised (lambda grid, SuPerFed arXiv:2109.07628 §4.1): best average "
+            f"lambda {report['best_lambda']:.1f} -> {report['acc_best_lambda_avg']:.4f}; "
+            f"per-client oracle {report['acc_oracle_per_client']:.4f}; lambda 0 (federated) "
+            f"{report['acc_lambda0']:.4f}; lambda 1 (local) {report['acc_lambda1']:.4f}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from fedjax_fair.algorithms import REGISTRY, base_name
 from fedjax_fair.cli import config as C
 from fedjax_fair.cli import report
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _STAGE, _STAGE_DIR,
@@ -159,16 +160,9 @@ def cmd_run(args) -> int:
           f"{fin['accuracy_worst_10%']:.4f}, best 10% {fin['accuracy_best_10%']:.4f}, "
           f"gini {fin['accuracy_gini']:.4f}; "
           f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
-    grid = summary.get("method_report")
-    if grid and "downstream_accuracy" in grid:
-        print(f"synthetic set ({grid['num_synth']} samples, {out}/synthetic.npz): a fresh "
-              f"{model.name} trained on it alone scores {grid['downstream_accuracy']:.4f} on "
-              f"the clients' test data (downstream utility, FedEvg: Hahn's thesis, Ch. IV §4.2)")
-    if grid and "acc_best_lambda_avg" in grid:
-        print(f"personalised (lambda grid, SuPerFed arXiv:2109.07628 §4.1): best average lambda "
-              f"{grid['best_lambda']:.1f} -> {grid['acc_best_lambda_avg']:.4f}; per-client "
-              f"oracle {grid['acc_oracle_per_client']:.4f}; lambda 0 (federated) "
-              f"{grid['acc_lambda0']:.4f}; lambda 1 (local) {grid['acc_lambda1']:.4f}")
+    method = REGISTRY.get(base_name(cfg.algorithm))
+    if summary.get("method_report") and method is not None and method.report_line:
+        print(method.report_line(summary["method_report"]))
     sel = summary["selected"]
     if sel:
         print(f"selected by validation accuracy: round {sel['round']} (validation average "

@@ -210,6 +210,13 @@ def downstream_report(model: Model, algorithm: FederatedAlgorithm, state: Server
             "synthetic_max": float(xs.max())}
 
 
+def downstream_line(report: dict) -> str:
+    """The line ``fedjax-fair run`` prints of ``downstream_report``'s numbers."""
+    return (f"synthetic set ({report['num_synth']} samples, synthetic.npz): a fresh model "
+            f"trained on it alone scores {report['downstream_accuracy']:.4f} on the clients' "
+            f"test data (downstream utility, FedEvg: Hahn's thesis, Ch. IV §4.2)")
+
+
 # ----------------------------------------------------------------- evaluation: feature distance
 
 
