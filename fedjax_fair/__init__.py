@@ -2,15 +2,16 @@
 
 The layers, bottom up (each imports only those beneath it; docs/architecture.md):
 
-* ``models`` (networks behind the ``Model`` interface) and ``metrics`` (fairness
-  summaries, calibration): leaves.
+* ``hparams`` (the one validation vocabulary: ranges, counts, fractions,
+  ``FieldError``), ``models`` (networks behind the ``Model`` interface) and
+  ``metrics`` (fairness summaries, calibration): leaves.
 * ``core``: the round contract and its engine, naming no method: ``types``
   (ClientData, FederatedData, Cohort, ClientOutput), ``client.local_training``
   (one client's masked local optimisation), ``mixing`` / ``aggregators`` (client
   weights and how deltas combine), ``algorithm.compose`` (a client update, a mixing
   rule, an aggregator and an optax server optimizer as one ``FederatedAlgorithm``),
   ``execution`` (vmap / sequential / chunked / a device mesh), ``client_states``,
-  ``hparams`` (the ranges every factory states), ``evaluation``, ``memory``,
+  ``evaluation``, ``memory``,
   ``sharding``, ``sampling``, ``schedules``, ``heterogeneity``.
 * ``solvers``: simplex, QP and online solvers.
 * ``data``: federations (synthetic, shipped and TFDS / LEAF loaders).
@@ -26,9 +27,9 @@ The names most programs need are exported here: ``compose``, ``run``, ``sweep``,
 ``make_objective``, ... and the core modules used most (``mixing``, ``aggregators``,
 ``sampling``, ...), as ``fedjax_fair.mixing`` etc.
 """
-from fedjax_fair import algorithms, core, data, drivers, metrics, models, solvers
+from fedjax_fair import algorithms, core, data, drivers, hparams, metrics, models, solvers
 from fedjax_fair.core import (aggregators, client, client_states, execution, heterogeneity,
-                              hparams, memory, mixing, sampling, schedules, sharding)
+                              memory, mixing, sampling, schedules, sharding)
 from fedjax_fair.core.algorithm import (FederatedAlgorithm, ServerState, compose,
                                         with_improvement)
 from fedjax_fair.core.client import local_training, proximal_term

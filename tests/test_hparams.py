@@ -1,10 +1,10 @@
-"""fedjax_fair.core.hparams: value ranges checked before anything runs."""
+"""fedjax_fair.hparams: value ranges checked before anything runs."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 import pytest
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.models import logistic_regression
 

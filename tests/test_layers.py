@@ -9,7 +9,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fedjax_fair"
 
 # bottom up; a module may import its own layer and those before it
-LAYERS = ["metrics", "models", "core", "solvers", "data", "algorithms", "drivers", "cli"]
+LAYERS = ["hparams", "metrics", "models", "core", "solvers", "data", "algorithms", "drivers",
+          "cli"]
 
 
 def _layer(module: str) -> str:

@@ -86,7 +86,7 @@ import numpy as np
 import optax
 from jax.scipy.special import erfc, ndtr
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
 from fedjax_fair.algorithms.fedavg import fedavg

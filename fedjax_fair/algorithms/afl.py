@@ -40,7 +40,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
 from fedjax_fair.algorithms.fedavg import fedavg

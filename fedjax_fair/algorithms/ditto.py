@@ -34,7 +34,7 @@ from typing import Optional
 
 import optax
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
                                                       check_client, client_training)

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
                                         cohort_train_loss)
 from fedjax_fair.algorithms.fedavg import HPARAMS as FEDAVG_HPARAMS

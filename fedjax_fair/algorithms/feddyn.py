@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
                                                       Rate)

@@ -80,7 +80,7 @@ import numpy as np
 import optax
 
 from fedjax_fair.core import client_states as tables
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
                                         cohort_train_loss)
 from fedjax_fair.core.client import (check_rate, data_loss, masked_mean, masked_steps,

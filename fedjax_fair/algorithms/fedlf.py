@@ -78,7 +78,7 @@ import optax
 from jax import lax
 
 from fedjax_fair.core import execution
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,

@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,

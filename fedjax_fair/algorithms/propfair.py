@@ -47,7 +47,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
                                                       Transform, client_training)

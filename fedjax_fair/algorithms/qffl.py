@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import (Aggregator, ratio, stateless, stateless_stream,
                                           weighted_sum)
 from fedjax_fair.core.algorithm import FederatedAlgorithm

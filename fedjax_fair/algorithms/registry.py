@@ -77,7 +77,7 @@ from fedjax_fair.algorithms.qffl import qffl
 from fedjax_fair.algorithms.scaffold import scaffold
 from fedjax_fair.algorithms.superfed import superfed
 from fedjax_fair.algorithms.term import term
-from fedjax_fair.core.hparams import Range
+from fedjax_fair.hparams import Range
 from fedjax_fair.algorithms.families.generative import downstream_line, downstream_report
 
 

@@ -33,7 +33,7 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from fedjax_fair.core.hparams import FieldError
+from fedjax_fair.hparams import FieldError
 
 REQUIRED = "<required>"
 

@@ -1,7 +1,6 @@
 """The core: the round contract and the engine that plays it, naming no method.
 
-Bottom up: ``types`` (ClientData, FederatedData, Cohort, ClientOutput), ``hparams``
-(the ranges every factory, data builder and the command line validate with),
+Bottom up: ``types`` (ClientData, FederatedData, Cohort, ClientOutput),
 ``schedules`` and ``sampling``, ``heterogeneity`` (per-round local-step budgets),
 ``sharding`` (device meshes), ``memory`` (size buckets, the memory plan),
 ``client_states`` (per-client tables), ``execution`` (how a round maps its cohort:
@@ -9,7 +8,7 @@ vmap, sequential, chunked, over a mesh), ``client`` (one client's masked local
 training), ``mixing`` (client weights) and ``aggregators`` (how deltas combine),
 ``algorithm`` (``compose``: a client update, a mixing rule, an aggregator and an optax
 server optimizer as one ``FederatedAlgorithm``) and ``evaluation`` (every client's
-metrics of a state). It imports only ``models`` (the ``Model`` interface) and
-``metrics`` beneath it; the methods (``fedjax_fair.algorithms``) and the drivers
+metrics of a state). It imports only ``hparams`` (the validation vocabulary),
+``models`` (the ``Model`` interface) and ``metrics`` beneath it; the methods (``fedjax_fair.algorithms``) and the drivers
 (``fedjax_fair.drivers``) are built on it.
 """

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair.core import execution
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.metrics import binned_calibration
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import Array, Broadcast, ClientData, ClientOutput, ClientUpdate

@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.core.hparams import count, probability
+from fedjax_fair.hparams import count, probability
 
 UNLIMITED_STEPS = 2 ** 30
 UNITS = ("steps", "epochs")

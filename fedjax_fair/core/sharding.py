@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_fair.core.hparams import count
+from fedjax_fair.hparams import count
 from fedjax_fair.core.client_states import DenseTable, LazyTable
 
 CLIENTS = "clients"  # mesh axis the cohort, the federation and client tables split over

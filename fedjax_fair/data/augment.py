@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair.core.hparams import probability
+from fedjax_fair.hparams import probability
 from fedjax_fair.models.base import Model
 
 Augmenter = Callable[[jax.Array, jax.Array], jax.Array]

@@ -17,7 +17,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from fedjax_fair.core.hparams import count
+from fedjax_fair.hparams import count
 from fedjax_fair.core.memory import bucket_report
 from fedjax_fair.core.types import ClientData, FederatedData
 

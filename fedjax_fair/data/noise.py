@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_fair.core.hparams import probability
+from fedjax_fair.hparams import probability
 
 NOISE_KINDS = ("none", "symmetric", "pair")
 """Accepted values of ``add_label_noise(kind=...)`` (the ``label_noise`` field)."""

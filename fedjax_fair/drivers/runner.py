@@ -31,7 +31,7 @@ from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core import memory as mem
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core import sampling
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import table_memory

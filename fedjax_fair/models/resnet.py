@@ -72,6 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_fair.hparams import count
 from fedjax_fair.models.base import Model, from_flax
 
 GN_EPSILON = 1e-5  # PyTorch's GroupNorm default
@@ -328,9 +329,7 @@ def _check_image_shape(input_shape) -> tuple:
 
 
 def _check_positive(field: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{field}: must be a positive integer, got {value!r}")
-    return int(value)
+    return count(value, field)
 
 
 def _check_groups(groups, channels: Sequence[int]) -> int:

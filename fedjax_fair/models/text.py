@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_fair.hparams import count
 from fedjax_fair.models.base import Model, from_flax
 
 
@@ -101,9 +102,7 @@ class _CharLSTM(nn.Module):
 
 
 def _positive_int(field: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{field}: must be a positive int, got {value!r}")
-    return value
+    return count(value, field)
 
 
 def char_lstm(input_shape, num_classes, embed_dim: int = 8, hidden: Sequence[int] = (256, 256),

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.models.base import Model, cross_entropy
 from fedjax_fair.core.types import ClientData, FederatedData

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Union
 
 import optax
 
-from fedjax_fair.core import hparams as H
+from fedjax_fair import hparams as H
 from fedjax_fair.core.client import CLIP_NORM, check_clip, check_optimizer, local_training
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
