@@ -27,3 +27,32 @@ def test_bounds_compare_in_the_same_precision():
     assert H.POSITIVE.contains(1e-30)
     assert H.COUNT.contains(2 ** 40)
     assert H.POSITIVE.check("x", jnp.float32(0.0)) is not None  # arrays: unchecked (traced)
+
+
+def test_the_vocabulary_raises_errors_that_carry_their_field():
+    """hparams.count / Range.check / probability and the library's choice checks raise a
+    FieldError (a ValueError) naming the field; a value of the wrong type is also a
+    TypeError; the command line's ConfigError is the same exception."""
+    import pytest
+    from fedjax_fair import hparams as H
+    from fedjax_fair.cli import config as C
+    from fedjax_fair.core.client import check_clip
+    with pytest.raises(H.FieldTypeError) as info:
+        H.count(1.5, "num_rounds")
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+    assert info.value.field == "num_rounds"
+    with pytest.raises(H.FieldError) as info:
+        H.count(0, "eval_every")
+    assert info.value.field == "eval_every" and not isinstance(info.value, TypeError)
+    assert H.count(0, "budget", minimum=0) == 0
+    with pytest.raises(H.FieldError) as info:
+        H.POSITIVE.check("client_lr", -1.0)
+    assert info.value.field == "client_lr"
+    with pytest.raises(H.FieldError) as info:
+        H.probability(2.0, "label_noise_rate")
+    assert info.value.field == "label_noise_rate"
+    with pytest.raises(H.FieldError) as info:
+        check_clip(1.0, "sideways")
+    assert info.value.field == "clip_mode"
+    assert issubclass(C.ConfigError, H.FieldError)
+    assert C.config_error(info.value, "other").field == "clip_mode"

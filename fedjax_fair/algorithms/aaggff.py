@@ -283,7 +283,7 @@ def doubly_robust_responses(responses, client_ids, client_mask, num_clients: int
 
 def _check_variant(variant):
     if variant not in VARIANTS:
-        raise ValueError(f"variant: must be one of {VARIANTS}, got {variant!r}")
+        raise H.FieldError("variant", f"must be one of {VARIANTS}, got {variant!r}")
 
 
 # --------------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def ons_step(state: ONSState, responses, *, alpha: float, beta: float,
     """
     _check_variant(variant)
     if solver not in SOLVERS:
-        raise ValueError(f"solver: must be one of {SOLVERS}, got {solver!r}")
+        raise H.FieldError("solver", f"must be one of {SOLVERS}, got {solver!r}")
     p = state.decision
     if initial_decision is not None:
         p = jnp.where(state.round == 0, jnp.asarray(initial_decision, p.dtype), p)
@@ -418,7 +418,7 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
     rng = _resolve_range(response_range)
     _check_variant(variant)
     if solver not in SOLVERS:
-        raise ValueError(f"solver: must be one of {SOLVERS}, got {solver!r}")
+        raise H.FieldError("solver", f"must be one of {SOLVERS}, got {solver!r}")
     H.check(HPARAMS, alpha=alpha, beta=beta)
     if not (isinstance(num_iters, (int, np.integer)) and num_iters >= 1):
         raise ValueError(f"num_iters: must be an int >= 1, got {num_iters!r}")

@@ -83,7 +83,7 @@ _TINY = 1e-30
 
 def _choice(field: str, value, allowed) -> None:
     if value not in allowed:
-        raise ValueError(f"{field}: must be one of {allowed}, got {value!r}")
+        raise H.FieldError(field, f"must be one of {allowed}, got {value!r}")
 
 
 # ----------------------------------------------------------------- curvature pairs

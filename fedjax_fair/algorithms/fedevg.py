@@ -168,7 +168,7 @@ def server_steps(num_rounds: int, beta_0, beta_end, schedule: str = "ddpm_cosine
     ``num_rounds`` is static; ``beta_0`` / ``beta_end`` may be traced.
     """
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule: must be one of {SCHEDULES}, got {schedule!r}")
+        raise H.FieldError("schedule", f"must be one of {SCHEDULES}, got {schedule!r}")
     num_rounds = int(num_rounds)
     if num_rounds < 1:
         raise ValueError(f"num_rounds: must be an integer >= 1, got {num_rounds}")
@@ -198,7 +198,7 @@ def log_energy_weights(f_y, mode: str = "signed_exp"):
         return f_y
     if mode == "uniform":
         return jnp.zeros_like(f_y)
-    raise ValueError(f"energy_weighting: must be one of {ENERGY_WEIGHTINGS}, got {mode!r}")
+    raise H.FieldError("energy_weighting", f"must be one of {ENERGY_WEIGHTINGS}, got {mode!r}")
 
 
 def mixture_weights(log_s, weights):
@@ -442,12 +442,12 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
             server_classifier_lr=server_classifier_lr, seed=seed)
     check_rate(client_lr, "client_lr")
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule: must be one of {SCHEDULES}, got {schedule!r}")
+        raise H.FieldError("schedule", f"must be one of {SCHEDULES}, got {schedule!r}")
     if energy_weighting not in ENERGY_WEIGHTINGS:
         raise ValueError(f"energy_weighting: must be one of {ENERGY_WEIGHTINGS}, got "
                          f"{energy_weighting!r}")
     if sample_clip not in SAMPLE_CLIPS:
-        raise ValueError(f"sample_clip: must be one of {SAMPLE_CLIPS}, got {sample_clip!r}")
+        raise H.FieldError("sample_clip", f"must be one of {SAMPLE_CLIPS}, got {sample_clip!r}")
     data_range = check_data_range(data_range)
     num_classes = int(model.num_classes)
     num_synth = 10 * num_classes if num_synth is None else int(num_synth)

@@ -275,7 +275,7 @@ def masked_mean_aggregator() -> Aggregator:
 
 def _check_distance(distance: str) -> None:
     if distance not in DISTANCES:
-        raise ValueError(f"distance: must be one of {DISTANCES}, got {distance!r}")
+        raise H.FieldError("distance", f"must be one of {DISTANCES}, got {distance!r}")
 
 
 def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,

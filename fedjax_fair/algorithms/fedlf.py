@@ -389,7 +389,7 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
         if not isinstance(value, bool):
             raise ValueError(f"{name}: must be true or false, got {value!r}")
     if client_gradient not in GRADIENTS:
-        raise ValueError(f"client_gradient: must be one of {GRADIENTS}, got {client_gradient!r}")
+        raise H.FieldError("client_gradient", f"must be one of {GRADIENTS}, got {client_gradient!r}")
     # Built in both modes, so the local-training arguments are always checked.
     local = client_training(model, client_lr=client_lr, batch_size=batch_size,
                             num_epochs=num_epochs, max_steps=max_steps,

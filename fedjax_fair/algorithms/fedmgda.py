@@ -223,7 +223,7 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, server_lr: Rate = 1.0,
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     if center not in CENTERS:
-        raise ValueError(f"center: must be one of {sorted(CENTERS)}, got {center!r}")
+        raise H.FieldError("center", f"must be one of {sorted(CENTERS)}, got {center!r}")
     if mixing is not None and center != "num_examples":
         raise ValueError("center: give either center or mixing, not both")
     if server_optimizer is not None and not (

@@ -62,7 +62,7 @@ MODES = ("mixing", "client")
 
 def _check(baseline, eps, mode: str = "mixing") -> None:
     if mode not in MODES:
-        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+        raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")
     H.check(HPARAMS, baseline=baseline, eps=eps)
     if H.is_concrete(baseline) and H.is_concrete(eps) and eps > baseline:
         raise ValueError(f"eps: must be in (0, baseline], got {eps!r} > {baseline!r}")

@@ -217,7 +217,7 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
     H.check(HPARAMS, q=q, lipschitz=lipschitz)
     check_client(client_lr, batch_size, num_epochs, max_steps)  # before 1 / client_lr
     if mode not in MODES:
-        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+        raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")
     if weight_by_size is not None and not isinstance(weight_by_size, bool):
         raise ValueError(f"weight_by_size: must be true, false or null, got {weight_by_size!r}")
     client = dict(client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,

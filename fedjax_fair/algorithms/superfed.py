@@ -151,9 +151,9 @@ def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
     check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
                  clip_mode)
     if mode not in MODES:
-        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+        raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")
     if prox_form not in PROX_FORMS:
-        raise ValueError(f"prox_form: must be one of {PROX_FORMS}, got {prox_form!r}")
+        raise H.FieldError("prox_form", f"must be one of {PROX_FORMS}, got {prox_form!r}")
     unroll = local_step_unroll(model.uses_xla_conv)
 
     def prox(federated, global_params):

@@ -413,7 +413,7 @@ def check_clip(clip_norm, clip_mode) -> None:
     ``CLIP_MODES``; ``ValueError("FIELD: ...")`` otherwise."""
     CLIP_NORM.check("clip_norm", clip_norm)
     if clip_mode not in CLIP_MODES:
-        raise ValueError(f"clip_mode: must be one of {CLIP_MODES}, got {clip_mode!r}")
+        raise H.FieldError("clip_mode", f"must be one of {CLIP_MODES}, got {clip_mode!r}")
 
 
 def check_optimizer(optimizer, field: str, rate_factory: bool = True) -> None:

@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.hparams import count, probability
+from fedjax_fair.hparams import FieldError, count, probability
 
 UNLIMITED_STEPS = 2 ** 30
 UNITS = ("steps", "epochs")
@@ -42,7 +42,7 @@ class StepBudgets(NamedTuple):
 
 def _check_unit(unit: str, batch_size: Optional[int]) -> None:
     if unit not in UNITS:
-        raise ValueError(f"unit: must be one of {list(UNITS)}, got {unit!r}")
+        raise FieldError("unit", f"must be one of {list(UNITS)}, got {unit!r}")
     if unit == "epochs" and (not isinstance(batch_size, int) or batch_size <= 0):
         raise ValueError(f"batch_size: unit='epochs' needs the positive batch size, got "
                          f"{batch_size!r}")

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair.hparams import probability
+from fedjax_fair.hparams import FieldError, probability
 from fedjax_fair.models.base import Model
 
 Augmenter = Callable[[jax.Array, jax.Array], jax.Array]
@@ -173,7 +173,7 @@ def random_crop(key, x, padding: int = 4, mode: str = "constant", p: float = 1.0
     if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
         raise ValueError(f"padding: must be an integer >= 0, got {padding!r}")
     if mode not in PAD_MODES:
-        raise ValueError(f"mode: must be one of {PAD_MODES}, got {mode!r}")
+        raise FieldError("mode", f"must be one of {PAD_MODES}, got {mode!r}")
     p = _check_probability(p)
     b, h, w, c = x.shape
     if mode == "reflect" and padding >= min(h, w):
@@ -313,7 +313,7 @@ def standard_augmentation(name: str) -> Augmenter:
     if name == "tinyimagenet":
         return chain(lambda k, x: random_rotation(k, x, 20.0),
                      lambda k, x: random_flip(k, x, 0.5))
-    raise ValueError(f"name: must be one of {STANDARD_AUGMENTATIONS}, got {name!r}")
+    raise FieldError("name", f"must be one of {STANDARD_AUGMENTATIONS}, got {name!r}")
 
 
 # ------------------------------------------------------------------------------ models

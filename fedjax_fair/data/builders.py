@@ -33,6 +33,7 @@ import numpy as np
 from fedjax_fair.data import augment, client_test, leaf, noise, tfds_source
 from fedjax_fair.data.federated import Dataset, _check_seed, from_client_arrays
 from fedjax_fair.data.partition import PARTITIONERS
+from fedjax_fair.hparams import FieldError
 
 TEST_PROTOCOLS = ("holdout", "matched")
 
@@ -103,7 +104,7 @@ def federate(x_train: np.ndarray, y_train: np.ndarray, x_test: Optional[np.ndarr
     """
     seed = _check_seed(seed)
     if test not in TEST_PROTOCOLS:
-        raise ValueError(f"test: must be one of {list(TEST_PROTOCOLS)}, got {test!r}")
+        raise FieldError("test", f"must be one of {list(TEST_PROTOCOLS)}, got {test!r}")
     if test == "matched" and (x_test is None or y_test is None):
         raise ValueError(f"test: 'matched' needs a global test set; {name} has none "
                          f"(use test='holdout')")

@@ -34,6 +34,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from fedjax_fair.data.federated import _as_labels, _check_positive_int
+from fedjax_fair.hparams import FieldError
 
 # The 80 characters of LEAF's Shakespeare models (ALL_LETTERS in LEAF's
 # models/utils/language_utils.py, also used by the q-FFL code); id = position.
@@ -185,7 +186,7 @@ def _cached_vocab_table(vocab: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _check_oov(oov: str) -> str:
     if oov not in OOV_POLICIES:
-        raise ValueError(f"oov: must be one of {OOV_POLICIES}, got {oov!r}")
+        raise FieldError("oov", f"must be one of {OOV_POLICIES}, got {oov!r}")
     return oov
 
 
@@ -380,7 +381,7 @@ def load_leaf(path, test_dir=None, *, kind: str = "auto", num_classes: int | Non
       LeafFederation with users sorted by id, the same order in both splits.
     """
     if kind not in KINDS:
-        raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
+        raise FieldError("kind", f"must be one of {KINDS}, got {kind!r}")
     _check_oov(oov)
     given_test = test_dir
     train_dir, test_dir = _split_dirs(path, test_dir)

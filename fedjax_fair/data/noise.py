@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_fair.hparams import probability
+from fedjax_fair.hparams import FieldError, probability
 
 NOISE_KINDS = ("none", "symmetric", "pair")
 """Accepted values of ``add_label_noise(kind=...)`` (the ``label_noise`` field)."""
@@ -115,7 +115,7 @@ def add_label_noise(labels, kind: str, rate: float, num_classes: int, seed: int
     Returns a new array; the expected fraction of changed labels is ``rate``.
     """
     if kind not in NOISE_KINDS:
-        raise ValueError(f"label_noise: must be one of {list(NOISE_KINDS)}, got {kind!r}")
+        raise FieldError("label_noise", f"must be one of {list(NOISE_KINDS)}, got {kind!r}")
     rate = _check_rate(rate)
     if kind == "none":
         return np.array(labels, copy=True)

@@ -45,6 +45,7 @@ from fedjax_fair.core.client import masked_mean
 from fedjax_fair.drivers.sweeps import (as_federation, check_count, check_seeds, final_state,
                                         has_examples)
 from fedjax_fair.core.types import ClientData
+from fedjax_fair.hparams import FieldError
 
 Objective = Callable[["ClientScores"], jax.Array]
 SPLITS = ("validation", "test", "train")
@@ -235,7 +236,7 @@ def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objec
                          f"{data_.num_clients}, got {cohort_size}")
     seed_values = check_seeds(seeds).astype(np.uint32)
     if split not in SPLITS:
-        raise ValueError(f"split: must be one of {SPLITS}, got {split!r}")
+        raise FieldError("split", f"must be one of {SPLITS}, got {split!r}")
     if not has_examples(getattr(data_, split)):
         raise ValueError(f"split: the federation has no {split} example (build one with "
                          f"fedjax_fair.data.resplit(dataset, (0.8, 0.1, 0.1)))")

@@ -434,7 +434,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     validate = (data.validation is not None
                 and bool(np.asarray(data.validation.num_examples).sum() > 0))
     if placement not in mem.PLACEMENTS:
-        raise ValueError(f"placement: must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
+        raise H.FieldError("placement", f"must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
     if stream_layout not in ("compact", "padded"):
         raise ValueError(f"stream_layout: must be 'compact' or 'padded', got {stream_layout!r}")
     execution = as_execution(execution)

@@ -61,6 +61,7 @@ from fedjax_fair.core.evaluation import make_state_evaluator
 from fedjax_fair.drivers.runner import check_count
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientData, FederatedData
+from fedjax_fair.hparams import FieldError
 
 SEED = "seed"  # name of the seeds' axis
 CONFIG = "config"  # name of the one axis of a zipped grid
@@ -529,7 +530,7 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
     if chunk_size is not None:
         chunk_size = check_count(chunk_size, "chunk_size")
     if chunk_loop not in CHUNK_LOOPS:
-        raise ValueError(f"chunk_loop: must be one of {CHUNK_LOOPS}, got {chunk_loop!r}")
+        raise FieldError("chunk_loop", f"must be one of {CHUNK_LOOPS}, got {chunk_loop!r}")
     _execution.as_execution(execution)
 
     num_points = len(next(iter(flat.values()))) if flat else 1

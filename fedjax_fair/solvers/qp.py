@@ -49,13 +49,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from fedjax_fair.core.sharding import replicated_here
+from fedjax_fair.hparams import FieldError
 
 PROJECTIONS = ("sort", "bisect")
 
 
 def _check_method(method: str) -> None:
     if method not in PROJECTIONS:
-        raise ValueError(f"method: must be one of {PROJECTIONS}, got {method!r}")
+        raise FieldError("method", f"must be one of {PROJECTIONS}, got {method!r}")
 
 
 def _exact_shift(v, lo, hi, tau):

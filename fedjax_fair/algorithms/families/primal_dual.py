@@ -117,7 +117,7 @@ def primal_dual_aggregator(rho, rule: str) -> Aggregator:
     """The server step of ``rule`` ("virtual", "participants" or "cohort"; see the
     module docstring) as an ``Aggregator`` with state ``PrimalDualState``."""
     if rule not in RULES:
-        raise ValueError(f"rule: must be one of {RULES}, got {rule!r}")
+        raise H.FieldError("rule", f"must be one of {RULES}, got {rule!r}")
 
     def init(params, num_clients):
         return PrimalDualState(zero_dual(params), params,
@@ -146,7 +146,7 @@ def evaluated_model(evaluate: str):
     """``compose``'s ``evaluated_params`` for ``evaluate``: "average" (theta-bar^t, the
     A-FedPD paper's output) or "server" (theta^t = ``state.params``, the broadcast)."""
     if evaluate not in EVALUATED:
-        raise ValueError(f"evaluate: must be one of {EVALUATED}, got {evaluate!r}")
+        raise H.FieldError("evaluate", f"must be one of {EVALUATED}, got {evaluate!r}")
     return (lambda state: state.aggregator_state.average) if evaluate == "average" else None
 
 

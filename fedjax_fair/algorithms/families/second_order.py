@@ -32,6 +32,7 @@ from jax.flatten_util import ravel_pytree
 from fedjax_fair.core.client import (check_rate_optimizer, data_loss, epoch_order, local_sgd,
                                      make_optimizer, round_value)
 from fedjax_fair.core.types import ClientData
+from fedjax_fair.hparams import FieldError
 
 CURVATURES = ("auto", "exact", "hutchinson")
 MODES = ("grad_at_global", "pseudo_grad")
@@ -42,7 +43,7 @@ EXACT_CHUNK = 128  # basis vectors per vmapped batch of the exact diagonal
 def choice(field: str, value, allowed) -> None:
     """A ``field: must be one of ...`` ValueError for a categorical argument."""
     if value not in allowed:
-        raise ValueError(f"{field}: must be one of {allowed}, got {value!r}")
+        raise FieldError(field, f"must be one of {allowed}, got {value!r}")
 
 
 def num_params(params) -> int:
