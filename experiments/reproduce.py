@@ -403,7 +403,26 @@ def main():
     if args.only is None:
         write_doc(args.doc, sections, args.seeds)
     else:
-        print("(docs/reproducing.md is rewritten only when every experiment is rendered)")
+        splice_doc(args.doc, sections)
+
+
+def splice_doc(path: str, sections: dict) -> None:
+    """Replaces only ``sections``' tables in the rendered doc: each table lies between
+    the non-empty lines around its ``{{name}}`` placeholder in the template."""
+    template = open(os.path.join(HERE, "reproducing_template.md")).read()
+    text = open(path).read()
+    for name, table in sections.items():
+        if "{{" + name + "}}" not in template:
+            continue
+        before, after = template.split("{{" + name + "}}")
+        head = [l for l in before.splitlines() if l.strip()][-1]
+        tail = [l for l in after.splitlines() if l.strip()][0]
+        start = text.index(head + "\n") + len(head) + 1
+        end = text.index("\n" + tail, start)
+        text = text[:start] + "\n" + table.strip("\n") + "\n" + text[end:]
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"spliced {', '.join(sections)} into {path}")
 
 
 def write_doc(path: str, sections: dict, seeds) -> None:
