@@ -13,24 +13,29 @@ import re
 import sys
 from typing import Optional
 
+import jax
 import numpy as np
 
-from fedjax_fair.cli import config as C
-from fedjax_fair.cli import report
+from fedjax_fair.algorithms import REGISTRY, base_name, get_method, method_hparams
+from fedjax_fair.algorithms.families import generative as synthetic
+from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair.core import memory, sampling
+from fedjax_fair.core.algorithm import with_improvement
+from fedjax_fair.core.heterogeneity import parse as parse_budgets
+from fedjax_fair.core.schedules import parse as parse_schedule
+from fedjax_fair.data import get_dataset
+from fedjax_fair.data.augment import standard_augmentation, with_augmentation
+from fedjax_fair.drivers import runner
+from fedjax_fair.drivers.runner import check_capacity
+from fedjax_fair.metrics import select_evaluation
+from fedjax_fair.models import get_model, with_initializer
+from fedjax_fair.models.base import example_flops
 
 
 EXIT_CONFIG = 2
-
-
 EXIT_NONFINITE = 3
-
-
 EXIT_INTERRUPTED = 130
-
-
 EXIT_WRITE = 4
-
-
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
@@ -57,7 +62,6 @@ def _narrowed(hparams, algorithms: list) -> dict:
     """A config file's comparison hyper-parameters without those of registered
     algorithms that an ``--algorithms`` flag left out (``ALGORITHM.NAME`` keys and
     ``ALGORITHM: {...}`` blocks); everything else is kept for validation."""
-    from fedjax_fair.algorithms import REGISTRY, base_name
     if not isinstance(hparams, dict) or not algorithms:
         return hparams
     out = {}
@@ -157,7 +161,6 @@ def _check_recorded(out: str, path: str, saved: dict) -> None:
     """A config.json whose iterate settings differ from the fingerprint the run recorded
     when it started (``lock.FINGERPRINT_NAME``, e.g. edited by hand) is refused, naming
     the fields that differ."""
-    from fedjax_fair.cli import lock
     recorded = lock.read(out)
     if not recorded or not isinstance(recorded.get("config"), dict):
         return  # a run from before fingerprints: nothing to compare
@@ -172,7 +175,6 @@ def _check_recorded(out: str, path: str, saved: dict) -> None:
 def _check_checkpoint_owner(cfg, cfg_dict: dict) -> None:
     """A checkpoint directory whose recorded fingerprint is another run's is refused on
     ``--resume`` (two runs shared it), naming what differs."""
-    from fedjax_fair.cli import lock
     ckdir = cfg.resolved_checkpoint_dir()
     theirs = lock.read(ckdir) if ckdir else None
     ours = lock.read(cfg.resolved_output_dir())
@@ -202,7 +204,6 @@ def _rebased(saved: dict, out: str) -> dict:
 
 
 def build_dataset(cfg):
-    from fedjax_fair.data import get_dataset
     try:
         ds = get_dataset(cfg.dataset, **cfg.dataset_args)
     except (ValueError, TypeError) as e:
@@ -231,9 +232,6 @@ def build_dataset(cfg):
 
 
 def build_model(cfg, ds):
-    import jax
-    from fedjax_fair.data.augment import standard_augmentation, with_augmentation
-    from fedjax_fair.models import get_model, with_initializer
     inputs = ", ".join(f"{k} {v.dtype}{tuple(v.shape[2:])}"
                        for k, v in ds.host_data.train.examples.items())
     # The loss on one real example of the data (shapes and dtypes only): a model or
@@ -272,9 +270,6 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     --client-weight-decay (as ``client_optimizer``), the hyper-parameters, and the
     round-indexed schedules; wrapped to log the per-round improved fraction unless
     ``cfg.improvement`` is off."""
-    from fedjax_fair.core.algorithm import with_improvement
-    from fedjax_fair.algorithms import get_method, method_hparams
-    from fedjax_fair.core.schedules import parse as parse_schedule
     accepted = method_hparams(name)
     kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
               if not h.python_only and k in C.config_fields() and hasattr(cfg, k)}
@@ -318,9 +313,6 @@ def execution_of(cfg, ds, model):
     (``execution.SPLIT_MAX_STEP_FLOPS``), or a round's local training (cohort x the
     federation's mean local steps x a step) too small to pay for the mesh
     (``execution.SPLIT_MIN_ROUND_FLOPS``)."""
-    import jax
-    import numpy as np
-    from fedjax_fair.models.base import example_flops
     step_flops = round_flops = None
     if cfg.devices == "auto":  # the federation's arrays are [clients, rows, ...]
         one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
@@ -336,10 +328,6 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                  progress=True, description="", on_eval=None, on_rounds=None, log=print,
                  commit_seconds=0.0):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
-    import jax
-    from fedjax_fair.drivers import runner
-    from fedjax_fair.core.heterogeneity import parse as parse_budgets
-    from fedjax_fair.core import sampling
     params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
     try:
         return runner.run(alg, params, ds.host_data, jax.random.key(seed), model=model,
@@ -365,7 +353,6 @@ def final_summary(result) -> dict:
 def _selected(history: list) -> Optional[dict]:
     """The evaluation with the best validation_accuracy_mean (None without a
     validation split), labelled with what selected it."""
-    from fedjax_fair.metrics import select_evaluation
     best = select_evaluation(history, "validation_accuracy_mean")
     if best is None:
         return None
@@ -447,8 +434,6 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
 def _write_synthetic(out: str, cfg_dict: dict, ds, state, plots: bool) -> None:
     """A generative method's final synthetic set: synthetic.npz ("x", "y") and, for
     image inputs, synthetic_samples.png (a row of samples per class)."""
-    from fedjax_fair.algorithms import REGISTRY, base_name, method_hparams
-    from fedjax_fair.algorithms.families import generative as synthetic
     name = base_name(str(cfg_dict.get("algorithm")))
     if name not in REGISTRY or not REGISTRY[name].generative:
         return
@@ -469,7 +454,6 @@ def _write_synthetic(out: str, cfg_dict: dict, ds, state, plots: bool) -> None:
 
 
 def _num_params(model) -> int:
-    import jax
     shapes = jax.eval_shape(model.init, jax.random.key(0))
     return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(shapes)))
 
@@ -492,7 +476,6 @@ def _other_process(cfg):
     a single-process run."""
     if "jax" not in sys.modules:
         return cfg
-    import jax
     if not jax.distributed.is_initialized() or jax.process_index() == 0:
         return cfg
     import atexit
@@ -517,8 +500,6 @@ def _preflight(cfg, ds, model) -> None:
     """Shapes XLA cannot hold (``memory.preflight``: a parameter array or a batch too
     large for one array or for the device) are refused naming the field, from
     ``jax.eval_shape`` alone: before anything is compiled or written."""
-    import jax
-    from fedjax_fair.core import memory
     params = jax.eval_shape(model.init, jax.random.key(0))
     one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
            for k, v in ds.host_data.train.examples.items()}
@@ -536,7 +517,6 @@ def _own(cfg, primary: bool, check_fresh: bool):
     """Locks the output directory and (when it lies elsewhere) the checkpoint directory
     for this process's life (``lock.Held``); refuses a directory another process holds,
     and a new run's directory that filled meanwhile."""
-    from fedjax_fair.cli import lock
     held = lock.Held(_COMMAND or None)
     out = cfg.resolved_output_dir()
     try:
@@ -565,14 +545,12 @@ _COMMAND: list = []  # the arguments of main(), written into the lock files
 def _is_primary() -> bool:
     if "jax" not in sys.modules:
         return True
-    import jax
     return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 def _method_report(name: str, model, alg, result, ds) -> dict:
     """{"method_report": the method's own end-of-run numbers} (``Method.report`` on the
     test split, e.g. SuPerFed's lambda grid), or {} for a method without them."""
-    from fedjax_fair.algorithms import REGISTRY, base_name
     method = REGISTRY.get(base_name(name))
     if method is None or method.report is None:
         return {}
@@ -582,7 +560,6 @@ def _method_report(name: str, model, alg, result, ds) -> dict:
 def _check_capacity(alg, num_clients: int, cfg) -> None:
     """A lazy client table too small for the run is a config error before anything
     is written (``runner.check_capacity``)."""
-    from fedjax_fair.drivers.runner import check_capacity
     try:
         check_capacity(alg, num_clients, cfg.cohort_size, cfg.num_rounds)
     except ValueError as e:

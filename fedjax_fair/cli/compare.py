@@ -10,17 +10,22 @@ import sys
 import time
 from typing import Optional
 
+import jax
 import numpy as np
 
-from fedjax_fair.cli import config as C
-from fedjax_fair.cli import report
-from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _STAGE, _STAGE_DIR,
-                                    _check_capacity, _check_recorded, _err, _has_test,
-                                    _is_primary, _method_report, _ordered_config,
-                                    _other_process, _own, _preflight, _resumable_config,
-                                    _seeded, _write_client_history, build_algorithm,
+from fedjax_fair.algorithms import REGISTRY, base_name
+from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
+                                    _check_recorded, _err, _has_test, _is_primary,
+                                    _method_report, _ordered_config, _other_process, _own,
+                                    _preflight, _resumable_config, _seeded, _STAGE,
+                                    _STAGE_DIR, _write_client_history, build_algorithm,
                                     build_dataset, build_model, dataset_description,
                                     execution_of, simulate_one, write_run_outputs)
+from fedjax_fair.core import sampling
+from fedjax_fair.core.heterogeneity import parse as parse_budgets
+from fedjax_fair.drivers.runner import verify_resumable
+from fedjax_fair.drivers import sweeps
 
 
 def compare_config(args: argparse.Namespace):
@@ -103,7 +108,6 @@ def cmd_compare(args) -> int:
     from tqdm.auto import tqdm
     from fedjax_fair.drivers.runner import (Interrupted, NonFiniteError, stop_on_signals,
                                             stop_requested)
-    from fedjax_fair.cli import lock
     _own(cfg, _is_primary(), check_fresh=True)
     if not cfg.resume:
         cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
@@ -205,8 +209,6 @@ def _started_round(run_dir: str, alg, model, ds) -> int:
     """The round a comparison's unfinished run has committed in its checkpoint
     (``run_dir/checkpoint``), 0 when it has none or one it cannot continue from (the
     run then starts again, and its first commit replaces that checkpoint)."""
-    import jax
-    from fedjax_fair.drivers.runner import verify_resumable
     directory = os.path.join(run_dir, "checkpoint")
     if not os.path.isdir(directory):
         return 0
@@ -280,7 +282,6 @@ def _write_compare_outputs(name, alg, seed, run_dir, cfg_dict, hparams, model, d
 def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
     """Why ``compare`` runs ``name``'s ``seeds`` one ``runner.run`` each instead of as one
     program (``_compare_seeds``), or None when one program runs them all."""
-    from fedjax_fair.algorithms import REGISTRY, base_name
     if not cfg.sweep_seeds:
         return "sweep_seeds is off"
     if len(seeds) < 2:
@@ -296,18 +297,15 @@ def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
 
 def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log=print,
                    resume=False) -> dict:
-    """The runs of ``name`` for ``seeds`` as one program (``sweep.run_seeds``: vmapped
+    """The runs of ``name`` for ``seeds`` as one program (``sweeps.run_seeds``: vmapped
     on accelerators, one compiled program called per seed on CPU), each committed to
     its run directory's checkpoint every ``cfg.commit_seconds`` (``resume``: every seed
     continues from there, all at one round) and written to its run directory as
     ``_compare_one`` writes it; ``{seed: what _finished_run reads back}``, or {} when
     the program does not fit the device (the caller then runs each seed with
     ``runner.run``, which streams cohorts from the host)."""
-    from fedjax_fair.core import sampling
-    from fedjax_fair.core.heterogeneity import parse as parse_budgets
-    from fedjax_fair.drivers.sweeps import run_seeds
     run_dirs = [os.path.join(out, name, f"seed{seed}") for seed in seeds]
-    runs = run_seeds(
+    runs = sweeps.run_seeds(
         alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
         cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,
         sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),

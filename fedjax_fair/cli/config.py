@@ -33,7 +33,23 @@ import os
 import re
 from typing import Any, Callable, Optional
 
+import jax
+import numpy as np
+
+from fedjax_fair.algorithms import ALGORITHMS, base_name, get_method, method_hparams
+from fedjax_fair.cli import lock
+from fedjax_fair.core import sampling
+from fedjax_fair.core.execution import Execution, STRATEGIES, resolve
+from fedjax_fair.core.heterogeneity import parse as parse_budgets
+from fedjax_fair.core.memory import PLACEMENTS
+from fedjax_fair.core.sampling import SAMPLERS
+from fedjax_fair.core.schedules import parse as parse_schedule
+from fedjax_fair.core.sharding import make_mesh, provide_cpu_devices
+from fedjax_fair.data.augment import STANDARD_AUGMENTATIONS
+from fedjax_fair.data.federated import _check_fractions
+from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.hparams import FieldError
+from fedjax_fair.models import INITIALIZERS, MODELS
 
 REQUIRED = "<required>"
 
@@ -523,7 +539,6 @@ def config_fields() -> set:
 def algorithm_hparams(name: str) -> dict:
     """``{name: HParam}`` that ``hparams`` may set for a registered algorithm: the
     factory's keyword arguments that are neither Python objects nor config fields."""
-    from fedjax_fair.algorithms import method_hparams
     managed = config_fields()
     return {k: h for k, h in method_hparams(name).items()
             if not h.python_only and k not in managed}
@@ -531,12 +546,10 @@ def algorithm_hparams(name: str) -> dict:
 
 def accepts(name: str, key: str) -> bool:
     """Whether algorithm ``name``'s factory has a keyword argument ``key``."""
-    from fedjax_fair.algorithms import method_hparams
     return key in method_hparams(name)
 
 
 def needs_full_participation(name: str) -> bool:
-    from fedjax_fair.algorithms import get_method
     return get_method(name).participation == "full"
 
 
@@ -608,12 +621,6 @@ def _choice(field: str, value: str, allowed) -> None:
 
 
 def _validate_common(cfg: _Common) -> None:
-    from fedjax_fair.core.execution import STRATEGIES
-    from fedjax_fair.data.augment import STANDARD_AUGMENTATIONS
-    from fedjax_fair.core.heterogeneity import parse as parse_budgets
-    from fedjax_fair.core.memory import PLACEMENTS
-    from fedjax_fair.models import MODELS
-    from fedjax_fair.core.sampling import SAMPLERS
 
     for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
         value = getattr(cfg, name)
@@ -642,12 +649,10 @@ def _validate_common(cfg: _Common) -> None:
     if cfg.resplit != "none":
         parse_fractions(cfg.resplit)
     check_seed("resplit_seed", cfg.resplit_seed)
-    from fedjax_fair.models import INITIALIZERS
     _choice("initializer", cfg.initializer, ("default", *INITIALIZERS))
     _choice("placement", cfg.placement, PLACEMENTS)
     check_devices(cfg.devices)
     _choice("augment", cfg.augment, STANDARD_AUGMENTATIONS)
-    from fedjax_fair.core.schedules import parse as parse_schedule
     for name in ("client_lr_schedule", "server_lr_schedule"):
         try:
             parse_schedule(getattr(cfg, name), name)
@@ -673,7 +678,6 @@ def check_devices(devices) -> None:
     if devices not in ("all", "auto") and (not _is_int(devices) or devices < 1):
         raise ConfigError("devices", f"must be an integer >= 1, 'all' or 'auto', "
                                      f"got {devices!r}")
-    from fedjax_fair.core.sharding import make_mesh, provide_cpu_devices
     provide_cpu_devices("all" if devices == "auto" else devices)
     if devices in ("all", "auto"):
         return
@@ -690,7 +694,6 @@ def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None,
     and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh,
     ``auto`` is fixed for one device even where JAX has several CPU devices (``auto`` alone would split the cohort over
     them, ``execution.auto_mesh``)."""
-    from fedjax_fair.core.execution import Execution, resolve
     mesh = mesh_of(cfg.devices, cfg.cohort_size, num_clients, step_flops, round_flops)
     strategy = cfg.execution
     if mesh is None and strategy == "auto":
@@ -706,8 +709,6 @@ def mesh_of(devices, cohort_size: int, num_clients: int,
     ``step_flops`` large enough to keep one device's cores busy, or for rounds of
     ``round_flops`` too small to pay for the mesh), or every device of a
     multi-process job."""
-    import jax
-    from fedjax_fair.core.sharding import make_mesh
     if devices == 1:
         return None
     if devices == "auto" and jax.process_count() == 1:
@@ -751,7 +752,6 @@ def validate_model_args(name: str, args: dict, models: dict) -> dict:
 def validate_hparams(algorithm: str, hparams: dict, field: str = "hparams") -> dict:
     """Checks names against the factory signature and values against the registry's
     ranges; returns coerced values."""
-    from fedjax_fair.algorithms import method_hparams
     every = method_hparams(algorithm)
     allowed = algorithm_hparams(algorithm)
     out = {}
@@ -777,7 +777,6 @@ def validate_hparams(algorithm: str, hparams: dict, field: str = "hparams") -> d
 def check_fresh_output(path: str, overwrite: bool) -> None:
     """A directory that already holds files is not written into without ``--overwrite``
     (or ``--resume`` for ``run``)."""
-    from fedjax_fair.cli import lock
     lock.check_not_held(path, "output_dir")
     if not overwrite and lock.holds_results(path):
         raise ConfigError("output_dir", f"{path!r} already holds results; continue that run "
@@ -804,8 +803,6 @@ def _check_fresh_checkpoint(cfg: RunConfig) -> None:
     """A new run does not write into a checkpoint directory outside its output
     directory that another process holds, or that holds a checkpoint, without
     ``--overwrite`` (two runs sharing one would overwrite each other)."""
-    from fedjax_fair.drivers import checkpoint as ckpt
-    from fedjax_fair.cli import lock
     directory = cfg.resolved_checkpoint_dir()
     out = os.path.abspath(cfg.resolved_output_dir())
     if directory is None or os.path.abspath(directory).startswith(out + os.sep):
@@ -819,7 +816,6 @@ def _check_fresh_checkpoint(cfg: RunConfig) -> None:
 
 def validate_run(cfg: RunConfig) -> RunConfig:
     """Static checks of a RunConfig (no data built). Coerces hparams/dataset_args in place."""
-    from fedjax_fair.algorithms import ALGORITHMS
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     check_seed("seed", cfg.seed)
     cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
@@ -857,7 +853,6 @@ def validate_run(cfg: RunConfig) -> RunConfig:
 def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]:
     """Per-algorithm hyper-parameters from ``NAME`` / ``ALGORITHM.NAME`` keys (an
     ``ALGORITHM`` may be a compared ``NAME@LABEL`` variant)."""
-    from fedjax_fair.algorithms import base_name
     known = lambda a: base_name(a) in registry and (a in cfg.algorithms or "@" not in a)
     per_alg: dict[str, dict] = {a: {} for a in cfg.algorithms}
     flat = {}
@@ -887,8 +882,6 @@ def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]
 
 def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     """Static checks of a CompareConfig; returns the hyper-parameters of each algorithm."""
-    from fedjax_fair.algorithms import ALGORITHMS
-    from fedjax_fair.algorithms import base_name, get_method
     if not cfg.algorithms:  # every non-generative algorithm that runs with partial participation
         cfg.algorithms = [a for a in ALGORITHMS if not needs_full_participation(a)
                           and not get_method(a).generative]
@@ -925,15 +918,12 @@ def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> 
     if cfg.cohort_size > num_clients:
         raise ConfigError("cohort_size", f"{cfg.cohort_size} exceeds the {num_clients} clients "
                                          f"of the federation; allowed: 1..{num_clients}")
-    from fedjax_fair.algorithms import ALGORITHMS, base_name
     names = getattr(cfg, "algorithms", None) or [getattr(cfg, "algorithm", None)]
     for name in names:
         if base_name(name) in ALGORITHMS and needs_full_participation(name) and (
                 cfg.cohort_size != num_clients):
             raise ConfigError("cohort_size", f"{name} needs every client every round: use "
                                              f"--cohort-size {num_clients} --sampler full")
-    import jax
-    from fedjax_fair.core import sampling
     try:  # samplers check their own constraints (e.g. "full" needs K == N)
         sampler = sampling.get(cfg.sampler, num_examples)
         jax.eval_shape(lambda k: sampler(k, num_clients, cfg.cohort_size), jax.random.key(0))
@@ -944,14 +934,12 @@ def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> 
 def check_data_range(name: str, hparams: dict, train, field: str = "hparams") -> None:
     """A method that keeps its samples in ``data_range`` (FedEvg, FedCVAE) must get
     training inputs inside that range: checked on the data before anything compiles."""
-    from fedjax_fair.algorithms import method_hparams
     every = method_hparams(name)
     if "data_range" not in every:
         return
     bounds = hparams.get("data_range", every["data_range"].default)
     if bounds is None:
         return
-    import numpy as np
     x = np.asarray(train.examples["x"])[np.asarray(train.mask, bool)]
     if x.size == 0:
         return
@@ -968,7 +956,6 @@ MIXINGS = ("default", "size", "uniform")
 
 def parse_fractions(text: str) -> tuple:
     """``"0.8,0.1,0.1"`` -> (0.8, 0.1, 0.1), checked by ``data.federated``'s rule."""
-    from fedjax_fair.data.federated import _check_fractions
     try:
         return _check_fractions(text.split(","))
     except ValueError as e:
@@ -1005,7 +992,6 @@ def check_client_sgd(cfg, algorithms) -> None:
 
 
 def check_mixing(algorithm: str, mixing: str) -> None:
-    from fedjax_fair.algorithms import ALGORITHMS
     if mixing_kwargs(algorithm, mixing) is None:
         allowed = [a for a in ALGORITHMS if mixing_kwargs(a, mixing) is not None]
         raise ConfigError("mixing", f"{algorithm!r} has no plain average to replace (its "

@@ -6,7 +6,13 @@ import inspect
 import re
 import sys
 
+from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.cli import config as C
+from fedjax_fair.core.execution import STRATEGIES
+from fedjax_fair.core.sampling import SAMPLERS
+from fedjax_fair.data import PARTITIONERS
+from fedjax_fair.metrics import METRICS
+from fedjax_fair.models import MODELS
 
 
 def _fmt_default(v) -> str:
@@ -38,7 +44,6 @@ def _hparam_text(h) -> str:
 
 
 def _list_algorithms() -> list[str]:
-    from fedjax_fair.algorithms import REGISTRY, method_hparams
     lines = ["algorithms (client_lr, batch_size, num_epochs come from their flags; set the "
              "others with --hp NAME=VALUE; 'differentiable' ones may be traced arrays for "
              "jax.vmap / jax.grad in Python):"]
@@ -68,7 +73,6 @@ def _list_datasets() -> list[str]:
 
 
 def _list_partitions() -> list[str]:
-    from fedjax_fair.data import PARTITIONERS
     lines = ["partitions (--partition; their arguments are dataset arguments):"]
     for name, fn in PARTITIONERS.items():
         extra = {p.name: p.default for p in list(inspect.signature(fn).parameters.values())[3:]
@@ -78,7 +82,6 @@ def _list_partitions() -> list[str]:
 
 
 def _list_models() -> list[str]:
-    from fedjax_fair.models import MODELS
     lines = ["models (input shape and classes come from the dataset):"]
     for name, fn in MODELS.items():
         sig = inspect.signature(fn)
@@ -89,18 +92,15 @@ def _list_models() -> list[str]:
 
 
 def _list_strategies() -> list[str]:
-    from fedjax_fair.core.execution import STRATEGIES
     return ["execution strategies (--execution):"] + [f"  {s}" for s in STRATEGIES]
 
 
 def _list_samplers() -> list[str]:
-    from fedjax_fair.core.sampling import SAMPLERS
     return ["samplers (--sampler):"] + [f"  {n:<14} {_doc_line(f)}".rstrip()
                                         for n, f in SAMPLERS.items()]
 
 
 def _list_metrics() -> list[str]:
-    from fedjax_fair.metrics import METRICS
     return ["metrics:"] + [f"  {n:<18} {d}" for n, d in METRICS.items()]
 
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 import argparse
 import os
 
+import jax
+
 from fedjax_fair.algorithms import REGISTRY, base_name
-from fedjax_fair.cli import config as C
-from fedjax_fair.cli import report
-from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _STAGE, _STAGE_DIR,
-                                    _check_capacity, _check_checkpoint_owner, _check_recorded,
-                                    _err, _is_primary, _method_report, _ordered_config,
+from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
+                                    _check_checkpoint_owner, _check_recorded, _err,
+                                    _is_primary, _method_report, _ordered_config,
                                     _other_process, _own, _preflight, _resumable_config,
-                                    _write_client_history, build_algorithm, build_dataset,
-                                    build_model, simulate_one, write_run_outputs)
+                                    _STAGE, _STAGE_DIR, _write_client_history,
+                                    build_algorithm, build_dataset, build_model, simulate_one,
+                                    write_run_outputs)
+from fedjax_fair.drivers import checkpoint as ckpt
+from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
 
 def run_config(args: argparse.Namespace):
@@ -46,7 +50,6 @@ def cmd_run(args) -> int:
         _verify_checkpoint(ckdir, alg, model, ds.num_clients)
         _check_checkpoint_owner(cfg, cfg_dict)
 
-    from fedjax_fair.cli import lock
     primary = _is_primary()
     held = _own(cfg, primary, check_fresh=True)
     branches = list(getattr(cfg, "branches", []))
@@ -99,7 +102,6 @@ def cmd_run(args) -> int:
 
     from fedjax_fair.drivers.runner import (CompileClock, Interrupted, NonFiniteError,
                                             stop_on_signals)
-    import jax
     _STAGE_DIR.append(out)
     try:
         with CompileClock() as init_clock:  # simulate_one's jit(model.init) hits the cache
@@ -181,7 +183,6 @@ def _persistent_compilation_cache() -> None:
     results. The directory is ``$FEDJAX_FAIR_COMPILATION_CACHE`` (default
     ``~/.cache/fedjax_fair/xla``; ``off`` disables it); a cache directory the user gave
     jax (``JAX_COMPILATION_CACHE_DIR``) is used as it is."""
-    import jax
     if jax.config.jax_compilation_cache_dir:
         return
     path = os.environ.get(COMPILATION_CACHE_ENV, os.path.join(
@@ -225,8 +226,6 @@ def _committed_logs(ckdir: str) -> tuple:
     """(round, metrics.jsonl rows, rounds.jsonl rows) of the last committed checkpoint:
     its evaluation history and its round log, so an evaluation or round streamed after
     that commit (a killed chunk) is neither kept nor lost on resume."""
-    from fedjax_fair.drivers import checkpoint as ckpt
-    from fedjax_fair.drivers.runner import load_round_log
     meta = ckpt.read_meta(ckdir)
     done = int(meta["round"])
     rounds = report.round_rows(0, load_round_log(ckdir, done)) if done else []
@@ -237,8 +236,6 @@ def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
     """The checkpoint's arrays have this run's state shapes (read from file headers),
     and its meta, per-client history and round log are of the state's round
     (``runner.verify_resumable``)."""
-    import jax
-    from fedjax_fair.drivers.runner import verify_resumable
     template = jax.eval_shape(lambda k: alg.init(model.init(k), num_clients),
                               jax.random.key(0))
     try:
