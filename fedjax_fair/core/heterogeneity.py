@@ -55,13 +55,10 @@ def _in_steps(budgets, num_examples, unit: str, batch_size: Optional[int]):
     return (budgets * steps_per_epoch).astype(jnp.int32)
 
 
-def _positive_int(value, field: str, allow_zero: bool = False) -> int:
-    return count(value, field, minimum=0 if allow_zero else 1)
-
 
 def fixed(budget: int, unit: str = "steps", batch_size: Optional[int] = None) -> StepBudgets:
     """Every client, every round: ``budget`` steps (or epochs)."""
-    budget = _positive_int(budget, "budget", allow_zero=True)
+    budget = count(budget, "budget", minimum=0)
     _check_unit(unit, batch_size)
 
     def draw(key, num_examples):
@@ -74,8 +71,8 @@ def fixed(budget: int, unit: str = "steps", batch_size: Optional[int] = None) ->
 def uniform(low: int, high: int, unit: str = "steps",
             batch_size: Optional[int] = None) -> StepBudgets:
     """Each client, each round, independently: a budget ~ U{low, ..., high}."""
-    low = _positive_int(low, "low", allow_zero=True)
-    high = _positive_int(high, "high", allow_zero=True)
+    low = count(low, "low", minimum=0)
+    high = count(high, "high", minimum=0)
     if high < low:
         raise ValueError(f"high: must be >= low ({low}), got {high}")
     _check_unit(unit, batch_size)
@@ -92,7 +89,7 @@ def stragglers(fraction: float, budget: int, unit: str = "steps",
     """Each round each client is, with probability ``fraction``, a straggler limited to
     ``budget`` steps (or epochs); the others run their full local epochs."""
     fraction = probability(fraction, "fraction")
-    budget = _positive_int(budget, "budget", allow_zero=True)
+    budget = count(budget, "budget", minimum=0)
     _check_unit(unit, batch_size)
 
     def draw(key, num_examples):

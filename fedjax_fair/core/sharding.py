@@ -85,8 +85,8 @@ def make_mesh(num_devices: Optional[int] = None, *, model: int = 1,
     job, a mesh that leaves some process's devices out.
     """
     available = list(jax.devices() if devices is None else devices)
-    n = len(available) if num_devices is None else _positive(num_devices, "devices")
-    model = _positive(model, "model")
+    n = len(available) if num_devices is None else count(num_devices, "devices")
+    model = count(model, "model")
     if n > len(available):
         raise ValueError(f"devices: {n} requested but only {len(available)} "
                          f"{available[0].platform if available else ''} device(s) exist "
@@ -158,9 +158,6 @@ def num_shards(mesh: Mesh) -> int:
     """How many parts the cohort is split into: the size of the ``clients`` axis."""
     return int(mesh.shape[CLIENTS])
 
-
-def _positive(value, field: str) -> int:
-    return count(value, field)
 
 
 # ----------------------------------------------------------------------- the cohort

@@ -59,9 +59,6 @@ class Dataset:
 # --------------------------------------------------------------------------- checks
 
 
-def _check_positive_int(value, field: str) -> int:
-    return count(value, field)
-
 
 def _check_seed(value) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
@@ -282,7 +279,7 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
     ``runner.run`` places them (on the device, or streamed from the host when the
     device cannot hold them; memory.py).
     """
-    num_classes = _check_positive_int(num_classes, "num_classes")
+    num_classes = count(num_classes, "num_classes")
     n = train.mask.shape[0]
     splits = {"train": train, "test": test}
     if validation is not None:
@@ -330,7 +327,7 @@ def from_client_arrays(train_xs: Sequence[np.ndarray], train_ys: Sequence[np.nda
     empty in either split, but not all of them: ``ValueError`` naming ``train_xs``
     (nothing to train on) or ``test_xs`` (nothing to evaluate on).
     """
-    num_classes = _check_positive_int(num_classes, "num_classes")
+    num_classes = count(num_classes, "num_classes")
     if len(train_xs) != len(test_xs):
         raise ValueError(f"num_clients: train has {len(train_xs)} clients, "
                          f"test has {len(test_xs)}")

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_fair.data.federated import Dataset, _check_positive_int, _check_seed, from_padded
+from fedjax_fair.data.federated import Dataset, _check_seed, from_padded
+from fedjax_fair.hparams import count
 from fedjax_fair.core.types import ClientData
 
 SIDE = 28
@@ -66,11 +67,11 @@ def femnist_like(num_clients: int = 1000, min_examples: int = 50, max_examples: 
 
     Returns a Dataset named "femnist_like" with input_shape (28, 28, 1).
     """
-    num_clients = _check_positive_int(num_clients, "num_clients")
-    min_examples = _check_positive_int(min_examples, "min_examples")
-    max_examples = _check_positive_int(max_examples, "max_examples")
-    num_classes = _check_positive_int(num_classes, "num_classes")
-    test_examples = _check_positive_int(test_examples, "test_examples")
+    num_clients = count(num_clients, "num_clients")
+    min_examples = count(min_examples, "min_examples")
+    max_examples = count(max_examples, "max_examples")
+    num_classes = count(num_classes, "num_classes")
+    test_examples = count(test_examples, "test_examples")
     noise, style = _check_nonnegative(noise, "noise"), _check_nonnegative(style, "style")
     seed = _check_seed(seed)
     if max_examples < min_examples:

@@ -33,7 +33,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from fedjax_fair.data.federated import _as_labels, _check_positive_int
+from fedjax_fair.data.federated import _as_labels
+from fedjax_fair import hparams as H
 from fedjax_fair.hparams import FieldError
 
 # The 80 characters of LEAF's Shakespeare models (ALL_LETTERS in LEAF's
@@ -243,7 +244,7 @@ def char_windows(text: str, window: int = 80, *, collapse_whitespace: bool = Fal
       the text has at most ``window`` characters. Encode them with
       ``encode_windows``.
     """
-    window = _check_positive_int(window, "window")
+    window = H.count(window, "window")
     if not isinstance(text, str):
         raise ValueError(f"text: must be a string, got {type(text).__name__}")
     if collapse_whitespace:
@@ -442,7 +443,7 @@ def _num_classes(kind: str, num_classes, oov: str, arrays: dict, users=None,
             num_classes = len(LEAF_CHARS) + (oov == "extra")
         else:
             num_classes = top + 1
-    num_classes = _check_positive_int(num_classes, "num_classes")
+    num_classes = H.count(num_classes, "num_classes")
     distinct = np.unique(np.concatenate([y for _, ys in arrays.values() for y in ys]
                                         or [np.zeros((0,), np.int32)]))
     stray = top >= num_classes or (inferred and kind == "vectors"

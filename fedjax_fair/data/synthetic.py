@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_fair.data.federated import (Dataset, _check_positive_int, _check_seed,
+from fedjax_fair.data.federated import (Dataset, _check_seed,
                                         from_client_arrays, split_per_client)
+from fedjax_fair.hparams import count
 
 NUM_FEATURES = 60
 NUM_CLASSES = 10
@@ -123,10 +124,10 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
     Returns a Dataset named "synthetic" with input_shape (60,).
     """
     alpha, beta = _check_scale(alpha, "alpha"), _check_scale(beta, "beta")
-    num_clients = _check_positive_int(num_clients, "num_clients")
+    num_clients = count(num_clients, "num_clients")
     seed = _check_seed(seed)
     if max_examples is not None:
-        max_examples = _check_positive_int(max_examples, "max_examples")
+        max_examples = count(max_examples, "max_examples")
     clients = _generate_clients(alpha, beta, num_clients, bool(iid), max_examples, seed,
                                 bool(alpha_beta_as_std), bool(alpha_per_class))
     split = split_per_client(np.random.default_rng([seed, 1]), [c["x"] for c in clients],

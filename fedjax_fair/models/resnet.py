@@ -328,12 +328,9 @@ def _check_image_shape(input_shape) -> tuple:
     return input_shape
 
 
-def _check_positive(field: str, value) -> int:
-    return count(value, field)
-
 
 def _check_groups(groups, channels: Sequence[int]) -> int:
-    groups = _check_positive("groups", groups)
+    groups = count(groups, "groups")
     bad = sorted({c for c in channels if c % groups})
     if bad:
         raise ValueError(f"groups: {groups} GroupNorm groups must divide every channel "
@@ -386,7 +383,7 @@ def resnet18_gn(input_shape, num_classes, groups: int = 2, stem: str = "cifar",
     the A-FedPD author's FL-Simulator ResNet-18.
     """
     input_shape = _check_image_shape(input_shape)
-    width = _check_positive("width", width)
+    width = count(width, "width")
     groups = _check_groups(groups, [width * 2 ** i for i in range(4)])
     if stem not in ("cifar", "imagenet"):
         raise ValueError(f"stem: must be 'cifar' or 'imagenet', got {stem!r}")
@@ -423,13 +420,13 @@ def resnet10_gn_sn(input_shape, num_classes, width: int = 64, sn_method: str = "
     trunk and 81,930 in the classifier, 4,981,066 in all.
     """
     input_shape = _check_image_shape(input_shape)
-    width = _check_positive("width", width)
+    width = count(width, "width")
     if width % 4:
         raise ValueError(f"width: must be divisible by 4 (stem GroupNorm has width/4 "
                          f"groups), got {width}")
     if sn_method not in ("svd", "power"):
         raise ValueError(f"sn_method: must be 'svd' or 'power', got {sn_method!r}")
-    sn_iters = _check_positive("sn_iters", sn_iters)
+    sn_iters = count(sn_iters, "sn_iters")
     module = _ResNet10GNSN(int(num_classes), width, sn_method, sn_iters)
     return from_flax(module, input_shape, num_classes, "resnet10_gn_sn", uses_xla_conv=True)
 
@@ -464,8 +461,8 @@ def resnet9(input_shape, num_classes, norm: str = "group", groups: int = 2,
     """
     input_shape = _check_image_shape(input_shape)
     _check_norm(norm)
-    width = _check_positive("width", width)
-    hidden = _check_positive("hidden", hidden)
+    width = count(width, "width")
+    hidden = count(hidden, "hidden")
     groups = _check_groups(groups, [width * m for m in (1, 2, 4, 8)])
     module = _ResNet9(int(num_classes), width, groups, hidden, bool(identity_shortcut))
     return from_flax(module, input_shape, num_classes, "resnet9", uses_xla_conv=True)
@@ -503,8 +500,8 @@ def mobilenet(input_shape, num_classes, norm: str = "group", groups: int = 2,
     """
     input_shape = _check_image_shape(input_shape)
     _check_norm(norm)
-    width = _check_positive("width", width)
-    hidden = _check_positive("hidden", hidden)
+    width = count(width, "width")
+    hidden = count(hidden, "hidden")
     groups = _check_groups(groups, [width] + [width * m for m, _ in MOBILENET_BLOCKS])
     if depthwise_padding not in (0, 1):
         raise ValueError(f"depthwise_padding: must be 0 or 1, got {depthwise_padding!r}")

@@ -101,9 +101,6 @@ class _CharLSTM(nn.Module):
         return nn.Dense(self.num_classes, use_bias=self.use_bias)(x[:, -1, :])
 
 
-def _positive_int(field: str, value) -> int:
-    return count(value, field)
-
 
 def char_lstm(input_shape, num_classes, embed_dim: int = 8, hidden: Sequence[int] = (256, 256),
               use_bias: bool = True, forget_bias: float = 1.0, vocab_size: int | None = None,
@@ -130,15 +127,15 @@ def char_lstm(input_shape, num_classes, embed_dim: int = 8, hidden: Sequence[int
     input_shape = tuple(input_shape)
     if len(input_shape) != 1:
         raise ValueError(f"input_shape: must be (sequence_length,), got {input_shape!r}")
-    _positive_int("input_shape", input_shape[0])
+    count(input_shape[0], "input_shape")
     hidden = tuple(hidden)
     if not hidden:
         raise ValueError("hidden: needs at least one LSTM layer")
     for h in hidden:
-        _positive_int("hidden", h)
-    vocab = int(num_classes) if vocab_size is None else _positive_int("vocab_size", vocab_size)
-    module = _CharLSTM(vocab, int(num_classes), _positive_int("embed_dim", embed_dim), hidden,
-                       bool(use_bias), float(forget_bias), _positive_int("unroll", unroll))
+        count(h, "hidden")
+    vocab = int(num_classes) if vocab_size is None else count(vocab_size, "vocab_size")
+    module = _CharLSTM(vocab, int(num_classes), count(embed_dim, "embed_dim"), hidden,
+                       bool(use_bias), float(forget_bias), count(unroll, "unroll"))
     return from_flax(module, input_shape, num_classes, "char_lstm", input_dtype=jnp.int32)
 
 
