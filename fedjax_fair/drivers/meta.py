@@ -42,8 +42,8 @@ import optax
 from fedjax_fair.core import execution as _execution, sampling
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import masked_mean
-from fedjax_fair.drivers.sweeps import (as_federation, check_count, check_seeds, final_state,
-                                        has_examples)
+from fedjax_fair.drivers.sweeps import (as_federation, check_cohort, check_count, check_seeds,
+                                        final_state, has_examples)
 from fedjax_fair.core.types import ClientData
 from fedjax_fair.hparams import FieldError
 
@@ -227,10 +227,7 @@ def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objec
     """
     data_ = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
-    cohort_size = check_count(cohort_size, "cohort_size")
-    if cohort_size > data_.num_clients:
-        raise ValueError(f"cohort_size: {cohort_size} is more than the "
-                         f"{data_.num_clients} clients of the federation")
+    cohort_size = check_cohort(cohort_size, data_.num_clients)
     if sampler is sampling.full and cohort_size != data_.num_clients:
         raise ValueError(f"cohort_size: the 'full' sampler needs cohort_size == "
                          f"{data_.num_clients}, got {cohort_size}")

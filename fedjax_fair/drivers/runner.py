@@ -421,10 +421,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     num_clients = data.num_clients
     num_rounds = check_count(num_rounds, "num_rounds")
     eval_every = check_count(eval_every, "eval_every")
-    cohort_size = check_count(cohort_size, "cohort_size")
-    if cohort_size > num_clients:
-        raise ValueError(f"cohort_size: {cohort_size} is more than the {num_clients} clients "
-                         f"of the federation")
+    cohort_size = check_cohort(cohort_size, num_clients)
     key = _check_key(key)
     step_budgets = _check_step_budgets(step_budgets, num_clients)
     _check_model_fits(model, params, data)
@@ -926,6 +923,15 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
 def check_count(value, field: str) -> int:
     """A positive Python / NumPy integer as an int (``hparams.count``)."""
     return H.count(value, field)
+
+
+def check_cohort(cohort_size, num_clients: int) -> int:
+    """``cohort_size`` as an int: a count, at most the federation's ``num_clients``."""
+    cohort_size = H.count(cohort_size, "cohort_size")
+    if cohort_size > num_clients:
+        raise H.FieldError("cohort_size", f"{cohort_size} is more than the {num_clients} "
+                                          f"clients of the federation")
+    return cohort_size
 
 
 def _check_key(key):

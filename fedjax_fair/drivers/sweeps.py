@@ -58,7 +58,7 @@ from fedjax_fair.core import execution as _execution, sampling
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_state_evaluator
-from fedjax_fair.drivers.runner import check_count
+from fedjax_fair.drivers.runner import check_cohort, check_count
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientData, FederatedData
 from fedjax_fair.hparams import FieldError
@@ -505,10 +505,7 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
     """
     data = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
-    cohort_size = check_count(cohort_size, "cohort_size")
-    if cohort_size > data.num_clients:
-        raise ValueError(f"cohort_size: {cohort_size} is more than the {data.num_clients} "
-                         f"clients of the federation")
+    cohort_size = check_cohort(cohort_size, data.num_clients)
     seed_values = check_seeds(seeds)
     axes, flat = check_grid(grid, product)
     build, method = resolve_builder(builder, list(flat), model, fixed)
@@ -682,7 +679,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
                                             split_summary)
     data = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
-    cohort_size = check_count(cohort_size, "cohort_size")
+    cohort_size = check_cohort(cohort_size, data.num_clients)
     eval_every = check_count(eval_every, "eval_every")
     seed_values = check_seeds(seeds)
     if inits is not None and len(inits) != len(seed_values):
