@@ -47,11 +47,14 @@ model = (mlp((784,), 62, hidden=(200, 200)) if model_name == "mlp"
 params = jax.jit(model.init)(jax.random.key(0))
 data = ds.data
 cohort = make_cohort(data, jnp.arange(cohort_size, dtype=jnp.int32))
-if "execution" in inspect.signature(fedavg).parameters:  # the old contract
-    alg = fedavg(model, client_lr=0.05, batch_size=20, execution=strategy)
+parameters = inspect.signature(fedavg).parameters
+training = ({"training": __import__("fedjax_fair").ClientTraining(lr=0.05, batch_size=20)}
+            if "training" in parameters else dict(client_lr=0.05, batch_size=20))
+if "execution" in parameters:  # the old contract
+    alg = fedavg(model, execution=strategy, **training)
     apply = alg.apply
 else:
-    alg = fedavg(model, client_lr=0.05, batch_size=20)
+    alg = fedavg(model, **training)
     apply = functools.partial(alg.apply, execution=strategy)
 state = alg.init(params, data.num_clients)
 fn = jax.jit(apply).lower(state, cohort, jax.random.key(0)).compile()

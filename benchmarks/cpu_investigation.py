@@ -58,6 +58,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjax_fair.core.client import ClientTraining
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -110,8 +111,8 @@ def report(title, stats, flops=None, extra=None):
 
 
 def lib_round(model, steps, strategy, chunk=None, track_loss=True, unroll=None):
-    alg = compose(local_training(model, client_lr=rt.LR, batch_size=rt.BATCH,
-                                 num_epochs=rt.local_epochs(steps), max_steps=steps,
+    alg = compose(local_training(model, training=ClientTraining(lr=rt.LR, batch_size=rt.BATCH,
+                                                                num_epochs=rt.local_epochs(steps), max_steps=steps),
                                  track_loss=track_loss, unroll=unroll))
     return alg, jax.jit(functools.partial(alg.apply, execution=Execution(strategy, chunk)),
                         donate_argnums=0)
@@ -130,8 +131,8 @@ def bind(alg, fn, params, cohort, k):
 def host_sequential(model, steps, params, cohort, track_loss=True):
     """Prototype: a host loop over clients, one jitted call per client (its update
     and the weighted accumulation), the cohort indexed inside the call."""
-    update = local_training(model, client_lr=rt.LR, batch_size=rt.BATCH,
-                            num_epochs=rt.local_epochs(steps), max_steps=steps,
+    update = local_training(model, training=ClientTraining(lr=rt.LR, batch_size=rt.BATCH,
+                                                           num_epochs=rt.local_epochs(steps), max_steps=steps),
                             track_loss=track_loss)
     n = cohort.data.num_examples
     weights = n / jnp.sum(n)
@@ -184,8 +185,8 @@ def sync_loop(model, fed, sizes, steps, params):
 def fori_accumulate(model, steps, params, cohort, track_loss=True):
     """Prototype: one program, a fori_loop over clients carrying the weighted sum of
     deltas (no [K, d] stack of deltas)."""
-    update = local_training(model, client_lr=rt.LR, batch_size=rt.BATCH,
-                            num_epochs=rt.local_epochs(steps), max_steps=steps,
+    update = local_training(model, training=ClientTraining(lr=rt.LR, batch_size=rt.BATCH,
+                                                           num_epochs=rt.local_epochs(steps), max_steps=steps),
                             track_loss=track_loss)
 
     @jax.jit
@@ -208,8 +209,8 @@ def two_chains(model, steps, params, cohort, chains=2):
     """Prototype: the cohort cut into ``chains`` parts, each a ``lax.map`` over its
     clients, in one program: the parts are independent, so XLA:CPU's executor may
     run them on different cores at once (one chain runs on one core at a time)."""
-    update = local_training(model, client_lr=rt.LR, batch_size=rt.BATCH,
-                            num_epochs=rt.local_epochs(steps), max_steps=steps,
+    update = local_training(model, training=ClientTraining(lr=rt.LR, batch_size=rt.BATCH,
+                                                           num_epochs=rt.local_epochs(steps), max_steps=steps),
                             track_loss=False)
 
     @jax.jit
@@ -417,8 +418,8 @@ def cmd_threads(args):
 
 
 def round_contender(model, steps, params, cohort, k, execution, track_loss=False):
-    alg = compose(local_training(model, client_lr=rt.LR, batch_size=rt.BATCH,
-                                 num_epochs=rt.local_epochs(steps), max_steps=steps,
+    alg = compose(local_training(model, training=ClientTraining(lr=rt.LR, batch_size=rt.BATCH,
+                                                                num_epochs=rt.local_epochs(steps), max_steps=steps),
                                  track_loss=track_loss))
     fn = jax.jit(functools.partial(alg.apply, execution=execution), donate_argnums=0)
     box = {"s": jax.tree.map(jnp.copy, alg.init(params, k))}

@@ -72,6 +72,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from primal_dual import gib, header, loadavg, proc_status  # noqa: E402
 from table_memory import fmt, nbytes, table_bytes  # noqa: E402
 from timing import alternate_rounds, compile_rounds  # noqa: E402
+from fedjax_fair.algorithms import default_training
+from fedjax_fair.core.client import ClientTraining
 
 NUM_CLIENTS, COHORT, EXAMPLES = 1000, 100, 60
 NUM_SYNTH, LOCAL_STEPS, BATCH = 100, 20, 64
@@ -88,12 +90,14 @@ def federation(num_clients: int = NUM_CLIENTS):
 
 def fedavg_alg(model):
     from fedjax_fair.algorithms.fedavg import fedavg
-    return fedavg(model, batch_size=BATCH, num_epochs=LOCAL_STEPS, max_steps=LOCAL_STEPS)
+    return fedavg(model, training=ClientTraining(batch_size=BATCH, num_epochs=LOCAL_STEPS,
+                                                 max_steps=LOCAL_STEPS))
 
 
 def fedevg_alg(model, persistent: bool = False):
     from fedjax_fair.algorithms.fedevg import fedevg
-    return fedevg(model, num_synth=NUM_SYNTH, local_iters=LOCAL_STEPS, batch_size=BATCH,
+    return fedevg(model, num_synth=NUM_SYNTH, local_iters=LOCAL_STEPS,
+                  training=default_training("fedevg")._replace(batch_size=BATCH),
                   num_rounds=500, persistent_client_model=persistent)
 
 
@@ -102,8 +106,8 @@ def fedcvae_alg(model):
     takes a CVAE only."""
     from fedjax_fair.algorithms.fedcvae import fedcvae
     try:
-        return fedcvae(model, batch_size=BATCH, num_epochs=LOCAL_STEPS,
-                       max_steps=LOCAL_STEPS), None
+        return fedcvae(model, training=default_training("fedcvae")._replace(
+            batch_size=BATCH, num_epochs=LOCAL_STEPS, max_steps=LOCAL_STEPS)), None
     except (TypeError, ValueError) as e:
         return None, f"fedcvae does not take the classifier model yet ({e})"
 

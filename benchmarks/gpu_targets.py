@@ -32,6 +32,7 @@ from fedjax_fair.models import cnn
 from fedjax_fair.models.resnet import resnet18_gn
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientData, FederatedData
+from fedjax_fair.core.client import ClientTraining
 
 
 def federation(clients: int, rows: int, shape, classes: int) -> FederatedData:
@@ -44,7 +45,7 @@ def federation(clients: int, rows: int, shape, classes: int) -> FederatedData:
 
 
 def time_round(model, data, cohort: int, batch: int, strategy: str, reps: int):
-    alg = fedavg(model, client_lr=0.05, batch_size=batch, num_epochs=1)
+    alg = fedavg(model, training=ClientTraining(lr=0.05, batch_size=batch, num_epochs=1))
     params = model.init(jax.random.key(0))
     state = alg.init(params, data.train.mask.shape[0])
     data = jax.device_put(data)

@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import time
+from fedjax_fair.core.client import ClientTraining
 
 
 def _args():
@@ -94,7 +95,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for name in ARGS.methods.split(","):
         method = get_method(name)
-        alg = method.factory(model, batch_size=ARGS.batch)
+        alg = method.factory(model, training=ClientTraining(batch_size=ARGS.batch))
         state = alg.init(params, num_clients)
         split_state = sharding.put(state, sharding.state_shardings(mesh, state))
         runs = {"one": (program(alg, state, ds.data, Execution("sequential"), True),

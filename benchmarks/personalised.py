@@ -53,6 +53,7 @@ NUM_CLIENTS, COHORT, EXAMPLES = 1000, 100, 60
 
 def federation(num_clients: int = NUM_CLIENTS):
     from fedjax_fair.data import from_client_arrays
+    from fedjax_fair.core.client import ClientTraining
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(EXAMPLES, 28, 28, 1)).astype(np.float32) for _ in range(num_clients)]
     ys = [rng.integers(0, 10, EXAMPLES).astype(np.int32) for _ in range(num_clients)]
@@ -60,11 +61,18 @@ def federation(num_clients: int = NUM_CLIENTS):
                               name="mnist_shaped", num_classes=10)
 
 
+def superfed_training(**fields):
+    """SuPerFed's own training (its weight decay 1e-4) with ``fields`` replaced."""
+    from fedjax_fair.algorithms import default_training
+    return default_training("superfed")._replace(**fields)
+
+
 def method_algorithms(model, lr: float = 0.01, batch_size: int = 10, num_epochs: int = 10,
                       client_table: str = "dense") -> dict:
     from fedjax_fair.algorithms import (apfl, ditto, fedavg, fedavg_ft, fedper, fedprox,
                                         fedrep, lg_fedavg, pfedme, superfed)
-    c = dict(client_lr=lr, batch_size=batch_size, num_epochs=num_epochs)
+    c = dict(training=ClientTraining(lr=lr, batch_size=batch_size, num_epochs=num_epochs))
+    sf = dict(training=superfed_training(lr=lr, batch_size=batch_size, num_epochs=num_epochs))
     t = dict(client_table=client_table)
     return {
         "FedAvg": fedavg(model, **c),
@@ -76,8 +84,8 @@ def method_algorithms(model, lr: float = 0.01, batch_size: int = 10, num_epochs:
         "FedPer": fedper(model, **c, **t),
         "FedRep": fedrep(model, head_epochs=10, **c, **t),
         "LG-FedAvg": lg_fedavg(model, **c, **t),
-        "SuPerFed-MM": superfed(model, mode="mm", mu=0.01, nu=1.0, start_round=0, **c, **t),
-        "SuPerFed-LM": superfed(model, mode="lm", mu=0.01, nu=2.0, start_round=0, **c, **t),
+        "SuPerFed-MM": superfed(model, mode="mm", mu=0.01, nu=1.0, start_round=0, **sf, **t),
+        "SuPerFed-LM": superfed(model, mode="lm", mu=0.01, nu=2.0, start_round=0, **sf, **t),
     }
 
 
@@ -121,9 +129,10 @@ def live_worker(table: str, rounds: int, out: str) -> dict:
     model = get_model("twonn", ds.input_shape, ds.num_classes)
     params = jax.jit(model.init)(jax.random.key(0))
     rss_data = proc_status()["VmRSS"]
-    c = dict(client_lr=0.01, batch_size=10, num_epochs=10)
+    c = dict(training=ClientTraining(lr=0.01, batch_size=10, num_epochs=10))
     alg = (fedavg(model, **c) if table == "fedavg" else
-           superfed(model, mode="mm", start_round=0, client_table=table, **c))
+           superfed(model, mode="mm", start_round=0, client_table=table,
+                    training=superfed_training(lr=0.01, batch_size=10, num_epochs=10)))
     res = runner.run(alg, params, ds.host_data, jax.random.key(1), model=model,
                      num_rounds=rounds, cohort_size=COHORT, eval_every=max(1, rounds // 2),
                      progress=False, checkpoint_dir=out)

@@ -71,6 +71,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import alternate_rounds, compile_rounds  # noqa: E402
+from fedjax_fair.core.client import ClientTraining
 
 COHORT = 10
 
@@ -127,7 +128,7 @@ def live_worker(table: str, num_clients: int, rounds: int, hidden, out: str) -> 
     params = jax.jit(model.init)(jax.random.key(0))
     d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     rss_data = proc_status()["VmRSS"]
-    common = dict(client_lr=0.05, batch_size=20, num_epochs=1, weight_decay=1e-3)
+    common = dict(training=ClientTraining(lr=0.05, batch_size=20, num_epochs=1, weight_decay=1e-3))
     if table == "dense+ulp":  # the float32 sensitivity floor: theta^0 one ulp off
         params = jax.tree.map(lambda x: x * (1 + 2.0 ** -23), params)
     alg = (fedavg(model, weight_by_size=False, **common) if table == "fedavg"
@@ -244,7 +245,7 @@ def donation(args):
     model = get_model("mlp", ds.input_shape, ds.num_classes, hidden=tuple(args.hidden))
     params = jax.jit(model.init)(jax.random.key(0))
     key = jax.random.key(1)
-    common = dict(client_lr=0.05, batch_size=20, num_epochs=1, weight_decay=1e-3)
+    common = dict(training=ClientTraining(lr=0.05, batch_size=20, num_epochs=1, weight_decay=1e-3))
     print(header(f"chunk program, donated or not | N {n} | cohort {COHORT} | "
                  f"{rounds} rounds per call, best of {reps} | "
                  f"mlp 784-{'-'.join(map(str, args.hidden))}-62"), flush=True)
@@ -341,8 +342,9 @@ def bf16(args):
     t0 = time.perf_counter()
     for seed in args.seeds:
         key = jax.random.key(seed)
-        algs = {name: afedpd(model, rho=rho, client_lr=lambda r: 0.1 * 0.998 ** r,
-                             batch_size=10, num_epochs=5, weight_decay=1e-3, client_table=t)
+        algs = {name: afedpd(model, rho=rho,
+                             training=ClientTraining(lr=lambda r: 0.1 * 0.998 ** r, batch_size=10,
+                                                     num_epochs=5, weight_decay=1e-3), client_table=t)
                 for name, (t, _) in runs.items()}
         states = {name: algs[name].init(p, n) for name, (_, p) in runs.items()}
         step = {name: jax.jit(lambda s, a=a: simulate(a, s, data, key, num_rounds=1,
@@ -416,7 +418,8 @@ def bf16(args):
 def method_algorithms(model, batch_size: int, num_epochs: int, lr: float) -> dict:
     from fedjax_fair.algorithms import (afedpd, afedpd_sam, fedadmm, fedavg, fedcm, feddyn,
                                         fedsam, fedspeed, scaffold)
-    c = dict(client_lr=lr, batch_size=batch_size, num_epochs=num_epochs, weight_decay=1e-3)
+    c = dict(training=ClientTraining(lr=lr, batch_size=batch_size, num_epochs=num_epochs,
+                                     weight_decay=1e-3))
     return {
         "FedAvg": fedavg(model, weight_by_size=False, **c),
         "FedCM": fedcm(model, alpha=0.1, **c),

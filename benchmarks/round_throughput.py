@@ -14,8 +14,8 @@ local steps of batch B = 20 (reshuffling its rows each epoch), the server averag
 by n_k. S = 10 for logistic regression (784-62) and the MLP (784-200-200-62), 1 for
 the LEAF FEMNIST CNN (``--cnn-steps``: ten steps at cohort 1000 would take about five
 minutes a contender on two cores). The library's round is
-``compose(local_training(model, client_lr=0.05, batch_size=20, num_epochs=E,
-max_steps=S, track_loss=False))``, i.e. ``fedavg(...)`` without the ``loss_before``
+``compose(local_training(model, ClientTraining(lr=0.05, batch_size=20, num_epochs=E,
+max_steps=S), track_loss=False))``, i.e. ``fedavg(...)`` without the ``loss_before``
 pass (each client's loss at the broadcast model, one forward pass over all its rows,
 which FedAvg's weights do not use and no reference computes); ``--track-loss``
 keeps it (``fedavg``'s default: +22% FLOPs for the MLP job, +2/3 for the 1-step CNN).
@@ -83,6 +83,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjax_fair.core.client import ClientTraining
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -340,10 +341,10 @@ def local_epochs(steps: int) -> int:
 
 def make_algorithm(model, steps):
     if TRACK_LOSS and UNROLL is None:  # exactly fedavg's defaults
-        return fedavg(model, client_lr=LR, batch_size=BATCH, num_epochs=local_epochs(steps),
-                      max_steps=steps)
-    return compose(local_training(model, client_lr=LR, batch_size=BATCH,
-                                  num_epochs=local_epochs(steps), max_steps=steps,
+        return fedavg(model, training=ClientTraining(lr=LR, batch_size=BATCH,
+                                                     num_epochs=local_epochs(steps), max_steps=steps))
+    return compose(local_training(model, training=ClientTraining(lr=LR, batch_size=BATCH,
+                                                                 num_epochs=local_epochs(steps), max_steps=steps),
                                   unroll=UNROLL, track_loss=TRACK_LOSS))
 
 

@@ -28,6 +28,7 @@ import argparse
 import os
 import platform
 import sys
+from fedjax_fair.core.client import ClientTraining
 
 
 def _args():
@@ -90,8 +91,8 @@ def main():
     model = mlp((a.features,), CLASSES)
     params = jax.jit(model.init)(jax.random.key(0))
     d = sum(x.size for x in jax.tree.leaves(params))
-    alg = fedavg(model, batch_size=BATCH, max_steps=a.steps,
-                 num_epochs=max(1, -(-a.steps * BATCH // a.examples)))
+    alg = fedavg(model, training=ClientTraining(batch_size=BATCH, max_steps=a.steps,
+                                                num_epochs=max(1, -(-a.steps * BATCH // a.examples))))
     data = federation(a.cohort, a.examples, a.features)
     mesh = sharding.make_mesh(a.devices)
     layout, note = sharding.federation_shardings(mesh, data)

@@ -39,6 +39,7 @@ from fedjax_fair.models import mlp
 from fedjax_fair.drivers.runner import run
 from fedjax_fair.drivers.simulate import make_cohort
 from timing import timeit
+from fedjax_fair.core.client import ClientTraining
 
 BATCH = 20
 
@@ -59,7 +60,7 @@ def round_seconds(model, data, cohort_size, strategies, reps):
     out = {}
     for strategy in strategies:
         static = strategy == "vmap-static"
-        alg = fedavg(model, client_lr=0.05, batch_size=BATCH)
+        alg = fedavg(model, training=ClientTraining(lr=0.05, batch_size=BATCH))
         state = alg.init(params, data.num_clients)
         apply = functools.partial(alg.apply, execution="vmap" if static else strategy)
         original = execution.group_max
@@ -109,7 +110,7 @@ def main():
     if args.part == 1:
         return
 
-    alg = fedavg(model, client_lr=0.05, batch_size=BATCH)
+    alg = fedavg(model, training=ClientTraining(lr=0.05, batch_size=BATCH))
     params = jax.jit(model.init)(jax.random.key(0))
     streamed = chunk_bytes(ds.host_data.train, k, max(1, args.rounds // 2))
     print(f"# streamed bytes per chunk of {max(1, args.rounds // 2)} rounds (mean over the "

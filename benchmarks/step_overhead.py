@@ -46,6 +46,7 @@ import functools
 import math
 import os
 import sys
+from fedjax_fair.core.client import ClientTraining
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -130,8 +131,8 @@ def make_job(model_name: str, k: int):
 
 
 def library_round(model, cohort, k, steps, epochs, compiler_options=None, **engine_kw):
-    alg = compose(C.local_training(model, client_lr=LR, batch_size=BATCH,
-                                   num_epochs=epochs, max_steps=steps, track_loss=False))
+    alg = compose(C.local_training(model, training=ClientTraining(lr=LR, batch_size=BATCH,
+                                                                  num_epochs=epochs, max_steps=steps), track_loss=False))
     params = model.init(jax.random.key(0))
     state = alg.init(params, k)
     with engine(**engine_kw):

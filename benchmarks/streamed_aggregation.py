@@ -33,6 +33,7 @@ from round_throughput import (BATCH, LR, Federation, local_epochs,  # noqa: E402
 from timing import alternate_rounds, compile_rounds, load_average  # noqa: E402
 
 from fedjax_fair.algorithms.fedavg import fedavg  # noqa: E402
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.execution import Execution  # noqa: E402
 from fedjax_fair.core.mixing import by_num_examples  # noqa: E402
 
@@ -41,7 +42,8 @@ STEPS = 10
 
 def algorithms(model) -> dict:
     rule = by_num_examples()
-    kw = dict(client_lr=LR, batch_size=BATCH, num_epochs=local_epochs(STEPS), max_steps=STEPS)
+    kw = dict(training=ClientTraining(lr=LR, batch_size=BATCH, num_epochs=local_epochs(STEPS),
+                                      max_steps=STEPS))
     algs = {"streamed": fedavg(model, mixing=rule, **kw),
             "stacked": fedavg(model, mixing=rule._replace(logit=None), **kw)}
     assert algs["streamed"].streamed and not algs["stacked"].streamed

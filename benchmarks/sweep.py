@@ -53,6 +53,7 @@ from fedjax_fair.data import get_dataset
 from fedjax_fair.models import logistic_regression
 from fedjax_fair.drivers.sweeps import evaluate_state, final_state, sweep
 from fedjax_fair.core import sampling
+from fedjax_fair.core.client import ClientTraining
 
 COHORT, BATCH = 10, 10
 QS = (0.0, 0.1, 1.0, 5.0)
@@ -73,10 +74,11 @@ def setup():
 def scenario(name: str, model):
     """(builder of traced hparams, grid, seeds, factory of Python floats -> algorithm)."""
     if name == "grid":
-        build = lambda hp: qffl(model, q=hp["q"], client_lr=hp["lr"], batch_size=BATCH)
+        build = lambda hp: qffl(model, q=hp["q"], training=ClientTraining(lr=hp["lr"],
+                                                                          batch_size=BATCH))
         configs = [dict(q=q, lr=lr) for q in QS for lr in LRS]  # the sweep's C order
         return build, {"q": QS, "lr": LRS}, (0,), [(c, 0) for c in configs]
-    build = lambda hp: fedavg(model, client_lr=0.03, batch_size=BATCH)
+    build = lambda hp: fedavg(model, training=ClientTraining(lr=0.03, batch_size=BATCH))
     return build, {}, tuple(range(16)), [({}, s) for s in range(16)]
 
 
@@ -141,7 +143,7 @@ def warm_up(ds, model) -> None:
     """One-time costs of a process (XLA and LLVM start-up, the jitted model init, the
     summary kernels) paid before any timing, so the variant timed first is not
     charged for them: a 1-round sweep, runner.run and jitted run of FedAvg."""
-    build = lambda hp: fedavg(model, client_lr=0.01, batch_size=BATCH)
+    build = lambda hp: fedavg(model, training=ClientTraining(lr=0.01, batch_size=BATCH))
     time_sweep(build, {}, (0,), ds, model, 1)
     time_runner(build, [({}, 0)], ds, model, 1)
     time_jit_loop(build, [({}, 0)], ds, model, 1)
@@ -192,8 +194,8 @@ def remat() -> dict:
             row = {}
             for on in (False, True):
                 f = meta.make_objective(
-                    lambda hp: fedavg(model, client_lr=hp["lr"], batch_size=10,
-                                      num_epochs=epochs), meta.mean_loss, model=model,
+                    lambda hp: fedavg(model, training=ClientTraining(lr=hp["lr"], batch_size=10,
+                                                                     num_epochs=epochs)), meta.mean_loss, model=model,
                     data=ds, num_rounds=rounds, cohort_size=5, remat=on)
                 compiled = jax.jit(jax.grad(f)).lower({"lr": jnp.float32(0.05)},
                                                       ds.data).compile()

@@ -125,10 +125,11 @@ model = mlp(ds.input_shape, ds.num_classes)
 params = jax.jit(model.init)(jax.random.key(0))
 # "stacked": the same weights without their per-client form, so the round stacks
 # every client's update [K, d] before the server step (the layout before streaming)
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import by_num_examples
 mixing = by_num_examples()
 mixing = mixing if aggregation == "streamed" else mixing._replace(logit=None)
-alg = fedavg(model, client_lr=0.05, batch_size=20, num_epochs=1, mixing=mixing)
+alg = fedavg(model, training=ClientTraining(lr=0.05, batch_size=20), mixing=mixing)
 assert alg.streamed == (aggregation == "streamed")
 before = rss()[1]
 lines = []

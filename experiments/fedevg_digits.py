@@ -72,6 +72,7 @@ from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import get_dataset
 from fedjax_fair.models import get_model
 from fedjax_fair.drivers.runner import run
+from fedjax_fair.core.client import ClientTraining
 C = importlib.import_module("fedjax_fair.algorithms.fedcvae")  # the package exports the factories
 F = importlib.import_module("fedjax_fair.algorithms.fedevg")
 
@@ -160,8 +161,7 @@ def run_fedcvae(model, data, seed, rounds, cohort, lr, local_iters):
     local work FedEvg gets), or one local epoch when None; its synthetic set is the
     last round's M decoder means."""
     epochs = 1 if local_iters is None else local_iters
-    alg = C.fedcvae(model, latent_dim=16, hidden=(256,), client_lr=lr, batch_size=64,
-                    num_epochs=epochs, max_steps=local_iters, samples_per_class=SPC,
+    alg = C.fedcvae(model, latent_dim=16, hidden=(256,), training=ClientTraining(lr=lr, batch_size=64, num_epochs=epochs, max_steps=local_iters), samples_per_class=SPC,
                     seed=seed)
     res = run(alg, model.init(jax.random.key(seed)), data, jax.random.key(seed), model=model,
               num_rounds=rounds, cohort_size=cohort, eval_every=rounds, progress=False)
@@ -170,7 +170,7 @@ def run_fedcvae(model, data, seed, rounds, cohort, lr, local_iters):
 
 
 def run_fedavg(model, data, seed, rounds, cohort):
-    alg = fedavg(model, client_lr=0.1, batch_size=20, num_epochs=1)
+    alg = fedavg(model, training=ClientTraining(lr=0.1, batch_size=20, num_epochs=1))
     res = run(alg, model.init(jax.random.key(seed)), data, jax.random.key(seed), model=model,
               num_rounds=rounds, cohort_size=cohort, eval_every=rounds, progress=False)
     return weighted(res.client_metrics["accuracy"], res.client_metrics["num_examples"])

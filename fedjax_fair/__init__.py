@@ -32,7 +32,7 @@ from fedjax_fair.core import (aggregators, client, client_states, execution, het
                               memory, mixing, sampling, schedules, sharding)
 from fedjax_fair.core.algorithm import (FederatedAlgorithm, ServerState, compose,
                                         with_improvement)
-from fedjax_fair.core.client import local_training, proximal_term
+from fedjax_fair.core.client import ClientTraining, local_training, proximal_term
 from fedjax_fair.core.evaluation import make_evaluator
 from fedjax_fair.core.execution import Execution
 from fedjax_fair.core.types import (Broadcast, ClientData, ClientOutput, Cohort,
@@ -46,7 +46,7 @@ from fedjax_fair.drivers.sweeps import SweepResult, sweep
 __version__ = "0.1.0"
 
 __all__ = [
-    "Broadcast", "ClientData", "ClientOutput", "Cohort", "Execution", "FederatedAlgorithm",
+    "Broadcast", "ClientData", "ClientTraining", "ClientOutput", "Cohort", "Execution", "FederatedAlgorithm",
     "FederatedData", "NonFiniteError", "RunResult", "ServerContext", "ServerState",
     "SweepResult", "aggregators", "algorithms", "client", "client_states", "compose", "core",
     "data", "drivers", "execution", "heterogeneity", "hparams", "local_training",

@@ -24,6 +24,7 @@ import numpy as np
 from fedjax_fair.models import logistic_regression
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import ClientData, ClientOutput, Cohort, FederatedData, ServerContext
+from fedjax_fair.core.client import ClientTraining
 
 NUM_FEATURES = 10
 NUM_CLASSES = 3
@@ -423,7 +424,8 @@ def np_propfair(losses, n, m, eps):
 # (B = 12 >= n_k), so NumPy gradient descent reproduces every local model.
 
 SKEWED_LR, SKEWED_EPOCHS = 0.3, 2
-SKEWED_KW = dict(client_lr=SKEWED_LR, batch_size=12, num_epochs=SKEWED_EPOCHS)
+SKEWED_TRAINING = ClientTraining(lr=SKEWED_LR, batch_size=12, num_epochs=SKEWED_EPOCHS)
+SKEWED_KW = dict(training=SKEWED_TRAINING)
 SKEWED_KEY = jax.random.key(7)
 ALL_IDS = tuple(range(6))
 
@@ -540,7 +542,7 @@ def engine_steps(n, b=ENGINE_B, e=ENGINE_E):
 def engine_fedavg(execution="vmap", chunk_size=None, **kwargs):
     from fedjax_fair.algorithms import fedavg
     from fedjax_fair.core.execution import Execution
-    kw = dict(client_lr=ENGINE_LR, batch_size=ENGINE_B, num_epochs=ENGINE_E)
+    kw = dict(training=ClientTraining(lr=ENGINE_LR, batch_size=ENGINE_B, num_epochs=ENGINE_E))
     kw.update(kwargs)
     return bind_execution(fedavg(ENGINE_MODEL, **kw), Execution(execution, chunk_size))
 
@@ -570,13 +572,14 @@ def vmap_round():
 
 
 @functools.cache
-def single_client(**kwargs):
+def single_client(**fields):
+    """One client's jitted local SGD (sgd(ENGINE_LR), batch ENGINE_B, ENGINE_E epochs),
+    ``fields`` replacing those of its ``ClientTraining``."""
     import optax
     from fedjax_fair.core.client import local_training
-    kw = dict(batch_size=ENGINE_B, num_epochs=ENGINE_E)
-    kw.update(kwargs)
-    return jax.jit(with_params(local_training(ENGINE_MODEL, optimizer=optax.sgd(ENGINE_LR),
-                                              **kw)))
+    training = ClientTraining(optimizer=optax.sgd(ENGINE_LR), batch_size=ENGINE_B,
+                              num_epochs=ENGINE_E)._replace(**fields)
+    return jax.jit(with_params(local_training(ENGINE_MODEL, training)))
 
 
 # ------------------------------- checkpointed runs (test_runner, test_checkpoint; the

@@ -20,7 +20,7 @@ from fedjax_fair.solvers import online
 from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms import aaggff as ag
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.core.client import proximal_term
+from fedjax_fair.core.client import ClientTraining, proximal_term
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.solvers.simplex import project_simplex
 from fedjax_fair.core.types import ClientOutput, ServerContext
@@ -778,7 +778,7 @@ def test_collapsed_response_range_gives_fedavg_weights():
 @pytest.mark.slow
 def test_collapsed_response_range_is_fedavg_end_to_end():
     data = helpers.tiny_federation(train_sizes=(6, 6, 6, 6), test_sizes=(2, 2, 2, 2))
-    kw = dict(client_lr=0.3, batch_size=6, num_epochs=1)
+    kw = dict(training=ClientTraining(lr=0.3, batch_size=6, num_epochs=1))
 
     def final(alg):
         state, _ = jax.jit(lambda s, key: simulate(
@@ -800,7 +800,8 @@ def test_collapsed_response_range_is_fedavg_end_to_end():
 def test_aaggff_s_end_to_end_matches_reference_weights():
     data = helpers.tiny_federation()
     n = data.num_clients
-    alg = ag.aaggff_s(MODEL, cdf="normal", client_lr=0.3, batch_size=12, num_epochs=1)
+    alg = ag.aaggff_s(MODEL, cdf="normal",
+                      training=ClientTraining(lr=0.3, batch_size=12, num_epochs=1))
     state, metrics = jax.jit(lambda s, key: simulate(
         alg, s, data, key, num_rounds=4, cohort_size=n, sampler=sampling.full,
         execution="sequential"))(
@@ -820,7 +821,7 @@ def test_aaggff_d_end_to_end_plug_and_play_with_fedprox():
     """AAggFF-D's rule on FedProx clients (one line), partial participation."""
     data = helpers.tiny_federation()
     n, rounds = data.num_clients, 5
-    kw = dict(client_lr=0.3, batch_size=12, num_epochs=1)
+    kw = dict(training=ClientTraining(lr=0.3, batch_size=12, num_epochs=1))
     # FedProx clients = FedAvg's local training with the proximal regulariser (the
     # fedprox factory fixes the mixing rule, so the pieces are plugged in directly).
     alg = fedavg(MODEL, regularizer=proximal_term(0.01),
@@ -925,7 +926,8 @@ def test_server_lr_scales_the_step_and_accepts_a_compensating_schedule():
     params = model.init(jax.random.key(0))
 
     def steps(server_lr, rounds):
-        alg = ag.aaggff_d(model, server_lr=server_lr, client_lr=exponential(0.1, 0.5))
+        alg = ag.aaggff_d(model, server_lr=server_lr,
+                          training=ClientTraining(lr=exponential(0.1, 0.5)))
         state, out = alg.init(params, 6), []
         for t in range(rounds):
             new, metrics = simulate(alg, state, ds.data, jax.random.key(t), num_rounds=1,

@@ -13,7 +13,6 @@ import pytest
 import helpers
 from fedjax_fair.algorithms.afedpd import afedpd, afedpd_sam
 from fedjax_fair.algorithms.fedadmm import fedadmm
-from fedjax_fair.algorithms.families.training import client_training
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.feddyn import feddyn
 from fedjax_fair.algorithms.fedpd import fedpd
@@ -21,6 +20,7 @@ from fedjax_fair.algorithms.fedspeed import fedspeed
 from fedjax_fair.algorithms.families.primal_dual import augmented_lagrangian, dual_ascent
 from fedjax_fair.drivers.simulate import make_cohort, simulate
 from fedjax_fair.core.types import Broadcast, ClientData, FederatedData
+from fedjax_fair.core.client import ClientTraining, local_training
 
 DIM, N, P, LR = 5, 20, 4, 0.1
 
@@ -58,7 +58,8 @@ def optimum(a, b):
 
 
 def make(factory, steps=20, **kw):
-    return factory(MODEL, client_lr=LR, batch_size=1, num_epochs=steps, **kw)
+    return factory(MODEL, training=ClientTraining(lr=LR, batch_size=1, num_epochs=steps),
+                   **kw)
 
 
 def rows(alg, state, n=N):
@@ -178,10 +179,9 @@ def test_lazy_table_stores_only_sampled_clients():
 
 
 def _client(rho, steps, weight_decay=0.0, sam_radius=None):
-    return jax.jit(client_training(MODEL, client_lr=LR, batch_size=1, num_epochs=steps,
-                                   regularizer=augmented_lagrangian(rho),
-                                   finish=dual_ascent(rho), weight_decay=weight_decay,
-                                   sam_radius=sam_radius))
+    training = ClientTraining(lr=LR, batch_size=1, num_epochs=steps, weight_decay=weight_decay)
+    return jax.jit(local_training(MODEL, training, regularizer=augmented_lagrangian(rho),
+                                  finish=dual_ascent(rho), sam_radius=sam_radius))
 
 
 def _run_client(client, start, dual, a, b, steps):
@@ -219,9 +219,10 @@ def test_sam_step_matches_literal_equations():
     start, dual = rng.normal(size=DIM), rng.normal(size=DIM)
     a, b = rng.uniform(0.5, 2.0, DIM), rng.normal(size=DIM)
     rho, r, eps, wd, k = 0.5, 0.3, 1e-2, 1e-2, 4
-    got, _ = _run_client(jax.jit(client_training(
-        MODEL, client_lr=LR, batch_size=1, num_epochs=k, regularizer=augmented_lagrangian(rho),
-        finish=dual_ascent(rho), weight_decay=wd, sam_radius=r, sam_eps=eps)),
+    got, _ = _run_client(jax.jit(local_training(
+        MODEL, ClientTraining(lr=LR, batch_size=1, num_epochs=k, weight_decay=wd),
+        regularizer=augmented_lagrangian(rho), finish=dual_ascent(rho), sam_radius=r,
+        sam_eps=eps)),
         start, dual, a, b, k)
     th = start.copy()
     for _ in range(k):
@@ -250,7 +251,7 @@ def test_zero_dual_zero_penalty_client_is_fedavg_client():
     rng = np.random.default_rng(2)
     start, a, b = rng.normal(size=DIM), rng.uniform(0.5, 2, DIM), rng.normal(size=DIM)
     pd, _ = _run_client(_client(0.0, 7), start, np.zeros(DIM), a, b, 7)
-    plain = jax.jit(client_training(MODEL, client_lr=LR, batch_size=1, num_epochs=7))
+    plain = jax.jit(local_training(MODEL, ClientTraining(lr=LR, batch_size=1, num_epochs=7)))
     avg, _ = _run_client(plain, start, np.zeros(DIM), a, b, 7)
     np.testing.assert_array_equal(pd, avg)
 
@@ -363,8 +364,10 @@ def test_gradient_through_rho_matches_finite_differences():
 
 
 def test_bad_hyperparameters_fail_before_compute():
-    for factory, kw in [(afedpd, {"rho": 0.0}), (afedpd_sam, {"sam_radius": -1.0}),
-                        (fedspeed, {"sam_eps": 0.0}), (fedadmm, {"weight_decay": -1.0}),
-                        (feddyn, {"alpha": -1.0})]:
-        with pytest.raises(ValueError, match=next(iter(kw))):
+    for factory, kw, field in [
+            (afedpd, {"rho": 0.0}, "rho"), (afedpd_sam, {"sam_radius": -1.0}, "sam_radius"),
+            (fedspeed, {"sam_eps": 0.0}, "sam_eps"),
+            (fedadmm, {"training": ClientTraining(weight_decay=-1.0)}, "training.weight_decay"),
+            (feddyn, {"alpha": -1.0}, "alpha")]:
+        with pytest.raises(ValueError, match=field):
             factory(MODEL, **kw)

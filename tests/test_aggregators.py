@@ -20,6 +20,7 @@ from helpers import (ALG_MODEL as MODEL, ALG_PARAMS as PARAMS, ALG_TRAIN as TRAI
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.core import mixing as mixing_lib
 from fedjax_fair.core.aggregators import weighted_mean
+from fedjax_fair.core.client import ClientTraining
 
 
 # Streamed aggregation: a separable mixing rule and an aggregator with a stream form
@@ -59,7 +60,7 @@ def _streamed_and_stacked(mixing, aggregator, execution, ids=STREAM_IDS, mask=ST
                           rounds=1):
     """The last of ``rounds`` rounds (two: the second at t = 1, for round schedules),
     streamed and stacked."""
-    kw = dict(client_lr=LR, batch_size=4, num_epochs=2)
+    kw = dict(training=ClientTraining(lr=LR, batch_size=4, num_epochs=2))
     cohort = helpers.cohort(TRAIN, ids, budgets=STREAM_BUDGETS[:len(ids)], mask=mask)
     out = []
     for rule in (mixing, _stacked(mixing)):
@@ -143,8 +144,8 @@ def test_streamed_round_differentiates_like_the_stacked_round():
 
     def loss_of(rule):
         def loss(q, lr):
-            alg = fedavg(MODEL, mixing=rule, aggregator=qffl_aggregator(q, 2.0), client_lr=lr,
-                         batch_size=4)
+            alg = fedavg(MODEL, mixing=rule, aggregator=qffl_aggregator(q, 2.0),
+                         training=ClientTraining(lr=lr, batch_size=4))
             state, _ = _seq(alg).apply(alg.init(PARAMS, N), cohort, KEY)
             return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(state.params))
         return jax.jit(jax.grad(loss, argnums=(0, 1)))(0.7, 0.3)
@@ -167,7 +168,7 @@ def test_streamed_round_does_not_hold_every_clients_update():
     temp = {}
     for name, rule in (("streamed", mixing_lib.by_num_examples()),
                        ("stacked", _stacked(mixing_lib.by_num_examples()))):
-        alg = _seq(fedavg(model, mixing=rule, batch_size=1, client_lr=0.1))
+        alg = _seq(fedavg(model, mixing=rule, training=ClientTraining(lr=0.1, batch_size=1)))
         state = alg.init(model.init(None), k)
         compiled = jax.jit(alg.apply).lower(state, cohort, KEY).compile()
         temp[name] = compiled.memory_analysis().temp_size_in_bytes

@@ -34,7 +34,6 @@ from fedjax_fair.algorithms import fedadagrad, fedadam, fedavg, fedavgm, fedprox
 from fedjax_fair.algorithms import REGISTRY as _REGISTRY
 from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms.afl import afl
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS
 from fedjax_fair.algorithms.fedmax import fedmax, fedmax_k, fedsoftmax
 from fedjax_fair.algorithms.propfair import propfair
 from fedjax_fair.algorithms.qffl import qffl
@@ -42,12 +41,12 @@ from fedjax_fair.algorithms.term import term
 from fedjax_fair.cli import config as config_lib
 from fedjax_fair.core.client import local_training
 from fedjax_fair.core.mixing import MixingRule
+from fedjax_fair.core.client import FIELDS, TRAINING_RANGES, ClientTraining
 
 
 def _kwargs(**extra):
-    kw = dict(client_lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS)
-    kw.update(extra)
-    return kw
+    return dict(training=ClientTraining(lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS),
+                **extra)
 
 
 @functools.cache
@@ -286,7 +285,7 @@ def test_fedavgm_without_momentum_and_unit_rate_equals_fedavg():
 def test_compose_refuses_pieces_of_the_wrong_type_naming_the_argument(field, value):
     """A string rule or an uncalled optax factory fails when composed, naming the
     argument, not inside the first round's trace."""
-    clients = local_training(MODEL, client_lr=0.1, batch_size=2)
+    clients = local_training(MODEL, training=ClientTraining(lr=0.1, batch_size=2))
     with pytest.raises(TypeError, match=f"^{field}"):
         compose(clients, **{field: value})
     with pytest.raises(TypeError, match="^client_update"):
@@ -297,7 +296,8 @@ def test_compose_with_custom_pieces():
     """Custom client update (with a per-client state table and extras), a stateful
     mixing rule over all N clients (uniform weights), a stateful aggregator and an
     optax server optimizer, wired by compose; checked against NumPy."""
-    base = local_training(MODEL, optimizer=optax.sgd(LR), batch_size=FULL_BATCH, num_epochs=1)
+    base = local_training(MODEL, training=ClientTraining(optimizer=optax.sgd(LR),
+                                                         batch_size=FULL_BATCH, num_epochs=1))
 
     def client_update(broadcast, client_state, data, local_steps, key):
         out, _ = base(broadcast, (), data, local_steps, key)
@@ -352,7 +352,8 @@ def test_compose_broadcast_drift_and_personal_wiring(table):
     client's row counts its participations plus the payload, every row drifts by the
     round's mean loss before the cohort writes, and the personal model is the global
     one scaled by the row. Checked against the same recursion by hand."""
-    base = local_training(MODEL, optimizer=optax.sgd(LR), batch_size=FULL_BATCH, num_epochs=1)
+    base = local_training(MODEL, training=ClientTraining(optimizer=optax.sgd(LR),
+                                                         batch_size=FULL_BATCH, num_epochs=1))
 
     def client_update(broadcast, row, data, local_steps, key):
         out, _ = base(broadcast, (), data, local_steps, key)
@@ -392,19 +393,18 @@ def test_compose_broadcast_drift_and_personal_wiring(table):
 def _factories_taking(argument: str) -> list:
     import inspect
     from fedjax_fair.algorithms import REGISTRY
-    return [name for name, entry in REGISTRY.items()
-            if argument in inspect.signature(entry.factory).parameters]
+    return [name for name in REGISTRY if argument in method_hparams(name)]
 
 
 @pytest.mark.parametrize("name", _factories_taking("client_optimizer"))
 @pytest.mark.parametrize("value", ["adam", 0.1, (optax.sgd(0.1),)],
                          ids=["string", "number", "tuple_of_transforms"])
 def test_factories_refuse_a_client_optimizer_that_is_not_optax(name, value):
-    """Every factory built on fedavg.client_training inherits the check: not a string
+    """Every factory built on client.local_training inherits the check: not a string
     that fails later inside the run ("'str' object is not callable")."""
     from fedjax_fair.algorithms import REGISTRY
-    with pytest.raises(TypeError, match="^client_optimizer: "):
-        REGISTRY[name].factory(MODEL, client_optimizer=value)
+    with pytest.raises(TypeError, match="^training.optimizer: "):
+        REGISTRY[name].factory(MODEL, training=ClientTraining(optimizer=value))
 
 
 @pytest.mark.parametrize("name", _factories_taking("server_optimizer"))
@@ -420,7 +420,8 @@ def test_optimizers_given_as_optax_objects_are_accepted():
     cohort = helpers.cohort(TRAIN, IDS)
     for client in (None, optax.sgd, optax.adam, optax.adam(1e-3),
                    optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)):
-        alg = fedavg(MODEL, client_optimizer=client, server_optimizer=optax.adam(0.1))
+        alg = fedavg(MODEL, training=ClientTraining(optimizer=client),
+                     server_optimizer=optax.adam(0.1))
         # a round traces: the model keeps its shapes, one weight per cohort row
         state, metrics = jax.eval_shape(alg.apply, alg.init(PARAMS, N), cohort, KEY)
         chex.assert_trees_all_equal_shapes_and_dtypes(state.params, PARAMS)
@@ -433,12 +434,14 @@ def test_optimizers_given_as_optax_objects_are_accepted():
                         jnp.int32(2 ** 30), KEY)
         return out.delta
 
-    default = delta(local_training(MODEL, batch_size=4))  # optax.sgd at client_lr = 0.1
+    default = delta(local_training(MODEL, training=ClientTraining(batch_size=4)))  # sgd(0.1)
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(default)) > 0
-    none = delta(local_training(MODEL, optimizer=None, batch_size=4))  # None: optax.sgd
+    none = delta(local_training(MODEL, training=ClientTraining(optimizer=None,
+                                                              batch_size=4)))  # optax.sgd
     chex.assert_trees_all_equal(none, default)
     # A fixed transformation does not use client_lr, which is then not checked.
-    fixed = delta(local_training(MODEL, optimizer=optax.sgd(0.1), client_lr=None, batch_size=4))
+    fixed = delta(local_training(MODEL, training=ClientTraining(optimizer=optax.sgd(0.1),
+                                                                lr=None, batch_size=4)))
     helpers.assert_trees_close(fixed, default, rtol=1e-6, atol=1e-7)
 
 
@@ -452,8 +455,8 @@ def test_invalid_arguments_name_their_field():
         qffl(model, lipschitz=0.0)
     with pytest.raises(ValueError, match=r"^lipschitz: "):
         qffl(model, mode="mixing", lipschitz=3.0)
-    with pytest.raises(ValueError, match=r"^client_lr: "):
-        qffl(model, client_lr=0.0)
+    with pytest.raises(ValueError, match=r"^training.lr: "):
+        qffl(model, training=ClientTraining(lr=0.0))
     with pytest.raises(ValueError, match=r"^weight_by_size: "):
         qffl(model, weight_by_size="false")
     with pytest.raises(ValueError, match=r"^lambda_lr: "):
@@ -507,33 +510,45 @@ def test_factories_take_and_check_the_shared_local_options(name):
     the argument; a JAX array passes unchecked."""
     factory = functools.partial(_REGISTRY[name].factory, MODEL, **_BUILD_EXTRA.get(name, {}))
     momentum = lambda lr: optax.sgd(lr, momentum=0.9)
-    alg = factory(clip_norm=1.0, clip_mode="loss", client_optimizer=momentum, batch_size=4)
-    factory(clip_norm=jnp.float32(-1.0))  # traced values are never compared
+    alg = factory(training=ClientTraining(clip_norm=1.0, clip_mode="loss", optimizer=momentum,
+                                          batch_size=4))
+    factory(training=ClientTraining(clip_norm=jnp.float32(-1.0)))  # traced values are never compared
     for bad in (-1.0, 0.0, float("nan")):
-        with pytest.raises(ValueError, match="^clip_norm: "):
-            factory(clip_norm=bad)
-    with pytest.raises(ValueError, match="^clip_mode: "):
-        factory(clip_mode="gradient")
+        with pytest.raises(ValueError, match="^training.clip_norm: "):
+            factory(training=ClientTraining(clip_norm=bad))
+    with pytest.raises(ValueError, match="^training.clip_mode: "):
+        factory(training=ClientTraining(clip_mode="gradient"))
     if name != "fedcvae":  # (its CVAE takes seconds to trace)
         cohort = helpers.cohort(TRAIN, list(range(N)))
         jax.eval_shape(alg.apply, alg.init(PARAMS, N), cohort, KEY)
 
 
+CLIENT_HPARAMS = {flat: TRAINING_RANGES[field] for flat, field in FIELDS.items()
+                  if field in TRAINING_RANGES}
+
+
 def test_factories_state_fedavg_arguments_for_the_cli():
-    """Every registered method's signature states FedAvg's local-training arguments
-    (with FedAvg's ranges) and takes no **kwargs; the fair rules' own
-    hyper-parameters are settable from the command line."""
+    """Every registered method's signature takes its local training as one
+    ``training`` value (listed for the command line as FedAvg's flat arguments, with
+    FedAvg's ranges) and no **kwargs; the fair rules' own hyper-parameters are
+    settable from the command line."""
     expected = {"qffl": {"q", "mode", "lipschitz"}, "afl": {"lambda_lr"},
                 "term": {"tilt", "weight_by_size"}, "propfair": {"baseline", "eps"},
                 "fedmax": set(), "fedmax_k": {"k"}, "fedsoftmax": {"beta", "weight_by_size"}}
     for name, method in REGISTRY.items():
         params = inspect.signature(method.factory).parameters.values()
         assert not any(p.kind is p.VAR_KEYWORD for p in params), name
+        assert "training" in {p.name for p in params}, name
         hparams = method_hparams(name)
         for arg, value_range in CLIENT_HPARAMS.items():
-            if name == "fedevg" and arg in ("max_steps", "clip_norm"):
-                # FedEvg counts its local work in local_iters (Algorithm 4.2 of the thesis counts iterations) and
-                # clips its gradients with its own grad_clip / max_grad_norm
+            if arg not in method.training_fields:
+                # FedEvg counts its local work in local_iters (Algorithm 4.2 of the thesis
+                # counts iterations) and clips its gradients with its own grad_clip /
+                # max_grad_norm; APFL's and pFedMe's loops have no coupled weight decay
+                assert (name, arg) in {("fedevg", "max_steps"), ("fedevg", "clip_norm"),
+                                       ("apfl", "weight_decay"),
+                                       ("pfedme", "weight_decay")}, (name, arg)
+                assert arg not in hparams, (name, arg)
                 continue
             assert arg in hparams, (name, arg)
             assert hparams[arg].range == value_range, (name, arg)

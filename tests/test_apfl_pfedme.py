@@ -41,6 +41,7 @@ from fedjax_fair.algorithms.apfl import Joint, apfl, joint_model
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.pfedme import pfedme
 from fedjax_fair.core.evaluation import make_state_evaluator
+from fedjax_fair.core.client import ClientTraining
 
 MODEL = helpers.logreg()
 TRAIN_SIZES = (7, 9, 0, 3, 5, 13)  # client 2 is empty; every epoch ends in a partial batch
@@ -101,14 +102,17 @@ def _rows(algorithm, state):
 
 
 def _apfl(alpha, adaptive=False):
-    return apfl(MODEL, alpha=alpha, adaptive_alpha=adaptive, alpha_lr=ALPHA_LR, client_lr=LR,
-                batch_size=B, num_epochs=EPOCHS)
+    return apfl(MODEL, alpha=alpha, adaptive_alpha=adaptive, alpha_lr=ALPHA_LR,
+                training=ClientTraining(lr=LR, batch_size=B, num_epochs=EPOCHS))
 
 
-def _pfedme(lam, beta=BETA, inner_steps=INNER, warm_start=True, **options):
+def _pfedme(lam, beta=BETA, inner_steps=INNER, warm_start=True, **fields):
+    """pFedMe at rate ETA, batch B, EPOCHS epochs; ``fields``: further ClientTraining
+    fields (optimizer, clip_norm, clip_mode)."""
     return pfedme(MODEL, lam=lam, inner_steps=inner_steps, personal_lr=PERSONAL_LR,
-                  beta=beta, client_lr=ETA, batch_size=B, num_epochs=EPOCHS,
-                  warm_start=warm_start, **options)
+                  beta=beta,
+                  training=ClientTraining(lr=ETA, batch_size=B, num_epochs=EPOCHS, **fields),
+                  warm_start=warm_start)
 
 
 @functools.cache
@@ -121,14 +125,15 @@ def _program(name: str):
         "pfedme": lambda lam: _pfedme(lam),
         "pfedme_cold_k1": lambda lam: _pfedme(lam, beta=1.0, inner_steps=1, warm_start=False),
         "pfedme_momentum": lambda lam: _pfedme(
-            lam, client_optimizer=lambda lr: optax.sgd(lr, momentum=MOMENTUM)),
+            lam, optimizer=lambda lr: optax.sgd(lr, momentum=MOMENTUM)),
         "pfedme_clip_loss": lambda lam: _pfedme(lam, clip_norm=CLIP, clip_mode="loss"),
         "pfedme_clip_step": lambda lam: _pfedme(lam, clip_norm=CLIP, clip_mode="step"),
-        "fedavg": lambda lr: fedavg(MODEL, client_lr=lr, batch_size=B, num_epochs=EPOCHS),
-        "apfl_clip": lambda a: apfl(MODEL, alpha=a, client_lr=LR, batch_size=B,
-                                    num_epochs=EPOCHS, clip_norm=CLIP),
-        "fedavg_clip": lambda lr: fedavg(MODEL, client_lr=lr, batch_size=B, num_epochs=EPOCHS,
-                                         clip_norm=CLIP),
+        "fedavg": lambda lr: fedavg(MODEL, training=ClientTraining(lr=lr, batch_size=B,
+                                                                   num_epochs=EPOCHS)),
+        "apfl_clip": lambda a: apfl(MODEL, alpha=a, training=ClientTraining(
+            lr=LR, batch_size=B, num_epochs=EPOCHS, clip_norm=CLIP)),
+        "fedavg_clip": lambda lr: fedavg(MODEL, training=ClientTraining(
+            lr=lr, batch_size=B, num_epochs=EPOCHS, clip_norm=CLIP)),
     }
 
     def program(value, params, cohorts):
@@ -400,7 +405,7 @@ def test_pfedme_vmap_over_lambda_equals_separate_runs(x64):
     ("pfedme_clip_loss", dict(clip=CLIP, clip_mode="loss")),
     ("pfedme_clip_step", dict(clip=CLIP, clip_mode="step"))])
 def test_pfedme_local_training_options_match_the_numpy_reference(x64, name, options):
-    """client_optimizer = SGD with momentum 0.9 drives the local-model step and, by
+    """training.optimizer = SGD with momentum 0.9 drives the local-model step and, by
     default, the K inner steps (one heavy-ball state each per round); clip_norm clips
     the inner steps' gradient (both forms). Each differs from plain pFedMe."""
     train, params = _federation()
@@ -442,8 +447,9 @@ def test_apfl_in_float32_lazy_table_and_personal_evaluation():
     """Float32: dense and lazy tables hold the same rows (v_i and a scalar alpha_i), and
     the runner's evaluator scores alpha_i v_i + (1 - alpha_i) w on client i's test rows."""
     params, cohorts = helpers.init_params(MODEL, 1), _cohorts(DATA.train)
-    algs = {t: apfl(MODEL, alpha=ALPHA, adaptive_alpha=True, alpha_lr=ALPHA_LR, client_lr=LR,
-                    batch_size=B, num_epochs=EPOCHS, client_table=t) for t in ("dense", "lazy")}
+    algs = {t: apfl(MODEL, alpha=ALPHA, adaptive_alpha=True, alpha_lr=ALPHA_LR,
+                    training=ClientTraining(lr=LR, batch_size=B, num_epochs=EPOCHS),
+                    client_table=t) for t in ("dense", "lazy")}
     states = {t: jax.jit(lambda alg=alg: _run(alg, params, cohorts)[0])()
               for t, alg in algs.items()}
     rows = {t: _rows(algs[t], states[t]) for t in algs}
@@ -471,8 +477,10 @@ def test_apfl_in_float32_lazy_table_and_personal_evaluation():
 
 @pytest.mark.parametrize("field, kwargs", [
     ("alpha", dict(alpha=1.5)), ("alpha", dict(alpha=-0.1)), ("alpha_lr", dict(alpha_lr=0.0)),
-    ("adaptive_alpha", dict(adaptive_alpha="yes")), ("client_lr", dict(client_lr=-1.0)),
-    ("batch_size", dict(batch_size=0))])
+    ("adaptive_alpha", dict(adaptive_alpha="yes")),
+    ("training.lr", dict(training=ClientTraining(lr=-1.0))),
+    ("training.batch_size", dict(training=ClientTraining(batch_size=0))),
+    ("training.weight_decay", dict(training=ClientTraining(weight_decay=1e-4)))])
 def test_apfl_refuses_bad_values(field, kwargs):
     with pytest.raises(ValueError, match=field):
         apfl(MODEL, **kwargs)
@@ -481,8 +489,10 @@ def test_apfl_refuses_bad_values(field, kwargs):
 @pytest.mark.parametrize("field, kwargs", [
     ("lam", dict(lam=-1.0)), ("inner_steps", dict(inner_steps=0)),
     ("inner_steps", dict(inner_steps=2.5)), ("personal_lr", dict(personal_lr=0.0)),
-    ("beta", dict(beta=0.0)), ("client_lr", dict(client_lr=0.0)),
-    ("warm_start", dict(warm_start=1)), ("num_epochs", dict(num_epochs=0))])
+    ("beta", dict(beta=0.0)), ("training.lr", dict(training=ClientTraining(lr=0.0))),
+    ("warm_start", dict(warm_start=1)),
+    ("training.num_epochs", dict(training=ClientTraining(num_epochs=0))),
+    ("training.weight_decay", dict(training=ClientTraining(lr=0.005, weight_decay=1e-4)))])
 def test_pfedme_refuses_bad_values(field, kwargs):
     with pytest.raises(ValueError, match=field):
         pfedme(MODEL, **kwargs)

@@ -18,6 +18,7 @@ from fedjax_fair.core import client
 from fedjax_fair.data import augment as A
 from fedjax_fair.models import mlp
 from fedjax_fair.core.types import Broadcast, ClientData
+from fedjax_fair.core.client import ClientTraining
 
 
 def _images(b=4, h=6, w=5, c=3, seed=0, dtype=np.float32):
@@ -357,8 +358,8 @@ def test_with_augmentation_inside_local_training_vmapped_over_clients():
                       mask=jnp.ones((k, m), bool), num_examples=jnp.full((k,), m, jnp.int32))
     keys = jax.random.split(jax.random.key(0), k)
     augmented = A.with_augmentation(model, A.random_flip)
-    update = client.local_training(augmented, optimizer=optax.sgd(0.5), batch_size=m,
-                                   num_epochs=1, track_loss=False)
+    update = client.local_training(augmented, training=ClientTraining(optimizer=optax.sgd(0.5),
+                                                                      batch_size=m, num_epochs=1), track_loss=False)
     broadcast = Broadcast(params, jnp.zeros((), jnp.int32))
     out, _ = jax.jit(jax.vmap(update, in_axes=(None, None, 0, None, 0)))(
         broadcast, (), data, jnp.int32(1), keys)

@@ -24,6 +24,7 @@ from helpers import (ENGINE_MODEL as MODEL, ENGINE_PARAMS as PARAMS, ENGINE_N as
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core.algorithm import ServerState
 from fedjax_fair.algorithms import ALGORITHMS
+from fedjax_fair.core.client import ClientTraining
 
 
 def test_checkpoint_roundtrip_with_typed_key(tmp_path):
@@ -75,7 +76,8 @@ def test_checkpoint_roundtrip_with_bfloat16_leaf(tmp_path):
 
 
 def test_checkpoint_roundtrip_of_server_state(tmp_path):
-    alg = helpers.bind_execution(ALGORITHMS["fedadam"](MODEL, batch_size=B), "vmap")
+    alg = helpers.bind_execution(ALGORITHMS["fedadam"](MODEL,
+                                                       training=ClientTraining(batch_size=B)), "vmap")
     template = alg.init(PARAMS, N)
     # A state with non-trivial values in every leaf (params, adam count / moments).
     state = jax.tree.map(lambda x: x + jnp.ones_like(x), template)

@@ -14,7 +14,7 @@ import pytest
 
 from fedjax_fair import cli
 from fedjax_fair.cli import config as C
-from fedjax_fair.algorithms import ALGORITHMS
+from fedjax_fair.algorithms import ALGORITHMS, REGISTRY
 from helpers import CLI_TINY as TINY, one_line_error as _one_line_error, latest_step as _latest
 
 
@@ -230,11 +230,14 @@ def test_hparams_come_from_the_factory_signature():
     assert {"server_lr", "b1", "b2", "tau", "max_steps"} <= set(params)
     # config fields (client_lr, batch_size, num_epochs) and Python objects are not hparams
     assert not {"client_lr", "batch_size", "num_epochs", "client_optimizer"} & set(params)
-    for name in ALGORITHMS:  # every settable name is a keyword of the factory itself
+    for name in ALGORITHMS:  # every settable name is a keyword of the factory itself, or a
+        # field of its ``training`` (ClientTraining) by its flat name
         keywords = {p.name for p in inspect.signature(ALGORITHMS[name]).parameters.values()
                     if p.kind is p.KEYWORD_ONLY}
-        assert set(C.algorithm_hparams(name)) <= keywords
-        assert {"client_lr", "batch_size", "num_epochs"} <= keywords
+        assert "training" in keywords, name
+        honoured = set(REGISTRY[name].training_fields)
+        assert set(C.algorithm_hparams(name)) <= keywords | honoured
+        assert {"client_lr", "batch_size", "num_epochs"} <= honoured
 
 
 def test_hparam_ranges_and_objects_are_refused_before_compute(tmp_path):
@@ -319,7 +322,7 @@ def test_client_momentum_builds_the_client_sgd_of_every_algorithm(monkeypatch):
                                           "client_weight_decay": 0.01})
         C.validate_run(cfg)
         cli.build_algorithm(name, helpers.logreg(), cfg, {})
-        optimizer = seen["client_optimizer"](0.1)
+        optimizer = seen["training"].optimizer(0.1)
         params, grads = {"w": jnp.array([1.0, -2.0])}, {"w": jnp.array([0.5, 0.5])}
         first, state = optimizer.update(grads, optimizer.init(params), params)
         second, _ = optimizer.update(grads, state, params)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from fedjax_fair import algorithms
+from fedjax_fair.algorithms import ClientTraining
 from fedjax_fair.algorithms.registry import Method
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -109,8 +110,8 @@ def test_the_factory_streams_and_checks_its_arguments(new_method):
     assert lossprop(model).streamed
     with pytest.raises(ValueError, match="^alpha: "):
         lossprop(model, alpha=-1.0)
-    with pytest.raises(TypeError, match="^client_optimizer: "):
-        lossprop(model, client_optimizer="adam")
+    with pytest.raises(TypeError, match="^training.optimizer: "):
+        lossprop(model, training=ClientTraining(optimizer="adam"))
     with pytest.raises(TypeError, match="^server_optimizer: "):
         lossprop(model, server_optimizer="adam")
 

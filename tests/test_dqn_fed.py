@@ -17,7 +17,7 @@ import helpers
 D = importlib.import_module("fedjax_fair.algorithms.dqn_fed")  # the package exports the factory dqn_fed
 from fedjax_fair.core.algorithm import with_improvement
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.core.client import data_loss
+from fedjax_fair.core.client import ClientTraining, data_loss
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.solvers.qp import solve_box_simplex_qp
 from fedjax_fair.core.types import (Broadcast, ClientData, ClientOutput, FederatedData,
@@ -301,7 +301,8 @@ def test_every_client_improves_every_round_with_the_step_cap():
     Pareto-stationarity; FedAvg raises some client's loss."""
     model, data = helpers.quadratic_model(8), quadratic_federation()
     alg = with_improvement(D.dqn_fed(model, mode="grad_at_global", step_cap="thm42",
-                                     server_lr=1.0, client_lr=0.2, batch_size=8), model)
+                                     server_lr=1.0, training=ClientTraining(lr=0.2, batch_size=8)),
+                           model)
     run = jax.jit(lambda s, k: simulate(alg, s, data, k, num_rounds=40, cohort_size=4,
                                         sampler=_full))
     state, metrics = run(alg.init(model.init(None), 4), jax.random.key(0))
@@ -316,7 +317,8 @@ def test_every_client_improves_every_round_with_the_step_cap():
     lam = solve_box_simplex_qp(gram, jnp.zeros(4), jnp.zeros(4), jnp.ones(4), num_iters=2000)
     assert np.linalg.norm(np.asarray(lam) @ grads) < 1e-2 * np.linalg.norm(grads, axis=1).max()
 
-    fed = with_improvement(fedavg(model, client_lr=0.2, batch_size=2, num_epochs=3), model)
+    fed = with_improvement(
+        fedavg(model, training=ClientTraining(lr=0.2, batch_size=2, num_epochs=3)), model)
     _, fed_metrics = jax.jit(lambda s, k: simulate(fed, s, data, k, num_rounds=10,
                                                    cohort_size=4, sampler=_full))(
         fed.init(model.init(None), 4), jax.random.key(0))
@@ -325,7 +327,7 @@ def test_every_client_improves_every_round_with_the_step_cap():
 
 def test_uncapped_literal_step_is_the_paper_step_and_keeps_the_previous_model():
     model, data = helpers.quadratic_model(8), quadratic_federation(seed=1)
-    alg = D.dqn_fed(model, mode="grad_at_global", client_lr=0.2, batch_size=8)
+    alg = D.dqn_fed(model, mode="grad_at_global", training=ClientTraining(lr=0.2, batch_size=8))
     state = alg.init(model.init(None), 4)
     first, m1 = simulate(alg, state, data, jax.random.key(0), num_rounds=1, cohort_size=4,
                          sampler=_full)
@@ -341,7 +343,8 @@ def test_uncapped_literal_step_is_the_paper_step_and_keeps_the_previous_model():
 
 def test_pseudo_gradient_client_sends_the_scaled_delta_and_a_local_pair():
     model, data = helpers.quadratic_model(8), quadratic_federation(seed=2)
-    client = D.dqn_client(model, client_lr=0.1, batch_size=4, num_epochs=2, probe_size=None)
+    client = D.dqn_client(model, training=ClientTraining(lr=0.1, batch_size=4, num_epochs=2),
+                          probe_size=None)
     theta = {"theta": jnp.linspace(-1.0, 1.0, 8)}
     row = jax.tree.map(lambda v: v[0], data.train)
     out, _ = client(Broadcast(theta, jnp.int32(3), theta), (), row, jnp.int32(100),
@@ -356,7 +359,7 @@ def test_pseudo_gradient_client_sends_the_scaled_delta_and_a_local_pair():
 def test_vmap_equals_sequential(mode="pseudo_grad"):
     data = helpers.tiny_federation(padded_size=13)
     model = helpers.logreg()
-    alg = D.dqn_fed(model, mode=mode, client_lr=0.1, batch_size=4)
+    alg = D.dqn_fed(model, mode=mode, training=ClientTraining(lr=0.1, batch_size=4))
     params = helpers.init_params(model, 0)
     outs = {}
     for execution in ("vmap", "sequential"):
@@ -384,7 +387,7 @@ def test_aggregator_under_any_client_update():
     model = helpers.logreg()
     data = helpers.tiny_federation(padded_size=13)
     from fedjax_fair import compose, local_training
-    alg = compose(local_training(model, client_lr=0.1, batch_size=4),
+    alg = compose(local_training(model, ClientTraining(lr=0.1, batch_size=4)),
                   aggregator=D.dqn_aggregator())
     state = alg.init(helpers.init_params(model, 0), data.num_clients)
     _, metrics = simulate(alg, state, data, jax.random.key(0), num_rounds=1, cohort_size=4)
@@ -411,7 +414,7 @@ def test_grad_and_vmap_through_the_server_rate_and_ridge():
 
     def final_loss(rate, ridge=1e-6):
         alg = D.dqn_fed(model, mode="grad_at_global", server_lr=rate, ridge=ridge,
-                        client_lr=0.2, batch_size=8)
+                        training=ClientTraining(lr=0.2, batch_size=8))
         state, _ = simulate(alg, alg.init(model.init(None), 4), data, jax.random.key(0),
                             num_rounds=2, cohort_size=4, sampler=_full)
         return jnp.mean(jax.vmap(lambda d: data_loss(model, state.params, d))(data.train))

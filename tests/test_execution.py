@@ -219,8 +219,7 @@ def test_auto_mesh_only_for_several_cpu_devices():
 _AUTO_MESH_CHECK = """
 import jax, jax.numpy as jnp, numpy as np, optax
 import helpers
-from fedjax_fair.algorithms import fedavg
-from fedjax_fair.core import execution
+from fedjax_fair.algorithms import ClientTraining, fedavg
 from fedjax_fair.core.execution import Execution
 model, data = helpers.logreg(), helpers.tiny_federation()
 params = helpers.init_params(model, 0)
@@ -238,7 +237,7 @@ assert execution.auto_mesh(5, step_flops=1e6, round_flops=floor / 2) is None
 assert execution.auto_mesh(5, step_flops=1e6, round_flops=floor).devices.size == 2
 
 def run(strategy, lr=0.5):
-    alg = fedavg(model, batch_size=4, num_epochs=2, client_lr=lr)
+    alg = fedavg(model, training=ClientTraining(lr=lr, batch_size=4, num_epochs=2))
     return alg.apply(alg.init(params, 6), cohort, jax.random.key(1),
                      execution=Execution(strategy))
 

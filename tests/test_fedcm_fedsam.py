@@ -34,7 +34,7 @@ import helpers
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedcm import fedcm
 from fedjax_fair.algorithms.fedsam import fedsam
-from fedjax_fair.core.client import data_loss
+from fedjax_fair.core.client import ClientTraining, data_loss
 
 MODEL = helpers.logreg()
 SIZES = (7, 12, 0, 3, 9)  # client 2 is empty
@@ -90,7 +90,7 @@ def _run(algorithm, params, cohorts):
                                lambda state: (state.params, state.aggregator_state))[1]
 
 
-COMMON = dict(batch_size=B, num_epochs=EPOCHS, weight_decay=WD)
+COMMON = ClientTraining(batch_size=B, num_epochs=EPOCHS, weight_decay=WD)
 
 
 def _iterates(algorithm):
@@ -100,17 +100,17 @@ def _iterates(algorithm):
 
 
 def _fedavg_iterates(client_lr):
-    return _iterates(fedavg(MODEL, client_lr=client_lr, weight_by_size=False, **COMMON))
+    return _iterates(fedavg(MODEL, training=COMMON._replace(lr=client_lr), weight_by_size=False))
 
 
 @functools.cache
 def _program(name: str):
     """One jitted run per method, its continuous hyper-parameter an argument."""
     builders = {
-        "fedsam": lambda r: fedsam(MODEL, sam_radius=r, sam_eps=SAM_EPS, client_lr=LR,
-                                   server_lr=SERVER_LR, **COMMON),
-        "fedcm": lambda a: fedcm(MODEL, alpha=a, client_lr=fedcm_rate,
-                                 server_lr=SERVER_LR, **COMMON),
+        "fedsam": lambda r: fedsam(MODEL, sam_radius=r, sam_eps=SAM_EPS,
+                                   training=COMMON._replace(lr=LR), server_lr=SERVER_LR),
+        "fedcm": lambda a: fedcm(MODEL, alpha=a, training=COMMON._replace(lr=fedcm_rate),
+                                 server_lr=SERVER_LR),
     }
     return jax.jit(lambda value, params, cohorts: _run(builders[name](value), params, cohorts))
 
@@ -173,7 +173,7 @@ def test_fedsam_matches_numpy(x64):
 def test_fedsam_radius_zero_is_fedavg_bitwise(x64):
     """sam_radius = 0 (concrete): e = 0 * g0 / (||g0|| + eps) and theta + 0 = theta,
     so the iterates equal FedAvg's with uniform weights bit for bit (float64)."""
-    sam = _iterates(fedsam(MODEL, sam_radius=0.0, client_lr=LR, **COMMON))
+    sam = _iterates(fedsam(MODEL, sam_radius=0.0, training=COMMON._replace(lr=LR)))
     for a, e in zip(jax.tree.leaves(sam), jax.tree.leaves(_fedavg_iterates(LR))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
 
@@ -241,7 +241,7 @@ def test_fedcm_alpha_one_is_fedavg(x64):
     """alpha = 1 (concrete): 1 * mean loss and a 0 * <Delta, theta> term give FedAvg's
     iterates with uniform weights to 1e-12 in float64 (not bit for bit: the two
     programs fuse differently, about 1 ulp apart after four rounds)."""
-    cm = _iterates(fedcm(MODEL, alpha=1.0, client_lr=fedcm_rate, **COMMON))
+    cm = _iterates(fedcm(MODEL, alpha=1.0, training=COMMON._replace(lr=fedcm_rate)))
     for a, e in zip(jax.tree.leaves(cm), jax.tree.leaves(_fedavg_iterates(fedcm_rate))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-12, atol=1e-15)
 
@@ -292,12 +292,16 @@ def test_grad_in_alpha(x64):
 
 @pytest.mark.parametrize("factory,field,value", [
     (fedcm, "alpha", 0.0), (fedcm, "alpha", 1.5), (fedcm, "alpha", -0.1),
-    (fedcm, "server_lr", 0.0), (fedcm, "weight_decay", -1e-3), (fedcm, "client_lr", 0.0),
+    (fedcm, "server_lr", 0.0), (fedcm, "training.weight_decay", -1e-3),
+    (fedcm, "training.lr", 0.0),
     (fedsam, "sam_radius", -0.01), (fedsam, "sam_eps", 0.0), (fedsam, "server_lr", -1.0),
-    (fedsam, "weight_decay", -1e-3), (fedsam, "batch_size", 0)])
+    (fedsam, "training.weight_decay", -1e-3), (fedsam, "training.batch_size", 0)])
 def test_refuses_bad_values(factory, field, value):
+    name = field.removeprefix("training.")
+    kwargs = {"training": ClientTraining()._replace(**{name: value})} if name != field else {
+        field: value}
     with pytest.raises(ValueError) as info:
-        factory(MODEL, **{field: value})
+        factory(MODEL, **kwargs)
     assert field in str(info.value)
 
 

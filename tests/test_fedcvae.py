@@ -28,6 +28,7 @@ from fedjax_fair.core.client import data_loss
 from fedjax_fair.models import mlp
 from fedjax_fair.drivers.runner import run
 from fedjax_fair.core.types import FederatedData
+from fedjax_fair.core.client import ClientTraining
 C = importlib.import_module("fedjax_fair.algorithms.fedcvae")  # the package exports the factory
 
 
@@ -87,7 +88,9 @@ def test_data_range_maps_onto_the_bernoulli_range():
 
 def test_factory_and_accessor_checks():
     model = helpers.logreg()
-    for bad in (dict(batch_size=0), dict(client_lr=0.0), dict(weight_decay=-1.0),
+    for bad in (dict(training=C.TRAINING._replace(batch_size=0)),
+                dict(training=C.TRAINING._replace(lr=0.0)),
+                dict(training=C.TRAINING._replace(weight_decay=-1.0)),
                 dict(latent_dim=0), dict(samples_per_class=0), dict(data_range=None),
                 dict(data_range=(1.0, 0.0)), dict(server_classifier_steps=-1)):
         with pytest.raises(ValueError):
@@ -102,8 +105,8 @@ def test_factory_and_accessor_checks():
 def test_round_trains_the_cvae_like_fedavg_and_the_classifier_on_its_samples():
     model, data = helpers.logreg(), helpers.tiny_federation()
     n, ids, key = data.num_clients, [0, 3, 4, 1], jax.random.key(7)
-    kw = dict(latent_dim=3, hidden=(8,), data_range=(-4.0, 4.0), client_lr=0.01,
-              batch_size=4, num_epochs=2)
+    training = ClientTraining(lr=0.01, batch_size=4, num_epochs=2)
+    kw = dict(latent_dim=3, hidden=(8,), data_range=(-4.0, 4.0), training=training)
     alg = with_improvement(C.fedcvae(model, samples_per_class=4, server_classifier_steps=3,
                                      **kw), model)
     state0 = alg.init(helpers.init_params(model), n)
@@ -112,8 +115,7 @@ def test_round_trains_the_cvae_like_fedavg_and_the_classifier_on_its_samples():
         state0, cohort, key)
     # the CVAE takes exactly FedAvg's round with Adam clients
     generator = C.cvae(model.input_shape, model.num_classes, 3, (8,), 1.0, (-4.0, 4.0))
-    plain = fedavg(generator, client_lr=0.01, batch_size=4, num_epochs=2,
-                   client_optimizer=optax.adam)
+    plain = fedavg(generator, training=training._replace(optimizer=optax.adam))
     expected, _ = plain.apply(state0.aggregator_state.generator, cohort, key, "sequential")
     helpers.assert_trees_close(state.aggregator_state.generator.params, expected.params)
     # a fresh balanced set drawn from the new decoder with the server's key
@@ -147,7 +149,8 @@ def _toy(n, seed):
 def test_runner_on_the_toy_with_one_class_per_client():
     data = FederatedData(_toy(200, 0), _toy(50, 1))
     model = mlp((2,), 2, hidden=(16,))
-    alg = C.fedcvae(model, latent_dim=2, hidden=(32,), client_lr=1e-2, batch_size=32,
+    alg = C.fedcvae(model, latent_dim=2, hidden=(32,),
+                    training=ClientTraining(lr=1e-2, batch_size=32),
                     samples_per_class=20, server_classifier_lr=1e-2)
     result = run(alg, model.init(jax.random.key(0)), data, jax.random.key(0), model=model,
                  num_rounds=20, cohort_size=2, eval_every=20, progress=False,

@@ -22,9 +22,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import helpers
+from fedjax_fair import hparams as H
 from fedjax_fair.core import sampling
 from fedjax_fair.core.algorithm import with_improvement
 from fedjax_fair.algorithms.families import generative as S
@@ -34,6 +36,7 @@ from fedjax_fair.models.resnet import SpectralDense, resnet10_gn_sn
 from fedjax_fair.drivers.runner import run
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import FederatedData
+from fedjax_fair.core.client import ClientTraining
 F = importlib.import_module("fedjax_fair.algorithms.fedevg")  # the package exports the factory
 
 E = math.e
@@ -359,12 +362,24 @@ def test_balanced_labels_and_factory_checks():
     np.testing.assert_array_equal(S.balanced_labels(6, 3), [0, 0, 1, 1, 2, 2])
     model = helpers.logreg()
     for bad in (dict(num_synth=7), dict(ce_weight=-1.0), dict(server_noise=-0.1),
-                dict(client_sgld_steps=-1), dict(batch_size=0), dict(grad_clip=0.0),
-                dict(data_range=(1.0, 0.0)), dict(schedule="linear"),
-                dict(energy_weighting="abs"), dict(client_lr=0.0), dict(num_rounds=0),
+                dict(client_sgld_steps=-1), dict(training=F.TRAINING._replace(batch_size=0)),
+                dict(grad_clip=0.0), dict(data_range=(1.0, 0.0)), dict(schedule="linear"),
+                dict(energy_weighting="abs"), dict(training=F.TRAINING._replace(lr=0.0)),
+                dict(num_rounds=0),
                 dict(local_iters=0), dict(client_table="nope", persistent_client_model=True)):
         with pytest.raises(ValueError):
             F.fedevg(model, **bad)
+
+
+@pytest.mark.parametrize("field, value", [("max_steps", 5), ("optimizer", optax.sgd),
+                                          ("clip_norm", 1.0), ("clip_mode", "loss")])
+def test_training_fields_fedevg_does_not_use_are_refused(field, value):
+    with pytest.raises(H.FieldError, match="FedEvg's local training does not use it") as info:
+        F.fedevg(helpers.logreg(), training=F.TRAINING._replace(**{field: value}))
+    assert info.value.field == f"training.{field}"
+    assert F.TRAINING == ClientTraining(lr=1e-3, batch_size=64, weight_decay=1e-4)
+    assert set(F.TRAINING_FIELDS) == {"client_lr", "batch_size", "num_epochs",
+                                      "weight_decay"}
 
 
 # ----------------------------------------------------------------- rounds on a federation
@@ -375,9 +390,9 @@ DATA = helpers.tiny_federation()
 TRAIN = helpers.repad(DATA.train, DATA.train.mask.shape[1] + 3)  # room for garbage rows
 N = DATA.num_clients
 IDS = [0, 3, 4, 1]
-CONFIG = dict(num_synth=6, batch_size=4, server_classifier_steps=2, data_range=(-4.0, 4.0),
-              server_step=0.5, server_step_end=0.05, num_rounds=10, client_step=0.1,
-              client_lr=0.01)
+CONFIG = dict(num_synth=6, training=F.TRAINING._replace(batch_size=4, lr=0.01),
+              server_classifier_steps=2, data_range=(-4.0, 4.0),
+              server_step=0.5, server_step_end=0.05, num_rounds=10, client_step=0.1)
 ALG = F.fedevg(MODEL, **CONFIG)
 PERSISTENT = F.fedevg(MODEL, persistent_client_model=True, **CONFIG)
 _APPLY: dict = {}
@@ -476,7 +491,9 @@ def test_factory_and_round_accept_tracers():
         alg = F.fedevg(MODEL, **{**CONFIG, "ce_weight": h[0], "client_step": h[1],
                                  "client_noise": h[2], "server_step": h[3],
                                  "server_step_end": h[4], "server_noise": h[5],
-                                 "grad_clip": h[6], "client_lr": h[7], "weight_decay": h[8],
+                                 "grad_clip": h[6],
+                                 "training": CONFIG["training"]._replace(lr=h[7],
+                                                                         weight_decay=h[8]),
                                  "server_classifier_lr": h[9],
                                  "data_range": (-h[10], h[10])})
         new, _ = alg.apply(state, cohort, jax.random.key(1), "sequential")
@@ -532,9 +549,10 @@ class _SNMLP(nn.Module):
 
 TOY_MODEL = from_flax(_SNMLP(), (2,), 2, "toy_snmlp")
 TOY_MEANS = np.asarray([[0.25, 0.5], [0.75, 0.5]])
-TOY = F.fedevg(TOY_MODEL, num_synth=40, local_iters=30, batch_size=32, client_sgld_steps=1,
-               client_step=0.01, client_noise=0.01, grad_clip=3.0, ce_weight=0.1,
-               client_lr=1e-3, weight_decay=1e-4, server_step=0.01, server_step_end=0.001,
+TOY = F.fedevg(TOY_MODEL, num_synth=40, local_iters=30,
+               training=ClientTraining(batch_size=32, lr=1e-3, weight_decay=1e-4),
+               client_sgld_steps=1, client_step=0.01, client_noise=0.01, grad_clip=3.0,
+               ce_weight=0.1, server_step=0.01, server_step_end=0.001,
                server_noise=0.01, num_rounds=200, schedule="ddpm_cosine_beta",
                data_range=(0.0, 1.0), server_classifier_steps=5, server_classifier_lr=1e-2)
 _TOY_RUN: list = []

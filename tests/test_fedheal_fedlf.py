@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair.algorithms.families.training import client_training
+from fedjax_fair.core.client import ClientTraining, local_training
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientOutput, ServerContext
 
@@ -218,8 +218,8 @@ def test_fedheal_rounds_equal_the_code_with_partial_participation():
     data = helpers.tiny_federation(padded_size=FULL_BATCH)
     model = helpers.logreg()
     params = helpers.init_params(model, 0)
-    alg = FH.fedheal(model, tau=0.5, beta=0.5, client_lr=LR, batch_size=FULL_BATCH,
-                     num_epochs=EPOCHS)
+    alg = FH.fedheal(model, tau=0.5, beta=0.5,
+                     training=ClientTraining(lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS))
     apply = _jit_apply(alg)
     state = alg.init(params, data.num_clients)
     ref = FedHEALReference(data.num_clients, 0.5, 0.5)
@@ -266,7 +266,7 @@ def test_fedheal_reductions():
     data = helpers.tiny_federation(padded_size=FULL_BATCH)
     model = helpers.logreg()
     params = helpers.init_params(model, 0)
-    kw = dict(client_lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS)
+    kw = dict(training=ClientTraining(lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS))
     fael_only = FH.fedheal(model, fphl=False, beta=0.0, **kw)
     stop = FH.fedheal(model, tau=1.0, beta=0.0, **kw)
     apply_fael, apply_stop = _jit_apply(fael_only), _jit_apply(stop)
@@ -607,20 +607,23 @@ def test_fedlf_factory_checks():
     import optax
     for kwargs in ({"server_lr": 0.0}, {"qp_iters": 0}, {"client_gradient": "local"},
                    {"history": 1}, {"descent_guard": "no"}, {"server_lr_decay": -1.0},
-                   {"client_lr": 0.0}):
+                   {"training": ClientTraining(lr=0.0)}):
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             FL.fedlf(model, **kwargs)
+    with pytest.raises(ValueError, match="^training.lr: "):
+        FL.fedlf(model, training=ClientTraining(lr=0.0))
     with pytest.raises(ValueError, match="client_optimizer"):
-        FL.fedlf(model, client_gradient="pseudo", client_optimizer=optax.sgd(0.1))
+        FL.fedlf(model, client_gradient="pseudo",
+                 training=ClientTraining(optimizer=optax.sgd(0.1)))
 
 
 def test_pseudo_gradient_client_divides_the_fedavg_delta_by_the_rate():
     data = helpers.tiny_federation(padded_size=13)
     model = helpers.logreg()
     params = helpers.init_params(model, 0)
-    kw = dict(client_lr=lambda t: 0.2 * 0.5 ** t, batch_size=4, num_epochs=2)
-    plain = client_training(model, **kw)
-    pseudo = FL.pseudo_gradient_client(plain, kw["client_lr"])
+    training = ClientTraining(lr=lambda t: 0.2 * 0.5 ** t, batch_size=4, num_epochs=2)
+    plain = local_training(model, training)
+    pseudo = FL.pseudo_gradient_client(plain, training.lr)
     row = helpers.client(data.train, 1)
     from fedjax_fair.core.types import Broadcast
 
@@ -650,9 +653,10 @@ def test_vmap_equals_sequential_and_a_short_run_improves_accuracy(name):
     ds = get_dataset("synthetic", num_clients=6, max_examples=60)
     model = logistic_regression(ds.input_shape, ds.num_classes)
     params = helpers.init_params(model, 0)
-    alg = (FH.fedheal(model, client_lr=0.1, batch_size=10) if name == "fedheal"
-           else FL.fedlf(model, server_lr=0.5, client_gradient="pseudo", client_lr=0.1,
-                         batch_size=10, history=False))
+    training = ClientTraining(lr=0.1, batch_size=10)
+    alg = (FH.fedheal(model, training=training) if name == "fedheal"
+           else FL.fedlf(model, server_lr=0.5, client_gradient="pseudo", training=training,
+                         history=False))
     x, y = helpers.real_rows(ds.data.test, range(6))
 
     def accuracy(p):  # over every test row

@@ -24,7 +24,7 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedmgda import (fedmgda_plus, fedmgda_plus_aggregator,
                                             fedmgda_plus_direction, fedmgda_plus_lambdas,
                                             mgda_box, normalized_gram, server_schedule)
-from fedjax_fair.core.client import proximal_term
+from fedjax_fair.core.client import ClientTraining, proximal_term
 from fedjax_fair.core.types import ClientOutput, ServerContext
 
 K = 5  # problem size of the QP tests (one compile per solver configuration)
@@ -428,11 +428,11 @@ def _numpy_round(params, ids, mask, lr, epochs, mu):
 
 
 def _fedmgda_with_proximal_clients(mu, *, epsilon, server_lr, server_lr_decay, decay_every,
-                                   qp_iters, client_lr, batch_size, num_epochs):
+                                   qp_iters, training):
     """FedMGDA+ with FedProx clients: the factory's pieces (data-weight centre, the
     FedMGDA+ aggregator, the sgd(eta_t) server step) on FedAvg clients that add
     (mu / 2) ||w - w^t||^2 (the factory takes no regularizer)."""
-    return fedavg(MODEL, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
+    return fedavg(MODEL, training=training,
                   regularizer=proximal_term(mu), mixing=mixing_lib.by_num_examples(),
                   aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
                   server_optimizer=optax.sgd(server_schedule(server_lr, server_lr_decay,
@@ -448,7 +448,8 @@ def test_end_to_end_rounds_and_server_schedule(mu):
     with FedProx clients."""
     lr, epochs, eps, eta = 0.3, 2, 0.5, 0.8
     kw = dict(epsilon=eps, server_lr=eta, server_lr_decay=0.5, decay_every=2,
-              qp_iters=QP_ITERS, client_lr=lr, batch_size=12, num_epochs=epochs)
+              qp_iters=QP_ITERS,
+              training=ClientTraining(lr=lr, batch_size=12, num_epochs=epochs))
     alg = (fedmgda_plus(MODEL, **kw) if mu == 0.0
            else _fedmgda_with_proximal_clients(mu, **kw))
     alg = helpers.bind_execution(alg, "sequential")

@@ -13,6 +13,7 @@ from fedjax_fair.algorithms import fedavg
 from fedjax_fair.drivers.runner import run
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientOutput, ServerContext
+from fedjax_fair.core.client import ClientTraining
 
 SIZES = jnp.array([7, 12, 0, 3, 9, 5])
 
@@ -45,7 +46,8 @@ def test_bad_budgets_name_the_field(call, field):
 
 def _alg(**kw):
     return helpers.bind_execution(
-        fedavg(helpers.logreg(), client_lr=0.3, batch_size=2, num_epochs=2, **kw), "vmap")
+        fedavg(helpers.logreg(), training=ClientTraining(lr=0.3, batch_size=2, num_epochs=2),
+               **kw), "vmap")
 
 
 def test_budgets_are_redrawn_every_round_inside_one_program():

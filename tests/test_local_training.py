@@ -1,5 +1,5 @@
 """Local training (``core/client.py``; tests/test_client.py has the step budgets,
-empty clients and batching): its argument checks (client_lr, optimizer,
+empty clients and batching): its argument checks (training.lr, training.optimizer,
 the proximal term's mu) and what passes unchecked (schedules, traced values);
 gradient clipping of the local steps against a NumPy float64 reference, traced and
 differentiated through rounds; and the engine's fast paths (the packed epoch order,
@@ -26,7 +26,7 @@ from helpers import (ALG_MODEL as MODEL, ALG_PARAMS as PARAMS, ALG_TRAIN as TRAI
                      ALG_FULL_BATCH as FULL_BATCH, ALG_EPOCHS as EPOCHS, ALG_MU as MU,
                      ALG_IDS as IDS, assert_logreg_close as _assert_logreg_close)
 from fedjax_fair.algorithms import fedavg, fedprox
-from fedjax_fair.core.client import local_training
+from fedjax_fair.core.client import ClientTraining, local_training
 
 
 # ---------------------------------------------------------------------- argument checks
@@ -35,25 +35,26 @@ from fedjax_fair.core.client import local_training
 @pytest.mark.parametrize("value", [-1.0, 0.0, float("nan"), float("inf"), "0.1", True],
                          ids=repr)
 def test_local_training_checks_a_concrete_client_lr(value):
-    with pytest.raises(ValueError, match="^client_lr: "):
-        local_training(MODEL, client_lr=value, batch_size=4)
+    with pytest.raises(ValueError, match="^training.lr: "):
+        local_training(MODEL, training=ClientTraining(lr=value, batch_size=4))
 
 
 def test_local_training_refuses_an_optimizer_that_is_not_optax():
-    with pytest.raises(TypeError, match="^optimizer: "):
-        local_training(MODEL, optimizer="adam", batch_size=4)
+    with pytest.raises(TypeError, match="^training.optimizer: "):
+        local_training(MODEL, training=ClientTraining(optimizer="adam", batch_size=4))
 
 
 def test_local_training_lets_schedules_and_traced_rates_through():
     """A schedule and a JAX array pass unchecked (never a Python comparison on a
-    tracer): the client update is differentiable in a traced client_lr."""
+    tracer): the client update is differentiable in a traced training.lr."""
     from fedjax_fair.core.types import Broadcast
-    local_training(MODEL, client_lr=lambda t: -1.0, batch_size=4)  # evaluated per round
-    local_training(MODEL, client_lr=jnp.float32(-1.0), batch_size=4)
+    # a schedule is evaluated per round
+    local_training(MODEL, training=ClientTraining(lr=lambda t: -1.0, batch_size=4))
+    local_training(MODEL, training=ClientTraining(lr=jnp.float32(-1.0), batch_size=4))
     data = helpers.client(TRAIN, 0)
 
     def loss_after(lr):
-        update = local_training(MODEL, client_lr=lr, batch_size=FULL_BATCH)
+        update = local_training(MODEL, training=ClientTraining(lr=lr, batch_size=FULL_BATCH))
         out, _ = update(Broadcast(PARAMS, jnp.zeros((), jnp.int32), ()), (), data,
                         jnp.int32(2 ** 30), KEY)
         return sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(out.delta))
@@ -85,7 +86,8 @@ def test_proximal_term_is_differentiable_and_vmappable_in_a_traced_mu():
     data = helpers.client(TRAIN, 0)
 
     def moved(mu):
-        update = local_training(MODEL, client_lr=LR, batch_size=FULL_BATCH, num_epochs=EPOCHS,
+        update = local_training(MODEL, training=ClientTraining(lr=LR, batch_size=FULL_BATCH,
+                                                               num_epochs=EPOCHS),
                                 regularizer=proximal_term(mu))
         out, _ = update(Broadcast(PARAMS, jnp.zeros((), jnp.int32), ()), (), data,
                         jnp.int32(2 ** 30), KEY)
@@ -130,10 +132,10 @@ def _clipped_update(clip_norm, clip_mode, start_params):
     """One client's FedProx-style local training from ``start_params`` (not the
     broadcast, so the proximal term pulls from the first step)."""
     from fedjax_fair.core.client import proximal_term
-    return local_training(MODEL, client_lr=LR, batch_size=FULL_BATCH, num_epochs=CLIP_STEPS,
-                          regularizer=proximal_term(CLIP_MU), weight_decay=CLIP_WD,
-                          start=lambda broadcast, state: start_params,
-                          clip_norm=clip_norm, clip_mode=clip_mode)
+    training = ClientTraining(lr=LR, batch_size=FULL_BATCH, num_epochs=CLIP_STEPS,
+                              weight_decay=CLIP_WD, clip_norm=clip_norm, clip_mode=clip_mode)
+    return local_training(MODEL, training=training, regularizer=proximal_term(CLIP_MU),
+                          start=lambda broadcast, state: start_params)
 
 
 @pytest.mark.parametrize("mode", ["step", "loss"])
@@ -220,8 +222,9 @@ def test_clip_norm_is_differentiable_and_vmappable_through_rounds():
 
         def final_norm(c):
             alg = helpers.bind_execution(
-                fedprox(MODEL, mu=MU, client_lr=LR, batch_size=4, num_epochs=2, clip_norm=c,
-                        clip_mode="loss"), "vmap")
+                fedprox(MODEL, mu=MU, training=ClientTraining(
+                    lr=LR, batch_size=4, num_epochs=2, clip_norm=c, clip_mode="loss")),
+                "vmap")
             state, _ = alg.apply(alg.init(params, N), cohort, KEY)
             return sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(state.params))
 
@@ -303,7 +306,8 @@ def test_batches_gathered_before_the_loop_give_the_same_round(image, monkeypatch
     cohort = helpers.cohort(train, IDS, budgets=[3, 2, 0, 1, 3, 3])
 
     def run(lr):
-        alg = _seq(fedavg(MODEL, client_lr=lr, batch_size=2, num_epochs=2, max_steps=3))
+        alg = _seq(fedavg(MODEL, training=ClientTraining(lr=lr, batch_size=2, num_epochs=2,
+                                                         max_steps=3)))
         state, metrics = alg.apply(alg.init(PARAMS, N), cohort, KEY)
         return state.params, metrics
 

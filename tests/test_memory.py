@@ -15,6 +15,7 @@ from fedjax_fair.data import padding_report
 from fedjax_fair.drivers.runner import run
 from fedjax_fair.drivers.simulate import gather_cohorts, sample_client_ids
 from fedjax_fair.core.types import FederatedData
+from fedjax_fair.core.client import ClientTraining
 
 # A skewed federation: one big client, many small ones, one empty.
 SKEWED_TRAIN = (1, 3, 4, 5, 40, 0, 2, 2)
@@ -100,7 +101,7 @@ def _plain_run(placement):
 @functools.lru_cache(maxsize=None)
 def _alg():  # one algorithm object: runs of the same placement reuse its programs
     model = helpers.logreg()
-    return model, fedavg(model, client_lr=0.1, batch_size=2, num_epochs=1)
+    return model, fedavg(model, training=ClientTraining(lr=0.1, batch_size=2, num_epochs=1))
 
 
 def _run(placement, memory_limit=None, **kwargs):

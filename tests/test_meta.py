@@ -24,6 +24,7 @@ from fedjax_fair import algorithms
 from fedjax_fair.drivers import meta
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core.types import FederatedData
+from fedjax_fair.core.client import ClientTraining
 
 MODEL = helpers.logreg()
 NUM_ROUNDS, COHORT, EXECUTION, B = 3, 4, "sequential", 4
@@ -47,11 +48,14 @@ def x64():
 
 # (name, build from x, x0, objective): one continuous hyper-parameter per method.
 CASES = [
-    ("fedavg-client_lr", lambda x: algorithms.fedavg(MODEL, client_lr=x, batch_size=B), 0.2,
+    ("fedavg-client_lr", lambda x: algorithms.fedavg(MODEL, training=ClientTraining(lr=x,
+                                                                                    batch_size=B)), 0.2,
      meta.mean_loss),
-    ("qffl-q", lambda x: algorithms.qffl(MODEL, q=x, client_lr=0.2, batch_size=B), 0.5,
+    ("qffl-q", lambda x: algorithms.qffl(MODEL, q=x, training=ClientTraining(lr=0.2,
+                                                                             batch_size=B)), 0.5,
      meta.cvar_loss(0.3)),
-    ("afedpd-rho", lambda x: algorithms.afedpd(MODEL, rho=x, client_lr=0.2, batch_size=B),
+    ("afedpd-rho", lambda x: algorithms.afedpd(MODEL, rho=x, training=ClientTraining(lr=0.2,
+                                                                                     batch_size=B)),
      0.3, meta.worst_accuracy(0.3)),
 ]
 
@@ -172,7 +176,7 @@ def test_meta_optimiser_improves_held_out_worst_accuracy():
     rounds, cohort = 10, 5
 
     def build(rates):
-        return algorithms.fedavg(model, client_lr=0.03, batch_size=10,
+        return algorithms.fedavg(model, training=ClientTraining(lr=0.03, batch_size=10),
                                  server_optimizer=optax.sgd(meta.per_round(rates)))
 
     objective = meta.make_objective(lambda hp: build(jnp.exp(hp["log_lr"])),

@@ -16,6 +16,7 @@ from fedjax_fair.algorithms import fedavg
 from fedjax_fair.data import get_dataset, leaf
 from fedjax_fair.models import MODELS, get_model
 from fedjax_fair.drivers.runner import run
+from fedjax_fair.core.client import ClientTraining
 
 # model -> dataset (and whether the test is slow on a 2-core CPU)
 SMOKE = {
@@ -61,7 +62,7 @@ def test_every_registered_model_has_a_smoke_run():
 def test_three_round_smoke_run(name, monkeypatch, tmp_path):
     ds = _dataset(SMOKE[name], monkeypatch, tmp_path)
     model = get_model(name, ds.input_shape, ds.num_classes, **MODEL_ARGS.get(name, {}))
-    alg = fedavg(model, client_lr=0.01, batch_size=4, num_epochs=1, max_steps=2)
+    alg = fedavg(model, training=ClientTraining(lr=0.01, batch_size=4, num_epochs=1, max_steps=2))
     params = jax.jit(model.init)(jax.random.key(0))
     result = run(alg, params, ds.host_data, jax.random.key(1), model=model, num_rounds=3,
                  cohort_size=2, eval_every=3, progress=False)

@@ -164,7 +164,7 @@ def test_edited_config_json_is_refused_on_resume(tmp_path, capsys):
     path = os.path.join(out, "config.json")
     saved = json.load(open(path))
     assert saved["fingerprint"] == lock.fingerprint(saved)
-    saved["client_lr"] = 0.5
+    original, saved["client_lr"] = saved["client_lr"], 0.5
     json.dump(saved, open(path, "w"))
     capsys.readouterr()
     assert cli.main(["run", "-o", out, "--resume", "--num-rounds", "4",
@@ -172,7 +172,7 @@ def test_edited_config_json_is_refused_on_resume(tmp_path, capsys):
     line = _one_line_error(capsys.readouterr().err, "resume")
     assert "client_lr" in line
     # restored, it resumes
-    saved["client_lr"] = 0.02
+    saved["client_lr"] = original
     json.dump(saved, open(path, "w"))
     assert cli.main(["run", "-o", out, "--resume", "--num-rounds", "4",
                      "--no-progress"]) == 0

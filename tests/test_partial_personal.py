@@ -41,6 +41,7 @@ from fedjax_fair.algorithms.lg_fedavg import lg_fedavg
 from fedjax_fair.core.evaluation import make_state_evaluator
 from fedjax_fair.models import mlp
 from fedjax_fair.core.types import Broadcast
+from fedjax_fair.core.client import ClientTraining
 
 MODEL = mlp((helpers.NUM_FEATURES,), helpers.NUM_CLASSES, hidden=(8,))
 PARAMS = helpers.init_params(MODEL, 1)
@@ -61,19 +62,18 @@ ROUNDS = (([0, 3, 2, 0], [True, True, True, False]),
 ROUND_KEYS = tuple(jax.random.key(200 + r) for r in range(len(ROUNDS)))
 RTOL, ATOL = 1e-4, 1e-5
 
+TRAINING = ClientTraining(lr=LR, batch_size=B, num_epochs=EPOCHS)
 FACTORIES = {
     "fedrep": lambda table="dense": fedrep(MODEL, personal_layers=(-1,),
-                                           head_epochs=HEAD_EPOCHS, num_epochs=BODY_EPOCHS,
-                                           client_lr=LR, batch_size=B, client_table=table),
-    "fedper": lambda table="dense": fedper(MODEL, personal_layers=("Dense_1",), client_lr=LR,
-                                           batch_size=B, num_epochs=EPOCHS,
+                                           head_epochs=HEAD_EPOCHS,
+                                           training=TRAINING._replace(num_epochs=BODY_EPOCHS),
                                            client_table=table),
-    "lg_fedavg": lambda table="dense": lg_fedavg(MODEL, shared_layers=(-1,), client_lr=LR,
-                                                 batch_size=B, num_epochs=EPOCHS,
+    "fedper": lambda table="dense": fedper(MODEL, personal_layers=("Dense_1",),
+                                           training=TRAINING, client_table=table),
+    "lg_fedavg": lambda table="dense": lg_fedavg(MODEL, shared_layers=(-1,), training=TRAINING,
                                                  client_table=table),
     "fedavg_ft": lambda table="dense": fedavg_ft(MODEL, finetune_epochs=FT_EPOCHS,
-                                                 finetune_lr=FT_LR, client_lr=LR,
-                                                 batch_size=B, num_epochs=EPOCHS,
+                                                 finetune_lr=FT_LR, training=TRAINING,
                                                  client_table=table),
 }
 # (personal layers, phases (trains, epochs)) of the partial methods' references.
@@ -246,7 +246,7 @@ def test_model_layers_and_split_api():
     (lg_fedavg, "shared_layers", ("Dense_2",), "unknown layer"),
     (lg_fedavg, "shared_layers", (-3,), "out of range"),
     (fedrep, "head_epochs", 0, "head_epochs"),
-    (fedrep, "num_epochs", 1.5, "num_epochs"),
+    (fedrep, "training", ClientTraining(num_epochs=1.5), "training.num_epochs"),
     (fedavg_ft, "finetune_epochs", 0, "finetune_epochs"),
     (fedavg_ft, "finetune_lr", -0.1, "finetune_lr"),
 ])
@@ -274,8 +274,8 @@ def test_frozen_layers_of_a_phase_are_bit_identical():
     key = jax.random.key(7)
     for trains in ("personal", "shared"):
         update = jax.jit(partial.partial_training(
-            MODEL, split, (partial.Phase(trains, 2),), client_lr=LR,
-            optimizer=optax.sgd, batch_size=B))
+            MODEL, split, (partial.Phase(trains, 2),),
+            training=ClientTraining(lr=LR, optimizer=optax.sgd, batch_size=B)))
         out, new_row = update(broadcast, row, data, jnp.int32(2 ** 30), key)
         # The head never reaches the server; the body moves only when trained.
         assert all(np.all(np.asarray(v) == 0) for v in jax.tree.leaves(
@@ -344,7 +344,7 @@ def test_fedavg_ft_matches_numpy_reference():
 def test_fedavg_ft_default_stores_the_local_model():
     """finetune_epochs = finetune_lr = None: the row is the round's local model, theta^t
     after E epochs at eta_l with the client's own key (no extra loop)."""
-    alg = fedavg_ft(MODEL, client_lr=LR, batch_size=B, num_epochs=EPOCHS)
+    alg = fedavg_ft(MODEL, training=TRAINING)
     (ids, mask), key = ROUNDS[0], ROUND_KEYS[0]
     state, _ = jax.jit(alg.apply)(alg.init(PARAMS, N), helpers.cohort(TRAIN, ids, mask=mask),
                                   key)
@@ -360,7 +360,7 @@ def test_fedavg_ft_default_stores_the_local_model():
 
 @functools.cache
 def _fedavg_states():
-    ref = fedavg(MODEL, client_lr=LR, batch_size=B, num_epochs=EPOCHS)
+    ref = fedavg(MODEL, training=TRAINING)
     apply = jax.jit(ref.apply)
     state, out = ref.init(PARAMS, N), []
     for (ids, mask), key in zip(ROUNDS, ROUND_KEYS):
@@ -373,7 +373,7 @@ def _fedavg_states():
 def test_every_layer_shared_is_fedavg(factory):
     """personal_layers=(): no client state, global evaluation, FedAvg's iterates (FedRep
     runs its body phase alone, num_epochs epochs)."""
-    alg = factory(MODEL, personal_layers=(), client_lr=LR, batch_size=B, num_epochs=EPOCHS)
+    alg = factory(MODEL, personal_layers=(), training=TRAINING)
     assert alg.personal is None and alg.client_table is None
     apply = jax.jit(alg.apply)
     state = alg.init(PARAMS, N)
@@ -384,12 +384,28 @@ def test_every_layer_shared_is_fedavg(factory):
         np.testing.assert_allclose(metrics["train_loss"], ref_metrics["train_loss"], rtol=1e-6)
 
 
+def test_every_layer_shared_with_decay_and_clipping_is_fedavg():
+    """FedPer with personal_layers=() honours training's weight decay and clipping as
+    FedAvg does (one round, the same iterates)."""
+    training = TRAINING._replace(weight_decay=0.05, clip_norm=0.5)
+    (ids, mask), key = ROUNDS[0], ROUND_KEYS[0]
+    cohort = helpers.cohort(TRAIN, ids, mask=mask)
+    ref = fedavg(MODEL, training=training)
+    expected, _ = jax.jit(ref.apply)(ref.init(PARAMS, N), cohort, key)
+    alg = fedper(MODEL, personal_layers=(), training=training)
+    state, _ = jax.jit(alg.apply)(alg.init(PARAMS, N), cohort, key)
+    helpers.assert_trees_close(state.params, expected.params, rtol=1e-6, atol=1e-7)
+    plain, _ = _fedavg_states()[0]
+    assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(state.params),
+                                                     jax.tree.leaves(plain.params)))
+
+
 def test_fedrep_on_a_one_layer_model_trains_heads_only():
     """Logistic regression has no body: every layer is the head, so FedRep is local
     training of the heads (head_epochs) and the server model never moves."""
     model = helpers.logreg()
     params = helpers.init_params(model, 2)
-    alg = fedrep(model, head_epochs=2, client_lr=LR, batch_size=B)
+    alg = fedrep(model, head_epochs=2, training=ClientTraining(lr=LR, batch_size=B))
     (ids, mask), key = ROUNDS[0], ROUND_KEYS[0]
     state, metrics = jax.jit(alg.apply)(alg.init(params, N),
                                         helpers.cohort(TRAIN, ids, mask=mask), key)

@@ -21,7 +21,8 @@ from fedjax_fair.algorithms import method_hparams
 from fedjax_fair.algorithms.propfair import (client_batch_loss, client_objective, propfair,
                                              propfair_mixing)
 from fedjax_fair.cli import config as config_lib
-from fedjax_fair.core.client import batch_from_orders, epoch_order, local_sgd, masked_mean
+from fedjax_fair.core.client import (ClientTraining, batch_from_orders, epoch_order, local_sgd,
+                                     masked_mean)
 
 
 # ------------------------------------------------------------- NumPy float64 references
@@ -201,7 +202,8 @@ def test_propfair_client_mode_round_equals_numpy():
     for weight_by_size in (True, False):
         alg = helpers.bind_execution(
             propfair(MODEL, baseline=m, eps=eps, mode="client", weight_by_size=weight_by_size,
-                     client_lr=LR, batch_size=16, num_epochs=EPOCHS), "sequential")
+                     training=ClientTraining(lr=LR, batch_size=16, num_epochs=EPOCHS)),
+            "sequential")
         state, metrics = jax.jit(alg.apply)(alg.init(PARAMS, 6),
                                             helpers.cohort(TRAIN, ALL_IDS), KEY)
         np.testing.assert_allclose(metrics["loss_before"][:5],
@@ -220,8 +222,9 @@ def test_propfair_client_mode_is_differentiable_in_the_baseline():
 
     def new_bias_sum(m):
         alg = helpers.bind_execution(
-            propfair(MODEL, baseline=m, mode="client", client_lr=LR, batch_size=12,
-                     num_epochs=EPOCHS), "sequential")
+            propfair(MODEL, baseline=m, mode="client",
+                     training=ClientTraining(lr=LR, batch_size=12, num_epochs=EPOCHS)),
+            "sequential")
         state, _ = alg.apply(alg.init(PARAMS, 6), cohort, KEY)
         return jnp.sum(state.params["params"]["Dense_0"]["bias"])
 

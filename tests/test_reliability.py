@@ -39,6 +39,8 @@ import tempfile
 import traceback
 from pathlib import Path
 from typing import Callable, Optional
+from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.core.client import ClientTraining as _T
 
 HERE = Path(__file__).resolve().parent
 for _path in (HERE.parent, HERE):  # as a script: this checkout's package and helpers.py
@@ -848,7 +850,7 @@ def _run_with(overrides):
     import fedjax_fair as ff
     model = helpers.logreg()
     make = overrides.pop("algorithm", None)
-    alg = make(model) if make else ff.algorithms.fedavg(model, client_lr=0.1, batch_size=4)
+    alg = make(model) if make else ff.algorithms.fedavg(model, training=_T(batch_size=4))
     key = overrides.pop("key", jax.random.key(0))
     if overrides.get("sampler") == "full":
         overrides["sampler"] = ff.sampling.full
@@ -859,12 +861,12 @@ def _run_with(overrides):
 
 def _lazy2(model):
     import fedjax_fair as ff
-    return ff.algorithms.feddyn(model, client_lr=0.1, batch_size=4, client_table="lazy:2")
+    return ff.algorithms.feddyn(model, training=_T(batch_size=4), client_table="lazy:2")
 
 
 def _adam_string(model):
     import fedjax_fair as ff
-    return ff.algorithms.fedavg(model, client_optimizer="adam")
+    return ff.algorithms.fedavg(model, training=ClientTraining(optimizer="adam"))
 
 
 for shown, overrides, field, raises, xfail in (
@@ -888,7 +890,8 @@ for shown, overrides, field, raises, xfail in (
         ("key=0 (an int, not a jax.random.key)", {"key": 0}, "key", None, None),
         ("step_budgets='fixed:2' (CLI text)", {"step_budgets": "fixed:2"}, "step_budgets",
          None, None),
-        ("fedavg(client_optimizer='adam')", {"algorithm": _adam_string}, "client_optimizer",
+        ("fedavg(training=ClientTraining(optimizer='adam'))", {"algorithm": _adam_string},
+         "training.optimizer",
          None, None)):
     _add(12, f"api:run {shown}", f"`fedjax_fair.run(...)` with {shown}",
          "Python: `fedjax_fair.run`", field,
@@ -907,7 +910,7 @@ def _run_mismatched(params_of: str, model_input: Optional[int] = None) -> Callab
         shape = (model_input,) if model_input else (helpers.NUM_FEATURES,)
         model = get_model("logreg", shape, helpers.NUM_CLASSES)
         params = helpers.init_params(get_model(params_of, shape, helpers.NUM_CLASSES))
-        alg = ff.algorithms.fedavg(model, client_lr=0.1, batch_size=4)
+        alg = ff.algorithms.fedavg(model, training=_T(batch_size=4))
         ff.run(alg, params, helpers.tiny_federation(), jax.random.key(0), model=model,
                num_rounds=2, cohort_size=3, eval_every=1, progress=False)
     return call
@@ -928,7 +931,7 @@ def _run_reshaped_params(ws):
     import fedjax_fair as ff
     model = helpers.logreg()
     params = jax.tree.map(lambda x: x[:3], helpers.init_params(model))
-    ff.run(ff.algorithms.fedavg(model, client_lr=0.1, batch_size=4), params,
+    ff.run(ff.algorithms.fedavg(model, training=_T(batch_size=4)), params,
            helpers.tiny_federation(), jax.random.key(0), model=model, num_rounds=2,
            cohort_size=3, eval_every=1, progress=False)
 
@@ -971,33 +974,32 @@ def _ff():
 for shown, fn, field, xfail in (
         ("fedprox(model, muu=0.1) (a misspelled keyword)",
          lambda: _ff().algorithms.fedprox(helpers.logreg(), muu=0.1), "muu", None),
-        ("fedavg(model, client_lr=0)", lambda: _ff().algorithms.fedavg(helpers.logreg(),
-                                                                       client_lr=0.0),
-         "client_lr", None),
-        ("fedavg(model, batch_size=0)", lambda: _ff().algorithms.fedavg(helpers.logreg(),
-                                                                        batch_size=0),
-         "batch_size", None),
-        ("fedavg(model, num_epochs=0)", lambda: _ff().algorithms.fedavg(helpers.logreg(),
-                                                                        num_epochs=0),
-         "num_epochs", None),
-        ("local_training(model, client_lr=0.1, batch_size=0)",
-         lambda: _ff().local_training(helpers.logreg(), client_lr=0.1, batch_size=0),
-         "batch_size", None),
-        ("local_training(model, client_lr=-1, batch_size=10)",
-         lambda: _ff().local_training(helpers.logreg(), client_lr=-1.0, batch_size=10),
-         "client_lr", None),
-        ("local_training(model, client_lr=0.1, batch_size=10.5)",
-         lambda: _ff().local_training(helpers.logreg(), client_lr=0.1, batch_size=10.5),
-         "batch_size", None),
-        ("fedavg(model, client_lr=1e-50) (0 in float32)",
-         lambda: _ff().algorithms.fedavg(helpers.logreg(), client_lr=1e-50), "client_lr", None),
+        ("fedavg(model, training=ClientTraining(lr=0))",
+         lambda: _ff().algorithms.fedavg(helpers.logreg(), training=_T(lr=0.0)),
+         "training.lr", None),
+        ("fedavg(model, training=ClientTraining(batch_size=0))",
+         lambda: _ff().algorithms.fedavg(helpers.logreg(), training=_T(batch_size=0)),
+         "training.batch_size", None),
+        ("fedavg(model, training=ClientTraining(num_epochs=0))",
+         lambda: _ff().algorithms.fedavg(helpers.logreg(), training=_T(num_epochs=0)),
+         "training.num_epochs", None),
+        ("local_training(model, ClientTraining(batch_size=0))",
+         lambda: _ff().local_training(helpers.logreg(), _T(batch_size=0)),
+         "training.batch_size", None),
+        ("local_training(model, ClientTraining(lr=-1))",
+         lambda: _ff().local_training(helpers.logreg(), _T(lr=-1.0)),
+         "training.lr", None),
+        ("local_training(model, ClientTraining(batch_size=10.5))",
+         lambda: _ff().local_training(helpers.logreg(), _T(batch_size=10.5)),
+         "training.batch_size", None),
+        ("fedavg(model, training=ClientTraining(lr=1e-50)) (0 in float32)",
+         lambda: _ff().algorithms.fedavg(helpers.logreg(), training=_T(lr=1e-50)),
+         "training.lr", None),
         ("compose(clients, mixing='uniform')",
-         lambda: _ff().compose(_ff().local_training(helpers.logreg(), client_lr=0.1,
-                                                    batch_size=2), mixing="uniform"),
+         lambda: _ff().compose(_ff().local_training(helpers.logreg(), _T(batch_size=2)), mixing="uniform"),
          "mixing", None),
         ("compose(clients, server_optimizer=optax.adam) (not called)",
-         lambda: _ff().compose(_ff().local_training(helpers.logreg(), client_lr=0.1,
-                                                    batch_size=2),
+         lambda: _ff().compose(_ff().local_training(helpers.logreg(), _T(batch_size=2)),
                                server_optimizer=__import__("optax").adam),
          "server_optimizer", None),
         ("proximal_term(-1)", lambda: _ff().proximal_term(-1.0), "mu", None),

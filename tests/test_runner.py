@@ -25,6 +25,7 @@ from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.drivers.runner import NonFiniteError, run
+from fedjax_fair.core.client import ClientTraining
 
 
 def test_run_evaluates_all_clients_and_logs_history(reference_run):
@@ -85,7 +86,7 @@ def test_compile_seconds_counts_every_compile_of_the_run():
             spans.append((start, end))
 
     model = helpers.logreg()  # a fresh model: its evaluator compiles in this run
-    alg = fedavg(model, client_lr=0.1, batch_size=4, num_epochs=1)
+    alg = fedavg(model, training=ClientTraining(lr=0.1, batch_size=4, num_epochs=1))
     jax.monitoring.register_event_time_span_listener(listener)
     try:
         t0 = time.time()
@@ -226,12 +227,13 @@ def test_run_takes_legacy_uint32_keys_and_budget_tables_as_lists():
 
 def test_run_refuses_a_lazy_table_too_small_before_compute():
     from fedjax_fair.algorithms import feddyn
-    alg = feddyn(MODEL, batch_size=B, client_table="lazy:2")
+    alg = feddyn(MODEL, training=ClientTraining(batch_size=B), client_table="lazy:2")
     with pytest.raises(ValueError, match="^client_table: "):
         run(alg, PARAMS, DATA, KEY, model=MODEL, num_rounds=2, cohort_size=3,
             progress=False)
     # min(N, K R) = min(6, 3 x 1) = 3 slots suffice for one round of 3 clients.
-    result = run(feddyn(MODEL, batch_size=B, client_table="lazy:3"), PARAMS, DATA, KEY,
+    result = run(feddyn(MODEL, training=ClientTraining(batch_size=B), client_table="lazy:3"),
+                 PARAMS, DATA, KEY,
                  model=MODEL, num_rounds=1, cohort_size=3, progress=False)
     assert result.client_table["rows_stored"] == 3
 

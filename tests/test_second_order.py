@@ -32,10 +32,9 @@ from jax.flatten_util import ravel_pytree
 import helpers
 from fedjax_fair.algorithms.families import second_order as hessian
 from fedjax_fair.drivers import simulate as sim
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS
 from fedjax_fair.algorithms.fednew import fednew
 from fedjax_fair.algorithms.fednl import fednl, fednl_pp, top_k
-from fedjax_fair.core.client import data_loss
+from fedjax_fair.core.client import FIELDS, ClientTraining, data_loss
 from fedjax_fair.core.types import ClientData, FederatedData
 
 # the package exports the factories under the modules' names
@@ -70,8 +69,8 @@ _KW = {
     "fednl_pp": dict(mode="grad_at_global", mu=MU, alpha=ALPHA_H, server_lr=SERVER_LR,
                      compressor="topk", topk_fraction=TOPK),
     "fednew": dict(mode="grad_at_global", rho=RHO, alpha=ALPHA_N, server_lr=SERVER_LR),
-    "fednew_pseudo": dict(rho=RHO, alpha=ALPHA_N, client_lr=LR, batch_size=B,
-                          num_epochs=EPOCHS),
+    "fednew_pseudo": dict(rho=RHO, alpha=ALPHA_N,
+                          training=ClientTraining(lr=LR, batch_size=B, num_epochs=EPOCHS)),
 }
 _FACTORY = {"fednl": fednl, "fednl_shift_topk": fednl, "fednl_pp": fednl_pp,
             "fednew": fednew, "fednew_pseudo": fednew}
@@ -530,9 +529,11 @@ def test_traced_hyper_parameters_pass_the_factories():
     (fednl, {"hessian_init": "eye"}), (fednl_pp, {"server_lr": -1.0}),
     (fednl_pp, {"num_probes": 0}), (fednew, {"rho": 0.0}), (fednew, {"alpha": -0.1}),
     (fednew, {"curvature": "full"}), (fednew, {"mode": "newton"}),
-    (fednew, {"curvature_rows": 0}), (fednew, {"batch_size": 0})])
+    (fednew, {"curvature_rows": 0}), (fednew, {"training": ClientTraining(batch_size=0)})])
 def test_bad_hyper_parameters_are_refused_with_their_name(factory, bad):
     (name, value), = bad.items()
+    if name == "training":
+        name = "training.batch_size"
     with pytest.raises(ValueError, match=name):
         factory(MODEL, **bad)
 
@@ -541,15 +542,18 @@ def test_bad_hyper_parameters_are_refused_with_their_name(factory, bad):
                                             (fednew, fednew_lib)])
 def test_registry_contract(factory, module):
     """What REGISTRY entries must satisfy (tests/test_mixing.py,
-    tests/test_algorithms.py): FedAvg's local-training arguments with FedAvg's ranges, no
-    **kwargs, every keyword range-checked or categorical, a stable round carry."""
+    tests/test_algorithms.py): the local training as one ``training`` value (FedAvg's
+    ``ClientTraining()`` by default; its ranges are ClientTraining's, so HPARAMS holds
+    none of its flat names), no **kwargs, every keyword range-checked or categorical, a
+    stable round carry."""
     params = inspect.signature(factory).parameters.values()
     assert not any(p.kind is p.VAR_KEYWORD for p in params)
-    for arg, value_range in CLIENT_HPARAMS.items():
-        assert module.HPARAMS[arg] == value_range
+    assert inspect.signature(factory).parameters["training"].default == ClientTraining()
+    assert not set(module.HPARAMS) & set(FIELDS)
     names = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
     assert set(module.HPARAMS) <= names
-    alg = helpers.bind_execution(factory(MODEL, batch_size=4, num_epochs=2), "vmap")
+    alg = helpers.bind_execution(
+        factory(MODEL, training=ClientTraining(batch_size=4, num_epochs=2)), "vmap")
     state = alg.init(PARAMS, N)
     cohort = helpers.cohort(TRAIN, [0, 1, 3])
     new_state, metrics = jax.eval_shape(alg.apply, state, cohort, jax.random.key(0))

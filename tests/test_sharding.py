@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from fedjax_fair.core.client import ClientTraining
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICES = 8
@@ -89,7 +90,7 @@ def check_fedavg():
     from fedjax_fair.algorithms.fedavg import fedavg
     _, model, _ = _setup()
     diff, _, single_bytes, sharded_bytes, metrics = _compare(
-        fedavg(model, batch_size=4), 5, "sequential")
+        fedavg(model, training=ClientTraining(batch_size=4)), 5, "sequential")
     return {"diff": diff, "single_bytes": single_bytes, "sharded_bytes": sharded_bytes,
             "weights_shape": list(metrics["weights"].shape)}
 
@@ -122,7 +123,8 @@ def check_qffl():
     """q-FFL (a fair mixing rule and aggregator), cohort 8, vmap per device."""
     from fedjax_fair.algorithms.qffl import qffl
     _, model, _ = _setup()
-    return {"diff": _compare(qffl(model, q=1.0, batch_size=4), 8, "vmap")[0]}
+    return {"diff": _compare(qffl(model, q=1.0, training=ClientTraining(batch_size=4)), 8,
+                             "vmap")[0]}
 
 
 def check_scaffold():
@@ -130,7 +132,7 @@ def check_scaffold():
     from fedjax_fair.algorithms.scaffold import scaffold
     _, model, _ = _setup()
     diff, state, single_bytes, sharded_bytes, _ = _compare(
-        scaffold(model, batch_size=4), 11, "chunked", chunk_size=1)
+        scaffold(model, training=ClientTraining(batch_size=4)), 11, "chunked", chunk_size=1)
     return {"diff": diff, "table": _table_layout(state.client_states),
             "single_bytes": single_bytes, "sharded_bytes": sharded_bytes}
 
@@ -139,7 +141,8 @@ def check_dqn_fed():
     """DQN-Fed (quasi-Newton directions combined by a Gram system), cohort 6."""
     from fedjax_fair.algorithms.dqn_fed import dqn_fed
     _, model, _ = _setup()
-    return {"diff": _compare(dqn_fed(model, mode="grad_at_global", batch_size=4), 6,
+    return {"diff": _compare(dqn_fed(model, mode="grad_at_global",
+                                     training=ClientTraining(batch_size=4)), 6,
                              "vmap")[0]}
 
 
@@ -147,7 +150,8 @@ def check_afedpd():
     """A-FedPD (per-client dual table with a drift of every inactive row), cohort 8."""
     from fedjax_fair.algorithms.afedpd import afedpd
     _, model, _ = _setup()
-    diff, state, _, _, _ = _compare(afedpd(model, batch_size=4), 8, "sequential",
+    diff, state, _, _, _ = _compare(afedpd(model, training=ClientTraining(batch_size=4)), 8,
+                                    "sequential",
                                     num_rounds=3)
     return {"diff": diff, "table": _table_layout(state.client_states)}
 
@@ -166,7 +170,7 @@ def _runner_cases(cases, placement: str = "auto"):
     out = {}
     mesh = sharding.make_mesh(DEVICES)
     for name, (data, model, params) in cases.items():
-        alg = scaffold(model, batch_size=4)
+        alg = scaffold(model, training=ClientTraining(batch_size=4))
         runs, logs = [], []
         for ex in (Execution("sequential"), Execution("sequential", mesh=mesh)):
             lines: list = []
@@ -226,13 +230,15 @@ def check_runner_auto():
     from fedjax_fair.algorithms.fedavg import fedavg
     from fedjax_fair.core.execution import Execution
     data, model, params = _setup()
-    runs = [runner.run(fedavg(model, batch_size=4), params, data, jax.random.key(0),
+    runs = [runner.run(fedavg(model, training=ClientTraining(batch_size=4)), params, data,
+                       jax.random.key(0),
                        model=model, num_rounds=3, cohort_size=8, eval_every=3,
                        progress=False, execution=ex)
             for ex in (Execution("sequential"), Execution("auto"))]
     # 14 clients: the most of 8 devices that split them evenly is 7 (cohort 8);
     # 13 clients split over none: one device, no copy of the federation on each
-    odd = {n: runner.run(fedavg(model, batch_size=4), params, _first(data, n),
+    odd = {n: runner.run(fedavg(model, training=ClientTraining(batch_size=4)), params,
+                         _first(data, n),
                          jax.random.key(0), model=model, num_rounds=2, cohort_size=8,
                          eval_every=2, progress=False, execution=Execution("auto"))
            for n in (14, 13)}
@@ -271,8 +277,8 @@ def check_fresh_buffers():
            "buffers": [len(b) for b in owned]}
     # FedLF keeps a per-client gradient table in its aggregator state: its layout must
     # survive from one chunk program to the next (eval_every 1: a program per round)
-    for name, alg in (("dqn_fed", dqn_fed(model, batch_size=4)),
-                      ("fedlf", fedlf(model, batch_size=4))):
+    for name, alg in (("dqn_fed", dqn_fed(model, training=ClientTraining(batch_size=4))),
+                      ("fedlf", fedlf(model, training=ClientTraining(batch_size=4)))):
         runs = [runner.run(alg, params, data, jax.random.key(0), model=model,
                            num_rounds=2, cohort_size=8, eval_every=1, progress=False,
                            execution=ex)

@@ -22,6 +22,7 @@ from helpers import (ENGINE_MODEL as MODEL, ENGINE_PARAMS as PARAMS, ENGINE_DATA
                      engine_fedavg as _fedavg, vmap_apply_on as _vmap_apply_on)
 from fedjax_fair.algorithms import ALGORITHMS, REGISTRY
 from fedjax_fair.drivers.simulate import make_cohort, simulate
+from fedjax_fair.core.client import ClientTraining
 
 
 def test_round_step_budgets_cap_num_steps():
@@ -66,7 +67,8 @@ def test_round_carry_shape_stability(name):
     # LG-FedAvg refuses to share the one layer of logistic regression (it would be
     # FedAvg): here it keeps that layer local.
     extra = {"shared_layers": ()} if name == "lg_fedavg" else {}
-    alg = helpers.bind_execution(ALGORITHMS[name](MODEL, batch_size=B, num_epochs=E, **extra),
+    alg = helpers.bind_execution(ALGORITHMS[name](MODEL, training=ClientTraining(batch_size=B,
+                                                                                 num_epochs=E), **extra),
                                  "vmap")
     state = alg.init(PARAMS, N)
     # Full-participation rules (AAggFF-S) see every client; the others a cohort of 3.

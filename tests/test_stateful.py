@@ -31,6 +31,7 @@ from fedjax_fair.core import client, sampling
 from fedjax_fair.drivers import simulate as sim
 from fedjax_fair.algorithms import ditto, fedavg, feddyn, scaffold
 from fedjax_fair.models.base import Model
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.types import ClientData, FederatedData
 
 MODEL = helpers.logreg()
@@ -57,16 +58,16 @@ ROUNDS = (([0, 3, 2, 0], [True, True, True, False]),
 ROUND_KEYS = tuple(jax.random.key(100 + r) for r in range(len(ROUNDS)))
 
 RTOL, ATOL = 1e-4, 1e-5
+TRAINING = ClientTraining(lr=LR, batch_size=B, num_epochs=EPOCHS)
 
 FACTORIES = {
-    "scaffold": lambda table="dense": scaffold(MODEL, server_lr=SERVER_LR, client_lr=LR,
-                                               batch_size=B, num_epochs=EPOCHS,
+    "scaffold": lambda table="dense": scaffold(MODEL, server_lr=SERVER_LR, training=TRAINING,
                                                client_table=table),
-    "feddyn": lambda table="dense": feddyn(MODEL, alpha=ALPHA, client_lr=LR, batch_size=B,
-                                           num_epochs=EPOCHS, client_table=table),
+    "feddyn": lambda table="dense": feddyn(MODEL, alpha=ALPHA, training=TRAINING,
+                                           client_table=table),
     "ditto": lambda table="dense", lam=LAM, personal_lr=PERSONAL_LR: ditto(
         MODEL, lam=lam, personal_lr=personal_lr, personal_epochs=PERSONAL_EPOCHS,
-        client_lr=LR, batch_size=B, num_epochs=EPOCHS, client_table=table),
+        training=TRAINING, client_table=table),
 }
 
 
@@ -313,8 +314,8 @@ def test_ditto_with_momentum_optimizers_matches_numpy_reference():
     two rounds against the reference, and not the plain-SGD iterates."""
     momenta = (0.9, 0.5)
     alg = ditto(MODEL, lam=LAM, personal_lr=PERSONAL_LR, personal_epochs=PERSONAL_EPOCHS,
-                client_lr=LR, batch_size=B, num_epochs=EPOCHS,
-                client_optimizer=lambda lr: optax.sgd(lr, momentum=momenta[0]),
+                training=TRAINING._replace(
+                    optimizer=lambda lr: optax.sgd(lr, momentum=momenta[0])),
                 personal_optimizer=lambda lr: optax.sgd(lr, momentum=momenta[1]))
     apply = jax.jit(alg.apply)
     state = alg.init(PARAMS, N)
@@ -377,6 +378,7 @@ _qsplit = ClientData(examples={"x": jnp.asarray(np.concatenate([QA, QB], 1)[:, N
 QDATA = FederatedData(_qsplit, _qsplit)
 Q_LOCAL_STEPS = 20  # one example per client: one full-batch step per epoch
 Q_LR = 0.1
+Q_TRAINING = ClientTraining(lr=Q_LR, batch_size=1, num_epochs=Q_LOCAL_STEPS)
 
 
 def _quadratic_run(alg, cohort_size, rounds, sampler=sampling.uniform):
@@ -395,19 +397,19 @@ def test_quadratic_optimum_is_far_from_the_unweighted_mean():
 
 
 def test_fedavg_with_many_local_steps_is_biased_on_the_quadratic():
-    alg = fedavg(QMODEL, client_lr=Q_LR, batch_size=1, num_epochs=Q_LOCAL_STEPS)
+    alg = fedavg(QMODEL, training=Q_TRAINING)
     theta = _quadratic_run(alg, QN, 100, sampling.full)
     assert np.linalg.norm(theta - Q_STAR) > 0.2, theta
 
 
 def test_scaffold_reaches_the_global_optimum_with_partial_participation():
-    alg = scaffold(QMODEL, client_lr=Q_LR, batch_size=1, num_epochs=Q_LOCAL_STEPS)
+    alg = scaffold(QMODEL, training=Q_TRAINING)
     theta = _quadratic_run(alg, QN // 2, 100)
     assert np.linalg.norm(theta - Q_STAR) < 1e-2, (theta, Q_STAR)
 
 
 def test_feddyn_reaches_the_global_optimum_with_partial_participation():
-    alg = feddyn(QMODEL, alpha=1.0, client_lr=Q_LR, batch_size=1, num_epochs=Q_LOCAL_STEPS)
+    alg = feddyn(QMODEL, alpha=1.0, training=Q_TRAINING)
     theta = _quadratic_run(alg, QN // 2, 100)
     assert np.linalg.norm(theta - Q_STAR) < 1e-2, (theta, Q_STAR)
 

@@ -16,6 +16,7 @@ from fedjax_fair.algorithms.superfed import (cos_squared, draw_lambdas, lambda_g
                                              superfed)
 from fedjax_fair.core.evaluation import make_evaluator
 from fedjax_fair.models import mlp
+from fedjax_fair.core.client import ClientTraining
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL)
@@ -25,8 +26,11 @@ B = 4
 IDS = [0, 3, 4]
 
 
+TRAINING = ClientTraining(lr=0.1, batch_size=B, num_epochs=2)  # weight decay 0
+
+
 def _sf(**kw):
-    args = dict(client_lr=0.1, batch_size=B, num_epochs=2, momentum=0.0, weight_decay=0.0)
+    args = dict(training=TRAINING, momentum=0.0)
     args.update(kw)
     return superfed(MODEL, **args)
 
@@ -63,13 +67,13 @@ def test_before_start_round_a_round_is_fedavg_or_fedprox_and_local_models_stay()
     state = _sf(mu=0.0, nu=0.0, start_round=10).init(PARAMS, N)
     alg = _sf(mu=0.0, nu=0.0, start_round=10)
     new, _ = _round(alg, state)
-    plain, _ = _round(fedavg(MODEL, client_lr=0.1, batch_size=B, num_epochs=2),
+    plain, _ = _round(fedavg(MODEL, training=TRAINING),
                       fedavg(MODEL).init(PARAMS, N))
     _assert_trees(new.params, plain.params, rtol=1e-6, atol=1e-7)
     assert _equal(_rows(alg, new), _rows(alg, state))  # theta_l bit-identical
     prox = _sf(mu=0.3, nu=0.0, start_round=10)
     new, _ = _round(prox, prox.init(PARAMS, N))
-    ref, _ = _round(fedprox(MODEL, mu=0.3, client_lr=0.1, batch_size=B, num_epochs=2),
+    ref, _ = _round(fedprox(MODEL, mu=0.3, training=TRAINING),
                     fedprox(MODEL, mu=0.3).init(PARAMS, N))
     _assert_trees(new.params, ref.params, rtol=1e-6, atol=1e-7)
 
@@ -251,6 +255,7 @@ def test_lambda_grid_metrics_and_summary():
 
 def test_bad_arguments_fail_before_compute():
     for kw in ({"mode": "xx"}, {"prox_form": "l1"}, {"nu": -1.0}, {"eval_lambda": 1.5},
-               {"start_round": -1}, {"momentum": 1.0}):
+               {"start_round": -1}, {"momentum": 1.0},
+               {"training": ClientTraining(weight_decay=-1.0)}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             superfed(MODEL, **kw)

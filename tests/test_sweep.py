@@ -25,6 +25,7 @@ from fedjax_fair.core import sampling
 from fedjax_fair.drivers.sweeps import (SEED, Axis, Tiles, evaluate_state, final_state,
                                         summarise, sweep)
 from fedjax_fair.core.types import FederatedData
+from fedjax_fair.core.client import ClientTraining
 
 MODEL = helpers.logreg()
 _TINY = helpers.tiny_federation()
@@ -39,7 +40,8 @@ COMMON = dict(model=MODEL, data=DATA, num_rounds=ROUNDS, cohort_size=COHORT,
 
 
 def build(hp):
-    return algorithms.qffl(MODEL, q=hp["q"], client_lr=hp["client_lr"], batch_size=B)
+    return algorithms.qffl(MODEL, q=hp["q"], training=ClientTraining(lr=hp["client_lr"],
+                                                                     batch_size=B))
 
 
 @functools.cache
@@ -231,7 +233,7 @@ def test_lax_map_chunks_and_seeds_only_and_runner():
     for name, v in mapped.test.items():
         np.testing.assert_allclose(v, full.test[name], rtol=1e-5, atol=1e-6)
 
-    algorithm = algorithms.qffl(MODEL, q=1.0, client_lr=0.3, batch_size=B)
+    algorithm = algorithms.qffl(MODEL, q=1.0, training=ClientTraining(lr=0.3, batch_size=B))
     seeds_only = sweep(lambda hp: algorithm, {}, seeds=SEEDS, vmap_seeds=True, **COMMON)
     assert [a.name for a in seeds_only.axes] == [SEED] and seeds_only.shape == (2,)
     np.testing.assert_allclose(seeds_only.test["loss"], full.test["loss"][1, 1], rtol=1e-5,
@@ -254,7 +256,7 @@ def test_run_seeds_equals_runner_run_per_seed(vmap_seeds):
     """``run_seeds`` (compare's seeds as one program) gives each seed runner.run's
     history, per-client metrics, per-round metrics and client history."""
     from fedjax_fair.drivers.sweeps import run_seeds
-    algorithm = algorithms.qffl(MODEL, q=1.0, client_lr=0.3, batch_size=B)
+    algorithm = algorithms.qffl(MODEL, q=1.0, training=ClientTraining(lr=0.3, batch_size=B))
     runs = run_seeds(algorithm, MODEL, DATA, SEEDS, num_rounds=5, cohort_size=COHORT,
                      eval_every=2, execution=EXECUTION, vmap_seeds=vmap_seeds)
     assert runs.non_finite == [None, None]

@@ -33,6 +33,7 @@ from fedjax_fair.core import sampling
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import data_loss
 from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.core.client import ClientTraining
 
 MODEL = helpers.logreg()
 PARAMS = helpers.init_params(MODEL, 0)
@@ -43,6 +44,7 @@ COHORT = 4  # partial participation
 KEY = jax.random.key(7)
 EXECUTION = "sequential"
 LR, B = 0.2, 4
+TRAINING = ClientTraining(lr=LR, batch_size=B)
 
 # XLA:CPU compiles dominate this file's run time. LLVM's cheap pipeline compiles
 # about 30% faster; results are IEEE arithmetic either way (no fast-math), and every
@@ -85,28 +87,26 @@ class Method(NamedTuple):
 
 
 METHODS = {
-    "qffl": Method(lambda q: algorithms.qffl(MODEL, q=q, client_lr=LR, batch_size=B),
+    "qffl": Method(lambda q: algorithms.qffl(MODEL, q=q, training=TRAINING),
                    dict(q=0.1)),
-    "term": Method(lambda tilt: algorithms.term(MODEL, tilt=tilt, client_lr=LR, batch_size=B),
+    "term": Method(lambda tilt: algorithms.term(MODEL, tilt=tilt, training=TRAINING),
                    dict(tilt=0.1)),
-    "afl": Method(lambda lambda_lr: algorithms.afl(MODEL, lambda_lr=lambda_lr, client_lr=LR,
-                                                   batch_size=B), dict(lambda_lr=0.01)),
+    "afl": Method(lambda lambda_lr: algorithms.afl(MODEL, lambda_lr=lambda_lr, training=TRAINING), dict(lambda_lr=0.01)),
     "propfair": Method(lambda baseline, eps: algorithms.propfair(
-        MODEL, baseline=baseline, eps=eps, client_lr=LR, batch_size=B),
+        MODEL, baseline=baseline, eps=eps, training=TRAINING),
         dict(baseline=2.0, eps=0.2)),
-    "fedsoftmax": Method(lambda beta: algorithms.fedsoftmax(MODEL, beta=beta, client_lr=LR,
-                                                            batch_size=B), dict(beta=5.0)),
+    "fedsoftmax": Method(lambda beta: algorithms.fedsoftmax(MODEL, beta=beta, training=TRAINING), dict(beta=5.0)),
     "aaggff_s": Method(lambda alpha, beta: algorithms.aaggff_s(
-        MODEL, alpha=alpha, beta=beta, client_lr=LR, batch_size=B),
+        MODEL, alpha=alpha, beta=beta, training=TRAINING),
         dict(alpha=0.05, beta=1.5), full=True),
     # response_range = (0, C2) with C2 traced.
     "aaggff_d": Method(lambda c2: algorithms.aaggff_d(MODEL, response_range=(0.0, c2),
-                                                      client_lr=LR, batch_size=B),
+                                                      training=TRAINING),
                        dict(c2=2.0 / 3.0)),
-    "fedprox": Method(lambda mu: algorithms.fedprox(MODEL, mu=mu, client_lr=LR, batch_size=B),
+    "fedprox": Method(lambda mu: algorithms.fedprox(MODEL, mu=mu, training=TRAINING),
                       dict(mu=0.01)),
-    "fedavg": Method(lambda client_lr: algorithms.fedavg(MODEL, client_lr=client_lr,
-                                                         batch_size=B), dict(client_lr=LR)),
+    "fedavg": Method(lambda client_lr: algorithms.fedavg(
+        MODEL, training=TRAINING._replace(lr=client_lr)), dict(client_lr=LR)),
 }
 
 
@@ -249,7 +249,7 @@ def test_grad_client_lr_matches_finite_differences(dtype):
     params, data = _cast(PARAMS, dtype), _cast(DATA, dtype)
 
     def loss(lr):
-        alg = algorithms.fedavg(MODEL, client_lr=lr, batch_size=B)
+        alg = algorithms.fedavg(MODEL, training=ClientTraining(lr=lr, batch_size=B))
         return _mean_test_loss(_final_params(alg, params, data), data)
 
     _check_gradient(loss, (LR,), dtype)
@@ -259,7 +259,7 @@ def test_grad_qffl_q_and_client_lr_match_finite_differences_with_remat(dtype):
     params, data = _cast(PARAMS, dtype), _cast(DATA, dtype)
 
     def loss(q, lr):
-        alg = algorithms.qffl(MODEL, q=q, client_lr=lr, batch_size=B)
+        alg = algorithms.qffl(MODEL, q=q, training=ClientTraining(lr=lr, batch_size=B))
         return _mean_test_loss(_final_params(alg, params, data, remat=True), data)
 
     _check_gradient(loss, (0.5, LR), dtype)
@@ -269,10 +269,11 @@ def test_grad_qffl_q_and_client_lr_match_finite_differences_with_remat(dtype):
 
 
 def test_client_lr_schedule_equals_per_round_rebuilt_fedavg():
-    state = algorithms.fedavg(MODEL, batch_size=B).init(PARAMS, N)
+    state = algorithms.fedavg(MODEL, training=ClientTraining(batch_size=B)).init(PARAMS, N)
     # one round at a time, the rate fixed for the round (one program, the rate its argument)
     one_round = jax.jit(lambda lr, s: simulate(
-        algorithms.fedavg(MODEL, client_lr=lr, batch_size=B), s, DATA, KEY, num_rounds=1,
+        algorithms.fedavg(MODEL, training=ClientTraining(lr=lr,
+                                                         batch_size=B)), s, DATA, KEY, num_rounds=1,
         cohort_size=COHORT, execution=EXECUTION)[0])
     for r in range(NUM_ROUNDS):
         state = one_round(jnp.float32(0.1 * 0.9 ** r), state)
@@ -280,7 +281,8 @@ def test_client_lr_schedule_equals_per_round_rebuilt_fedavg():
     literal = state.params
 
     run = _jit(lambda sched, p, d: _final_params(
-        algorithms.fedavg(MODEL, client_lr=sched, batch_size=B), p, d), static_argnums=0)
+        algorithms.fedavg(MODEL, training=ClientTraining(lr=sched,
+                                                         batch_size=B)), p, d), static_argnums=0)
     scheduled = run(lambda t: 0.1 * 0.9 ** t, PARAMS, DATA)
     helpers.assert_trees_close(scheduled, literal, rtol=1e-5, atol=1e-6)
     decayed = run(optax.exponential_decay(0.1, 1, 0.9), PARAMS, DATA)
@@ -311,8 +313,8 @@ BAD_CONCRETE = [
     ("aaggff_s beta < 0", lambda: algorithms.aaggff_s(MODEL, beta=-1.0)),
     ("aaggff_d C2 < C1", lambda: algorithms.aaggff_d(MODEL, response_range=(0.5, 0.1))),
     ("aaggff_d C2 0", lambda: algorithms.aaggff_d(MODEL, response_range=(0.0, 0.0))),
-    ("fedavg client_lr 0", lambda: algorithms.fedavg(MODEL, client_lr=0.0)),
-    ("fedavg client_lr < 0", lambda: algorithms.fedavg(MODEL, client_lr=-0.1)),
+    ("fedavg client_lr 0", lambda: algorithms.fedavg(MODEL, training=ClientTraining(lr=0.0))),
+    ("fedavg client_lr < 0", lambda: algorithms.fedavg(MODEL, training=ClientTraining(lr=-0.1))),
 ]
 
 
@@ -323,8 +325,14 @@ def test_factories_reject_bad_concrete_values(build):
         build()
 
 
+def _training_of(name, **fields):
+    """``name``'s own default training with ``fields`` replaced."""
+    return algorithms.default_training(name)._replace(**fields)
+
+
 TRACED_FACTORIES = {
-    "qffl": lambda v: algorithms.qffl(MODEL, q=v, lipschitz=v + 1.0, client_lr=v + 0.1),
+    "qffl": lambda v: algorithms.qffl(MODEL, q=v, lipschitz=v + 1.0,
+                                      training=ClientTraining(lr=v + 0.1)),
     "term": lambda v: algorithms.term(MODEL, tilt=v),
     "afl": lambda v: algorithms.afl(MODEL, lambda_lr=v),
     "propfair": lambda v: algorithms.propfair(MODEL, baseline=v + 1.0, eps=v),
@@ -332,8 +340,10 @@ TRACED_FACTORIES = {
     "aaggff_s": lambda v: algorithms.aaggff_s(MODEL, alpha=v + 1.0, beta=v),
     "aaggff_d": lambda v: algorithms.aaggff_d(MODEL, response_range=(0.0 * v, v + 1.0)),
     "fedprox": lambda v: algorithms.fedprox(MODEL, mu=v),
-    "fedavg": lambda v: algorithms.fedavg(MODEL, client_lr=v + 0.1, weight_decay=v),
-    "afedpd": lambda v: algorithms.afedpd(MODEL, rho=v, weight_decay=v),
+    "fedavg": lambda v: algorithms.fedavg(MODEL, training=ClientTraining(lr=v + 0.1,
+                                                                         weight_decay=v)),
+    "afedpd": lambda v: algorithms.afedpd(MODEL, rho=v,
+                                          training=_training_of("afedpd", weight_decay=v)),
     "afedpd_sam": lambda v: algorithms.afedpd_sam(MODEL, rho=v + 1.0, sam_radius=v, sam_eps=v),
     "fedspeed": lambda v: algorithms.fedspeed(MODEL, rho=v, sam_radius=v),
     "feddyn": lambda v: algorithms.feddyn(MODEL, alpha=v),
@@ -341,8 +351,10 @@ TRACED_FACTORIES = {
     "fedsam": lambda v: algorithms.fedsam(MODEL, sam_radius=v),
     "fedevg": lambda v: algorithms.fedevg(MODEL, ce_weight=v, client_step=v, server_step=v,
                                           server_noise=v, grad_clip=v + 1.0,
-                                          data_range=(v - 1.0, v + 1.0), client_lr=v + 0.1),
-    "fedcvae": lambda v: algorithms.fedcvae(MODEL, kl_weight=v, client_lr=v + 0.1,
+                                          data_range=(v - 1.0, v + 1.0),
+                                          training=_training_of("fedevg", lr=v + 0.1)),
+    "fedcvae": lambda v: algorithms.fedcvae(MODEL, kl_weight=v,
+                                            training=_training_of("fedcvae", lr=v + 0.1),
                                             data_range=(v - 1.0, v + 1.0),
                                             server_classifier_lr=v + 0.1),
 }

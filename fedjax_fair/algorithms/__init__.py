@@ -4,10 +4,13 @@ command line, sweeps and tests read: ``REGISTRY``, ``ALGORITHMS``, ``get_method`
 ``method_hparams``.
 
 Every factory takes the model first and states its hyper-parameters as typed keyword
-arguments with defaults (no ``**kwargs``).
+arguments with defaults (no ``**kwargs``); the clients' local training is one of them,
+``training: ClientTraining`` (``fedavg(model, training=ClientTraining(lr=0.05))``).
 """
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.registry import (ALGORITHMS, REGISTRY, HParam, Method, base_name,
-                                             get_algorithm, get_method, method_hparams)
+                                             build, default_training, get_algorithm,
+                                             get_method, method_hparams)
 from fedjax_fair.algorithms.registry import (  # the factories
     aaggff_d, aaggff_s, afedpd, afedpd_sam, afl, apfl, ditto, dqn_fed, fedadagrad, fedadam,
     fedadmm, fedavg, fedavg_ft, fedavgm, fedcm, fedcvae, feddyn, fedevg, fedheal, fedlf,
@@ -16,8 +19,8 @@ from fedjax_fair.algorithms.registry import (  # the factories
     scaffold, superfed, term)
 
 __all__ = [
-    "ALGORITHMS", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
-    "afedpd_sam", "afl", "apfl", "base_name", "ditto", "dqn_fed", "fedadagrad", "fedadam",
+    "ALGORITHMS", "ClientTraining", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
+    "afedpd_sam", "afl", "apfl", "base_name", "build", "default_training", "ditto", "dqn_fed", "fedadagrad", "fedadam",
     "fedadmm", "fedavg", "fedavg_ft", "fedavgm", "fedcm", "fedcvae", "feddyn", "fedevg",
     "fedheal", "fedlf", "fedmax", "fedmax_k", "fedmgda_plus", "fednew", "fednl",
     "fednl_pp", "fedpd", "fedper", "fedprox", "fedrep", "fedsam", "fedsoftmax", "fedspeed",

@@ -88,8 +88,9 @@ from jax.scipy.special import erfc, ndtr
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.families.training import Rate, Transform
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, normalize
 from fedjax_fair.solvers.online import (diagonal_simplex_qp, entropic_ftrl,
                                         psd_lipschitz_bound, simplex_qp)
@@ -98,7 +99,7 @@ from fedjax_fair.core.types import ClientOutput, ServerContext
 VARIANTS = ("thesis", "reference")
 HPARAMS = {"alpha": H.Range(0.0, None, low_open=True, nullable=True),
            "beta": H.Range(0.0, None, nullable=True),
-           "num_iters": H.COUNT, "server_lr": H.POSITIVE, **CLIENT_HPARAMS}
+           "num_iters": H.COUNT, "server_lr": H.POSITIVE}
 SOLVERS = ("fista", "diagonal")
 _FRECHET_MIN = 1e-12
 _MEAN_MIN = 1e-12
@@ -566,10 +567,7 @@ def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
 def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range: Optional[tuple] = None,
              alpha: Optional[float] = None, beta: Optional[float] = None,
              variant: str = "thesis", num_iters: int = 300, solver: str = "fista",
-             client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
-             server_lr: Rate = 1.0,
+             training: ClientTraining = ClientTraining(), server_lr: Rate = 1.0,
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-S: FedAvg clients, ONS mixing (``aaggff_s_mixing``); run it with full
     participation (sampler ``full``). The server steps by ``server_lr`` (a number or a
@@ -578,25 +576,19 @@ def aaggff_s(model, *, cdf: Union[str, int] = "normal", response_range: Optional
     return fedavg(model, mixing=aaggff_s_mixing(cdf=cdf, response_range=response_range,
                                                 alpha=alpha, beta=beta, variant=variant,
                                                 num_iters=num_iters, solver=solver),
-                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
+                  training=training,
                   server_optimizer=server_optimizer or _server_sgd(server_lr))
 
 
 def aaggff_d(model, *, cdf: Union[str, int] = "normal", response_range: Optional[tuple] = None,
-             variant: str = "thesis", client_lr: Rate = 0.1, batch_size: int = 20,
-             num_epochs: int = 1, max_steps: Optional[int] = None,
-             client_optimizer: Optional[Optimizer] = None, server_lr: Rate = 1.0,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
+             variant: str = "thesis", training: ClientTraining = ClientTraining(),
+             server_lr: Rate = 1.0,
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """AAggFF-D: FedAvg clients, linearised-FTRL mixing (``aaggff_d_mixing``) for
     partial participation; ``server_lr`` as in ``aaggff_s``."""
     return fedavg(model, mixing=aaggff_d_mixing(cdf=cdf, response_range=response_range,
                                                 variant=variant),
-                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
+                  training=training,
                   server_optimizer=server_optimizer or _server_sgd(server_lr))
 
 

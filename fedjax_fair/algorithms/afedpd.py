@@ -29,31 +29,28 @@ weight-decay terms are added unperturbed. r (Algorithm 2's second "rho") is
 Pieces (primal_dual.py): ``augmented_lagrangian`` (regularizer), ``dual_ascent``
 (finish), ``virtual_dual_drift`` (drift), ``primal_dual_aggregator("virtual")``.
 
-Symbols -> arguments: rho = ``rho`` (not in Table 3; we use 0.1, FedDyn's value; traced), eta^t = ``client_lr``
-(a schedule of the round for eta_0 d^t, e.g. ``lambda t: 0.1 * 0.998 ** t``), K =
-``num_epochs`` x ceil(n_i / B) capped by ``max_steps``, B = ``batch_size``, wd =
-``weight_decay`` (Table 3: 1e-3), r = ``sam_radius``, eps = ``sam_eps``; uniform
+Symbols -> arguments: rho = ``rho`` (not in Table 3; we use 0.1, FedDyn's value;
+traced), eta^t = ``training.lr`` (a schedule of the round for eta_0 d^t, e.g.
+``lambda t: 0.1 * 0.998 ** t``), K = ``training.num_epochs`` x ceil(n_i / B) capped by
+``training.max_steps``, B = ``training.batch_size`` (default 50:
+``primal_dual.TRAINING``), wd = ``training.weight_decay`` (Table 3: 1e-3), r =
+``sam_radius``, eps = ``sam_eps``; uniform
 weights 1 / P (``weight_by_size``: n_i-weighted theta-bar, and lambda-bar follows
 the same recursion). ``evaluate``: "average" evaluates theta-bar^t (the paper's
 output, Theorem 1), "server" the broadcast theta^t.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import Optimizer, Rate
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
-from fedjax_fair.algorithms.families.primal_dual import SAM_HPARAMS, primal_dual
+from fedjax_fair.algorithms.families.primal_dual import SAM_HPARAMS, TRAINING, primal_dual
 
 HPARAMS = dict(PD_HPARAMS)
 SAM_VARIANT_HPARAMS = {**PD_HPARAMS, **SAM_HPARAMS}
 
 
-def afedpd(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 50,
-           num_epochs: int = 1, max_steps: Optional[int] = None,
-           client_optimizer: Optional[Optimizer] = None, weight_decay: float = 0.0,
-           clip_norm: Optional[float] = None, clip_mode: str = "step",
+def afedpd(model, *, rho: float = 0.1, training: ClientTraining = TRAINING,
            client_table: str = "dense", weight_by_size: bool = False,
            evaluate: str = "average") -> FederatedAlgorithm:
     """A-FedPD: augmented-Lagrangian local SGD, real dual updates for the cohort and
@@ -62,25 +59,16 @@ def afedpd(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 
     ``client_table``: "dense" (every dual rewritten every round), "lazy" or
     "lazy:CAPACITY" (deviations from the mean dual, rows only for clients sampled),
     each optionally ":bf16" storage."""
-    return primal_dual(model, rho=rho, rule="virtual", client_lr=client_lr,
-                       batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer,
-                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
+    return primal_dual(model, rho=rho, rule="virtual", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)
 
 
 def afedpd_sam(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float = 1e-2,
-               client_lr: Rate = 0.1, batch_size: int = 50, num_epochs: int = 1,
-               max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-               clip_norm: Optional[float] = None, clip_mode: str = "step",
-               weight_decay: float = 0.0, client_table: str = "dense",
+               training: ClientTraining = TRAINING, client_table: str = "dense",
                weight_by_size: bool = False, evaluate: str = "average") -> FederatedAlgorithm:
     """A-FedPDSAM: A-FedPD with SAM local steps (radius ``sam_radius``, two gradient
     evaluations per step). ``sam_radius=0`` is A-FedPD."""
-    return primal_dual(model, rho=rho, rule="virtual", client_lr=client_lr,
-                       batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer,
-                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
+    return primal_dual(model, rho=rho, rule="virtual", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)

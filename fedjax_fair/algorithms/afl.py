@@ -42,12 +42,13 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.families.training import Transform
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, active_clients, normalize
 from fedjax_fair.solvers.simplex import project_simplex
 
-HPARAMS = {"lambda_lr": H.NONNEGATIVE, **CLIENT_HPARAMS}
+HPARAMS = {"lambda_lr": H.NONNEGATIVE}
 
 
 class AFLState(NamedTuple):
@@ -101,14 +102,9 @@ def afl_mixing(lambda_lr=0.01) -> MixingRule:
     return MixingRule(init, update)
 
 
-def afl(model, *, lambda_lr: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
-        num_epochs: int = 1, max_steps: Optional[int] = None,
-        client_optimizer: Optional[Optimizer] = None,
-        clip_norm: Optional[float] = None, clip_mode: str = "step",
+def afl(model, *, lambda_lr: float = 0.01, training: ClientTraining = ClientTraining(),
         server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with AFL's minimax client weights. Meant for full
     participation (the ``full`` sampler)."""
-    return fedavg(model, mixing=afl_mixing(lambda_lr), client_lr=client_lr,
-                  batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                  client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode, server_optimizer=server_optimizer)
+    return fedavg(model, mixing=afl_mixing(lambda_lr), training=training,
+                  server_optimizer=server_optimizer)

@@ -30,20 +30,23 @@ grad_v = alpha grad f(vbar) and grad_alpha = <v - w, grad f(vbar)>; all three at
 same batch and the pre-step iterates. (The mixture's loss enters as
 ``f(vbar) - stop_gradient(f(vbar))`` in value, so the client's ``train_loss`` is w's own
 last-epoch loss, as FedAvg's, while the gradients are unchanged.) The optimizer moves
-(w, v) with ``client_optimizer`` (default SGD at ``client_lr``) and alpha by plain SGD
-at ``alpha_lr`` projected onto [0, 1] (as the authors' code clips it); with
-``adaptive_alpha=False`` alpha is never moved. ``clip_norm`` clips grad_w and grad_v
-separately, each to global norm at most c (the two models' own steps, so alpha = 0
-with clipping is FedAvg with clipping); APFL has no regularizer, so both
-``clip_mode`` forms coincide. The row of client i is
+(w, v) with ``training.optimizer`` (default SGD at ``training.lr``) and alpha by plain
+SGD at ``alpha_lr`` projected onto [0, 1] (as the authors' code clips it); with
+``adaptive_alpha=False`` alpha is never moved. ``training.clip_norm`` clips grad_w and
+grad_v separately, each to global norm at most c (the two models' own steps, so
+alpha = 0 with clipping is FedAvg with clipping); APFL has no regularizer, so both
+``clip_mode`` forms coincide. ``training.weight_decay`` must be 0 (the joint loop
+would decay alpha too; an optimizer with decayed weights, e.g.
+``client.sgd_optimizer(weight_decay=...)``, decays (w, v) only). The row of client i is
 ``APFLRow(local=v_i, alpha=alpha_i)``, v_i^0 = w^0 and alpha_i^0 = ``alpha``.
 
 Symbols -> arguments: alpha (the initial / fixed mixing weight) = ``alpha`` (the
 SuPerFed comparison uses the fixed 0.25 of its reference code; may be traced);
-eta = ``client_lr`` (w and v share it, as in the paper); eta_alpha = ``alpha_lr``
-(default: ``client_lr``); the number of local steps tau = E ceil(n_i / B) capped by
-``max_steps`` (E = ``num_epochs``, B = ``batch_size``). ``alpha = 0`` trains w exactly
-as FedAvg (v_i then receives zero gradients and the personal model is w).
+eta = ``training.lr`` (w and v share it, as in the paper); eta_alpha = ``alpha_lr``
+(default: ``training.lr``); the number of local steps tau = E ceil(n_i / B) capped by
+``training.max_steps`` (E = ``training.num_epochs``, B = ``training.batch_size``).
+``alpha = 0`` trains w exactly as FedAvg (v_i then receives zero gradients and the
+personal model is w).
 """
 from __future__ import annotations
 
@@ -56,17 +59,28 @@ import optax
 from fedjax_fair.core import execution
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client)
-from fedjax_fair.core.client import (clip_by_global_norm, data_loss, local_sgd,
-                                     make_optimizer, round_value)
+from fedjax_fair.algorithms.families.training import Rate
+from fedjax_fair.core.client import (FIELDS, ClientTraining, clip_by_global_norm, data_loss,
+                                     local_sgd, make_optimizer, round_value)
 from fedjax_fair.core.mixing import prior
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 HPARAMS = {"alpha": H.Range(0.0, 1.0),
-           "alpha_lr": H.Range(0.0, None, low_open=True, nullable=True),
-           **CLIENT_HPARAMS}
+           "alpha_lr": H.Range(0.0, None, low_open=True, nullable=True)}
+# The ClientTraining fields APFL honours, by flat name: all but weight_decay (module doc).
+TRAINING_FIELDS = tuple(name for name in FIELDS if name != "weight_decay")
+
+
+def check_no_weight_decay(training: ClientTraining, method: str) -> None:
+    """``FieldError("training.weight_decay")`` unless it is a concrete 0: ``method``'s
+    local loop has no coupled weight decay."""
+    wd = training.weight_decay
+    if not (isinstance(wd, (int, float)) and wd == 0):
+        raise H.FieldError("training.weight_decay",
+                           f"{method}'s local loop has no weight decay, must be 0 (give "
+                           f"an optimizer with decayed weights, e.g. "
+                           f"client.sgd_optimizer(weight_decay=...)), got {wd!r}")
 
 
 class APFLRow(NamedTuple):
@@ -127,33 +141,31 @@ def joint_optimizer(pair: optax.GradientTransformation, alpha_lr, adaptive: bool
 
 
 def apfl(model, *, alpha: float = 0.25, adaptive_alpha: bool = False,
-         alpha_lr: Optional[Rate] = None, client_lr: Rate = 0.1, batch_size: int = 20,
-         num_epochs: int = 1, max_steps: Optional[int] = None,
-         client_optimizer: Optional[Optimizer] = None,
-         clip_norm: Optional[float] = None, clip_mode: str = "step",
+         alpha_lr: Optional[Rate] = None, training: ClientTraining = ClientTraining(),
          client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """APFL: FedAvg on the global copies w_i (weights n_i, or 1 / |S| with
     ``weight_by_size=False``), a local model v_i and mixing weight alpha_i per client
     trained in the same local steps; evaluated personally on
     alpha_i v_i + (1 - alpha_i) w.
 
-    ``client_optimizer``: ``rate -> optax transformation`` (default ``optax.sgd``) or a
-    fixed transformation, applied to the pair (w_i, v_i); its state starts fresh every
-    round. ``clip_norm``: grad_w and grad_v each clipped (``clip_mode`` accepted for
-    uniformity; no regularizer). ``client_table``: "dense", "lazy" or "lazy:CAPACITY"
-    storage of the rows."""
+    ``training`` (``ClientTraining``, weight decay 0): its optimizer, ``rate -> optax
+    transformation`` (default ``optax.sgd``) or a fixed transformation, is applied to
+    the pair (w_i, v_i), its state fresh every round; ``clip_norm``: grad_w and grad_v
+    each clipped (``clip_mode`` accepted for uniformity; no regularizer).
+    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the rows."""
     H.check(HPARAMS, alpha=alpha)
     if alpha_lr is not None and not callable(alpha_lr):
         HPARAMS["alpha_lr"].check("alpha_lr", alpha_lr)
     if not isinstance(adaptive_alpha, bool):
         raise ValueError(f"adaptive_alpha: must be a bool, got {adaptive_alpha!r}")
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
-    pair_optimizer = client_optimizer or optax.sgd
+    training.check()
+    check_no_weight_decay(training, "APFL")
+    client_lr, clip_norm = training.lr, training.clip_norm
+    pair_optimizer = training.optimizer or optax.sgd
     alpha_rate = client_lr if alpha_lr is None else alpha_lr
-    train = local_sgd(joint_model(model), batch_size=batch_size, num_epochs=num_epochs,
-                      max_steps=max_steps, unroll=execution.local_step_unroll(
-                          model.uses_xla_conv))
+    train = local_sgd(joint_model(model), batch_size=training.batch_size,
+                      num_epochs=training.num_epochs, max_steps=training.max_steps,
+                      unroll=execution.local_step_unroll(model.uses_xla_conv))
 
     def client_update(broadcast: Broadcast, row: APFLRow, data: ClientData, local_steps,
                       key):

@@ -42,8 +42,8 @@ local training); d~_k = max(g.H g, ``delta_min`` gamma0 ||g||^2). The paper's di
 matrix is never formed.
 
 Symbols -> arguments: eta_g = ``server_lr`` (a number or a schedule; default 0.5, the
-paper's eq. 17 is 1), eta_l =
-``client_lr``, E = ``num_epochs``, b = ``batch_size``, m = ``memory``
+paper's eq. 17 is 1), eta_l = ``training.lr``, E = ``training.num_epochs``, b =
+``training.batch_size`` (``ClientTraining``), m = ``memory``
 (default min(E + 1, 10)), epsilon_ridge = ``ridge``. All clients count equally (no
 data-size weights). ``gram_schmidt`` is the literal eqs. 7-17, for tests and
 diagnostics.
@@ -60,10 +60,9 @@ from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client)
-from fedjax_fair.core.client import (check_rate_optimizer, data_loss, inner, local_sgd,
-                                     make_optimizer, round_value)
+from fedjax_fair.algorithms.families.training import Rate
+from fedjax_fair.core.client import (ClientTraining, check_rate_optimizer, data_loss, inner,
+                                     local_sgd, make_optimizer, round_value)
 from fedjax_fair.algorithms.families.second_order import row_subset
 from fedjax_fair.core.mixing import uniform
 from fedjax_fair.core.types import ClientData, ClientOutput
@@ -76,8 +75,7 @@ HPARAMS = {"server_lr": H.POSITIVE, "memory": H.Range(1, None, integer=True, nul
            "probe_size": H.Range(1, None, integer=True, nullable=True),
            "eps_curv": H.NONNEGATIVE, "gamma_min": H.POSITIVE, "gamma_max": H.POSITIVE,
            "delta_min": H.NONNEGATIVE, "ridge": H.NONNEGATIVE,
-           "max_step_norm": H.Range(0.0, None, low_open=True, nullable=True),
-           **CLIENT_HPARAMS}
+           "max_step_norm": H.Range(0.0, None, low_open=True, nullable=True)}
 _TINY = 1e-30
 
 
@@ -193,26 +191,29 @@ def decrement(g, pairs: Pairs, gamma0, *, delta_min=1e-3, gamma_max=1e2,
 # ----------------------------------------------------------------------- client
 
 
-def dqn_client(model, *, client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-               max_steps: Optional[int] = None, mode: str = "pseudo_grad",
+def dqn_client(model, *, training: ClientTraining = ClientTraining(),
+               mode: str = "pseudo_grad",
                local_pairs: bool = True, memory: Optional[int] = None,
                bfgs_form: str = "inverse", probe_size: Optional[int] = 512,
-               eps_curv=1e-8, gamma_min=1e-6, gamma_max=1.0, delta_min=1e-3,
-               client_optimizer=None, clip_norm=None, clip_mode: str = "step") -> Callable:
+               eps_curv=1e-8, gamma_min=1e-6, gamma_max=1.0,
+               delta_min=1e-3) -> Callable:
     """DQN-Fed's ClientUpdate (Algorithm 1, eq. 18): receives theta^t and theta^{t-1}
     (``broadcast.extra``), returns ``extra = {"g", "dtilde", "gamma0", "num_pairs"}``
-    and ``delta = theta^t - theta_k^E``. In "pseudo_grad" mode the local epochs use
-    ``client_optimizer`` (a ``rate -> transformation``, default ``optax.sgd``; its
-    state starts fresh every epoch, one ``local_sgd`` loop per curvature pair) and
-    gradient clipping ``clip_norm`` / ``clip_mode``."""
+    and ``delta = theta^t - theta_k^E``. In "pseudo_grad" mode the local epochs are
+    ``training``'s: ``training.optimizer`` (a ``rate -> transformation``, default
+    ``optax.sgd``; its state starts fresh every epoch, one ``local_sgd`` loop per
+    curvature pair), weight decay and gradient clipping; "grad_at_global" uses only
+    ``training.lr``."""
     _choice("mode", mode, MODES)
     _choice("bfgs_form", bfgs_form, BFGS_FORMS)
     if mode == "pseudo_grad":
-        check_rate_optimizer(client_optimizer, "DQN-Fed's pseudo-gradient")
-    optimizer = client_optimizer or optax.sgd
+        check_rate_optimizer(training.optimizer, "DQN-Fed's pseudo-gradient")
+    optimizer = training.optimizer or optax.sgd
+    client_lr, num_epochs, max_steps = training.lr, training.num_epochs, training.max_steps
     memory = memory or min(num_epochs + 1, 10)
-    epoch = local_sgd(model, batch_size=batch_size, num_epochs=1, clip_norm=clip_norm,
-                      clip_mode=clip_mode)
+    epoch = local_sgd(model, batch_size=training.batch_size, num_epochs=1,
+                      weight_decay=training.weight_decay, clip_norm=training.clip_norm,
+                      clip_mode=training.clip_mode)
 
     def grad_on(params, rows):
         return jax.grad(lambda p: data_loss(model, p, rows))(params)
@@ -537,19 +538,14 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
             eps_curv: float = 1e-8, gamma_min: float = 1e-6, gamma_max: float = 1.0,
             delta_min: float = 1e-3, ridge: float = 1e-6, solver: str = "eigh",
             step_cap: str = "none", max_step_norm: Optional[float] = None,
-            client_lr: Rate = 0.1,
-            batch_size: int = 20, num_epochs: int = 1,
-            max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-            clip_norm: Optional[float] = None,
-            clip_mode: str = "step") -> FederatedAlgorithm:
+            training: ClientTraining = ClientTraining()) -> FederatedAlgorithm:
     """DQN-Fed (module doc): quasi-Newton decrements on the clients, the closed-form
     fair step on the server, theta^{t-1} kept and broadcast. ``server_lr`` defaults
     to 0.5: the paper's eta_g = 1 (eq. 17) blows up near a Pareto-stationary point of
     the cohort on networks (docs/reproducing.md); give 1.0 for the literal
-    step. ``client_optimizer`` and ``clip_norm`` / ``clip_mode``: the local epochs of
+    step. ``training``: the clients' rate, and the local epochs of
     ``mode="pseudo_grad"`` (``dqn_client``)."""
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
+    training.check()
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     H.check(HPARAMS, memory=memory, probe_size=probe_size, eps_curv=eps_curv,
@@ -558,13 +554,10 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
     if H.is_concrete(gamma_min) and H.is_concrete(gamma_max) and gamma_min > gamma_max:
         raise ValueError(f"gamma_min: must not exceed gamma_max ({gamma_max}), "
                          f"got {gamma_min}")
-    client = dqn_client(model, client_lr=client_lr, batch_size=batch_size,
-                        num_epochs=num_epochs, max_steps=max_steps, mode=mode,
+    client = dqn_client(model, training=training, mode=mode,
                         local_pairs=local_pairs, memory=memory, bfgs_form=bfgs_form,
                         probe_size=probe_size, eps_curv=eps_curv, gamma_min=gamma_min,
-                        gamma_max=gamma_max, delta_min=delta_min,
-                        client_optimizer=client_optimizer, clip_norm=clip_norm,
-                        clip_mode=clip_mode)
+                        gamma_max=gamma_max, delta_min=delta_min)
     return compose(client, mixing=uniform(),
                    aggregator=dqn_aggregator(ridge=ridge, step_cap=step_cap,
                                              max_step_norm=max_step_norm, solver=solver),

@@ -23,28 +23,20 @@ Symbols -> arguments as in afedpd.py.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import Optimizer, Rate
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
-from fedjax_fair.algorithms.families.primal_dual import primal_dual
+from fedjax_fair.algorithms.families.primal_dual import TRAINING, primal_dual
 
 HPARAMS = dict(PD_HPARAMS)
 
 
-def fedadmm(model, *, rho: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 50,
-            num_epochs: int = 1, max_steps: Optional[int] = None,
-            client_optimizer: Optional[Optimizer] = None, weight_decay: float = 0.0,
-            clip_norm: Optional[float] = None, clip_mode: str = "step",
+def fedadmm(model, *, rho: float = 0.1, training: ClientTraining = TRAINING,
             client_table: str = "dense", weight_by_size: bool = False,
             evaluate: str = "average") -> FederatedAlgorithm:
     """FedADMM: duals updated only when sampled, theta the cohort's mean augmented
     model (equation 6 with g = 0). ``evaluate``: "average" (theta-bar) or "server"
     (theta)."""
-    return primal_dual(model, rho=rho, rule="cohort", client_lr=client_lr,
-                       batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer,
-                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
+    return primal_dual(model, rho=rho, rule="cohort", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)

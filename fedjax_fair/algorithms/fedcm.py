@@ -24,14 +24,15 @@ state and reaches the clients through the broadcast (like SCAFFOLD's c). The
 client's ``train_loss`` stays the model's own mean loss.
 
 Symbols -> arguments: alpha = ``alpha`` in (0, 1] (may be traced), eta^t =
-``client_lr`` (a number, a traced scalar or a schedule of the round), wd =
-``weight_decay``, eta_g = ``server_lr``, K_k = the client's local steps
-(``num_epochs`` x ceil(n_k / B), capped by ``max_steps`` and its step budget), B =
-``batch_size``; p_k = 1 / |S|, or n_k / n with ``weight_by_size``.
+``training.lr`` (a number, a traced scalar or a schedule of the round), wd =
+``training.weight_decay``, eta_g = ``server_lr``, K_k = the client's local steps
+(``training.num_epochs`` x ceil(n_k / B), capped by ``training.max_steps`` and its
+step budget), B = ``training.batch_size`` (``ClientTraining``); p_k = 1 / |S|, or
+n_k / n with ``weight_by_size``.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,14 +41,12 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
-                                                      Rate, client_training)
-from fedjax_fair.core.client import check_rate_optimizer
+from fedjax_fair.algorithms.families.training import Rate
+from fedjax_fair.core.client import ClientTraining, check_rate_optimizer, local_training
 from fedjax_fair.core.client import inner, masked_mean, round_value
 from fedjax_fair.core.mixing import prior
 
-HPARAMS = {"alpha": H.Range(0.0, 1.0, low_open=True), "server_lr": H.POSITIVE,
-           **CLIENT_HPARAMS, **WEIGHT_DECAY}
+HPARAMS = {"alpha": H.Range(0.0, 1.0, low_open=True), "server_lr": H.POSITIVE}
 
 
 class FedCMState(NamedTuple):
@@ -77,31 +76,23 @@ def momentum_aggregator(client_lr: Rate) -> Aggregator:
     return Aggregator(init, aggregate)
 
 
-def fedcm(model, *, alpha: float = 0.1, client_lr: Rate = 0.1, batch_size: int = 20,
-          num_epochs: int = 1, max_steps: Optional[int] = None,
-          client_optimizer: Optional[Optimizer] = None,
-          clip_norm: Optional[float] = None, clip_mode: str = "step", server_lr: float = 1.0,
-          weight_decay: float = 0.0, weight_by_size: bool = False) -> FederatedAlgorithm:
+def fedcm(model, *, alpha: float = 0.1, training: ClientTraining = ClientTraining(),
+          server_lr: float = 1.0, weight_by_size: bool = False) -> FederatedAlgorithm:
     """FedCM: local steps along alpha g + (1 - alpha) Delta^t, FedAvg server step
     ``optax.sgd(server_lr)`` (weights 1 / |S|, or n_k / n with ``weight_by_size``).
-    ``client_optimizer``: a ``rate -> transformation`` callable (Delta^t divides by
-    K eta); ``clip_norm`` / ``clip_mode``: gradient clipping of every local step
-    ("step" clips alpha g + (1 - alpha) Delta^t, "loss" alpha g alone)."""
-    H.check(HPARAMS, alpha=alpha, server_lr=server_lr, weight_decay=weight_decay)
-    check_rate_optimizer(client_optimizer, "FedCM's momentum")
+    ``training.optimizer``: a ``rate -> transformation`` callable (Delta^t divides by
+    K eta); ``training.clip_mode``: "step" clips alpha g + (1 - alpha) Delta^t, "loss"
+    alpha g alone."""
+    H.check(HPARAMS, alpha=alpha, server_lr=server_lr)
+    check_rate_optimizer(training.optimizer, "FedCM's momentum")
 
     def momentum_term(params, broadcast, client_state):
         del client_state
         return (1.0 - alpha) * inner(broadcast.extra, params)
 
-    client = client_training(model, client_lr=client_lr, batch_size=batch_size,
-                             num_epochs=num_epochs, max_steps=max_steps,
-                             client_optimizer=client_optimizer,
-                             clip_norm=clip_norm, clip_mode=clip_mode,
-                             regularizer=momentum_term,
-                             batch_loss=lambda losses, mask: alpha * masked_mean(losses, mask),
-                             weight_decay=weight_decay)
+    client = local_training(model, training, regularizer=momentum_term,
+                            batch_loss=lambda losses, mask: alpha * masked_mean(losses, mask))
     return compose(client, mixing=prior(weight_by_size),
-                   aggregator=momentum_aggregator(client_lr),
+                   aggregator=momentum_aggregator(training.lr),
                    server_optimizer=optax.sgd(server_lr),
                    broadcast=lambda state: state.aggregator_state.momentum)

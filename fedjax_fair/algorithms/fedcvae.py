@@ -33,17 +33,19 @@ as FedEvg does). The runner's accuracy is thus downstream accuracy (the thesis's
 FedEvg. ``state.aggregator_state`` is ``FedCVAEState(x, y, generator)``, ``generator``
 the CVAE's FedAvg ``ServerState`` (its parameters: ``generator.params``).
 
-Symbols -> arguments: eta = ``client_lr``, B = ``batch_size``, E = ``num_epochs`` (at
-most ``max_steps`` steps), coupled L2 ``weight_decay``, the clients' optimizer
-``client_optimizer`` (default ``optax.adam``), gradient clipping ``clip_norm`` /
-``clip_mode`` (FedAvg's, off by default); network sizes ``latent_dim``,
-``hidden``, KL weight ``kl_weight`` (beta-VAE), the data range ``data_range``; the CVAE's
-initialisation and D~^(0) come from ``jax.random.key(seed)``. Traced: ``client_lr``,
-``weight_decay``, ``kl_weight``, ``data_range`` bounds, ``server_classifier_lr``.
+Symbols -> arguments: eta = ``training.lr``, B = ``training.batch_size`` (also the
+server classifier's batch), E = ``training.num_epochs`` (at most ``training.max_steps``
+steps), coupled L2 ``training.weight_decay``, the clients' optimizer
+``training.optimizer`` (None: ``optax.adam``), gradient clipping ``training.clip_norm``
+/ ``training.clip_mode`` (FedAvg's, off by default), defaults ``TRAINING``; network
+sizes ``latent_dim``, ``hidden``, KL weight ``kl_weight`` (beta-VAE), the data range
+``data_range``; the CVAE's initialisation and D~^(0) come from ``jax.random.key(seed)``.
+Traced: ``training.lr``, ``training.weight_decay``, ``kl_weight``, ``data_range``
+bounds, ``server_classifier_lr``.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -53,10 +55,8 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
                                         cohort_train_loss)
-from fedjax_fair.algorithms.fedavg import HPARAMS as FEDAVG_HPARAMS
-from fedjax_fair.algorithms.families.training import Optimizer, Rate
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.core.client import data_loss
+from fedjax_fair.core.client import ClientTraining, data_loss, describe_object
 from fedjax_fair.core.execution import local_step_unroll, map_clients
 from fedjax_fair.models.base import Model, check_widths
 from fedjax_fair.algorithms.families.generative import (balanced_labels, check_data_range,
@@ -65,10 +65,12 @@ from fedjax_fair.algorithms.families.generative import (balanced_labels, check_d
 from fedjax_fair.core.types import Cohort
 
 NETWORK_HPARAMS = {"latent_dim": H.COUNT, "kl_weight": H.NONNEGATIVE}
-HPARAMS = {**FEDAVG_HPARAMS,  # client_lr, batch_size, num_epochs, max_steps, weight_decay
-           **NETWORK_HPARAMS, "samples_per_class": H.COUNT,
+HPARAMS = {**NETWORK_HPARAMS, "samples_per_class": H.COUNT,
            "server_classifier_steps": H.Range(0, None, integer=True),
            "server_classifier_lr": H.POSITIVE, "seed": H.Range(0, None, integer=True)}
+# FedCVAE's client training, FedEvg's (``fedevg.TRAINING``) without weight decay: Adam
+# (``optimizer=None`` means Adam here) at rate 1e-3, batch 64, one epoch.
+TRAINING = ClientTraining(lr=1e-3, batch_size=64)
 
 
 class _CVAE(nn.Module):
@@ -209,19 +211,16 @@ def sample(generator: Model, params, key, samples_per_class: int = 10):
 
 
 def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,),
-            kl_weight: float = 1.0, data_range: tuple = (0.0, 1.0), client_lr: Rate = 1e-3,
-            batch_size: int = 64, num_epochs: int = 1, max_steps: Optional[int] = None,
-            client_optimizer: Optional[Optimizer] = None,
-            clip_norm: Optional[float] = None, clip_mode: str = "step",
-            weight_decay: float = 0.0, samples_per_class: int = 10,
+            kl_weight: float = 1.0, data_range: tuple = (0.0, 1.0),
+            training: ClientTraining = TRAINING, samples_per_class: int = 10,
             server_classifier_steps: int = 10, server_classifier_lr: float = 1e-3,
             seed: int = 0) -> FederatedAlgorithm:
     """FedCVAE: a conditional VAE trained with FedAvg, its decoder's samples training
     the server classifier ``model`` (see the module docstring).
 
-    The CVAE has ``model``'s inputs and classes; its clients take Adam steps (or
-    ``client_optimizer``'s) at rate ``client_lr`` (a number, a traced scalar or a
-    schedule of the round), clipped to ``clip_norm`` if given; after every
+    The CVAE has ``model``'s inputs and classes; its clients train with ``training``
+    (FedAvg's local training; Adam steps unless ``training.optimizer`` is given, at rate
+    ``training.lr``: a number, a traced scalar or a schedule of the round); after every
     round the server classifier ``state.params`` trains on a fresh decoder set.
 
     Round metrics: FedAvg's on the CVAE (``weights``, ``num_steps``, ``update_norm``;
@@ -229,17 +228,16 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
     server classifier's cross-entropy on each client's rows before the round) and
     ``train_loss`` (its n-weighted mean, as for every method), ``client/elbo_before``
     (the CVAE's), ``server/classifier_loss`` and ``server/synthetic_accuracy``."""
-    H.check(HPARAMS, latent_dim=latent_dim, kl_weight=kl_weight, batch_size=batch_size,
-            num_epochs=num_epochs, max_steps=max_steps, weight_decay=weight_decay,
+    if not isinstance(training, ClientTraining):
+        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+    H.check(HPARAMS, latent_dim=latent_dim, kl_weight=kl_weight,
             samples_per_class=samples_per_class,
             server_classifier_steps=server_classifier_steps,
             server_classifier_lr=server_classifier_lr, seed=seed)
     generator = cvae(model.input_shape, model.num_classes, latent_dim, hidden, kl_weight,
                      data_range)
-    inner = fedavg(generator, client_lr=client_lr, batch_size=batch_size,
-                   num_epochs=num_epochs, max_steps=max_steps,
-                   client_optimizer=client_optimizer or optax.adam, clip_norm=clip_norm,
-                   clip_mode=clip_mode, weight_decay=weight_decay)
+    inner = fedavg(generator, training=training._replace(
+        optimizer=optax.adam if training.optimizer is None else training.optimizer))
     server_opt = classifier_optimizer(server_classifier_lr, 0.0)
     unroll = local_step_unroll(model.uses_xla_conv)  # XLA:CPU's rolled-conv slowdown
 
@@ -261,7 +259,8 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
                       samples_per_class)
         params, opt_state, cls_loss = fit_classifier(
             model, state.params, state.opt_state, server_opt, x, y,
-            jax.random.fold_in(server_key, 1), server_classifier_steps, batch_size, unroll)
+            jax.random.fold_in(server_key, 1), server_classifier_steps, training.batch_size,
+            unroll)
         mask = cohort.client_mask
         metrics = {**metrics, "client/elbo_before": metrics["loss_before"],
                    "generator_loss": metrics["train_loss"],  # the CVAE's -ELBO

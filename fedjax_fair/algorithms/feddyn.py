@@ -28,32 +28,27 @@ every other client's dual). The client table stores lambda_i, the aggregator sta
 lambda-bar (``mean_dual``) and theta-bar (``average``).
 
 Symbols -> arguments: alpha = ``alpha`` (may be traced; the paper's grid {0.1,
-0.01, 0.001}); the local solver is SGD with ``client_lr`` for ``num_epochs`` epochs
-of batch ``batch_size`` (the argmin is approximate, as in the paper), plus coupled
-``weight_decay``. ``evaluate``: "average" evaluates theta-bar^t, the same model as
-the rest of the primal-dual family (A-FedPD's Theorem 1 is stated for theta-bar), so a comparison made
-with defaults is like for like; "server" evaluates theta^t (the FedDyn paper's
-choice).
+0.01, 0.001}); the local solver is ``training`` (``ClientTraining``): SGD with
+eta_l = ``training.lr`` for E = ``training.num_epochs`` epochs of batch B =
+``training.batch_size`` (the argmin is approximate, as in the paper), plus coupled
+``training.weight_decay``. ``evaluate``: "average" evaluates theta-bar^t, the same
+model as the rest of the primal-dual family (A-FedPD's Theorem 1 is stated for
+theta-bar), so a comparison made with defaults is like for like; "server" evaluates
+theta^t (the FedDyn paper's choice).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
-                                                      Rate)
 from fedjax_fair.algorithms.families.primal_dual import primal_dual
+from fedjax_fair.core.client import ClientTraining
 
-HPARAMS = {"alpha": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
+HPARAMS = {"alpha": H.POSITIVE}
 
 
-def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int = 20,
-           num_epochs: int = 1, max_steps: Optional[int] = None,
-           client_optimizer: Optional[Optimizer] = None,
-           clip_norm: Optional[float] = None, clip_mode: str = "step",
+def feddyn(model, *, alpha: float = 0.01, training: ClientTraining = ClientTraining(),
            client_table: str = "dense", weight_by_size: bool = False,
-           weight_decay: float = 0.0, evaluate: str = "average") -> FederatedAlgorithm:
+           evaluate: str = "average") -> FederatedAlgorithm:
     """FedDyn: local SGD on the dynamically regularised objective, server state h.
     The participants' models are averaged uniformly (the paper), or by n_k with
     ``weight_by_size``.
@@ -61,9 +56,6 @@ def feddyn(model, *, alpha: float = 0.01, client_lr: Rate = 0.1, batch_size: int
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients'
     duals (optionally ":bf16")."""
     H.check(HPARAMS, alpha=alpha)
-    return primal_dual(model, rho=alpha, rule="participants", client_lr=client_lr,
-                       batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer,
-                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
+    return primal_dual(model, rho=alpha, rule="participants", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)

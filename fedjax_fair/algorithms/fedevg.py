@@ -27,16 +27,18 @@ L_pcd = E(x_real, y) - E(x_neg, y~) = -f(x_real)[y] + f(x_neg)[y~] (batch means)
 
 Symbols -> arguments: M = ``num_synth`` (default 10 L, class-balanced deterministic
 labels [0]*spc + [1]*spc + ...), lambda = ``ce_weight``, E (local iterations) =
-``local_iters`` (None: ``num_epochs`` epochs over each client's own rows, the reference
+``local_iters`` (None: ``training.num_epochs`` epochs over each client's own rows, the reference
 code's epoch mode with per-client step masking; an int: that many iterations for every
 client, the thesis' reading; ``mean_epoch_iters`` gives ceil(mean n_i / B), about one epoch),
 R = ``client_sgld_steps``, gamma = ``client_step``, sigma = ``client_noise``, beta_0 /
 beta_{T-1} = ``server_step`` / ``server_step_end`` on the ``schedule``
 ("ddpm_cosine_beta" | "cosine_alphabar", ``server_steps``) over T = ``num_rounds``,
 delta = ``server_noise``, the energy-gradient clip c = ``grad_clip`` (None: off), the
-sample range [lo, hi] = ``data_range`` (None: no clipping) applied per ``sample_clip``, eta = ``client_lr`` (Adam;
-a number, a traced scalar or a schedule of the round), coupled L2 ``weight_decay``,
-optional global gradient-norm clip ``max_grad_norm``, B = ``batch_size``; the
+sample range [lo, hi] = ``data_range`` (None: no clipping) applied per ``sample_clip``, eta =
+``training.lr`` (Adam; a number, a traced scalar or a schedule of the round), coupled L2
+``training.weight_decay`` (also the server classifier's), optional global gradient-norm
+clip ``max_grad_norm``, B = ``training.batch_size`` (defaults ``TRAINING``; the local
+training is FedEvg's own loop, which honours only ``TRAINING_FIELDS``); the
 ablations ``energy_weighting`` ("signed_exp" | "exp" | "uniform"; "exp" is the exact eq. 4.13) and
 ``ce_on_initial_synth`` (the reference code's reading); ``persistent_client_model`` keeps each client's
 classifier in a per-client table (``client_table``) instead of re-initialising it.
@@ -66,7 +68,8 @@ with FedCVAE, are in ``fedjax_fair.algorithms.families.generative``: ``synthetic
 
 Traced (vmappable / differentiable): ``ce_weight``, ``client_step``, ``client_noise``,
 ``server_step``, ``server_step_end``, ``server_noise``, ``grad_clip``, ``data_range``
-bounds, ``client_lr``, ``weight_decay``, ``max_grad_norm``, ``server_classifier_lr``.
+bounds, ``training.lr``, ``training.weight_decay``, ``max_grad_norm``,
+``server_classifier_lr``.
 Static: counts, ``num_rounds``, ``schedule``, the flags and choices.
 """
 from __future__ import annotations
@@ -83,8 +86,8 @@ from fedjax_fair.core import client_states as tables
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
                                         cohort_train_loss)
-from fedjax_fair.core.client import (check_rate, data_loss, masked_mean, masked_steps,
-                                     round_value)
+from fedjax_fair.core.client import (ClientTraining, data_loss, describe_object, masked_mean,
+                                     masked_steps, round_value)
 from fedjax_fair.core.execution import local_step_unroll, loss_chunk_size_here, map_clients
 from fedjax_fair.models.base import Model, cross_entropy
 from fedjax_fair.algorithms.families.generative import (SyntheticSet, balanced_labels,
@@ -103,7 +106,6 @@ HPARAMS = {
     "num_synth": H.Range(1, None, integer=True, nullable=True),
     "ce_weight": H.NONNEGATIVE,
     "local_iters": H.Range(1, None, integer=True, nullable=True),
-    "num_epochs": H.COUNT,
     "client_sgld_steps": H.Range(0, None, integer=True),
     "client_step": H.NONNEGATIVE,
     "client_noise": H.NONNEGATIVE,
@@ -112,14 +114,18 @@ HPARAMS = {
     "server_noise": H.NONNEGATIVE,
     "num_rounds": H.COUNT,
     "grad_clip": H.Range(0.0, None, low_open=True, nullable=True),
-    "client_lr": H.POSITIVE,
-    "weight_decay": H.NONNEGATIVE,
     "max_grad_norm": H.Range(0.0, None, low_open=True, nullable=True),
-    "batch_size": H.COUNT,
     "server_classifier_steps": H.Range(0, None, integer=True),
     "server_classifier_lr": H.POSITIVE,
     "seed": H.Range(0, None, integer=True),
 }
+# FedEvg's client training (its defaults before ``training`` existed; the module
+# docstring): Adam at rate 1e-3 with coupled weight decay 1e-4, batch 64, one epoch.
+TRAINING = ClientTraining(lr=1e-3, batch_size=64, weight_decay=1e-4)
+TRAINING_FIELDS = ("client_lr", "batch_size", "num_epochs", "weight_decay")
+"""The ``ClientTraining`` fields (flat names) FedEvg's own local loop honours; the others
+(max_steps, client_optimizer, clip_norm, clip_mode) must keep their defaults (its
+optimizer is Adam, its clip ``max_grad_norm``)."""
 
 
 class Upload(NamedTuple):
@@ -400,22 +406,39 @@ def make_client_update(model: Model, cfg: ClientConfig) -> Callable:
 # ----------------------------------------------------------------- the algorithm
 
 
+def check_training(training) -> ClientTraining:
+    """``training`` checked (``ClientTraining.check``) after refusing, with
+    ``FieldError("training.F")``, a field FedEvg's local loop does not use
+    (max_steps, optimizer, clip_norm, clip_mode) set to other than its default."""
+    if not isinstance(training, ClientTraining):
+        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+    default = ClientTraining()
+    for field in ("max_steps", "optimizer", "clip_norm", "clip_mode"):
+        value, usual = getattr(training, field), getattr(default, field)
+        if value is not usual and (usual is None or value != usual):
+            raise H.FieldError(f"training.{field}", f"must stay {usual!r}, got "
+                               f"{describe_object(value)}: FedEvg's local training does not "
+                               f"use it (its optimizer is Adam, its clip max_grad_norm)")
+    return training.check()
+
+
 def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 0.1,
-           local_iters: Optional[int] = None, num_epochs: int = 1,
+           local_iters: Optional[int] = None,
            client_sgld_steps: int = 1, client_step: float = 1.0, client_noise: float = 0.01,
            server_step: float = 10.0, server_step_end: float = 0.01,
            server_noise: float = 0.01, schedule: str = "ddpm_cosine_beta",
            num_rounds: int = 500, grad_clip: Optional[float] = 3.0,
            data_range: Optional[tuple] = (0.0, 1.0), sample_clip: str = "chain",
-           client_lr: Rate = 1e-3,
-           weight_decay: float = 1e-4, max_grad_norm: Optional[float] = None,
-           batch_size: int = 64, energy_weighting: str = "signed_exp",
+           training: ClientTraining = TRAINING, max_grad_norm: Optional[float] = None,
+           energy_weighting: str = "signed_exp",
            ce_on_initial_synth: bool = False, persistent_client_model: bool = False,
            client_table: str = "dense", server_classifier_steps: int = 10,
            server_classifier_lr: float = 1e-3, seed: int = 0) -> FederatedAlgorithm:
     """FedEvg: federated energy-based synthetic-data generation (see the module
     docstring for the symbols).
 
+    ``training``: the clients' rate, batch, epochs and weight decay (``TRAINING_FIELDS``;
+    a step cap, optimizer or clipping is a ``FieldError``: the loop is FedEvg's own).
     ``init(params, N)``: ``params`` initialises the server classifier (``state.params``)
     and, with ``persistent_client_model``, the shape of the per-client table; D~^(0) is
     drawn from ``jax.random.key(seed)``. ``apply(state, cohort, key, execution)``:
@@ -433,14 +456,13 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     and ``server/synthetic_accuracy`` (the server classifier on D~^{t+1}).
     """
     H.check(HPARAMS, num_synth=num_synth, ce_weight=ce_weight, local_iters=local_iters,
-            num_epochs=num_epochs, client_sgld_steps=client_sgld_steps,
+            client_sgld_steps=client_sgld_steps,
             client_step=client_step, client_noise=client_noise, server_step=server_step,
             server_step_end=server_step_end, server_noise=server_noise,
-            num_rounds=num_rounds, grad_clip=grad_clip, weight_decay=weight_decay,
-            max_grad_norm=max_grad_norm, batch_size=batch_size,
+            num_rounds=num_rounds, grad_clip=grad_clip, max_grad_norm=max_grad_norm,
             server_classifier_steps=server_classifier_steps,
             server_classifier_lr=server_classifier_lr, seed=seed)
-    check_rate(client_lr, "client_lr")
+    check_training(training)
     if schedule not in SCHEDULES:
         raise H.FieldError("schedule", f"must be one of {SCHEDULES}, got {schedule!r}")
     if energy_weighting not in ENERGY_WEIGHTINGS:
@@ -456,14 +478,16 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     table = tables.get_table(client_table)  # refuses a bad name in either mode
     table = table if persistent_client_model else None
     unroll = local_step_unroll(model.uses_xla_conv)
-    cfg = ClientConfig(ce_weight=ce_weight, local_iters=local_iters, num_epochs=num_epochs,
+    cfg = ClientConfig(ce_weight=ce_weight, local_iters=local_iters,
+                       num_epochs=training.num_epochs,
                        client_sgld_steps=client_sgld_steps, client_step=client_step,
                        client_noise=client_noise, grad_clip=grad_clip, data_range=data_range,
-                       sample_clip=sample_clip, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                       batch_size=batch_size, energy_weighting=energy_weighting,
+                       sample_clip=sample_clip, weight_decay=training.weight_decay,
+                       max_grad_norm=max_grad_norm, batch_size=training.batch_size,
+                       energy_weighting=energy_weighting,
                        ce_on_initial_synth=ce_on_initial_synth, unroll=unroll)
     client_update = make_client_update(model, cfg)
-    server_opt = classifier_optimizer(server_classifier_lr, weight_decay)
+    server_opt = classifier_optimizer(server_classifier_lr, training.weight_decay)
 
     def init(params, num_clients: int) -> ServerState:
         synth = init_synthetic(jax.random.key(seed), num_synth, num_classes,
@@ -500,7 +524,7 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
             never = state.client_states.last_round[ids] < 0
         else:
             rows, never = (), jnp.zeros((k,), bool)
-        lr = round_value(client_lr, state.round)
+        lr = round_value(training.lr, state.round)
         run_clients = map_clients(one_client, execution, k)
         upload, cm, new_rows = run_clients(
             (synth.x, synth.y, jnp.asarray(lr), state.params), (rows, never, cohort.data, cohort.local_steps, keys),
@@ -516,7 +540,8 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
                                  jax.random.fold_in(server_key, 0), data_range)  # eq. 4.14
         params, opt_state, cls_loss = fit_classifier(
             model, state.params, state.opt_state, server_opt, x_new, synth.y,
-            jax.random.fold_in(server_key, 1), server_classifier_steps, batch_size, unroll)
+            jax.random.fold_in(server_key, 1), server_classifier_steps, training.batch_size,
+            unroll)
 
         client_table_ = state.client_states
         if table is not None:

@@ -54,7 +54,7 @@ Differences from the code, where it cannot be followed literally:
 * Degenerate inputs: sum_j D_j = 0 (every masked update zero) gives a zero share
   instead of 0/0; clients without training data get weight 0 (``active_clients``).
 * The code's local optimizer is SGD with momentum 0.9 and weight decay 1e-5; here
-  any ``client_optimizer`` (default plain SGD).
+  any ``training.optimizer`` (default plain SGD).
 
 Hyper-parameters: the code's defaults are threshold 0.3 and beta 0.4; the DQN-Fed
 paper's grid lists (alpha, beta) = (0.5, 0.5), (gamma_s, gamma_c) = (0.5, 0.9), symbols
@@ -63,13 +63,14 @@ the defaults here are tau = beta = 0.5. (The equations above are the code's; the
 FedHEAL paper's own text was not available when this was written.)
 
 Symbols -> arguments: tau (the code's ``threshold``) = ``tau``; beta = ``beta``;
-eta_g = ``server_lr``; eta_l, E, B = ``client_lr``, ``num_epochs``, ``batch_size``;
+eta_g = ``server_lr``; eta_l, E, B = ``training.lr``, ``training.num_epochs``,
+``training.batch_size`` (``ClientTraining``);
 FPHL on/off (off: FAEL alone, no client rows) = ``fphl``; the distance form =
 ``distance``.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,13 +79,12 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, stateless, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      client_training)
+from fedjax_fair.algorithms.families.training import Rate
+from fedjax_fair.core.client import ClientTraining, local_training
 from fedjax_fair.core.mixing import MixingRule, active_clients, normalize
 
 DISTANCES = ("layers", "global")
-HPARAMS = {"tau": H.Range(0.0, 1.0), "beta": H.Range(0.0, 1.0), "server_lr": H.POSITIVE,
-           **CLIENT_HPARAMS}
+HPARAMS = {"tau": H.Range(0.0, 1.0), "beta": H.Range(0.0, 1.0), "server_lr": H.POSITIVE}
 
 
 # ------------------------------------------------------------------------- FPHL
@@ -279,10 +279,8 @@ def _check_distance(distance: str) -> None:
 
 
 def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,
-            distance: str = "layers", server_lr: Rate = 1.0, client_lr: Rate = 0.1,
-            batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-            client_optimizer: Optional[Optimizer] = None,
-            clip_norm: Optional[float] = None, clip_mode: str = "step",
+            distance: str = "layers", server_lr: Rate = 1.0,
+            training: ClientTraining = ClientTraining(),
             client_table: str = "dense") -> FederatedAlgorithm:
     """FedHEAL = FedAvg local training + FPHL masks + FAEL weights (module docstring).
 
@@ -298,6 +296,8 @@ def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,
         D_k as a sum of per-tensor norms (the code) or one norm.
     server_lr : Rate
         eta_g of theta - eta_g d (the code: 1).
+    training : ClientTraining
+        The clients' local training.
     client_table : "dense", "lazy" or "lazy:CAPACITY"
         Storage of the sign histories.
     """
@@ -307,11 +307,7 @@ def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,
     _check_distance(distance)
     if not isinstance(fphl, bool):
         raise ValueError(f"fphl: must be true or false, got {fphl!r}")
-    client = client_training(model, client_lr=client_lr, batch_size=batch_size,
-                             num_epochs=num_epochs, max_steps=max_steps,
-                             client_optimizer=client_optimizer,
-                             clip_norm=clip_norm, clip_mode=clip_mode,
-                             finish=fphl_finish(tau) if fphl else None)
+    client = local_training(model, training, finish=fphl_finish(tau) if fphl else None)
     return compose(client, mixing=fael_mixing(beta, distance),
                    aggregator=masked_mean_aggregator(), server_optimizer=optax.sgd(server_lr),
                    client_state_init=sign_history_init if fphl else None,

@@ -66,7 +66,7 @@ Differences from the code, where it cannot be followed literally:
 Symbols -> arguments: eta = ``server_lr``, phi = ``server_lr_decay`` per ``decay_every``
 = s rounds; history rows = ``history``; the guard = ``descent_guard``; QP iterations =
 ``qp_iters``; how g_k is obtained = ``client_gradient`` (then eta_l, E, B =
-``client_lr``, ``num_epochs``, ``batch_size``).
+``training.lr``, ``training.num_epochs``, ``training.batch_size``: ``ClientTraining``).
 """
 from __future__ import annotations
 
@@ -81,10 +81,9 @@ from fedjax_fair.core import execution
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      client_training)
+from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.algorithms.fedmgda import server_schedule
-from fedjax_fair.core.client import data_loss, round_value
+from fedjax_fair.core.client import ClientTraining, data_loss, local_training, round_value
 from fedjax_fair.core.mixing import active_clients, uniform
 from fedjax_fair.solvers import qp
 from fedjax_fair.core.types import ClientData, ClientOutput
@@ -93,7 +92,7 @@ GRADIENTS = ("global", "pseudo")
 GUARD_TOL = 1e-6  # the code's threshold on max_k -(g_k . d)
 GUARD_ITERS = 160  # halvings of the guard loop: enough for any float32 scale
 HPARAMS = {"server_lr": H.POSITIVE, "server_lr_decay": H.POSITIVE, "decay_every": H.COUNT,
-           "qp_iters": H.Range(1, None, integer=True), **CLIENT_HPARAMS}
+           "qp_iters": H.Range(1, None, integer=True)}
 
 _HI = lax.Precision.HIGHEST
 
@@ -121,8 +120,8 @@ def gradient_client(model, loss_chunk_size: Optional[int] = None):
 
 def pseudo_gradient_client(local_update, client_lr: Rate = 0.1):
     """``client_gradient="pseudo"``: FedAvg's local training ``local_update``
-    (``client_training``), then g_k = (theta^t - theta_k) / eta_l, eta_l being this
-    round's ``client_lr``."""
+    (``local_training``), then g_k = (theta^t - theta_k) / eta_l, eta_l being this
+    round's ``client_lr`` (``training.lr``)."""
 
     def client_update(broadcast, client_state, data, local_steps, key):
         out, row = local_update(broadcast, client_state, data, local_steps, key)
@@ -358,10 +357,8 @@ def fedlf_aggregator(*, history: bool = True, qp_iters: int = 200,
 
 def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_every: int = 1,
           history: bool = True, descent_guard: bool = True, qp_iters: int = 200,
-          client_gradient: str = "global", client_lr: Rate = 0.1, batch_size: int = 20,
-          num_epochs: int = 1, max_steps: Optional[int] = None,
-          client_optimizer: Optional[Optimizer] = None, clip_norm: Optional[float] = None,
-          clip_mode: str = "step") -> FederatedAlgorithm:
+          client_gradient: str = "global",
+          training: ClientTraining = ClientTraining()) -> FederatedAlgorithm:
     """FedLF (module docstring): layer-wise min-norm direction with a fairness row.
 
     Parameters
@@ -377,9 +374,10 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
     qp_iters : int
         Iterations of every layer's simplex QP.
     client_gradient : {"global", "pseudo"}
-        g_k = grad F_k(theta^t) over all rows (the code; the local-training arguments,
-        ``client_optimizer`` and ``clip_norm`` / ``clip_mode`` included, are then only
+        g_k = grad F_k(theta^t) over all rows (the code; ``training`` is then only
         checked) or (theta^t - theta_k) / eta_l after local training.
+    training : ClientTraining
+        The local training of ``client_gradient="pseudo"``.
     """
     H.check(HPARAMS, server_lr_decay=server_lr_decay, decay_every=decay_every,
             qp_iters=qp_iters)
@@ -390,18 +388,15 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
             raise ValueError(f"{name}: must be true or false, got {value!r}")
     if client_gradient not in GRADIENTS:
         raise H.FieldError("client_gradient", f"must be one of {GRADIENTS}, got {client_gradient!r}")
-    # Built in both modes, so the local-training arguments are always checked.
-    local = client_training(model, client_lr=client_lr, batch_size=batch_size,
-                            num_epochs=num_epochs, max_steps=max_steps,
-                            client_optimizer=client_optimizer,
-                            clip_norm=clip_norm, clip_mode=clip_mode)
+    # Built in both modes, so ``training`` is always checked.
+    local = local_training(model, training)
     if client_gradient == "global":
         client = gradient_client(model)
     else:
-        if isinstance(client_optimizer, optax.GradientTransformation):
+        if isinstance(training.optimizer, optax.GradientTransformation):
             raise ValueError("client_optimizer: client_gradient='pseudo' divides by the "
                              "client rate; give a rate -> optimizer callable")
-        client = pseudo_gradient_client(local, client_lr)
+        client = pseudo_gradient_client(local, training.lr)
     return compose(client, mixing=uniform(),
                    aggregator=fedlf_aggregator(history=history, qp_iters=qp_iters,
                                                descent_guard=descent_guard),

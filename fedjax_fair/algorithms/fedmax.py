@@ -60,12 +60,13 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.families.training import Transform
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, exponentiated, loss_rule
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
-HPARAMS = {"beta": H.NONNEGATIVE, "k": H.Range(0.0, None, low_open=True, static=True), **CLIENT_HPARAMS}
+HPARAMS = {"beta": H.NONNEGATIVE, "k": H.Range(0.0, None, low_open=True, static=True)}
 
 
 def _check_k(k):
@@ -180,42 +181,27 @@ def fedsoftmax_mixing(beta=5.0, *, weight_by_size: bool = True,
     return exponentiated(lambda out: beta * client_losses(out, loss_source), weight_by_size)
 
 
-def fedmax(model, *, loss_source: str = "pre_round", client_lr: Rate = 0.1,
-           batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-           client_optimizer: Optional[Optimizer] = None,
-           clip_norm: Optional[float] = None, clip_mode: str = "step",
+def fedmax(model, *, loss_source: str = "pre_round",
+           training: ClientTraining = ClientTraining(),
            server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training; the new model is the highest-loss client's (ties
     averaged)."""
-    return fedavg(model, mixing=fedmax_mixing(loss_source=loss_source), client_lr=client_lr,
-                  batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                  client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode, server_optimizer=server_optimizer)
-
-
-def fedmax_k(model, *, k: float = 0.2, loss_source: str = "pre_round",
-             client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
-             server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
-    """FedAvg local training averaged uniformly over the k highest-loss clients."""
-    return fedavg(model, mixing=fedmax_k_mixing(k, loss_source=loss_source),
-                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
+    return fedavg(model, mixing=fedmax_mixing(loss_source=loss_source), training=training,
                   server_optimizer=server_optimizer)
 
 
+def fedmax_k(model, *, k: float = 0.2, loss_source: str = "pre_round",
+             training: ClientTraining = ClientTraining(),
+             server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
+    """FedAvg local training averaged uniformly over the k highest-loss clients."""
+    return fedavg(model, mixing=fedmax_k_mixing(k, loss_source=loss_source),
+                  training=training, server_optimizer=server_optimizer)
+
+
 def fedsoftmax(model, *, beta: float = 5.0, weight_by_size: bool = True,
-               loss_source: str = "pre_round", client_lr: Rate = 0.1, batch_size: int = 20,
-               num_epochs: int = 1, max_steps: Optional[int] = None,
-               client_optimizer: Optional[Optimizer] = None,
-               clip_norm: Optional[float] = None, clip_mode: str = "step",
+               loss_source: str = "pre_round", training: ClientTraining = ClientTraining(),
                server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with FedSoftMax's loss-tilted weights."""
     return fedavg(model, mixing=fedsoftmax_mixing(beta, weight_by_size=weight_by_size,
                                                   loss_source=loss_source),
-                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
-                  server_optimizer=server_optimizer)
+                  training=training, server_optimizer=server_optimizer)

@@ -50,15 +50,15 @@ from jax import lax
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.families.training import Rate, Transform
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, by_num_examples, uniform
 from fedjax_fair.solvers import qp
 
 CENTERS = {"num_examples": by_num_examples, "uniform": uniform}
 HPARAMS = {"epsilon": H.NONNEGATIVE, "server_lr": H.POSITIVE, "server_lr_decay": H.POSITIVE,
-           "decay_every": H.COUNT, "qp_iters": H.Range(0, None, integer=True),
-           **CLIENT_HPARAMS}
+           "decay_every": H.COUNT, "qp_iters": H.Range(0, None, integer=True)}
 
 
 def normalized_gram(deltas, active=None):
@@ -190,10 +190,8 @@ def server_schedule(server_lr, server_lr_decay=1.0, decay_every: int = 1):
 
 def fedmgda_plus(model, *, epsilon: float = 0.1, server_lr: Rate = 1.0,
                  server_lr_decay: float = 1.0, decay_every: int = 1, qp_iters: int = 200,
-                 center: str = "num_examples", client_lr: Rate = 0.1, batch_size: int = 20,
-                 num_epochs: int = 1, max_steps: Optional[int] = None,
-                 client_optimizer: Optional[Optimizer] = None,
-                 clip_norm: Optional[float] = None, clip_mode: str = "step",
+                 center: str = "num_examples",
+                 training: ClientTraining = ClientTraining(),
                  mixing: Optional[MixingRule] = None,
                  server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with FedMGDA+ aggregation and server step eta_t d.
@@ -212,8 +210,8 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, server_lr: Rate = 1.0,
     center : {"num_examples", "uniform"}
         lambda0: data weights (default; the paper, DQN-Fed) or 1 / |S| (the
         AAggFF reference code). A ``mixing=`` rule, if given, is the centre instead.
-    client_lr, batch_size, num_epochs, max_steps, client_optimizer :
-        FedAvg's local training.
+    training : ClientTraining
+        FedAvg's local training (eta_l = ``training.lr``, B = ``training.batch_size``).
     server_optimizer :
         Replaces the sgd(eta_t) step; then leave ``server_lr`` and
         ``server_lr_decay`` at 1.0.
@@ -233,9 +231,7 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, server_lr: Rate = 1.0,
                          "leave server_lr and server_lr_decay at 1.0 when giving one")
     if server_optimizer is None:
         server_optimizer = optax.sgd(server_schedule(server_lr, server_lr_decay, decay_every))
-    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
+    return fedavg(model, training=training,
                   mixing=mixing or CENTERS[center](),
                   aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
                   server_optimizer=server_optimizer)

@@ -46,8 +46,9 @@ Deviations (documented):
   curvature is always at theta^t.
 
 Symbols -> arguments: rho = ``rho``, alpha = ``alpha``, eta = ``server_lr`` (a number
-or a schedule), eta_l, B, E = ``client_lr``, ``batch_size``, ``num_epochs``
-(pseudo-gradient mode only). All clients count equally (f = mean_k f_k).
+or a schedule), eta_l, B, E = ``training.lr``, ``training.batch_size``,
+``training.num_epochs`` (``ClientTraining``; pseudo-gradient mode only). All clients
+count equally (f = mean_k f_k).
 """
 from __future__ import annotations
 
@@ -60,16 +61,15 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client)
+from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.algorithms.fednl import reporting
 from fedjax_fair.algorithms.families.second_order import client_derivatives
 from fedjax_fair.core.mixing import uniform
 from fedjax_fair.core.types import ClientOutput
 
 HPARAMS = {"server_lr": H.POSITIVE, "rho": H.POSITIVE, "alpha": H.NONNEGATIVE,
-           "num_probes": H.COUNT, "curvature_rows": H.Range(1, None, integer=True, nullable=True),
-           **CLIENT_HPARAMS}
+           "num_probes": H.COUNT, "curvature_rows": H.Range(1, None, integer=True, nullable=True)}
 
 
 class FedNewState(NamedTuple):
@@ -136,26 +136,19 @@ def with_dual_update(algorithm: FederatedAlgorithm, rho) -> FederatedAlgorithm:
 def fednew(model, *, server_lr: Rate = 1.0, rho: float = 1.0, alpha: float = 1.0,
            curvature: str = "auto", num_probes: int = 1,
            curvature_rows: Optional[int] = None, mode: str = "pseudo_grad",
-           client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-           max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-           clip_norm: Optional[float] = None, clip_mode: str = "step",
+           training: ClientTraining = ClientTraining(),
            client_table: str = "dense") -> FederatedAlgorithm:
     """FedNew with diagonal Hessians (module doc). ``client_table``: "dense", "lazy"
-    or "lazy:CAPACITY" storage of the clients' duals lambda_k. ``client_optimizer``
-    (a ``rate -> transformation``) and ``clip_norm`` / ``clip_mode`` shape the local
+    or "lazy:CAPACITY" storage of the clients' duals lambda_k. ``training``
+    (``ClientTraining``; its optimizer a ``rate -> transformation``) shapes the local
     steps of ``mode="pseudo_grad"``."""
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
+    training.check()
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     H.check(HPARAMS, rho=rho, alpha=alpha, num_probes=num_probes,
             curvature_rows=curvature_rows)
     derive = client_derivatives(model, curvature=curvature, num_probes=num_probes,
-                                curvature_rows=curvature_rows, mode=mode,
-                                client_lr=client_lr, batch_size=batch_size,
-                                num_epochs=num_epochs, max_steps=max_steps,
-                                client_optimizer=client_optimizer, clip_norm=clip_norm,
-                                clip_mode=clip_mode)
+                                curvature_rows=curvature_rows, mode=mode, training=training)
     algorithm = compose(fednew_client(derive, rho=rho, alpha=alpha), mixing=uniform(),
                         aggregator=fednew_aggregator(), server_optimizer=optax.sgd(server_lr),
                         client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),

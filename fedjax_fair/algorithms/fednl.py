@@ -67,8 +67,9 @@ Deviations (documented):
 
 Symbols -> arguments: alpha = ``alpha`` (Hessian learning rate), mu = ``mu``, C =
 ``compressor`` / ``topk_fraction``, eta = ``server_lr`` (a number or a schedule), the
-option = ``option``, eta_l, B, E = ``client_lr``, ``batch_size``, ``num_epochs``
-(pseudo-gradient mode only). All clients count equally (f = mean_k f_k).
+option = ``option``, eta_l, B, E = ``training.lr``, ``training.batch_size``,
+``training.num_epochs`` (``ClientTraining``; pseudo-gradient mode only). All clients
+count equally (f = mean_k f_k).
 """
 from __future__ import annotations
 
@@ -83,8 +84,8 @@ from jax.flatten_util import ravel_pytree
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client)
+from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.algorithms.families.second_order import choice, client_derivatives, tree_norm
 from fedjax_fair.core.mixing import uniform
 from fedjax_fair.core.types import ClientOutput
@@ -95,8 +96,7 @@ HESSIAN_INITS = ("first", "zero")
 HPARAMS = {"server_lr": H.POSITIVE, "mu": H.POSITIVE,
            "alpha": H.Range(0.0, 1.0, low_open=True),
            "topk_fraction": H.Range(0.0, 1.0, low_open=True, static=True),
-           "num_probes": H.COUNT, "curvature_rows": H.Range(1, None, integer=True, nullable=True),
-           **CLIENT_HPARAMS}
+           "num_probes": H.COUNT, "curvature_rows": H.Range(1, None, integer=True, nullable=True)}
 _TINY = 1e-30
 
 
@@ -276,10 +276,8 @@ def fednl_pp_aggregator() -> Aggregator:
 
 
 def _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option,
-           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps,
-           client_optimizer, clip_norm, clip_mode):
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
+           num_probes, curvature_rows, training: ClientTraining):
+    training.check()
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
     H.check(HPARAMS, mu=mu, alpha=alpha, topk_fraction=topk_fraction, num_probes=num_probes,
@@ -289,32 +287,24 @@ def _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option
     choice("option", option, OPTIONS)
 
 
-def _derive(model, curvature, num_probes, curvature_rows, mode, client_lr, batch_size,
-            num_epochs, max_steps, client_optimizer, clip_norm, clip_mode):
+def _derive(model, curvature, num_probes, curvature_rows, mode, training):
     return client_derivatives(model, curvature=curvature, num_probes=num_probes,
-                              curvature_rows=curvature_rows, mode=mode, client_lr=client_lr,
-                              batch_size=batch_size, num_epochs=num_epochs,
-                              max_steps=max_steps, client_optimizer=client_optimizer,
-                              clip_norm=clip_norm, clip_mode=clip_mode)
+                              curvature_rows=curvature_rows, mode=mode, training=training)
 
 
 def fednl(model, *, server_lr: Rate = 1.0, option: str = "projection", mu: float = 1.0,
           alpha: float = 1.0, compressor: str = "identity", topk_fraction: float = 0.1,
           hessian_init: str = "first", curvature: str = "auto", num_probes: int = 1,
           curvature_rows: Optional[int] = None, mode: str = "pseudo_grad",
-          client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-          max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-          clip_norm: Optional[float] = None, clip_mode: str = "step",
+          training: ClientTraining = ClientTraining(),
           client_table: str = "dense") -> FederatedAlgorithm:
     """FedNL (Algorithm 1) with diagonal Hessians (module doc). ``client_table``:
-    "dense", "lazy" or "lazy:CAPACITY" storage of the clients' H_k.
-    ``client_optimizer`` (a ``rate -> transformation``) and ``clip_norm`` /
-    ``clip_mode`` shape the local steps of ``mode="pseudo_grad"``."""
+    "dense", "lazy" or "lazy:CAPACITY" storage of the clients' H_k. ``training``
+    (``ClientTraining``; its optimizer a ``rate -> transformation``) shapes the local
+    steps of ``mode="pseudo_grad"``."""
     _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option,
-           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps,
-           client_optimizer, clip_norm, clip_mode)
-    derive = _derive(model, curvature, num_probes, curvature_rows, mode, client_lr,
-                     batch_size, num_epochs, max_steps, client_optimizer, clip_norm, clip_mode)
+           num_probes, curvature_rows, training)
+    derive = _derive(model, curvature, num_probes, curvature_rows, mode, training)
     client = fednl_client(derive, alpha=alpha,
                           compress=compressor_fn(compressor, topk_fraction),
                           hessian_init=hessian_init)
@@ -329,18 +319,14 @@ def fednl_pp(model, *, server_lr: Rate = 1.0, option: str = "shift", mu: float =
              alpha: float = 1.0, compressor: str = "identity", topk_fraction: float = 0.1,
              hessian_init: str = "first", curvature: str = "auto", num_probes: int = 1,
              curvature_rows: Optional[int] = None, mode: str = "pseudo_grad",
-             client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
+             training: ClientTraining = ClientTraining(),
              client_table: str = "dense") -> FederatedAlgorithm:
     """FedNL-PP (partial participation) with diagonal Hessians (module doc).
-    ``client_table``: storage of the clients' (H_k, l_k, g~_k); the local-training
-    arguments as in ``fednl``."""
+    ``client_table``: storage of the clients' (H_k, l_k, g~_k); ``training`` as in
+    ``fednl``."""
     _check(server_lr, mu, alpha, compressor, topk_fraction, hessian_init, option,
-           num_probes, curvature_rows, client_lr, batch_size, num_epochs, max_steps,
-           client_optimizer, clip_norm, clip_mode)
-    derive = _derive(model, curvature, num_probes, curvature_rows, mode, client_lr,
-                     batch_size, num_epochs, max_steps, client_optimizer, clip_norm, clip_mode)
+           num_probes, curvature_rows, training)
+    derive = _derive(model, curvature, num_probes, curvature_rows, mode, training)
     client = fednl_pp_client(derive, alpha=alpha, mu=mu,
                              compress=compressor_fn(compressor, topk_fraction),
                              hessian_init=hessian_init, option=option)

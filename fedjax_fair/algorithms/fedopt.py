@@ -16,11 +16,12 @@ optimizer (server rate eta = ``server_lr``):
 Reddi et al. run the adaptive rules without bias correction; optax's adam applies
 it, which only rescales early steps. tau = ``tau`` (the paper's adaptivity, 1e-3 by
 default there). ``server_lr`` may be a schedule of the round (optax's step count is
-the number of server steps, one per round). The client arguments are FedAvg's.
+the number of server steps, one per round). The clients' local training is
+``training`` (``ClientTraining``, as FedAvg's: eta_l = ``training.lr``).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,12 +29,13 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate
+from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import ClientTraining
 
 HPARAMS = {"server_lr": H.POSITIVE, "momentum": H.Range(0.0, 1.0, high_open=True),
            "b1": H.Range(0.0, 1.0, high_open=True), "b2": H.Range(0.0, 1.0, high_open=True),
-           "tau": H.POSITIVE, **CLIENT_HPARAMS}
+           "tau": H.POSITIVE}
 
 
 def _check(**values):
@@ -42,62 +44,39 @@ def _check(**values):
             HPARAMS[name].check(name, value)
 
 
-def fedavgm(model, *, server_lr: Rate = 1.0, momentum: float = 0.9, client_lr: Rate = 0.1,
-            batch_size: int = 20, num_epochs: int = 1,
-            max_steps: Optional[int] = None,
-            client_optimizer: Optional[Optimizer] = None,
-            clip_norm: Optional[float] = None, clip_mode: str = "step",
+def fedavgm(model, *, server_lr: Rate = 1.0, momentum: float = 0.9,
+            training: ClientTraining = ClientTraining(),
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server SGD with momentum on the averaged delta."""
     _check(server_lr=server_lr, momentum=momentum)
-    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
-                  weight_by_size=weight_by_size,
+    return fedavg(model, training=training, weight_by_size=weight_by_size,
                   server_optimizer=optax.sgd(server_lr, momentum=momentum))
 
 
 def fedadam(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
-            tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
-            num_epochs: int = 1, max_steps: Optional[int] = None,
-            client_optimizer: Optional[Optimizer] = None,
-            clip_norm: Optional[float] = None, clip_mode: str = "step",
+            tau: float = 1e-3, training: ClientTraining = ClientTraining(),
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server Adam on the averaged delta."""
     _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
-    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
-                  weight_by_size=weight_by_size,
+    return fedavg(model, training=training, weight_by_size=weight_by_size,
                   server_optimizer=optax.adam(server_lr, b1=b1, b2=b2, eps=tau))
 
 
 def fedyogi(model, *, server_lr: Rate = 0.01, b1: float = 0.9, b2: float = 0.99,
-            tau: float = 1e-3, client_lr: Rate = 0.1, batch_size: int = 20,
-            num_epochs: int = 1, max_steps: Optional[int] = None,
-            client_optimizer: Optional[Optimizer] = None,
-            clip_norm: Optional[float] = None, clip_mode: str = "step",
+            tau: float = 1e-3, training: ClientTraining = ClientTraining(),
             weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server Yogi on the averaged delta."""
     _check(server_lr=server_lr, b1=b1, b2=b2, tau=tau)
-    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
-                  weight_by_size=weight_by_size,
+    return fedavg(model, training=training, weight_by_size=weight_by_size,
                   server_optimizer=optax.yogi(server_lr, b1=b1, b2=b2, eps=tau))
 
 
-def fedadagrad(model, *, server_lr: Rate = 0.1, tau: float = 1e-3, client_lr: Rate = 0.1,
-               batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-               client_optimizer: Optional[Optimizer] = None,
-               clip_norm: Optional[float] = None, clip_mode: str = "step",
-            weight_by_size: bool = True) -> FederatedAlgorithm:
+def fedadagrad(model, *, server_lr: Rate = 0.1, tau: float = 1e-3,
+               training: ClientTraining = ClientTraining(),
+               weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg clients; server Adagrad (Reddi et al.'s form) on the averaged delta."""
     _check(server_lr=server_lr, tau=tau)
-    return fedavg(model, client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
-                  weight_by_size=weight_by_size,
+    return fedavg(model, training=training, weight_by_size=weight_by_size,
                   server_optimizer=optax.chain(scale_by_adagrad_tau(tau),
                                                optax.scale_by_learning_rate(server_lr)))
 

@@ -21,26 +21,18 @@ Symbols -> arguments: rho = ``rho`` (Table 3: 0.1), r = ``sam_radius`` (0.1), ep
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import Optimizer, Rate
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
-from fedjax_fair.algorithms.families.primal_dual import SAM_HPARAMS, primal_dual
+from fedjax_fair.algorithms.families.primal_dual import SAM_HPARAMS, TRAINING, primal_dual
 
 HPARAMS = {**PD_HPARAMS, **SAM_HPARAMS}
 
 
 def fedspeed(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float = 1e-2,
-             client_lr: Rate = 0.1, batch_size: int = 50, num_epochs: int = 1,
-             max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
-             weight_decay: float = 0.0, client_table: str = "dense",
+             training: ClientTraining = TRAINING, client_table: str = "dense",
              weight_by_size: bool = False, evaluate: str = "average") -> FederatedAlgorithm:
     """FedSpeed: FedDyn with SAM local steps."""
-    return primal_dual(model, rho=rho, rule="participants", client_lr=client_lr,
-                       batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps,
-                       client_optimizer=client_optimizer,
-                       clip_norm=clip_norm, clip_mode=clip_mode, weight_decay=weight_decay,
+    return primal_dual(model, rho=rho, rule="participants", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)

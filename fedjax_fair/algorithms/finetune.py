@@ -27,15 +27,16 @@ runs one extra local loop (E_ft epochs at eta_ft from theta^t, the FedAvg step b
 key ``fold_in(client key, 1)``). Memory: one full model per client (the client table;
 "lazy" stores only the clients sampled so far, "dense:bf16" halves it).
 
-Symbols -> arguments: E_ft = ``finetune_epochs`` (default: ``num_epochs``), eta_ft =
-``finetune_lr`` (default: ``client_lr``), both with ``client_optimizer`` (default SGD)
-and ``clip_norm`` / ``clip_mode`` (gradient clipping, off by default);
-the FedAvg part: eta_l = ``client_lr``, E = ``num_epochs``, B = ``batch_size`` (also the
-fine-tuning batch), ``max_steps`` (caps both loops).
+Symbols -> arguments: E_ft = ``finetune_epochs`` (default: ``training.num_epochs``),
+eta_ft = ``finetune_lr`` (default: ``training.lr``), both with ``training.optimizer``
+(default SGD), its weight decay and gradient clipping (off by default); the FedAvg
+part: eta_l = ``training.lr``, E = ``training.num_epochs``, B = ``training.batch_size``
+(also the fine-tuning batch), ``training.max_steps`` (caps both loops).
 
-Pieces: FedAvg's ``client_training`` with a ``finish`` hook that stores the fine-tuned
-copy (``client.local_sgd`` for the extra loop), the client row ``FineTuned(params,
-tuned)``, and ``personal_params`` choosing between the row and the global model.
+Pieces: FedAvg's ``client.local_training`` with a ``finish`` hook that stores the
+fine-tuned copy (``client.local_sgd`` for the extra loop), the client row
+``FineTuned(params, tuned)``, and ``personal_params`` choosing between the row and the
+global model.
 """
 from __future__ import annotations
 
@@ -47,15 +48,14 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client, client_training)
-from fedjax_fair.core.client import local_sgd, make_optimizer, round_value
+from fedjax_fair.algorithms.families.training import Rate
+from fedjax_fair.core.client import (ClientTraining, describe_object, local_sgd,
+                                     local_training, make_optimizer, round_value)
 from fedjax_fair.core.execution import local_step_unroll
 from fedjax_fair.core.mixing import prior
 
 HPARAMS = {"finetune_epochs": H.Range(1, None, integer=True, nullable=True),
-           "finetune_lr": H.Range(0.0, None, low_open=True, nullable=True),
-           **CLIENT_HPARAMS}
+           "finetune_lr": H.Range(0.0, None, low_open=True, nullable=True)}
 
 
 class FineTuned(NamedTuple):
@@ -73,28 +73,30 @@ def personal_model(server_params, row: FineTuned):
 
 
 def fedavg_ft(model, *, finetune_epochs: Optional[int] = None,
-              finetune_lr: Optional[Rate] = None, client_lr: Rate = 0.1,
-              batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-              client_optimizer: Optional[Optimizer] = None,
-              clip_norm: Optional[float] = None, clip_mode: str = "step",
+              finetune_lr: Optional[Rate] = None,
+              training: ClientTraining = ClientTraining(),
               client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """FedAvg whose participants store a fine-tuned copy of the received global model,
     evaluated personally (the global model for clients without one).
 
     ``finetune_epochs`` / ``finetune_lr`` None: the round's local model is the copy (no
-    extra work). ``client_table``: "dense", "lazy", "lazy:CAPACITY" (or ":bf16")."""
+    extra work). ``training``: the local training of both loops (``ClientTraining``).
+    ``client_table``: "dense", "lazy", "lazy:CAPACITY" (or ":bf16")."""
     H.check(HPARAMS, finetune_epochs=finetune_epochs)
     if finetune_lr is not None and not callable(finetune_lr):
         HPARAMS["finetune_lr"].check("finetune_lr", finetune_lr)
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
-    optimizer = client_optimizer or optax.sgd
+    if not isinstance(training, ClientTraining):
+        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+    training.check()
+    optimizer = training.optimizer or optax.sgd
     reuse = finetune_epochs is None and finetune_lr is None
-    rate = client_lr if finetune_lr is None else finetune_lr
-    train_ft = local_sgd(model, batch_size=batch_size,
-                         num_epochs=finetune_epochs or num_epochs, max_steps=max_steps,
-                         unroll=local_step_unroll(model.uses_xla_conv), clip_norm=clip_norm,
-                         clip_mode=clip_mode)
+    rate = training.lr if finetune_lr is None else finetune_lr
+    train_ft = local_sgd(model, batch_size=training.batch_size,
+                         num_epochs=finetune_epochs or training.num_epochs,
+                         max_steps=training.max_steps,
+                         unroll=local_step_unroll(model.uses_xla_conv),
+                         weight_decay=training.weight_decay, clip_norm=training.clip_norm,
+                         clip_mode=training.clip_mode)
 
     def finish(result, broadcast, row, data, key):
         """v_k <- theta^t fine-tuned on the client's rows; the row is kept if no step."""
@@ -106,10 +108,7 @@ def fedavg_ft(model, *, finetune_epochs: Optional[int] = None,
         new = FineTuned(params, jnp.ones((), jnp.float32))
         return jax.tree.map(lambda n, o: jnp.where(steps > 0, n, o), new, row), ()
 
-    client = client_training(model, client_lr=client_lr, batch_size=batch_size,
-                             num_epochs=num_epochs, max_steps=max_steps,
-                             client_optimizer=client_optimizer, clip_norm=clip_norm,
-                             clip_mode=clip_mode, finish=finish)
+    client = local_training(model, training, finish=finish)
     return compose(client, mixing=prior(weight_by_size),
                    client_state_init=lambda params: FineTuned(params,
                                                               jnp.zeros((), jnp.float32)),

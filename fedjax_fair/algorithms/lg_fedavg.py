@@ -19,11 +19,11 @@ paper starts from a FedAvg-trained model; pass such parameters to ``init`` to do
 
 Symbols -> arguments: the global layers g = ``shared_layers`` (names or positions;
 default ``(-1,)``, the last layer (the classifier); ``(-2, -1)`` shares the top
-two), the local layers l = the others; eta = ``client_lr`` (or
-``client_optimizer``), E = ``num_epochs``, B = ``batch_size``. ``shared_layers=()`` is
-local training alone. A selection that shares every layer (the default ``(-1,)`` on a
-one-layer model such as logistic regression) is refused: it would be FedAvg under
-another name.
+two), the local layers l = the others; eta = ``training.lr`` (or
+``training.optimizer``), E = ``training.num_epochs``, B = ``training.batch_size``.
+``shared_layers=()`` is local training alone. A selection that shares every layer (the
+default ``(-1,)`` on a one-layer model such as logistic regression) is refused: it would
+be FedAvg under another name.
 
 Pieces: ``partial.partial_training`` (one "all" phase) as the client update, the local
 layers as the client's row (dense or lazy table), ``prior(weight_by_size)`` mixing,
@@ -31,34 +31,27 @@ the weighted mean, sgd(1.0).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families import partial
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client)
+from fedjax_fair.core.client import ClientTraining
 
-HPARAMS = dict(CLIENT_HPARAMS)
+HPARAMS = {}
 
 
-def lg_fedavg(model, *, shared_layers: tuple = (-1,), client_lr: Rate = 0.1,
-              batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-              client_optimizer: Optional[Optimizer] = None,
-              clip_norm: Optional[float] = None, clip_mode: str = "step",
+def lg_fedavg(model, *, shared_layers: tuple = (-1,),
+              training: ClientTraining = ClientTraining(),
               client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """LG-FedAvg: local lower layers, a global head averaged by the server.
 
     ``shared_layers``: the global layers (names / positions); the others are local.
-    ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the local layers."""
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
+    ``training``: the local training (``ClientTraining``). ``client_table``: "dense",
+    "lazy" or "lazy:CAPACITY" storage of the local layers."""
+    partial.check_training(training)
     split = partial.split_layers(model, shared_layers, "shared_layers", selects="shared")
     if not split.personal:
         raise ValueError(f"shared_layers: {shared_layers!r} shares every layer of the model "
                          f"({', '.join(split.shared)}): no layer stays local, so LG-FedAvg "
                          f"would be FedAvg; use fedavg, or a model with more than one layer")
-    return partial.compose_partial(model, split, (partial.Phase("all", num_epochs),),
-                                   client_lr=client_lr, batch_size=batch_size,
-                                   max_steps=max_steps, client_optimizer=client_optimizer,
-                                   client_table=client_table, weight_by_size=weight_by_size,
-                                   clip_norm=clip_norm, clip_mode=clip_mode)
+    return partial.compose_partial(model, split, (partial.Phase("all", training.num_epochs),),
+                                   training=training, client_table=client_table,
+                                   weight_by_size=weight_by_size)

@@ -43,19 +43,20 @@ starting point of each step (the personal model before its K steps).
 
 Symbols -> arguments: lambda = ``lam`` (paper: 15 on MNIST, 20 on Synthetic; may be
 traced), K = ``inner_steps`` (5), personal learning rate = ``personal_lr`` (0.01 - 0.1),
-eta = ``client_lr`` (0.005), beta = ``beta`` (1 or 2; may be traced), R = the local
-steps, E ceil(n_i / B) capped by ``max_steps`` (E = ``num_epochs``, B = ``batch_size``,
-20 in the paper).
+eta = ``training.lr`` (0.005: ``TRAINING``), beta = ``beta`` (1 or 2; may be traced), R =
+the local steps, E ceil(n_i / B) capped by ``training.max_steps`` (E =
+``training.num_epochs``, B = ``training.batch_size``, 20 in the paper).
 
-Optimizers: ``client_optimizer`` (a ``rate -> optax transformation`` at eta, or a fixed
-one) makes the local-model step w_{i,r+1} from the Moreau-envelope gradient
-lambda (w_{i,r} - theta~); ``personal_optimizer`` (default: ``client_optimizer``) makes
-the K inner steps at ``personal_lr`` from grad f_i(theta; D) + lambda (theta - w_{i,r}).
-Each keeps one state per round, carried across the round's steps (and inner steps).
-None for both: the plain steps written above. Gradient clipping (``clip_norm``) applies
-to the inner steps, the only minibatch gradients: ``clip_mode="step"`` clips
-grad f_i + lambda (theta - w_{i,r}), ``"loss"`` grad f_i alone; the local-model step
-is not clipped.
+Optimizers: ``training.optimizer`` (a ``rate -> optax transformation`` at eta, or a
+fixed one) makes the local-model step w_{i,r+1} from the Moreau-envelope gradient
+lambda (w_{i,r} - theta~); ``personal_optimizer`` (default: ``training.optimizer``)
+makes the K inner steps at ``personal_lr`` from grad f_i(theta; D) + lambda (theta -
+w_{i,r}). Each keeps one state per round, carried across the round's steps (and inner
+steps). None for both: the plain steps written above. Gradient clipping
+(``training.clip_norm``) applies to the inner steps, the only minibatch gradients:
+``clip_mode="step"`` clips grad f_i + lambda (theta - w_{i,r}), ``"loss"`` grad f_i
+alone; the local-model step is not clipped. ``training.weight_decay`` must be 0 (no
+coupled weight decay in this loop; an optimizer with decayed weights gives one).
 """
 from __future__ import annotations
 
@@ -68,15 +69,20 @@ import optax
 from fedjax_fair.core import execution
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client)
-from fedjax_fair.core.client import (check_optimizer, clip_by_global_norm, data_loss,
-                                     make_optimizer, masked_steps, round_value)
+# TRAINING_FIELDS: the ClientTraining fields pFedMe honours too, all but weight_decay
+from fedjax_fair.algorithms.apfl import TRAINING_FIELDS, check_no_weight_decay  # noqa: F401
+from fedjax_fair.algorithms.families.training import Optimizer, Rate
+from fedjax_fair.core.client import (ClientTraining, check_optimizer, clip_by_global_norm,
+                                     data_loss, make_optimizer, masked_steps, round_value)
 from fedjax_fair.core.mixing import prior
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 HPARAMS = {"lam": H.NONNEGATIVE, "inner_steps": H.COUNT, "personal_lr": H.POSITIVE,
-           "beta": H.POSITIVE, **CLIENT_HPARAMS}
+           "beta": H.POSITIVE}
+# pFedMe's default local training: the paper's local-model rate eta = 0.005
+# (arXiv:2006.08848, experimental settings); the other fields are ClientTraining()'s
+# (its batch 20 is the paper's).
+TRAINING = ClientTraining(lr=0.005)
 
 
 def _axpy(x, a, y):
@@ -87,28 +93,28 @@ def _axpy(x, a, y):
 
 
 def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate = 0.1,
-           beta: float = 1.0, client_lr: Rate = 0.005, batch_size: int = 20,
-           num_epochs: int = 1, max_steps: Optional[int] = None,
-           client_optimizer: Optional[Optimizer] = None,
-           clip_norm: Optional[float] = None, clip_mode: str = "step",
+           beta: float = 1.0, training: ClientTraining = TRAINING,
            personal_optimizer: Optional[Optimizer] = None, warm_start: bool = True,
            client_table: str = "dense", weight_by_size: bool = True) -> FederatedAlgorithm:
     """pFedMe (Algorithm 1): bi-level local steps (K inner steps on the personal
     problem, then the local-model step), server step beta towards the cohort's average;
     evaluated personally on each client's last personal model theta_i.
 
-    ``client_optimizer``: the local-model step (rate ``client_lr``);
-    ``personal_optimizer`` (default: ``client_optimizer``): the inner steps (rate
-    ``personal_lr``); ``clip_norm`` / ``clip_mode``: clipping of the inner steps.
+    ``training`` (``ClientTraining``, weight decay 0): its optimizer makes the
+    local-model step (rate ``training.lr``), its clipping clips the inner steps;
+    ``personal_optimizer`` (default: ``training.optimizer``): the inner steps (rate
+    ``personal_lr``).
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the personal models."""
     H.check(HPARAMS, lam=lam, inner_steps=inner_steps, beta=beta)
     if not callable(personal_lr):
         HPARAMS["personal_lr"].check("personal_lr", personal_lr)
     if not isinstance(warm_start, bool):
         raise ValueError(f"warm_start: must be a bool, got {warm_start!r}")
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
+    training.check()
+    check_no_weight_decay(training, "pFedMe")
     check_optimizer(personal_optimizer, "personal_optimizer")
+    client_lr, client_optimizer = training.lr, training.optimizer
+    clip_norm, clip_mode = training.clip_norm, training.clip_mode
     inner_choice = personal_optimizer or client_optimizer  # None: the plain step as written
     unroll = execution.local_step_unroll(model.uses_xla_conv)
 
@@ -161,7 +167,8 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
                   () if inner_opt is None else inner_opt.init(start))
         (w, theta, _, _), num_steps, train_loss = masked_steps(
             local_step, (start, start, *states), data, local_steps, key,
-            batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps, unroll=unroll)
+            batch_size=training.batch_size, num_epochs=training.num_epochs,
+            max_steps=training.max_steps, unroll=unroll)
         new_personal = jax.tree.map(lambda new, old: jnp.where(num_steps > 0, new, old),
                                     theta, personal)
         output = ClientOutput(

@@ -36,7 +36,8 @@ the model's own loss.
 
 Symbols -> arguments: M = ``baseline`` (grid {2, 3, 5}; the reference scripts
 select 2 or 3); n_k / n = data weights if ``weight_by_size`` (thesis) else uniform;
-the clip / switch margin = ``eps``; the form = ``mode`` ("mixing" or "client").
+the clip / switch margin = ``eps``; the form = ``mode`` ("mixing" or "client"); the
+local training = ``training`` (``ClientTraining``: eta_l = ``training.lr``).
 Masked rows get weight 0; so do empty clients, except under the uniform average of
 ``mode="client", weight_by_size=False`` (their delta is 0). ``baseline`` and ``eps``
 may be traced in both modes (the run is differentiable in M).
@@ -49,14 +50,13 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      Transform, client_training)
+from fedjax_fair.algorithms.families.training import Transform
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.core.client import masked_mean
+from fedjax_fair.core.client import ClientTraining, local_training, masked_mean
 from fedjax_fair.core.mixing import MixingRule, exponentiated, prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
-HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE, **CLIENT_HPARAMS}
+HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE}
 MODES = ("mixing", "client")
 
 
@@ -129,10 +129,7 @@ def client_objective(baseline=2.0, eps=0.2):
 
 
 def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: bool = True,
-             mode: str = "mixing", client_lr: Rate = 0.1, batch_size: int = 20,
-             num_epochs: int = 1, max_steps: Optional[int] = None,
-             client_optimizer: Optional[Optimizer] = None,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
+             mode: str = "mixing", training: ClientTraining = ClientTraining(),
              server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """PropFair. ``mode="mixing"`` (default, thesis eq. 3.21-3.23): FedAvg local
     training with PropFair's aggregation weights n_k / (M - F_k). ``mode="client"``
@@ -142,13 +139,6 @@ def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: 
     if mode == "mixing":
         return fedavg(model, mixing=propfair_mixing(baseline, eps=eps,
                                                     weight_by_size=weight_by_size),
-                      client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                      max_steps=max_steps, client_optimizer=client_optimizer,
-                      clip_norm=clip_norm, clip_mode=clip_mode,
-                      server_optimizer=server_optimizer)
-    update = client_training(model, client_lr=client_lr, batch_size=batch_size,
-                             num_epochs=num_epochs, max_steps=max_steps,
-                             client_optimizer=client_optimizer,
-                             clip_norm=clip_norm, clip_mode=clip_mode,
-                             batch_loss=client_objective(baseline, eps))
+                      training=training, server_optimizer=server_optimizer)
+    update = local_training(model, training, batch_loss=client_objective(baseline, eps))
     return compose(update, mixing=prior(weight_by_size), server_optimizer=server_optimizer)

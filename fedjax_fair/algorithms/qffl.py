@@ -42,8 +42,9 @@ coefficients c_k (``server/coefficients``).
 
 Symbols -> arguments: q = ``q`` (grid {0.1, 1, 5} in the thesis, {0, 0.001, 0.01,
 0.1, 1, 2, 5, 10} in DQN-Fed; the reference scripts select 0.1 or 1);
-L = ``lipschitz`` (default 1 / ``client_lr``); pi = uniform, or ∝ n_k if
-``weight_by_size``; the mode = ``mode``.
+L = ``lipschitz`` (default 1 / ``training.lr``); pi = uniform, or ∝ n_k if
+``weight_by_size``; the mode = ``mode``; the local SGD is ``training``
+(``ClientTraining``: eta_l = ``training.lr``, B = ``training.batch_size``).
 """
 from __future__ import annotations
 
@@ -57,16 +58,14 @@ from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import (Aggregator, ratio, stateless, stateless_stream,
                                           weighted_sum)
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      Transform, check_client)
+from fedjax_fair.algorithms.families.training import Transform
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.core.client import round_value
+from fedjax_fair.core.client import ClientTraining, check_rate, round_value
 from fedjax_fair.core.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
 MODES = ("faithful", "mixing")
-HPARAMS = {"q": H.NONNEGATIVE, "lipschitz": H.Range(0.0, None, low_open=True, nullable=True),
-           **CLIENT_HPARAMS}
+HPARAMS = {"q": H.NONNEGATIVE, "lipschitz": H.Range(0.0, None, low_open=True, nullable=True)}
 
 
 def _safe_log(x):
@@ -201,9 +200,7 @@ def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
 
 def qffl(model, *, q: float = 0.1, mode: str = "faithful",
          weight_by_size: Optional[bool] = None, lipschitz: Optional[float] = None,
-         client_lr: Rate = 0.1, batch_size: int = 20, num_epochs: int = 1,
-         max_steps: Optional[int] = None, client_optimizer: Optional[Optimizer] = None,
-         clip_norm: Optional[float] = None, clip_mode: str = "step",
+         training: ClientTraining = ClientTraining(),
          server_optimizer: Optional[Transform] = None,
          mixing: Optional[MixingRule] = None) -> FederatedAlgorithm:
     """q-FedAvg: FedAvg's local SGD with the q-FFL server step (see the module doc).
@@ -212,18 +209,16 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
 
     ``weight_by_size`` (pi ∝ n_k) defaults to False for ``"faithful"`` (Li et al.'s
     reference code: uniform) and True for ``"mixing"`` (the thesis's n_k F_k^q).
-    ``lipschitz`` defaults to 1 / ``client_lr`` (round by round when the client rate
+    ``lipschitz`` defaults to 1 / ``training.lr`` (round by round when the client rate
     is a schedule)."""
     H.check(HPARAMS, q=q, lipschitz=lipschitz)
-    check_client(client_lr, batch_size, num_epochs, max_steps)  # before 1 / client_lr
+    training.check()  # before 1 / training.lr
+    check_rate(training.lr, "training.lr")  # also with a fixed optimizer: L uses it
     if mode not in MODES:
         raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")
     if weight_by_size is not None and not isinstance(weight_by_size, bool):
         raise ValueError(f"weight_by_size: must be true, false or null, got {weight_by_size!r}")
-    client = dict(client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
-                  server_optimizer=server_optimizer)
+    client = dict(training=training, server_optimizer=server_optimizer)
     if mode == "mixing":
         if lipschitz is not None:
             raise ValueError("lipschitz: only used by mode='faithful'")
@@ -232,6 +227,7 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
         by_size = True if weight_by_size is None else weight_by_size
         return fedavg(model, mixing=qffl_mixing(q, weight_by_size=by_size), **client)
     if lipschitz is None:
+        client_lr = training.lr
         lipschitz = ((lambda t: 1.0 / client_lr(t)) if callable(client_lr)
                      else 1.0 / client_lr)
     by_size = False if weight_by_size is None else weight_by_size

@@ -5,7 +5,11 @@ keyword arguments with defaults (no ``**kwargs``). The registry entry adds what 
 command line needs and a signature cannot say: the valid range of each numeric
 hyper-parameter (which also marks it continuous — traceable, vmappable and
 differentiable — or static), and whether the method needs every client every round.
-``method_hparams(name)`` joins the two.
+``method_hparams(name)`` joins the two. A factory's local training is one value,
+``training: ClientTraining``; ``method_hparams`` lists its fields under their flat
+names (``client_lr``, ``batch_size``, ...: ``core.client.FIELDS``) with the factory's
+own defaults, and ``build(name, model, **values)`` folds such names into ``training``,
+so the command line and sweeps pass only the values they were given.
 """
 from __future__ import annotations
 
@@ -77,6 +81,7 @@ from fedjax_fair.algorithms.qffl import qffl
 from fedjax_fair.algorithms.scaffold import scaffold
 from fedjax_fair.algorithms.superfed import superfed
 from fedjax_fair.algorithms.term import term
+from fedjax_fair.core.client import FIELDS, TRAINING_RANGES, ClientTraining
 from fedjax_fair.hparams import Range
 from fedjax_fair.algorithms.families.generative import downstream_line, downstream_report
 
@@ -99,6 +104,7 @@ class Method(NamedTuple):
     report: Optional[Callable] = None
     generative: bool = False
     report_line: Optional[Callable] = None
+    training_fields: tuple = tuple(FIELDS)  # the ClientTraining fields it honours (flat)
 
 
 class HParam(NamedTuple):
@@ -150,14 +156,14 @@ REGISTRY = {
     "fedcm": Method(fedcm, _fedcm.HPARAMS),
     "superfed": Method(superfed, _superfed.HPARAMS, report=_superfed.lambda_report,
                        report_line=_superfed.lambda_line),
-    "apfl": Method(apfl, _apfl.HPARAMS),
-    "pfedme": Method(pfedme, _pfedme.HPARAMS),
+    "apfl": Method(apfl, _apfl.HPARAMS, training_fields=_apfl.TRAINING_FIELDS),
+    "pfedme": Method(pfedme, _pfedme.HPARAMS, training_fields=_pfedme.TRAINING_FIELDS),
     "fedper": Method(fedper, _fedrep.FEDPER_HPARAMS),
     "fedrep": Method(fedrep, _fedrep.HPARAMS),
     "lg_fedavg": Method(lg_fedavg, _lg_fedavg.HPARAMS),
     "fedavg_ft": Method(fedavg_ft, _finetune.HPARAMS),
     "fedevg": Method(fedevg, _fedevg.HPARAMS, report=downstream_report, generative=True,
-                     report_line=downstream_line),
+                     report_line=downstream_line, training_fields=_fedevg.TRAINING_FIELDS),
     "fedcvae": Method(fedcvae, _fedcvae.HPARAMS, report=downstream_report, generative=True,
                       report_line=downstream_line),
 }
@@ -197,12 +203,18 @@ def method_hparams(name: str) -> dict:
     """``{name: HParam}`` of a registered method's keyword hyper-parameters, in
     signature order: default and type from the factory's signature, range from the
     registry. Parameters whose type names no value type (bool, int, float, str,
-    tuple, Rate) are Python objects: optimizers, mixing rules, aggregators. A
-    ``NAME@LABEL`` variant has its method's hyper-parameters."""
+    tuple, Rate) are Python objects: optimizers, mixing rules, aggregators. The
+    ``training`` argument is listed as its fields under their flat names
+    (``client_lr``, ``batch_size``, ...), each with the factory's default
+    ``ClientTraining``'s value. A ``NAME@LABEL`` variant has its method's
+    hyper-parameters."""
     method = get_method(name)
     out = {}
     for p in inspect.signature(method.factory).parameters.values():
         if p.kind is not p.KEYWORD_ONLY:
+            continue
+        if p.name == "training":
+            out.update(_training_hparams(p.default, method.training_fields))
             continue
         annotation = _annotation(p)
         python_only = (not _VALUE_TYPES.search(annotation) if annotation
@@ -212,7 +224,41 @@ def method_hparams(name: str) -> dict:
     return out
 
 
-__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "base_name", "get_method", "aaggff_d", "aaggff_s", "afedpd",
+_TRAINING_TYPES = {"lr": "Rate", "batch_size": "int", "num_epochs": "int",
+                   "max_steps": "Optional[int]", "optimizer": "Optimizer",
+                   "weight_decay": "float", "clip_norm": "Optional[float]", "clip_mode": "str"}
+
+
+def _training_hparams(default: ClientTraining, flat_names) -> dict:
+    return {flat: HParam(flat, getattr(default, FIELDS[flat]), _TRAINING_TYPES[FIELDS[flat]],
+                         TRAINING_RANGES.get(FIELDS[flat]), FIELDS[flat] == "optimizer")
+            for flat in flat_names}
+
+
+def default_training(name: str) -> ClientTraining:
+    """The ``ClientTraining`` a registered method's factory defaults to."""
+    p = inspect.signature(get_method(name).factory).parameters["training"]
+    return p.default
+
+
+def build(name: str, model, **values):
+    """``REGISTRY[name].factory(model, ...)`` with ``values`` by flat name: the
+    local-training ones (``client_lr=0.02, batch_size=10``) replace those fields of
+    the factory's default ``training`` (the others keep the method's own defaults),
+    the rest are passed as they are. A name the method does not take is a TypeError,
+    as a call would give."""
+    method = get_method(name)
+    flat = {k: values.pop(k) for k in list(values) if k in FIELDS}
+    unknown = sorted(set(flat) - set(method.training_fields))
+    if unknown:
+        raise TypeError(f"{base_name(name)}() got unexpected keyword arguments {unknown} "
+                        f"(its local training honours {list(method.training_fields)})")
+    if flat:
+        values["training"] = values.get("training", default_training(name)).with_flat(**flat)
+    return method.factory(model, **values)
+
+
+__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "base_name", "build", "default_training", "get_method", "aaggff_d", "aaggff_s", "afedpd",
            "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedcvae", "fedevg", "fedpd", "fedper", "fedrep",
            "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",

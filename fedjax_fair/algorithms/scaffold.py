@@ -25,8 +25,9 @@ and Delta c_i as ``extra``), and c lives in the aggregator's state and reaches t
 clients through the broadcast. K is the client's actual step count (a client that
 took no step keeps c_i); eta_l is this round's client rate (schedules allowed).
 
-Symbols -> arguments: eta_l = ``client_lr``, eta_g = ``server_lr``, K = the local
-steps (``num_epochs`` x ceil(n_i / B), capped by ``max_steps``), N = the
+Symbols -> arguments: eta_l = ``training.lr``, eta_g = ``server_lr``, K = the local
+steps (``training.num_epochs`` x ceil(n_i / B), B = ``training.batch_size``, capped
+by ``training.max_steps``), N = the
 federation size, the cohort weights 1 / |S| (``uniform`` mixing).
 """
 from __future__ import annotations
@@ -40,13 +41,12 @@ import optax
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
-                                                      Rate, client_training)
-from fedjax_fair.core.client import check_rate_optimizer
+from fedjax_fair.algorithms.families.training import Rate
+from fedjax_fair.core.client import ClientTraining, check_rate_optimizer, local_training
 from fedjax_fair.core.client import inner
 from fedjax_fair.core.mixing import MixingRule, prior
 
-HPARAMS = {"server_lr": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
+HPARAMS = {"server_lr": H.POSITIVE}
 
 
 class ScaffoldState(NamedTuple):
@@ -91,31 +91,23 @@ def scaffold_aggregator() -> Aggregator:
     return Aggregator(init, aggregate)
 
 
-def scaffold(model, *, server_lr: Rate = 1.0, client_lr: Rate = 0.1, batch_size: int = 20,
-             num_epochs: int = 1, max_steps: Optional[int] = None,
-             client_optimizer: Optional[Optimizer] = None,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
+def scaffold(model, *, server_lr: Rate = 1.0, training: ClientTraining = ClientTraining(),
              client_table: str = "dense",
              mixing: Optional[MixingRule] = None,
-             weight_by_size: bool = False, weight_decay: float = 0.0) -> FederatedAlgorithm:
+             weight_by_size: bool = False) -> FederatedAlgorithm:
     """SCAFFOLD (option II): drift-corrected local SGD with control variates.
 
     ``mixing`` defaults to 1 / |S| (n_k / n with ``weight_by_size``).
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the clients' c_i.
-    ``weight_decay``: coupled L2 in the local steps (gradient + wd y).
-    ``client_optimizer``: a ``rate -> transformation`` callable (option II divides by
-    K eta_l); ``clip_norm`` / ``clip_mode``: gradient clipping of every local step
-    ("step" clips g_i - c_i + c, "loss" g_i alone)."""
+    ``training``: the local steps (``ClientTraining``); ``training.weight_decay`` is
+    coupled L2 (gradient + wd y); ``training.optimizer`` must be a
+    ``rate -> transformation`` callable (option II divides by K eta_l);
+    ``training.clip_mode`` "step" clips g_i - c_i + c, "loss" g_i alone."""
     if not callable(server_lr):
         HPARAMS["server_lr"].check("server_lr", server_lr)
-    check_rate_optimizer(client_optimizer, "SCAFFOLD's option II")
-    client = client_training(model, client_lr=client_lr, batch_size=batch_size,
-                             num_epochs=num_epochs, max_steps=max_steps,
-                             client_optimizer=client_optimizer,
-                             clip_norm=clip_norm, clip_mode=clip_mode,
-                             regularizer=correction, finish=option_two,
-                             weight_decay=weight_decay)
+    check_rate_optimizer(training.optimizer, "SCAFFOLD's option II")
+    client = local_training(model, training, regularizer=correction, finish=option_two)
     return compose(client, mixing=mixing or prior(weight_by_size), aggregator=scaffold_aggregator(),
                    server_optimizer=optax.sgd(server_lr),
                    client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),

@@ -32,18 +32,19 @@ so clients never sampled cost nothing in the lazy table; only theta_f is aggrega
 (``by_num_examples``).
 
 Symbols -> arguments: mu = ``mu``, nu = ``nu``, L = ``start_round`` (the thesis's
-l_frac x T), eta = ``client_lr`` (a schedule of the round for the 1%/round decay, e.g.
+l_frac x T), eta = ``training.lr`` (a schedule of the round for the 1%/round decay, e.g.
 ``lambda t: 0.01 * 0.99 ** t``), momentum 0.9 and coupled weight decay 1e-4 over the
-pair (``momentum``, ``weight_decay``; a ``client_optimizer``, if given, replaces that
-SGD), E = ``num_epochs``, B = ``batch_size``; ``clip_norm`` clips the pair's joint
-gradient (one global norm over theta_f and theta_l; ``clip_mode="loss"``: the mixture
-loss's alone, without the proximal and orthogonality terms; weight decay after);
+pair (``momentum``, ``training.weight_decay``; a ``training.optimizer``, if given,
+replaces that SGD), E = ``training.num_epochs``, B = ``training.batch_size`` (defaults
+``TRAINING``); ``training.clip_norm`` clips the pair's joint gradient (one global norm
+over theta_f and theta_l; ``clip_mode="loss"``: the mixture loss's alone, without the
+proximal and orthogonality terms; weight decay after);
 ``mode`` "mm" or "lm"; ``prox_form`` "squared" (the thesis) or "ref_sum_of_norms"
 (the reference code's mu sum_leaves ||theta_f - theta_g||).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,10 +52,8 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, Optimizer, Rate,
-                                                      check_client)
-from fedjax_fair.core.client import (data_loss, data_metrics, local_sgd, make_optimizer,
-                                     round_value, sq_distance)
+from fedjax_fair.core.client import (ClientTraining, data_loss, data_metrics, describe_object,
+                                     local_sgd, make_optimizer, round_value, sq_distance)
 from fedjax_fair.core.execution import local_step_unroll
 from fedjax_fair.metrics import worst_k
 from fedjax_fair.core.mixing import by_num_examples
@@ -67,8 +66,10 @@ LAMBDA_GRID = tuple(i / 10 for i in range(11))
 HPARAMS = {"mu": H.NONNEGATIVE, "nu": H.NONNEGATIVE,
            "start_round": H.Range(0, None, integer=True),
            "eval_lambda": H.Range(0.0, 1.0), "momentum": H.Range(0.0, 1.0, high_open=True),
-           "local_init_seed": H.Range(0, None, integer=True),
-           "weight_decay": H.NONNEGATIVE, **CLIENT_HPARAMS}
+           "local_init_seed": H.Range(0, None, integer=True)}
+# SuPerFed's local training (Hahn's thesis, Ch. II; the module docstring): SGD at rate
+# 0.01 with momentum 0.9 (``momentum``) and coupled weight decay 1e-4, batch 10.
+TRAINING = ClientTraining(lr=0.01, batch_size=10, weight_decay=1e-4)
 
 
 class LocalModel(NamedTuple):
@@ -131,25 +132,25 @@ def mixture_model(model: Model, mode: str, personalize) -> Model:
 
 def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
              mode: str = "mm", eval_lambda: float = 0.5, prox_form: str = "squared",
-             client_lr: Rate = 0.01, momentum: float = 0.9, weight_decay: float = 1e-4,
-             batch_size: int = 10, num_epochs: int = 1, max_steps: Optional[int] = None,
-             client_optimizer: Optional[Optimizer] = None,
-             clip_norm: Optional[float] = None, clip_mode: str = "step",
+             momentum: float = 0.9, training: ClientTraining = TRAINING,
              client_table: str = "dense", local_init_seed: int = 0) -> FederatedAlgorithm:
     """SuPerFed (MM or LM): federated and local model trained through their random
     interpolation; evaluated personally at ``eval_lambda``.
 
-    ``client_optimizer`` (None: SGD with ``momentum`` and coupled ``weight_decay``,
-    the thesis's) replaces that optimizer of the pair, ``momentum`` and ``weight_decay``
-    then unused; ``clip_norm`` / ``clip_mode``: gradient clipping of every local step.
+    ``training``: the pair's local training (default ``TRAINING``, the thesis's).
+    ``training.optimizer`` (None: SGD with ``momentum`` and coupled
+    ``training.weight_decay``) replaces that optimizer of the pair, ``momentum`` and
+    ``weight_decay`` then unused; ``clip_norm`` / ``clip_mode``: gradient clipping of
+    every local step.
 
     ``client_table``: "dense", "lazy" or "lazy:CAPACITY" storage of the local models
     (never-sampled clients' models are drawn on demand, so the lazy table stores only
     the clients sampled)."""
     H.check(HPARAMS, mu=mu, nu=nu, start_round=start_round, eval_lambda=eval_lambda,
-            momentum=momentum, weight_decay=weight_decay)
-    check_client(client_lr, batch_size, num_epochs, max_steps, client_optimizer, clip_norm,
-                 clip_mode)
+            momentum=momentum)
+    if not isinstance(training, ClientTraining):
+        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+    training.check()
     if mode not in MODES:
         raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")
     if prox_form not in PROX_FORMS:
@@ -169,19 +170,20 @@ def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
         return prox(federated, broadcast.params) + orth
 
     def optimizer(rate):
-        return optax.chain(optax.add_decayed_weights(weight_decay),
+        return optax.chain(optax.add_decayed_weights(training.weight_decay),
                            optax.sgd(rate, momentum=momentum))
 
     def client_update(broadcast: Broadcast, row: LocalModel, data: ClientData, local_steps,
                       key):
         personalize = broadcast.round >= start_round
-        train = local_sgd(mixture_model(model, mode, personalize), batch_size=batch_size,
-                          num_epochs=num_epochs, max_steps=max_steps,
-                          regularizer=regularizer, unroll=unroll, clip_norm=clip_norm,
-                          clip_mode=clip_mode)
-        lr = round_value(client_lr, broadcast.round)
+        train = local_sgd(mixture_model(model, mode, personalize),
+                          batch_size=training.batch_size, num_epochs=training.num_epochs,
+                          max_steps=training.max_steps, regularizer=regularizer,
+                          unroll=unroll, clip_norm=training.clip_norm,
+                          clip_mode=training.clip_mode)
+        lr = round_value(training.lr, broadcast.round)
         (federated, local), num_steps, train_loss = train(
-            (broadcast.params, row.local), make_optimizer(client_optimizer or optimizer, lr),
+            (broadcast.params, row.local), make_optimizer(training.optimizer or optimizer, lr),
             data, local_steps, key, (broadcast, personalize))
         # Before L theta_l is frozen exactly: its (zero-gradient) momentum and weight
         # decay moves are discarded; lambda = 0 kept them out of theta_f's steps.

@@ -33,12 +33,13 @@ import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
-from fedjax_fair.algorithms.families.training import CLIENT_HPARAMS, Optimizer, Rate, Transform
+from fedjax_fair.algorithms.families.training import Transform
 from fedjax_fair.algorithms.fedavg import fedavg
+from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
 
-HPARAMS = {"tilt": H.REAL, **CLIENT_HPARAMS}
+HPARAMS = {"tilt": H.REAL}
 
 
 def term_weights(losses, prior, mask, tilt):
@@ -64,14 +65,9 @@ def term_mixing(tilt=0.1, *, weight_by_size: bool = True) -> MixingRule:
     return exponentiated(lambda out: tilt * out.loss_before, weight_by_size)
 
 
-def term(model, *, tilt: float = 0.1, weight_by_size: bool = True, client_lr: Rate = 0.1,
-         batch_size: int = 20, num_epochs: int = 1, max_steps: Optional[int] = None,
-         client_optimizer: Optional[Optimizer] = None,
-         clip_norm: Optional[float] = None, clip_mode: str = "step",
+def term(model, *, tilt: float = 0.1, weight_by_size: bool = True,
+         training: ClientTraining = ClientTraining(),
          server_optimizer: Optional[Transform] = None) -> FederatedAlgorithm:
     """FedAvg local training with TERM's tilted aggregation weights."""
     return fedavg(model, mixing=term_mixing(tilt, weight_by_size=weight_by_size),
-                  client_lr=client_lr, batch_size=batch_size, num_epochs=num_epochs,
-                  max_steps=max_steps, client_optimizer=client_optimizer,
-                  clip_norm=clip_norm, clip_mode=clip_mode,
-                  server_optimizer=server_optimizer)
+                  training=training, server_optimizer=server_optimizer)

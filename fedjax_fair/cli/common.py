@@ -16,10 +16,11 @@ from typing import Optional
 import jax
 import numpy as np
 
-from fedjax_fair.algorithms import REGISTRY, base_name, get_method, method_hparams
+from fedjax_fair.algorithms import REGISTRY, base_name, build, default_training, method_hparams
 from fedjax_fair.algorithms.families import generative as synthetic
 from fedjax_fair.cli import config as C, lock, report
 from fedjax_fair.core import memory, sampling
+from fedjax_fair.core.client import FIELDS
 from fedjax_fair.core.algorithm import with_improvement
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
 from fedjax_fair.core.schedules import parse as parse_schedule
@@ -264,6 +265,25 @@ def build_model(cfg, ds):
     return augmented
 
 
+TRAINING_FLAGS = ("client_lr", "batch_size", "num_epochs")  # config fields of ClientTraining
+
+
+def for_method(cfg, name: str):
+    """``cfg`` with the local-training fields it leaves unset (None: --client-lr,
+    --batch-size, --num-epochs not given) set to method ``name``'s own, its factory's
+    default ``training`` (A-FedPD's batch 50, SuPerFed's rate 0.01, ...): the flags
+    a user gives replace those fields for every method, the others never override a
+    factory's defaults."""
+    own = default_training(name)
+    unset = {flat: getattr(own, FIELDS[flat]) for flat in TRAINING_FLAGS
+             if getattr(cfg, flat, 0) is None}
+    if not unset:
+        return cfg
+    new = dataclasses.replace(cfg, **unset)
+    vars(new).update({k: v for k, v in vars(cfg).items() if k not in vars(new)})  # records
+    return new
+
+
 def build_algorithm(name: str, model, cfg, hparams: dict):
     """The registered factory called with the config fields its signature names
     (client_lr, batch_size, num_epochs), the client SGD of --client-momentum /
@@ -272,15 +292,17 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
     ``cfg.improvement`` is off."""
     accepted = method_hparams(name)
     kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
-              if not h.python_only and k in C.config_fields() and hasattr(cfg, k)}
+              if not h.python_only and k in C.config_fields() and hasattr(cfg, k)
+              and getattr(cfg, k) is not None}  # unset: the method's own
     kwargs.update(C.mixing_kwargs(name, cfg.mixing) or {})  # an explicit --hp wins
     if C.client_sgd_field(cfg) and "client_optimizer" in accepted:  # --client-momentum
         from fedjax_fair.core.client import sgd_optimizer
         kwargs["client_optimizer"] = sgd_optimizer(cfg.client_momentum, cfg.client_weight_decay)
     kwargs.update(hparams)
     client_schedule = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
-    if client_schedule is not None and "client_lr" in kwargs:
-        kwargs["client_lr"] = client_schedule(kwargs["client_lr"])
+    if client_schedule is not None and "client_lr" in accepted:
+        kwargs["client_lr"] = client_schedule(kwargs.get("client_lr",
+                                                         accepted["client_lr"].default))
     server_schedule = parse_schedule(cfg.server_lr_schedule, "server_lr_schedule")
     rate = C.server_rate_name(name)
     if server_schedule is not None:
@@ -290,7 +312,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
         kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
                                    client_schedule(1.0))
     try:
-        algorithm = get_method(name).factory(model, **kwargs)
+        algorithm = build(name, model, **kwargs)
     except (TypeError, ValueError) as e:
         raise C.config_error(e, "hparams") from None
     return with_improvement(algorithm, model) if cfg.improvement else algorithm

@@ -3,6 +3,7 @@ each run resumable, the table and plots of the finished runs."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -21,7 +22,8 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _preflight, _resumable_config, _seeded, _STAGE,
                                     _STAGE_DIR, _write_client_history, build_algorithm,
                                     build_dataset, build_model, dataset_description,
-                                    execution_of, simulate_one, write_run_outputs)
+                                    execution_of, for_method, simulate_one,
+                                    write_run_outputs)
 from fedjax_fair.core import sampling
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
 from fedjax_fair.drivers.runner import verify_resumable
@@ -92,7 +94,8 @@ def cmd_compare(args) -> int:
     for a in cfg.algorithms:
         C.check_data_range(a, hparams[a], ds.host_data.train, f"hparams[{a}]")
     model = build_model(cfg, ds)
-    _preflight(cfg, ds, model)
+    for batch in sorted({for_method(cfg, a).batch_size for a in cfg.algorithms}):
+        _preflight(dataclasses.replace(cfg, batch_size=batch), ds, model)
     algs = {}
     for a in cfg.algorithms:
         try:
@@ -102,6 +105,7 @@ def cmd_compare(args) -> int:
                 raise
             print(f"left out {a}: {e}")  # e.g. LG-FedAvg on a one-layer model
     cfg.algorithms = cfg_dict["algorithms"] = list(algs)
+    print(_training_line(cfg))
     for alg in algs.values():
         _check_capacity(alg, ds.num_clients, cfg)
 
@@ -200,6 +204,23 @@ def cmd_compare(args) -> int:
     return code
 
 
+def _training_line(cfg) -> str:
+    """One line saying which local training each method runs: the flags given, else
+    each method's own (grouped by value)."""
+    groups: dict = {}
+    for a in cfg.algorithms:
+        m = for_method(cfg, a)
+        groups.setdefault((m.client_lr, m.batch_size, m.num_epochs), []).append(a)
+    given = [f"--{f.replace('_', '-')}" for f in ("client_lr", "batch_size", "num_epochs")
+             if getattr(cfg, f) is not None]
+    largest = max(groups, key=lambda k: len(groups[k]))
+    text = "; ".join(f"{'the others' if k == largest and len(groups) > 1 < len(names) else ', '.join(names)}"
+                     f": lr {k[0]:g}, batch {k[1]}, {k[2]} epoch{'s' * (k[2] > 1)}"
+                     for k, names in sorted(groups.items(), key=lambda kv: kv[0] == largest))
+    source = f"from {', '.join(given)}" if given else "each method's own"
+    return f"local training ({source}): {text}"
+
+
 def _round_rows(rounds: dict) -> list:
     """rounds.jsonl's rows of a run's per-round metrics (none when no round ran)."""
     return report.round_rows(0, rounds) if rounds else []
@@ -226,6 +247,7 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
     ``cfg.commit_seconds`` (``resume``: continued from there) and written to
     ``run_dir`` as soon as it ends (diverged runs keep their metrics.jsonl); returns
     what ``_finished_run`` would read back."""
+    cfg = for_method(cfg, name)
     try:
         res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
                            description=f"{name} seed {seed}", log=log,
@@ -288,7 +310,7 @@ def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
         return "one seed to run"
     if REGISTRY[base_name(name)].generative:
         return "a generative method (per-seed synthetic sets, written per run)"
-    if execution_of(cfg, ds, model).mesh is not None:
+    if execution_of(for_method(cfg, name), ds, model).mesh is not None:
         return "a device mesh (runner.run splits each cohort over the devices)"
     if cfg.placement == "host":
         return "placement host (runner.run streams each chunk's cohorts)"
@@ -305,6 +327,7 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
     the program does not fit the device (the caller then runs each seed with
     ``runner.run``, which streams cohorts from the host)."""
     run_dirs = [os.path.join(out, name, f"seed{seed}") for seed in seeds]
+    cfg = for_method(cfg, name)
     runs = sweeps.run_seeds(
         alg, model, ds.host_data, seeds, num_rounds=cfg.num_rounds,
         cohort_size=cfg.cohort_size, eval_every=cfg.eval_every,

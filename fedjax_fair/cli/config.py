@@ -87,7 +87,8 @@ class _Common:
                                         "1-5)")
     augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
                       "(flip + padded crop) or tinyimagenet (rotation + flip)")
-    client_lr: float = _f(0.02, "float", "client learning rate (> 0)")
+    client_lr: Optional[float] = _f(None, "float?", "client learning rate (> 0); none: each "
+                                    "method's own (its factory's default training)")
     client_momentum: float = _f(0.0, "float", "SGD momentum of the clients' local steps, in "
                                 "[0, 1) (0: plain SGD); with --client-weight-decay it sets the "
                                 "client_optimizer of every algorithm that takes one "
@@ -104,8 +105,10 @@ class _Common:
     compensate_server_lr: bool = _f(False, "bool", "scale the server rate by client_lr_0 / "
                                     "client_lr_t, keeping their product constant as the "
                                     "client rate decays (AAggFF's reference code)", flag=False)
-    batch_size: int = _f(10, "int", "client batch size (> 0)")
-    num_epochs: int = _f(1, "int", "local epochs per round (> 0)")
+    batch_size: Optional[int] = _f(None, "int?", "client batch size (> 0); none: each "
+                                   "method's own")
+    num_epochs: Optional[int] = _f(None, "int?", "local epochs per round (> 0); none: each "
+                                   "method's own")
     num_rounds: int = _f(150, "int", "number of rounds (> 0)")
     cohort_size: int = _f(10, "int", "clients per round (> 0, at most the number of clients)")
     eval_every: int = _f(10, "int", "evaluate every client every this many rounds (> 0)")
@@ -624,10 +627,12 @@ def _validate_common(cfg: _Common) -> None:
 
     for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
         value = getattr(cfg, name)
+        if value is None:  # batch_size, num_epochs: the method's own
+            continue
         if value <= 0:
             raise ConfigError(name, f"must be a positive integer, got {value}")
         check_count(name, value)
-    if not (math.isfinite(cfg.client_lr) and cfg.client_lr > 0):
+    if cfg.client_lr is not None and not (math.isfinite(cfg.client_lr) and cfg.client_lr > 0):
         raise ConfigError("client_lr", f"must be a positive finite number, got {cfg.client_lr}")
     if not (math.isfinite(cfg.client_momentum) and 0 <= cfg.client_momentum < 1):
         raise ConfigError("client_momentum", f"must be a number in [0, 1), got "
@@ -659,7 +664,7 @@ def _validate_common(cfg: _Common) -> None:
         except ValueError as e:
             raise config_error(e, name) from None
     try:
-        parse_budgets(cfg.step_budgets, cfg.batch_size)
+        parse_budgets(cfg.step_budgets, cfg.batch_size or 1)  # the syntax; counts per method
     except ValueError as e:
         raise config_error(e, "step_budgets") from None
     cfg.model_args = validate_model_args(cfg.model, cfg.model_args, MODELS)

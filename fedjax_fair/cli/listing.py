@@ -44,9 +44,9 @@ def _hparam_text(h) -> str:
 
 
 def _list_algorithms() -> list[str]:
-    lines = ["algorithms (client_lr, batch_size, num_epochs come from their flags; set the "
-             "others with --hp NAME=VALUE; 'differentiable' ones may be traced arrays for "
-             "jax.vmap / jax.grad in Python):"]
+    lines = ["algorithms (client_lr, batch_size, num_epochs: their flags when given, else "
+             "each method's own default shown below; set the others with --hp NAME=VALUE; "
+             "'differentiable' ones may be traced arrays for jax.vmap / jax.grad in Python):"]
     for name, method in REGISTRY.items():
         every = method_hparams(name)
         settable = C.algorithm_hparams(name)

@@ -13,8 +13,8 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _is_primary, _method_report, _ordered_config,
                                     _other_process, _own, _preflight, _resumable_config,
                                     _STAGE, _STAGE_DIR, _write_client_history,
-                                    build_algorithm, build_dataset, build_model, simulate_one,
-                                    write_run_outputs)
+                                    build_algorithm, build_dataset, build_model, for_method,
+                                    simulate_one, write_run_outputs)
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
@@ -31,6 +31,7 @@ def cmd_run(args) -> int:
     C.validate_run(cfg)
     if getattr(cfg, "saved_config", None):
         _check_recorded(*cfg.saved_config)
+    cfg = for_method(cfg, cfg.algorithm)  # recorded as run: the method's own training
     if cfg.plots:  # matplotlib's import overlaps the run instead of following it
         _import_in_background("matplotlib.figure", "matplotlib.backends.backend_agg")
     _persistent_compilation_cache()

@@ -484,29 +484,81 @@ def make_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
     return optimizer(learning_rate)
 
 
-def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
-                   batch_size: int, num_epochs: int = 1, max_steps: Optional[int] = None,
+class ClientTraining(NamedTuple):
+    """How a client trains locally: one value every FedAvg-style factory takes as
+    ``training`` (as optax's aliases take a transformation and fedjax a
+    ``client_optimizer``), so a factory states only its own hyper-parameters.
+
+    Fields (the paper symbols of FedAvg, arXiv:1602.05629, Algorithm 1):
+      lr: eta_l, a number (> 0), a (traced) JAX scalar — ``jax.vmap`` / ``jax.grad``
+        through it — or a schedule ``round -> rate`` evaluated at the broadcast round.
+      batch_size: B.
+      num_epochs: E.
+      max_steps: optional cap on the local steps; the static scan length is
+        ``max_local_steps(M, B, E, max_steps)`` for padded size M.
+      optimizer: ``rate -> optax transformation`` (None: ``optax.sgd``) or a fixed optax
+        transformation (then ``lr`` is unused); fresh state for every client every round.
+      weight_decay: wd >= 0, coupled L2: ``(wd / 2) ||theta||^2`` joins the batch loss,
+        so every step adds ``wd * theta`` (all parameters); may be traced.
+      clip_norm, clip_mode: every step's gradient clipped to global norm c > 0 (may be
+        traced; None: off); "step" clips loss plus regularizer, "loss" the loss alone;
+        weight decay is added after the clip (``local_sgd``).
+
+    The defaults are the library's one set of local-training defaults; a factory whose
+    paper trains otherwise states its own ``ClientTraining`` as its default (A-FedPD's
+    batch 50). ``FIELDS`` maps the flat names the command line and sweeps use
+    (``client_lr``, ``client_optimizer``, the others as they are) to these fields.
+    """
+
+    lr: Any = 0.1
+    batch_size: int = 20
+    num_epochs: int = 1
+    max_steps: Optional[int] = None
+    optimizer: Any = None
+    weight_decay: Any = 0.0
+    clip_norm: Any = None
+    clip_mode: str = "step"
+
+    def check(self) -> "ClientTraining":
+        """``self`` if every concrete field is allowed, else ``FieldError("training.F")``
+        (``TypeError`` for an optimizer that is not one); traced values pass."""
+        for name, rng in TRAINING_RANGES.items():
+            value = getattr(self, name)
+            if not (name == "lr" and (callable(value) or isinstance(
+                    self.optimizer, optax.GradientTransformation))):  # a schedule; unused
+                rng.check(f"training.{name}", value)
+        if self.clip_mode not in CLIP_MODES:
+            raise H.FieldError("training.clip_mode",
+                               f"must be one of {CLIP_MODES}, got {self.clip_mode!r}")
+        check_optimizer(self.optimizer, "training.optimizer")
+        return self
+
+    def with_flat(self, **flat) -> "ClientTraining":
+        """This training with fields given by their flat names (``client_lr=0.02``)."""
+        return self._replace(**{FIELDS[k]: v for k, v in flat.items()})
+
+
+TRAINING_RANGES = {"lr": H.POSITIVE, "batch_size": H.COUNT, "num_epochs": H.COUNT,
+                   "max_steps": H.Range(1, None, integer=True, nullable=True),
+                   "weight_decay": H.NONNEGATIVE, "clip_norm": CLIP_NORM}
+FIELDS = {"client_lr": "lr", "batch_size": "batch_size", "num_epochs": "num_epochs",
+          "max_steps": "max_steps", "client_optimizer": "optimizer",
+          "weight_decay": "weight_decay", "clip_norm": "clip_norm", "clip_mode": "clip_mode"}
+"""Flat name (command line, sweeps, ``method_hparams``) -> ``ClientTraining`` field."""
+
+
+def local_training(model: Model, training: ClientTraining = ClientTraining(), *,
                    regularizer: Optional[Callable] = None, start: Optional[Callable] = None,
                    finish: Optional[Callable] = None, unroll: int | bool | None = None,
-                   track_loss: bool = True,
-                   loss_chunk_size: Optional[int] = None,
-                   batch_loss: Optional[Callable] = None,
-                   weight_decay=0.0, sam_radius=None, sam_eps=1e-2, clip_norm=None,
-                   clip_mode: str = "step") -> ClientUpdate:
+                   track_loss: bool = True, loss_chunk_size: Optional[int] = None,
+                   batch_loss: Optional[Callable] = None, sam_radius=None,
+                   sam_eps=1e-2) -> ClientUpdate:
     """Builds a ClientUpdate running masked local optimisation.
 
     Args:
       model: the network.
-      client_lr: eta_l: a number (> 0), a (traced) JAX scalar, or a schedule
-        ``round -> rate`` evaluated at the broadcast round.
-      optimizer: ``rate -> optax transformation`` (default, or None: ``optax.sgd``),
-        or a fixed optax transformation (then ``client_lr`` is not used). Its state is
-        created fresh for every client every round. Anything else is a TypeError.
-      batch_size: B.
-      num_epochs: E.
-      max_steps: optional cap on local steps. The static scan length is
-        ``max_local_steps(M, B, E, max_steps)``, read from the data's padded size M
-        at trace time.
+      training: the local training (``ClientTraining``: rate, batch, epochs, step cap,
+        optimizer, weight decay, clipping); checked here, before anything is traced.
       regularizer: optional ``(params, broadcast, client_state) -> scalar`` added to
         every batch loss.
       start: optional ``(broadcast, client_state) -> params``, the starting model
@@ -521,24 +573,18 @@ def local_training(model: Model, *, client_lr=0.1, optimizer=optax.sgd,
         client runs alone on CPU (chunks of pure padding are skipped), else 256.
       batch_loss: optional ``(per_example_losses [B], batch_mask [B]) -> scalar``, the
         minibatch objective (default: the masked mean; see ``local_sgd``).
-      weight_decay: wd >= 0, coupled L2: ``(wd / 2) ||theta||^2`` joins the regularizer,
-        so every step adds ``wd * theta`` to the gradient (all parameters, biases and
-        norm scales included). May be traced; a concrete 0 adds nothing.
-      sam_radius, sam_eps: SAM local steps (see ``local_sgd``); None: plain steps.
-      clip_norm, clip_mode: gradient clipping of every local step (see ``local_sgd``):
-        c > 0 (may be traced) or None (off); "step" clips the gradient of loss plus
-        regularizer, "loss" the loss's alone; weight decay is added after the clip.
+      sam_radius, sam_eps: SAM local steps of the methods built on SAM (FedSAM,
+        A-FedPDSAM, FedSpeed; see ``local_sgd``); None: plain steps.
     """
-    H.check({"batch_size": H.COUNT, "num_epochs": H.COUNT,
-             "max_steps": H.Range(1, None, integer=True, nullable=True)},
-            batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps)
-    check_optimizer(optimizer, "optimizer")
-    optimizer = optax.sgd if optimizer is None else optimizer
-    if not isinstance(optimizer, optax.GradientTransformation):  # else the rate is unused
-        check_rate(client_lr, "client_lr")
+    if not isinstance(training, ClientTraining):
+        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+    training.check()
+    optimizer = optax.sgd if training.optimizer is None else training.optimizer
+    client_lr = training.lr
+    batch_size, num_epochs, max_steps = training.batch_size, training.num_epochs, training.max_steps
+    weight_decay, clip_norm, clip_mode = training.weight_decay, training.clip_norm, training.clip_mode
     if unroll is None:
         unroll = execution.local_step_unroll(model.uses_xla_conv)
-    H.NONNEGATIVE.check("weight_decay", weight_decay)
     if sam_radius is not None:
         H.NONNEGATIVE.check("sam_radius", sam_radius)
         H.POSITIVE.check("sam_eps", sam_eps)

@@ -5,7 +5,8 @@ of its continuous hyper-parameters and its seed, so ``jax.vmap`` maps it over a 
 of hyper-parameters times a list of seeds. ``sweep`` does that and returns the
 per-client metrics with labelled axes::
 
-    result = sweep(lambda hp: qffl(model, q=hp["q"], client_lr=hp["lr"], batch_size=10),
+    result = sweep(lambda hp: qffl(model, q=hp["q"],
+                                   training=ClientTraining(lr=hp["lr"], batch_size=10)),
                    {"q": [0.0, 0.1, 1.0, 5.0], "lr": [0.003, 0.01, 0.02, 0.03]},
                    model=model, data=ds, seeds=(0, 1), num_rounds=50, cohort_size=10)
     result.axes                         # (Axis q [4], Axis lr [4], Axis seed [2])
@@ -252,14 +253,14 @@ def resolve_builder(builder: Builder, grid_names, model, fixed: Optional[dict]):
                              f"allowed: {sorted(hps)}")
         if name in grid_names:
             raise ValueError(f"fixed: {name!r} is also in the grid")
-    factory = method.factory
-    return (lambda hp: factory(model, **fixed, **hp)), method
+    return (lambda hp: algorithms.build(builder, model, **fixed, **hp)), method
 
 
-def check_grid_ranges(method, flat: dict) -> None:
+def check_grid_ranges(method_name: str, flat: dict) -> None:
     """Every value of a registered method's grid lies in its range (before tracing)."""
+    hps = algorithms.method_hparams(method_name)
     for name, values in flat.items():
-        rng = method.hparams.get(name)
+        rng = hps[name].range
         if rng is None:
             continue
         for v in np.unique(values):
@@ -510,11 +511,11 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
     axes, flat = check_grid(grid, product)
     build, method = resolve_builder(builder, list(flat), model, fixed)
     if method is not None:
-        check_grid_ranges(method, flat)
+        check_grid_ranges(builder, flat)
     built = build({name: values[0] for name, values in flat.items()})  # cheap: closures
     if not isinstance(built, FederatedAlgorithm):
         raise TypeError(f"builder: must return a FederatedAlgorithm (e.g. fedavg(model, "
-                        f"client_lr=hparams['client_lr'])), got {type(built).__name__}")
+                        f"training=ClientTraining(lr=hparams['lr']))), got {type(built).__name__}")
     if model is None:
         raise ValueError("model: needed to evaluate the final states")
     if sampler is None:

@@ -36,7 +36,7 @@ layers of the server, personal layers of the client), evaluated on its own test 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +44,8 @@ import optax
 
 from fedjax_fair.core import execution
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.core.client import data_loss, local_sgd, make_optimizer, round_value
+from fedjax_fair.core.client import (ClientTraining, data_loss, describe_object, local_sgd,
+                                     make_optimizer, round_value)
 from fedjax_fair.core.mixing import prior
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
@@ -174,10 +175,17 @@ class Phase(NamedTuple):
     num_epochs: int
 
 
+def check_training(training) -> ClientTraining:
+    """``training`` if it is a valid ``ClientTraining`` (its ``check``), else TypeError /
+    ``FieldError("training.F")``; the factories call it before anything is traced."""
+    if not isinstance(training, ClientTraining):
+        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+    return training.check()
+
+
 def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *,
-                     client_lr, optimizer, batch_size: int,
-                     max_steps: Optional[int] = None, track_loss: bool = True,
-                     clip_norm=None, clip_mode: str = "step") -> Callable:
+                     training: ClientTraining = ClientTraining(),
+                     track_loss: bool = True) -> Callable:
     """The client update of partial-model personalisation (see the module docstring).
 
     ``(broadcast, row, data, local_steps, key) -> (ClientOutput, new_row)`` where ``row``
@@ -185,8 +193,9 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
     FedAvg's ``client.local_training``, iterate for iterate).
 
     * start: ``params = split.merge(broadcast.params, row)``;
-    * phase i runs ``client.local_sgd`` (E_i epochs of batch B, at most
-      ``min(local_steps, max_steps)`` steps, each phase with the full step budget) on
+    * phase i runs ``client.local_sgd`` (E_i epochs of batch B = ``training.batch_size``,
+      at most ``min(local_steps, training.max_steps)`` steps, each phase with the full
+      step budget; ``training.num_epochs`` is not read, the phases set the epochs) on
       the layers it trains, with its own optimizer state, using the client's key for
       phase 0 and ``fold_in(key, i)`` for phase i > 0; a phase that trains an empty
       side (no personal / no shared layer) is dropped first (so FedRep without a head
@@ -196,11 +205,18 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
       the starting personal model on the client's rows; new row =
       ``split.personal_part(params)``.
 
-    ``optimizer``: ``rate -> optax transformation`` (e.g. ``optax.sgd``) or a fixed
-    transformation; ``client_lr`` a number, traced scalar or schedule of the round;
-    ``clip_norm`` / ``clip_mode``: gradient clipping of every step (``client.local_sgd``;
-    a phase clips the gradient of the layers it trains).
+    ``training`` (``ClientTraining``, checked here): ``optimizer`` ``rate -> optax
+    transformation`` (None: ``optax.sgd``) or a fixed transformation, with fresh state
+    for every client every round shared by its phases; ``lr`` a number, traced scalar or
+    schedule of the round; coupled ``weight_decay`` and gradient clipping ``clip_norm`` /
+    ``clip_mode`` of every step (``client.local_sgd``; a phase decays and clips the
+    layers it trains).
     """
+    check_training(training)
+    optimizer = optax.sgd if training.optimizer is None else training.optimizer
+    batch_size, max_steps = training.batch_size, training.max_steps
+    sgd_options = dict(weight_decay=training.weight_decay, clip_norm=training.clip_norm,
+                       clip_mode=training.clip_mode)
     phases = tuple(Phase(*p) for p in phases)
     if not phases:
         raise ValueError("phases: at least one local training phase is needed")
@@ -215,8 +231,7 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
     def run_phase(phase: Phase, params, opt, data, local_steps, key):
         if phase.trains == "all":
             train = local_sgd(model, batch_size=batch_size, num_epochs=phase.num_epochs,
-                              max_steps=max_steps, unroll=unroll, clip_norm=clip_norm,
-                              clip_mode=clip_mode)
+                              max_steps=max_steps, unroll=unroll, **sgd_options)
             return train(params, opt, data, local_steps, key)
         part_of = split.personal_part if phase.trains == "personal" else split.shared_part
         # The frozen layers are constants of the loss (closed over, not trained): no
@@ -228,12 +243,12 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
 
         train = local_sgd(model._replace(per_example_loss=loss), batch_size=batch_size,
                           num_epochs=phase.num_epochs, max_steps=max_steps, unroll=unroll,
-                          clip_norm=clip_norm, clip_mode=clip_mode)
+                          **sgd_options)
         part, num_steps, train_loss = train(part_of(params), opt, data, local_steps, key)
         return split.merge(params, part), num_steps, train_loss
 
     def client_update(broadcast: Broadcast, row, data: ClientData, local_steps, key):
-        lr = round_value(client_lr, broadcast.round)
+        lr = round_value(training.lr, broadcast.round)
         opt = make_optimizer(optimizer, lr)
         params = split.merge(broadcast.params, row)
         chunk = execution.loss_chunk_size_here()
@@ -264,15 +279,11 @@ def combined(split: LayerSplit) -> Callable:
     return lambda server_params, row: split.merge(server_params, row)
 
 
-def compose_partial(model, split: LayerSplit, phases, *, client_lr, batch_size,
-                    max_steps, client_optimizer, client_table, weight_by_size,
-                    clip_norm=None, clip_mode: str = "step") -> FederatedAlgorithm:
+def compose_partial(model, split: LayerSplit, phases, *, training: ClientTraining,
+                    client_table, weight_by_size) -> FederatedAlgorithm:
     """FedAvg on the shared layers with the personal layers as client rows (shared by
     FedPer, FedRep and LG-FedAvg). No personal layer: stateless, evaluated globally."""
-    client = partial_training(model, split, phases, client_lr=client_lr,
-                              optimizer=client_optimizer or optax.sgd,
-                              batch_size=batch_size, max_steps=max_steps,
-                              clip_norm=clip_norm, clip_mode=clip_mode)
+    client = partial_training(model, split, phases, training=training)
     if not split.personal:
         return compose(client, mixing=prior(weight_by_size))
     return compose(client, mixing=prior(weight_by_size),

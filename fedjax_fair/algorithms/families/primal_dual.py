@@ -41,7 +41,7 @@ direction d for the server step theta^{t+1} = theta^t - d (``optax.sgd(1)``).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,15 +49,17 @@ import jax.numpy as jnp
 from fedjax_fair import hparams as H
 from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.algorithms.families.training import (CLIENT_HPARAMS, WEIGHT_DECAY, Optimizer,
-                                                      Rate, client_training)
-from fedjax_fair.core.client import inner, sq_distance
+from fedjax_fair.core.client import ClientTraining, inner, local_training, sq_distance
 from fedjax_fair.core.mixing import prior
 
 RULES = ("virtual", "participants", "cohort")
 EVALUATED = ("average", "server")
-HPARAMS = {"rho": H.POSITIVE, **CLIENT_HPARAMS, **WEIGHT_DECAY}
+HPARAMS = {"rho": H.POSITIVE}
 SAM_HPARAMS = {"sam_radius": H.NONNEGATIVE, "sam_eps": H.POSITIVE}
+# The default local training of A-FedPD, A-FedPDSAM, FedPD, FedADMM and FedSpeed: the
+# A-FedPD paper's experiments (arXiv:2409.18915, Section 5) train every method with
+# minibatches of 50; the other fields are ClientTraining()'s.
+TRAINING = ClientTraining(batch_size=50)
 
 
 class PrimalDualState(NamedTuple):
@@ -150,28 +152,23 @@ def evaluated_model(evaluate: str):
     return (lambda state: state.aggregator_state.average) if evaluate == "average" else None
 
 
-def primal_dual(model, *, rho, rule: str, client_lr: Rate, batch_size: int, num_epochs: int,
-                max_steps: Optional[int], client_optimizer: Optional[Optimizer],
-                weight_decay, client_table, weight_by_size: bool, evaluate: str,
-                sam_radius=None, sam_eps=1e-2, clip_norm=None,
-                clip_mode: str = "step") -> FederatedAlgorithm:
-    """A primal-dual method: augmented-Lagrangian local steps (SAM steps when
-    ``sam_radius`` is given; coupled ``weight_decay``; gradient clipping ``clip_norm``
-    / ``clip_mode``), dual ascent into a dense or lazy table of duals, and the server
-    ``rule``; evaluated on theta-bar (``evaluate="average"``) or the broadcast theta
-    (``"server"``). Every factory of the family is this with its rule and defaults."""
-    H.check(HPARAMS, rho=rho, weight_decay=weight_decay)
+def primal_dual(model, *, rho, rule: str, training: ClientTraining, client_table,
+                weight_by_size: bool, evaluate: str, sam_radius=None,
+                sam_eps=1e-2) -> FederatedAlgorithm:
+    """A primal-dual method: augmented-Lagrangian local steps (``training``: rate,
+    batch, epochs, coupled weight decay, gradient clipping; SAM steps when
+    ``sam_radius`` is given), dual ascent into a dense or lazy table of duals, and the
+    server ``rule``; evaluated on theta-bar (``evaluate="average"``) or the broadcast
+    theta (``"server"``). Every factory of the family is this with its rule and
+    defaults."""
+    H.check(HPARAMS, rho=rho)
     if sam_radius is not None:
         H.check(SAM_HPARAMS, sam_radius=sam_radius, sam_eps=sam_eps)
     evaluated = evaluated_model(evaluate)
     aggregator = primal_dual_aggregator(rho, rule)
-    client = client_training(model, client_lr=client_lr, batch_size=batch_size,
-                             num_epochs=num_epochs, max_steps=max_steps,
-                             client_optimizer=client_optimizer,
-                             regularizer=augmented_lagrangian(rho),
-                             finish=dual_ascent(rho, report=rule == "cohort"),
-                             weight_decay=weight_decay, sam_radius=sam_radius,
-                             sam_eps=sam_eps, clip_norm=clip_norm, clip_mode=clip_mode)
+    client = local_training(model, training, regularizer=augmented_lagrangian(rho),
+                            finish=dual_ascent(rho, report=rule == "cohort"),
+                            sam_radius=sam_radius, sam_eps=sam_eps)
     return compose(client, mixing=prior(weight_by_size), aggregator=aggregator,
                    client_state_init=zero_dual, client_table=client_table,
                    drift=virtual_dual_drift(rho) if rule == "virtual" else None,

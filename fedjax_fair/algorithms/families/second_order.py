@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_fair.core.client import (check_rate_optimizer, data_loss, epoch_order, local_sgd,
-                                     make_optimizer, round_value)
+from fedjax_fair.core.client import (ClientTraining, check_rate_optimizer, data_loss,
+                                     epoch_order, local_sgd, make_optimizer, round_value)
 from fedjax_fair.core.types import ClientData
 from fedjax_fair.hparams import FieldError
 
@@ -176,9 +176,7 @@ CURVATURE_KEY_ID = 1  # Hutchinson probes and row subsets: fold_in(client key, 1
 
 def client_derivatives(model, *, curvature: str = "auto", num_probes: int = 1,
                        curvature_rows: Optional[int] = None, mode: str = "grad_at_global",
-                       client_lr=0.1, batch_size: int = 20, num_epochs: int = 1,
-                       max_steps: Optional[int] = None, client_optimizer=None,
-                       clip_norm=None, clip_mode: str = "step") -> Callable:
+                       training: ClientTraining = ClientTraining()) -> Callable:
     """``derive(broadcast, data, local_steps, key) -> Derivatives`` at theta^t.
 
     The curvature is the diagonal of the Hessian of the masked mean loss, on all of
@@ -186,18 +184,22 @@ def client_derivatives(model, *, curvature: str = "auto", num_probes: int = 1,
     Hutchinson with ``num_probes`` Rademacher probes (keys from
     ``fold_in(key, CURVATURE_KEY_ID)``). In "grad_at_global" mode the gradient comes
     from the same linearisation (on all rows). In "pseudo_grad" mode the client also
-    runs FedAvg's masked local SGD (``client_lr``, ``batch_size``, ``num_epochs``,
-    ``max_steps``, its step budget; ``client_optimizer`` a ``rate -> transformation``,
-    default ``optax.sgd``; gradient clipping ``clip_norm`` / ``clip_mode``) with the
-    client key and reports g_k = (theta^t - theta_k) / (eta_l max(tau_k, 1)).
+    runs FedAvg's masked local SGD (``training``: rate eta_l, batch, epochs, step cap,
+    its step budget; ``training.optimizer`` a ``rate -> transformation``, default
+    ``optax.sgd``; weight decay; gradient clipping) with the client key and reports
+    g_k = (theta^t - theta_k) / (eta_l max(tau_k, 1)). "grad_at_global" uses only
+    ``training.lr`` (g_k's scale).
     """
+    training.check()
     choice("mode", mode, MODES)
     choice("curvature", curvature, CURVATURES)
     if mode == "pseudo_grad":
-        check_rate_optimizer(client_optimizer, "the pseudo-gradient")
-    train = local_sgd(model, batch_size=batch_size, num_epochs=num_epochs,
-                      max_steps=max_steps, clip_norm=clip_norm, clip_mode=clip_mode)
-    optimizer = client_optimizer or optax.sgd
+        check_rate_optimizer(training.optimizer, "the pseudo-gradient")
+    train = local_sgd(model, batch_size=training.batch_size, num_epochs=training.num_epochs,
+                      max_steps=training.max_steps, weight_decay=training.weight_decay,
+                      clip_norm=training.clip_norm, clip_mode=training.clip_mode)
+    client_lr = training.lr
+    optimizer = training.optimizer or optax.sgd
 
     def derive(broadcast, data: ClientData, local_steps, key) -> Derivatives:
         theta = broadcast.params
