@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjax_fair import hparams as H
 
 Array = jax.Array
 
@@ -61,7 +62,8 @@ _FLOOR_TOL = 1e-9
 
 METRICS: dict[str, str] = {
     "mean": "unweighted mean over clients: (1/N) sum_i a_i",
-    "weighted_mean": "sample-weighted mean: sum_i n_i a_i / sum_i n_i (unweighted mean if sum n_i = 0)",
+    "weighted_mean": "sample-weighted mean: sum_i n_i a_i / sum_i n_i (unweighted mean if sum n_i "
+                     "= 0)",
     "std": "population std: sqrt((1/N) sum_i (a_i - mean)^2)",
     "variance": "population variance: (1/N) sum_i (a_i - mean)^2",
     "worst_x%": "mean of the k = max(1, floor(x*N)) lowest a_i (weighted by n_i if weights given)",
@@ -72,7 +74,8 @@ METRICS: dict[str, str] = {
     "kl_to_uniform": "KL(p||uniform) = sum_k p_k ln(N p_k), p_k = a_k / sum_j a_j, 0 ln 0 = 0",
     "improved_fraction": "fraction of participants with loss_after <= loss_before (ties improve)",
     "R90": "rounds to reach 90% accuracy: min{r : a_r >= 0.9}, a_0 the initial model; inf if never",
-    "smoothness": "stability of a curve: std(diff(a)) / |mean(diff(a))| (ddof 0); higher = less smooth",
+    "smoothness": "stability of a curve: std(diff(a)) / |mean(diff(a))| (ddof 0); higher = less "
+                  "smooth",
     "weight_drift": "mean_i |alpha_i^r - p_i| per round (aggregation weights vs data weights)",
     "tail_mean": "mean of a curve over its last k evaluations (the papers' tail averages)",
     "select_evaluation": "the evaluation with the best validation metric (model selection)",
@@ -518,7 +521,7 @@ def rounds_to_reach(curve, level: float = 0.9) -> float:
     model and r counts completed rounds; +inf when the level is never reached."""
     a = np.asarray(curve, np.float64)
     if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"curve: must be a non-empty 1-D sequence, got shape {a.shape}")
+        raise H.FieldError("curve", f"must be a non-empty 1-D sequence, got shape {a.shape}")
     hit = np.flatnonzero(a >= level)
     return float(hit[0]) if hit.size else math.inf
 
@@ -528,7 +531,7 @@ def smoothness(curve) -> float:
     a straight line, invariant to scaling the curve, higher = less smooth."""
     d = np.diff(np.asarray(curve, np.float64))
     if d.size == 0:
-        raise ValueError("curve: needs at least two points")
+        raise H.FieldError("curve", "needs at least two points")
     m = abs(d.mean())
     return float(d.std() / m) if m > 0 else (0.0 if d.std() == 0 else math.inf)
 
@@ -540,9 +543,9 @@ def tail_mean(curve, k: int) -> float:
     e.g. ``tail_mean([h["accuracy_worst_10%"] for h in result.history], 5)``."""
     a = np.asarray(curve, np.float64)
     if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"curve: must be a non-empty 1-D sequence, got shape {a.shape}")
+        raise H.FieldError("curve", f"must be a non-empty 1-D sequence, got shape {a.shape}")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k: must be a positive integer, got {k!r}")
+        raise H.FieldError("k", f"must be a positive integer, got {k!r}")
     return float(a[-k:].mean())
 
 
@@ -553,7 +556,7 @@ def select_evaluation(history, key: str = "validation_accuracy_mean",
     validation accuracy is best, with its test metrics beside it. None when no
     evaluation has a finite ``key`` (a run without a validation split)."""
     if mode not in ("max", "min"):
-        raise ValueError(f"mode: must be 'max' or 'min', got {mode!r}")
+        raise H.FieldError("mode", f"must be 'max' or 'min', got {mode!r}")
     best = None
     for entry in history:
         v = entry.get(key)
@@ -570,7 +573,7 @@ def confidence_interval(samples, z: float = 1.96) -> tuple[float, float]:
     reached the level) must be dropped and counted separately by the caller."""
     x = np.asarray(samples, np.float64)
     if x.ndim != 1 or x.size == 0 or not np.all(np.isfinite(x)):
-        raise ValueError("samples: must be a non-empty 1-D sequence of finite values")
+        raise H.FieldError("samples", "must be a non-empty 1-D sequence of finite values")
     half = z * x.std() / math.sqrt(x.size)
     return float(x.mean() - half), float(x.mean() + half)
 
@@ -580,6 +583,6 @@ def weight_drift(weights, data_weights) -> np.ndarray:
     are [R, K] (the rounds' aggregation weights and data weights n_k / sum n)."""
     a, p = np.asarray(weights, np.float64), np.asarray(data_weights, np.float64)
     if a.shape != p.shape or a.ndim != 2:
-        raise ValueError(f"weights: must match data_weights as [R, K], got {a.shape} "
-                         f"and {p.shape}")
+        raise H.FieldError("weights", f"must match data_weights as [R, K], got {a.shape} "
+                                      f"and {p.shape}")
     return np.abs(a - p).mean(axis=1)

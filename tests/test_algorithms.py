@@ -434,9 +434,9 @@ def test_optimizers_given_as_optax_objects_are_accepted():
                         jnp.int32(2 ** 30), KEY)
         return out.delta
 
-    default = delta(local_training(MODEL, training=ClientTraining(batch_size=4)))  # sgd(0.1)
+    default = delta(local_training(MODEL, training=ClientTraining(lr=0.1, batch_size=4)))
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(default)) > 0
-    none = delta(local_training(MODEL, training=ClientTraining(optimizer=None,
+    none = delta(local_training(MODEL, training=ClientTraining(lr=0.1, optimizer=None,
                                                               batch_size=4)))  # optax.sgd
     chex.assert_trees_all_equal(none, default)
     # A fixed transformation does not use client_lr, which is then not checked.

@@ -226,8 +226,11 @@ def test_leaf_user_ids_reach_clients_csv(tmp_path):
     assert sorted(table["client"]) == sorted(users)  # the users' own ids, row by row
 
 
-@pytest.mark.parametrize("algorithm,mixing", [("fedavg", "uniform"), ("fedmgda_plus", "uniform"),
-                                              ("scaffold", "size")])
+@pytest.mark.parametrize("algorithm,mixing", [
+    ("fedavg", "uniform"),
+    # slow: the same flags as fedavg's case, which asserts all it does and more
+    pytest.param("fedmgda_plus", "uniform", marks=pytest.mark.slow),
+    ("scaffold", "size")])
 def test_size_sampler_and_mixing_flags_reach_every_round(tmp_path, algorithm, mixing):
     """q-FFL's protocol: clients drawn by size without replacement, averaged simply."""
     out = tmp_path / "run"

@@ -171,11 +171,11 @@ def cdf_name(cdf: Union[str, int]) -> str:
     """The canonical name of ``cdf`` (a name of ``CDFS`` or a reference id 0-5)."""
     if isinstance(cdf, (int, np.integer)) and not isinstance(cdf, bool):
         if not 0 <= int(cdf) < len(CDF_IDS):
-            raise ValueError(f"cdf: id must be in 0..{len(CDF_IDS) - 1}, got {cdf}")
+            raise H.FieldError("cdf", f"id must be in 0..{len(CDF_IDS) - 1}, got {cdf}")
         return CDF_IDS[int(cdf)]
     if isinstance(cdf, str) and cdf.lower() in CDFS:
         return cdf.lower()
-    raise ValueError(f"cdf: unknown {cdf!r}; allowed: {sorted(CDFS)} or ids 0-5")
+    raise H.FieldError("cdf", f"unknown {cdf!r}; allowed: {sorted(CDFS)} or ids 0-5")
 
 
 def get_cdf(cdf: Union[str, int]):
@@ -422,7 +422,7 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
         raise H.FieldError("solver", f"must be one of {SOLVERS}, got {solver!r}")
     H.check(HPARAMS, alpha=alpha, beta=beta)
     if not (isinstance(num_iters, (int, np.integer)) and num_iters >= 1):
-        raise ValueError(f"num_iters: must be an int >= 1, got {num_iters!r}")
+        raise H.FieldError("num_iters", f"must be an int >= 1, got {num_iters!r}")
 
     def init(num_clients: int) -> ONSState:
         return ons_init(num_clients, solver=solver)
@@ -431,9 +431,10 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
         client_ids, client_mask = ctx.client_ids, ctx.client_mask
         n = state.decision.shape[0]
         if client_ids.shape[0] < n:
-            raise ValueError(f"cohort_size: AAggFF-S needs full participation (a cohort of "
-                             f"all {n} clients, sampler 'full'), got {client_ids.shape[0]}; "
-                             f"use aaggff_d for partial participation")
+            raise H.FieldError("cohort_size", f"AAggFF-S needs full participation (a cohort of "
+                                              f"all {n} clients, sampler 'full'), got "
+                                              f"{client_ids.shape[0]}; "
+                                              f"use aaggff_d for partial participation")
         lower, upper = rng if rng is not None else (0.0, 1.0 / n)
         d_alpha, d_beta = ons_defaults(n, lower, upper)
         a = d_alpha if alpha is None else alpha
@@ -615,9 +616,9 @@ def aaggff_server_step(num_clients: int, *, mode: str = "s", cohort_size: Option
     mixing rule (e.g. ``num_iters``, ``solver``, ``cdf``).
     """
     if mode not in ("s", "d"):
-        raise ValueError(f"mode: must be 's' or 'd', got {mode!r}")
+        raise H.FieldError("mode", f"must be 's' or 'd', got {mode!r}")
     if num_clients < 1:
-        raise ValueError(f"num_clients: must be >= 1, got {num_clients}")
+        raise H.FieldError("num_clients", f"must be >= 1, got {num_clients}")
     rng = np.random.default_rng(seed)
     if mode == "s":
         rule = aaggff_s_mixing(**rule_kwargs)
@@ -627,7 +628,7 @@ def aaggff_server_step(num_clients: int, *, mode: str = "s", cohort_size: Option
         rule = aaggff_d_mixing(**rule_kwargs)
         k = max(1, num_clients // 100) if cohort_size is None else cohort_size
         if not 1 <= k <= num_clients:
-            raise ValueError(f"cohort_size: must be in 1..{num_clients}, got {k}")
+            raise H.FieldError("cohort_size", f"must be in 1..{num_clients}, got {k}")
         ids = np.sort(rng.choice(num_clients, k, replace=False))
     outputs = ClientOutput(delta=(), loss_before=jnp.asarray(rng.gamma(2.0, 0.5, k), jnp.float32),
                            num_examples=jnp.full((k,), 10, jnp.int32),

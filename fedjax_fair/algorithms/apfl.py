@@ -157,7 +157,7 @@ def apfl(model, *, alpha: float = 0.25, adaptive_alpha: bool = False,
     if alpha_lr is not None and not callable(alpha_lr):
         HPARAMS["alpha_lr"].check("alpha_lr", alpha_lr)
     if not isinstance(adaptive_alpha, bool):
-        raise ValueError(f"adaptive_alpha: must be a bool, got {adaptive_alpha!r}")
+        raise H.FieldError("adaptive_alpha", f"must be a bool, got {adaptive_alpha!r}")
     training.check()
     check_no_weight_decay(training, "APFL")
     client_lr, clip_norm = training.lr, training.clip_norm

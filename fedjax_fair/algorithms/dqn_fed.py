@@ -552,8 +552,8 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
             gamma_min=gamma_min, gamma_max=gamma_max, delta_min=delta_min, ridge=ridge,
             max_step_norm=max_step_norm)
     if H.is_concrete(gamma_min) and H.is_concrete(gamma_max) and gamma_min > gamma_max:
-        raise ValueError(f"gamma_min: must not exceed gamma_max ({gamma_max}), "
-                         f"got {gamma_min}")
+        raise H.FieldError("gamma_min", f"must not exceed gamma_max ({gamma_max}), "
+                                        f"got {gamma_min}")
     client = dqn_client(model, training=training, mode=mode,
                         local_pairs=local_pairs, memory=memory, bfgs_form=bfgs_form,
                         probe_size=probe_size, eps_curv=eps_curv, gamma_min=gamma_min,

@@ -306,7 +306,7 @@ def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,
         HPARAMS["server_lr"].check("server_lr", server_lr)
     _check_distance(distance)
     if not isinstance(fphl, bool):
-        raise ValueError(f"fphl: must be true or false, got {fphl!r}")
+        raise H.FieldError("fphl", f"must be true or false, got {fphl!r}")
     client = local_training(model, training, finish=fphl_finish(tau) if fphl else None)
     return compose(client, mixing=fael_mixing(beta, distance),
                    aggregator=masked_mean_aggregator(), server_optimizer=optax.sgd(server_lr),

@@ -387,15 +387,16 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
         if not isinstance(value, bool):
             raise ValueError(f"{name}: must be true or false, got {value!r}")
     if client_gradient not in GRADIENTS:
-        raise H.FieldError("client_gradient", f"must be one of {GRADIENTS}, got {client_gradient!r}")
+        raise H.FieldError("client_gradient", f"must be one of {GRADIENTS}, got "
+                                              f"{client_gradient!r}")
     # Built in both modes, so ``training`` is always checked.
     local = local_training(model, training)
     if client_gradient == "global":
         client = gradient_client(model)
     else:
         if isinstance(training.optimizer, optax.GradientTransformation):
-            raise ValueError("client_optimizer: client_gradient='pseudo' divides by the "
-                             "client rate; give a rate -> optimizer callable")
+            raise H.FieldError("client_optimizer", "client_gradient='pseudo' divides by the "
+                                                   "client rate; give a rate -> optimizer callable")
         client = pseudo_gradient_client(local, training.lr)
     return compose(client, mixing=uniform(),
                    aggregator=fedlf_aggregator(history=history, qp_iters=qp_iters,

@@ -71,9 +71,9 @@ HPARAMS = {"beta": H.NONNEGATIVE, "k": H.Range(0.0, None, low_open=True, static=
 
 def _check_k(k):
     if isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0:
-        raise ValueError(f"k: must be a fraction in (0, 1) or an integer count >= 1, got {k!r}")
+        raise H.FieldError("k", f"must be a fraction in (0, 1) or an integer count >= 1, got {k!r}")
     if k >= 1 and float(k) != int(k):
-        raise ValueError(f"k: a count >= 1 must be an integer, got {k!r}")
+        raise H.FieldError("k", f"a count >= 1 must be an integer, got {k!r}")
     return float(k)
 
 
@@ -154,8 +154,8 @@ def client_losses(outputs, loss_source: str):
 
 def _check_source(loss_source: str) -> str:
     if loss_source not in LOSS_SOURCES:
-        raise ValueError(f"loss_source: must be one of {list(LOSS_SOURCES)}, "
-                         f"got {loss_source!r}")
+        raise H.FieldError("loss_source", f"must be one of {list(LOSS_SOURCES)}, "
+                                          f"got {loss_source!r}")
     return loss_source
 
 

@@ -223,12 +223,13 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, server_lr: Rate = 1.0,
     if center not in CENTERS:
         raise H.FieldError("center", f"must be one of {sorted(CENTERS)}, got {center!r}")
     if mixing is not None and center != "num_examples":
-        raise ValueError("center: give either center or mixing, not both")
+        raise H.FieldError("center", "give either center or mixing, not both")
     if server_optimizer is not None and not (
             H.is_concrete(server_lr) and server_lr == 1.0
             and H.is_concrete(server_lr_decay) and server_lr_decay == 1.0):
-        raise ValueError("server_optimizer: replaces the sgd(server_lr) server step; "
-                         "leave server_lr and server_lr_decay at 1.0 when giving one")
+        raise H.FieldError("server_optimizer", "replaces the sgd(server_lr) server step; "
+                                               "leave server_lr and server_lr_decay at 1.0 when "
+                                               "giving one")
     if server_optimizer is None:
         server_optimizer = optax.sgd(server_schedule(server_lr, server_lr_decay, decay_every))
     return fedavg(model, training=training,

@@ -86,7 +86,8 @@ def fedavg_ft(model, *, finetune_epochs: Optional[int] = None,
     if finetune_lr is not None and not callable(finetune_lr):
         HPARAMS["finetune_lr"].check("finetune_lr", finetune_lr)
     if not isinstance(training, ClientTraining):
-        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+        raise H.FieldTypeError("training", f"must be a ClientTraining, got "
+                                           f"{describe_object(training)}")
     training.check()
     optimizer = training.optimizer or optax.sgd
     reuse = finetune_epochs is None and finetune_lr is None

@@ -34,6 +34,7 @@ from __future__ import annotations
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families import partial
 from fedjax_fair.core.client import ClientTraining
+from fedjax_fair import hparams as H
 
 HPARAMS = {}
 
@@ -49,9 +50,11 @@ def lg_fedavg(model, *, shared_layers: tuple = (-1,),
     partial.check_training(training)
     split = partial.split_layers(model, shared_layers, "shared_layers", selects="shared")
     if not split.personal:
-        raise ValueError(f"shared_layers: {shared_layers!r} shares every layer of the model "
-                         f"({', '.join(split.shared)}): no layer stays local, so LG-FedAvg "
-                         f"would be FedAvg; use fedavg, or a model with more than one layer")
+        raise H.FieldError("shared_layers", f"{shared_layers!r} shares every layer of the model "
+                                            f"({', '.join(split.shared)}): no layer stays local, "
+                                            f"so LG-FedAvg "
+                                            f"would be FedAvg; use fedavg, or a model with more "
+                                            f"than one layer")
     return partial.compose_partial(model, split, (partial.Phase("all", training.num_epochs),),
                                    training=training, client_table=client_table,
                                    weight_by_size=weight_by_size)

@@ -79,10 +79,9 @@ from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 HPARAMS = {"lam": H.NONNEGATIVE, "inner_steps": H.COUNT, "personal_lr": H.POSITIVE,
            "beta": H.POSITIVE}
-# pFedMe's default local training: the paper's local-model rate eta = 0.005
-# (arXiv:2006.08848, experimental settings); the other fields are ClientTraining()'s
-# (its batch 20 is the paper's).
-TRAINING = ClientTraining(lr=0.005)
+# pFedMe's default local training: the paper's local-model rate eta = 0.005 and batch
+# 20 (arXiv:2006.08848, experimental settings); the other fields are ClientTraining()'s.
+TRAINING = ClientTraining(lr=0.005, batch_size=20)
 
 
 def _axpy(x, a, y):
@@ -109,7 +108,7 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
     if not callable(personal_lr):
         HPARAMS["personal_lr"].check("personal_lr", personal_lr)
     if not isinstance(warm_start, bool):
-        raise ValueError(f"warm_start: must be a bool, got {warm_start!r}")
+        raise H.FieldError("warm_start", f"must be a bool, got {warm_start!r}")
     training.check()
     check_no_weight_decay(training, "pFedMe")
     check_optimizer(personal_optimizer, "personal_optimizer")

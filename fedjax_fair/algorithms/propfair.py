@@ -65,7 +65,7 @@ def _check(baseline, eps, mode: str = "mixing") -> None:
         raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")
     H.check(HPARAMS, baseline=baseline, eps=eps)
     if H.is_concrete(baseline) and H.is_concrete(eps) and eps > baseline:
-        raise ValueError(f"eps: must be in (0, baseline], got {eps!r} > {baseline!r}")
+        raise H.FieldError("eps", f"must be in (0, baseline], got {eps!r} > {baseline!r}")
 
 
 def propfair_weights(losses, prior, mask, baseline=2.0, eps=0.2):

@@ -217,13 +217,13 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
     if mode not in MODES:
         raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")
     if weight_by_size is not None and not isinstance(weight_by_size, bool):
-        raise ValueError(f"weight_by_size: must be true, false or null, got {weight_by_size!r}")
+        raise H.FieldError("weight_by_size", f"must be true, false or null, got {weight_by_size!r}")
     client = dict(training=training, server_optimizer=server_optimizer)
     if mode == "mixing":
         if lipschitz is not None:
-            raise ValueError("lipschitz: only used by mode='faithful'")
+            raise H.FieldError("lipschitz", "only used by mode='faithful'")
         if mixing is not None:
-            raise ValueError("mixing: mode='mixing' sets the mixing rule itself")
+            raise H.FieldError("mixing", "mode='mixing' sets the mixing rule itself")
         by_size = True if weight_by_size is None else weight_by_size
         return fedavg(model, mixing=qffl_mixing(q, weight_by_size=by_size), **client)
     if lipschitz is None:

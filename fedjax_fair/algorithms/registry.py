@@ -82,7 +82,7 @@ from fedjax_fair.algorithms.scaffold import scaffold
 from fedjax_fair.algorithms.superfed import superfed
 from fedjax_fair.algorithms.term import term
 from fedjax_fair.core.client import FIELDS, TRAINING_RANGES, ClientTraining
-from fedjax_fair.hparams import Range
+from fedjax_fair.hparams import FieldError, Range
 from fedjax_fair.algorithms.families.generative import downstream_line, downstream_report
 
 
@@ -185,7 +185,7 @@ def get_method(name: str) -> Method:
 
 def get_algorithm(name: str):
     if name not in ALGORITHMS:
-        raise ValueError(f"algorithm: unknown name {name!r}; allowed: {sorted(ALGORITHMS)}")
+        raise FieldError("algorithm", f"unknown name {name!r}; allowed: {sorted(ALGORITHMS)}")
     return ALGORITHMS[name]
 
 

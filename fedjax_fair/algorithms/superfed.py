@@ -149,7 +149,8 @@ def superfed(model, *, mu: float = 0.01, nu: float = 1.0, start_round: int = 0,
     H.check(HPARAMS, mu=mu, nu=nu, start_round=start_round, eval_lambda=eval_lambda,
             momentum=momentum)
     if not isinstance(training, ClientTraining):
-        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+        raise H.FieldTypeError("training", f"must be a ClientTraining, got "
+                                           f"{describe_object(training)}")
     training.check()
     if mode not in MODES:
         raise H.FieldError("mode", f"must be one of {MODES}, got {mode!r}")

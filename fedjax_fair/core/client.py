@@ -445,9 +445,9 @@ def check_rate_optimizer(client_optimizer, why: str) -> None:
     None or a ``rate -> transformation`` callable, not a fixed transformation, which
     ignores ``client_lr`` (``ValueError("client_optimizer: ...")``)."""
     if isinstance(client_optimizer, optax.GradientTransformation):
-        raise ValueError(f"client_optimizer: {why} divides by the client rate; give a "
-                         f"rate -> optimizer callable (e.g. optax.sgd or "
-                         f"lambda lr: optax.sgd(lr, momentum=0.9))")
+        raise H.FieldError("client_optimizer", f"{why} divides by the client rate; give a "
+                                               f"rate -> optimizer callable (e.g. optax.sgd or "
+                                               f"lambda lr: optax.sgd(lr, momentum=0.9))")
 
 
 def check_rate(value, field: str = "client_lr"):
@@ -504,14 +504,15 @@ class ClientTraining(NamedTuple):
         traced; None: off); "step" clips loss plus regularizer, "loss" the loss alone;
         weight decay is added after the clip (``local_sgd``).
 
-    The defaults are the library's one set of local-training defaults; a factory whose
-    paper trains otherwise states its own ``ClientTraining`` as its default (A-FedPD's
+    The defaults (rate 0.02, batch 10, one epoch: the default comparison's) are the
+    library's one set of local-training defaults; a factory whose paper trains
+    otherwise states its own ``ClientTraining`` as its default (A-FedPD's rate 0.1 and
     batch 50). ``FIELDS`` maps the flat names the command line and sweeps use
     (``client_lr``, ``client_optimizer``, the others as they are) to these fields.
     """
 
-    lr: Any = 0.1
-    batch_size: int = 20
+    lr: Any = 0.02
+    batch_size: int = 10
     num_epochs: int = 1
     max_steps: Optional[int] = None
     optimizer: Any = None
@@ -577,7 +578,8 @@ def local_training(model: Model, training: ClientTraining = ClientTraining(), *,
         A-FedPDSAM, FedSpeed; see ``local_sgd``); None: plain steps.
     """
     if not isinstance(training, ClientTraining):
-        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+        raise H.FieldTypeError("training", f"must be a ClientTraining, got "
+                                           f"{describe_object(training)}")
     training.check()
     optimizer = optax.sgd if training.optimizer is None else training.optimizer
     client_lr = training.lr

@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_fair.core.memory import tree_bytes  # bytes of every leaf (host-side)
+from fedjax_fair import hparams as H
 
 
 class ClientTable(NamedTuple):
@@ -107,8 +108,8 @@ def _stored(row, dtype):
     """``row`` as stored in a table of storage ``dtype``."""
     if dtype is not None and dtype.itemsize == 2 and any(
             x.dtype == jnp.uint16 for x in jax.tree.leaves(row)):
-        raise ValueError("dtype: a 16-bit storage type holds floats as uint16 bits, so a row "
-                         "cannot have uint16 leaves of its own; store it in float32")
+        raise H.FieldError("dtype", "a 16-bit storage type holds floats as uint16 bits, so a row "
+                                    "cannot have uint16 leaves of its own; store it in float32")
     return jax.tree.map(lambda x: _encode(jnp.asarray(x), dtype), row)
 
 
@@ -188,7 +189,7 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
     """
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity < 1):
-        raise ValueError(f"capacity: must be a positive integer or None, got {capacity!r}")
+        raise H.FieldError("capacity", f"must be a positive integer or None, got {capacity!r}")
     dtype = _check_dtype(dtype)
 
     def init(row, num_clients: int) -> LazyTable:
@@ -265,8 +266,8 @@ def _check_dtype(dtype):
     except TypeError:
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"dtype: the storage type of a client table must be a floating "
-                         f"type such as bf16 or float32, got {dtype!r}")
+        raise H.FieldError("dtype", f"the storage type of a client table must be a floating "
+                                    f"type such as bf16 or float32, got {dtype!r}")
     return None if dtype == jnp.float32 else dtype
 
 
@@ -296,15 +297,16 @@ def get_table(table) -> ClientTable:
     name, *args = str(table).split(":")
     dtype = args.pop() if args and args[-1] in DTYPES else None
     if name not in TABLES or len(args) > (name == "lazy"):
-        raise ValueError(f"client_table: must be dense, lazy, lazy:CAPACITY (each optionally "
-                         f"with :bf16 or another storage type) or a ClientTable, got {table!r}")
+        raise H.FieldError("client_table", f"must be dense, lazy, lazy:CAPACITY (each optionally "
+                                           f"with :bf16 or another storage type) or a ClientTable, "
+                                           f"got {table!r}")
     if not args:
         return TABLES[name](dtype=dtype)
     try:
         return lazy(int(args[0]), dtype)
     except ValueError:
-        raise ValueError(f"client_table: the capacity of lazy:CAPACITY must be a positive "
-                         f"integer, got {table!r}") from None
+        raise H.FieldError("client_table", f"the capacity of lazy:CAPACITY must be a positive "
+                                           f"integer, got {table!r}") from None
 
 
 def table_memory(table_fn: ClientTable, table) -> Optional[dict]:

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair.core import sharding
+from fedjax_fair import hparams as H
 
 STRATEGIES = ("auto", "vmap", "chunked", "sequential", "bucketed")
 # vmap axis of the clients run together; not the mesh's ``sharding.CLIENTS`` axis,
@@ -86,11 +87,11 @@ def as_execution(execution: Union[str, Execution, None]) -> Execution:
     if isinstance(execution, str):
         execution = Execution(execution)
     if not isinstance(execution, Execution):
-        raise ValueError(f"execution: must be a strategy name {list(STRATEGIES)} or an "
-                         f"Execution, got {execution!r}")
+        raise H.FieldError("execution", f"must be a strategy name {list(STRATEGIES)} or an "
+                                        f"Execution, got {execution!r}")
     if execution.strategy not in STRATEGIES:
-        raise ValueError(f"execution: unknown strategy {execution.strategy!r}; allowed: "
-                         f"{list(STRATEGIES)}")
+        raise H.FieldError("execution", f"unknown strategy {execution.strategy!r}; allowed: "
+                                        f"{list(STRATEGIES)}")
     if execution.mesh is not None:
         sharding.check_mesh(execution.mesh)
     return execution
@@ -118,7 +119,8 @@ def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
     the rolled loop over clients beats batching them (docs/performance.md).
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"execution: unknown strategy {strategy!r}; allowed: {list(STRATEGIES)}")
+        raise H.FieldError("execution", f"unknown strategy {strategy!r}; allowed: "
+                                        f"{list(STRATEGIES)}")
     backend = backend or jax.default_backend()
     if strategy == "auto":
         return ("vmap", None) if backend != "cpu" else ("sequential", None)
@@ -126,7 +128,7 @@ def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
         default = 8 if strategy == "chunked" else -(-cohort_size // NUM_BUCKETS)
         chunk_size = chunk_size or default
         if chunk_size <= 0:
-            raise ValueError(f"execution: chunk_size must be positive, got {chunk_size}")
+            raise H.FieldError("execution", f"chunk_size must be positive, got {chunk_size}")
         if chunk_size >= cohort_size:
             return "vmap", None
         return strategy, chunk_size

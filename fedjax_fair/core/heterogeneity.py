@@ -44,8 +44,8 @@ def _check_unit(unit: str, batch_size: Optional[int]) -> None:
     if unit not in UNITS:
         raise FieldError("unit", f"must be one of {list(UNITS)}, got {unit!r}")
     if unit == "epochs" and (not isinstance(batch_size, int) or batch_size <= 0):
-        raise ValueError(f"batch_size: unit='epochs' needs the positive batch size, got "
-                         f"{batch_size!r}")
+        raise FieldError("batch_size", f"unit='epochs' needs the positive batch size, got "
+                                       f"{batch_size!r}")
 
 
 def _in_steps(budgets, num_examples, unit: str, batch_size: Optional[int]):
@@ -74,7 +74,7 @@ def uniform(low: int, high: int, unit: str = "steps",
     low = count(low, "low", minimum=0)
     high = count(high, "high", minimum=0)
     if high < low:
-        raise ValueError(f"high: must be >= low ({low}), got {high}")
+        raise FieldError("high", f"must be >= low ({low}), got {high}")
     _check_unit(unit, batch_size)
 
     def draw(key, num_examples):
@@ -123,14 +123,15 @@ def parse(spec: str, batch_size: Optional[int] = None) -> Optional[StepBudgets]:
     unit = args.pop() if args and args[-1] in UNITS else "steps"
     arity = {"fixed": 1, "uniform": 2, "stragglers": 2}
     if kind not in arity or len(args) != arity[kind]:
-        raise ValueError(f"step_budgets: expected none, fixed:B, uniform:LOW:HIGH or "
-                         f"stragglers:FRACTION:B (optionally :steps or :epochs), got {spec!r}")
+        raise FieldError("step_budgets", f"expected none, fixed:B, uniform:LOW:HIGH or "
+                                         f"stragglers:FRACTION:B (optionally :steps or :epochs), "
+                                         f"got {spec!r}")
     try:
         values = [float(a) if kind == "stragglers" and i == 0 else int(a)
                   for i, a in enumerate(args)]
     except ValueError:
-        raise ValueError(f"step_budgets: cannot read the numbers of {spec!r}") from None
+        raise FieldError("step_budgets", f"cannot read the numbers of {spec!r}") from None
     try:
         return BUDGETS[kind](*values, unit=unit, batch_size=batch_size)
     except ValueError as e:
-        raise ValueError(f"step_budgets: {e}") from None
+        raise FieldError("step_budgets", f"{e}") from None

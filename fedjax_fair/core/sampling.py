@@ -11,6 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjax_fair import hparams as H
 
 
 def uniform(key, num_clients: int, cohort_size: int):
@@ -22,8 +23,8 @@ def full(key, num_clients: int, cohort_size: int):
     """Every client every round (cross-silo); requires cohort_size == num_clients."""
     del key
     if cohort_size != num_clients:
-        raise ValueError(f"cohort_size: the 'full' sampler needs cohort_size == num_clients "
-                         f"({num_clients}), got {cohort_size}")
+        raise H.FieldError("cohort_size", f"the 'full' sampler needs cohort_size == num_clients "
+                                          f"({num_clients}), got {cohort_size}")
     return jnp.arange(num_clients, dtype=jnp.int32)
 
 
@@ -38,12 +39,12 @@ class Weighted:
 
     def __call__(self, key, num_clients: int, cohort_size: int):
         if num_clients != len(self.weights):
-            raise ValueError(f"sampler: weights are given for {len(self.weights)} clients, "
-                             f"the federation has {num_clients}")
+            raise H.FieldError("sampler", f"weights are given for {len(self.weights)} clients, "
+                                          f"the federation has {num_clients}")
         positive = sum(w > 0 for w in self.weights)
         if cohort_size > positive:
-            raise ValueError(f"cohort_size: {cohort_size} exceeds the {positive} clients with "
-                             f"a positive sampling weight")
+            raise H.FieldError("cohort_size", f"{cohort_size} exceeds the {positive} clients with "
+                                              f"a positive sampling weight")
         p = np.asarray(self.weights, np.float64)
         return jax.random.choice(key, num_clients, (cohort_size,), replace=False,
                                  p=jnp.asarray(p / p.sum(), jnp.float32)).astype(jnp.int32)
@@ -55,8 +56,8 @@ def weighted(weights) -> Weighted:
     w = np.asarray(weights, np.float64)
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) \
             or not w.sum() > 0:
-        raise ValueError(f"sampler: weights must be a non-empty 1-D array of finite, "
-                         f"non-negative numbers with a positive sum, got {weights!r}")
+        raise H.FieldError("sampler", f"weights must be a non-empty 1-D array of finite, "
+                                      f"non-negative numbers with a positive sum, got {weights!r}")
     return Weighted(tuple(float(v) for v in w))
 
 
@@ -75,9 +76,9 @@ def get(name: str, num_examples=None):
     """The sampler called ``name`` for a federation whose clients hold
     ``num_examples`` [N] training examples (needed by ``"size"`` only)."""
     if name not in SAMPLERS:
-        raise ValueError(f"sampler: unknown name {name!r}; allowed: {', '.join(SAMPLERS)}")
+        raise H.FieldError("sampler", f"unknown name {name!r}; allowed: {', '.join(SAMPLERS)}")
     if name == "size":
         if num_examples is None:
-            raise ValueError("sampler: 'size' needs the clients' training sizes")
+            raise H.FieldError("sampler", "'size' needs the clients' training sizes")
         return by_size(np.asarray(num_examples))
     return SAMPLERS[name]

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_fair.hparams import count
+from fedjax_fair.hparams import FieldError, count
 from fedjax_fair.core.client_states import DenseTable, LazyTable
 
 CLIENTS = "clients"  # mesh axis the cohort, the federation and client tables split over
@@ -88,16 +88,17 @@ def make_mesh(num_devices: Optional[int] = None, *, model: int = 1,
     n = len(available) if num_devices is None else count(num_devices, "devices")
     model = count(model, "model")
     if n > len(available):
-        raise ValueError(f"devices: {n} requested but only {len(available)} "
-                         f"{available[0].platform if available else ''} device(s) exist "
-                         f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
-                         f"before jax is imported makes N)")
+        raise FieldError("devices", f"{n} requested but only {len(available)} "
+                                    f"{available[0].platform if available else ''} device(s) "
+                                    f"exist "
+                                    f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                                    f"before jax is imported makes N)")
     if n % model:
-        raise ValueError(f"model: the model axis ({model}) must divide the number of "
-                         f"devices ({n})")
+        raise FieldError("model", f"the model axis ({model}) must divide the number of "
+                                  f"devices ({n})")
     if jax.process_count() > 1 and devices is None and n != len(available):
-        raise ValueError(f"devices: a multi-host job ({jax.process_count()} processes) shards "
-                         f"over all {len(available)} devices; got {n}")
+        raise FieldError("devices", f"a multi-host job ({jax.process_count()} processes) shards "
+                                    f"over all {len(available)} devices; got {n}")
     grid = np.asarray(available[:n], dtype=object).reshape(n // model, model)
     auto = (jax.sharding.AxisType.Auto,) * 2
     return Mesh(grid, (CLIENTS, MODEL), axis_types=auto)
@@ -149,8 +150,8 @@ def usable_cores() -> int:
 def check_mesh(mesh) -> Mesh:
     """``mesh`` if it is a ``jax.sharding.Mesh`` with a ``clients`` axis."""
     if not isinstance(mesh, Mesh) or CLIENTS not in mesh.axis_names:
-        raise ValueError(f"mesh: must be a jax.sharding.Mesh with a {CLIENTS!r} axis "
-                         f"(fedjax_fair.core.sharding.make_mesh), got {mesh!r}")
+        raise FieldError("mesh", f"must be a jax.sharding.Mesh with a {CLIENTS!r} axis "
+                                 f"(fedjax_fair.core.sharding.make_mesh), got {mesh!r}")
     return mesh
 
 

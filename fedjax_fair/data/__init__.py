@@ -15,6 +15,7 @@ from fedjax_fair.data.federated import (Dataset, from_client_arrays, from_padded
 from fedjax_fair.data.femnist_like import femnist_like
 from fedjax_fair.data.partition import PARTITIONERS, dirichlet, iid, shards
 from fedjax_fair.data.synthetic import synthetic
+from fedjax_fair import hparams as H
 
 DATASETS = {"synthetic": synthetic, "digits": digits, "femnist_like": femnist_like,
             **TFDS_DATASETS, **LEAF_DATASETS}
@@ -30,7 +31,7 @@ DATASET_PARAMS = {name: _params(builder) for name, builder in DATASETS.items()}
 def get_dataset(name: str, **kwargs) -> Dataset:
     """Builds the dataset registered as ``name`` with keyword arguments ``kwargs``."""
     if name not in DATASETS:
-        raise ValueError(f"dataset: unknown name {name!r}; allowed: {sorted(DATASETS)}")
+        raise H.FieldError("dataset", f"unknown name {name!r}; allowed: {sorted(DATASETS)}")
     unknown = sorted(set(kwargs) - set(DATASET_PARAMS[name]))
     if unknown:
         raise ValueError(f"dataset {name!r}: unknown parameter(s) {unknown}; "

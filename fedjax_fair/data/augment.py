@@ -70,7 +70,7 @@ STANDARD_AUGMENTATIONS = ("none", "cifar", "tinyimagenet")
 
 def _check_images(x) -> None:
     if x.ndim != 4:
-        raise ValueError(f"x: must be an image batch [B, H, W, C], got shape {x.shape}")
+        raise FieldError("x", f"must be an image batch [B, H, W, C], got shape {x.shape}")
 
 
 def _check_probability(p) -> float:
@@ -110,15 +110,15 @@ def normalize(x, mean: Sequence[float], std: Sequence[float]) -> jax.Array:
     """
     x = jnp.asarray(x)
     if x.ndim == 0:
-        raise ValueError("x: must have a channel axis, got a scalar")
+        raise FieldError("x", "must have a channel axis, got a scalar")
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"x: must be floating point on the scale of mean/std (e.g. "
-                         f"uint8 / 255), got dtype {x.dtype}")
+        raise FieldError("x", f"must be floating point on the scale of mean/std (e.g. "
+                              f"uint8 / 255), got dtype {x.dtype}")
     c = x.shape[-1]
     mean_c = _channel_stat("mean", mean, c)
     std_c = _channel_stat("std", std, c)
     if np.any(std_c <= 0):
-        raise ValueError(f"std: every value must be > 0, got {std!r}")
+        raise FieldError("std", f"every value must be > 0, got {std!r}")
     dtype = jnp.promote_types(x.dtype, jnp.float32)
     shape = (1,) * (x.ndim - 1) + (c,)
     return ((x.astype(dtype) - jnp.asarray(mean_c, dtype).reshape(shape))
@@ -171,14 +171,14 @@ def random_crop(key, x, padding: int = 4, mode: str = "constant", p: float = 1.0
     """
     _check_images(x)
     if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
-        raise ValueError(f"padding: must be an integer >= 0, got {padding!r}")
+        raise FieldError("padding", f"must be an integer >= 0, got {padding!r}")
     if mode not in PAD_MODES:
         raise FieldError("mode", f"must be one of {PAD_MODES}, got {mode!r}")
     p = _check_probability(p)
     b, h, w, c = x.shape
     if mode == "reflect" and padding >= min(h, w):
-        raise ValueError(f"padding: must be < the image side ({min(h, w)}) with "
-                         f"mode='reflect', got {padding}")
+        raise FieldError("padding", f"must be < the image side ({min(h, w)}) with "
+                                    f"mode='reflect', got {padding}")
     if padding == 0:
         return x
     pad = ((padding, padding), (padding, padding), (0, 0))
@@ -227,7 +227,7 @@ def rotate(x, degrees) -> jax.Array:
     b, h, w, _ = x.shape
     degrees = jnp.asarray(degrees, jnp.float32)
     if degrees.shape != (b,):
-        raise ValueError(f"degrees: must have shape ({b},), got {degrees.shape}")
+        raise FieldError("degrees", f"must have shape ({b},), got {degrees.shape}")
     ci, cj = (h - 1) / 2.0, (w - 1) / 2.0
     di = (jnp.arange(h, dtype=jnp.float32) - ci)[:, None]  # [H, 1], down
     dj = (jnp.arange(w, dtype=jnp.float32) - cj)[None, :]  # [1, W], right
@@ -257,9 +257,9 @@ def random_rotation(key, x, max_degrees: float = 20.0) -> jax.Array:
     try:
         max_degrees = float(max_degrees)
     except (TypeError, ValueError):
-        raise ValueError(f"max_degrees: must be a number >= 0, got {max_degrees!r}") from None
+        raise FieldError("max_degrees", f"must be a number >= 0, got {max_degrees!r}") from None
     if not (math.isfinite(max_degrees) and max_degrees >= 0):
-        raise ValueError(f"max_degrees: must be a finite number >= 0, got {max_degrees}")
+        raise FieldError("max_degrees", f"must be a finite number >= 0, got {max_degrees}")
     angles = jax.random.uniform(key, (x.shape[0],), jnp.float32, -max_degrees, max_degrees)
     return rotate(x, angles)
 
@@ -281,7 +281,7 @@ def chain(*augmenters: Augmenter) -> Augmenter:
     """
     for i, f in enumerate(augmenters):
         if not callable(f):
-            raise ValueError(f"augmenters: item {i} is not callable, got {f!r}")
+            raise FieldError("augmenters", f"item {i} is not callable, got {f!r}")
     if not augmenters:
         return identity
 
@@ -337,9 +337,9 @@ def with_augmentation(model: Model, augment: Augmenter) -> Model:
     returns the model unchanged.
     """
     if not isinstance(model, Model):
-        raise ValueError(f"model: must be a fedjax_fair Model, got {type(model).__name__}")
+        raise FieldError("model", f"must be a fedjax_fair Model, got {type(model).__name__}")
     if not callable(augment):
-        raise ValueError(f"augment: must be a callable (key, x) -> x, got {augment!r}")
+        raise FieldError("augment", f"must be a callable (key, x) -> x, got {augment!r}")
     if augment is identity:
         return model
     base_loss = model.per_example_loss

@@ -60,8 +60,8 @@ def partition_args(partition: str, args: dict) -> dict:
     """The entries of ``args`` that partitioner ``partition`` takes (None dropped),
     text values (from the command line) converted to the type of its default."""
     if partition not in PARTITIONERS:
-        raise ValueError(f"partition: unknown name {partition!r}; allowed: "
-                         f"{sorted(PARTITIONERS)}")
+        raise FieldError("partition", f"unknown name {partition!r}; allowed: "
+                                      f"{sorted(PARTITIONERS)}")
     accepted = inspect.signature(PARTITIONERS[partition]).parameters
     return {k: _like(v, accepted[k].default, k) for k, v in args.items()
             if k in accepted and v is not None}
@@ -106,8 +106,8 @@ def federate(x_train: np.ndarray, y_train: np.ndarray, x_test: Optional[np.ndarr
     if test not in TEST_PROTOCOLS:
         raise FieldError("test", f"must be one of {list(TEST_PROTOCOLS)}, got {test!r}")
     if test == "matched" and (x_test is None or y_test is None):
-        raise ValueError(f"test: 'matched' needs a global test set; {name} has none "
-                         f"(use test='holdout')")
+        raise FieldError("test", f"'matched' needs a global test set; {name} has none "
+                                 f"(use test='holdout')")
     y_train = np.asarray(y_train)
     kwargs = partition_args(partition, partition_kwargs)
     if partition == "natural":
@@ -197,8 +197,8 @@ def select_classes(x: np.ndarray, y: np.ndarray, classes, num_classes: int):
     if (not wanted or any(isinstance(c, bool) or not isinstance(c, (int, np.integer))
                           for c in wanted) or len(set(wanted)) != len(wanted)
             or min(wanted) < 0 or max(wanted) >= num_classes):
-        raise ValueError(f"classes: must be a list of distinct labels in [0, {num_classes}), "
-                         f"got {classes!r}")
+        raise FieldError("classes", f"must be a list of distinct labels in [0, {num_classes}), "
+                                      f"got {classes!r}")
     relabel = np.full(num_classes, -1, np.int64)
     relabel[wanted] = np.arange(len(wanted))
     keep = relabel[np.asarray(y)] >= 0
@@ -214,7 +214,8 @@ def _tfds_builder(tfds_name: Optional[str]):
         args = {**params, **kwargs}
         source = tfds_name or args.pop("tfds_name")
         if not source:
-            raise ValueError("tfds_name: give the TFDS dataset name, e.g. tfds_name=svhn_cropped")
+            raise FieldError("tfds_name", "give the TFDS dataset name, e.g. "
+                                          "tfds_name=svhn_cropped")
         where = {"data_dir": args.pop("data_dir") or None,
                  "cache_dir": args.pop("cache_dir") or None}
         train = tfds_source.load_tfds(source, args.pop("train_split"), **where)
@@ -247,14 +248,15 @@ def _leaf_builder(kind: str):
     def build(**kwargs) -> Dataset:
         args = {**params, **kwargs}
         if not args["path"]:
-            raise ValueError("path: give the LEAF data directory (holding train/ and test/)")
+            raise FieldError("path", "give the LEAF data directory (holding train/ and test/)")
         fed = leaf.load_leaf(args["path"], kind=kind)
         sizes = np.array([len(y) for y in fed.train_ys])
         keep = np.flatnonzero(sizes >= args["min_size"])
         n = int(args["num_clients"]) or keep.size
         if n > keep.size:
-            raise ValueError(f"num_clients: {n} requested but only {keep.size} LEAF users hold "
-                             f"at least min_size={args['min_size']} training examples")
+            raise FieldError("num_clients", f"{n} requested but only {keep.size} LEAF users hold "
+                                            f"at least min_size={args['min_size']} training "
+                                            f"examples")
         seed = _check_seed(args["seed"])
         if n < keep.size:  # a seeded subset of users, kept in the file's user order
             keep = np.sort(np.random.default_rng(seed).choice(keep, n, replace=False))

@@ -24,13 +24,14 @@ import numpy as np
 
 from fedjax_fair.data.federated import _check_fraction, _check_seed, _num_train
 from fedjax_fair.data.partition import apportion
+from fedjax_fair import hparams as H
 
 
 def _as_index(part, k: int) -> np.ndarray:
     part = np.asarray(part)
     if part.ndim != 1 or (part.size and not np.issubdtype(part.dtype, np.integer)):
-        raise ValueError(f"parts: client {k} must be a 1-D integer index array, got shape "
-                         f"{part.shape} and dtype {part.dtype}")
+        raise H.FieldError("parts", f"client {k} must be a 1-D integer index array, got shape "
+                                    f"{part.shape} and dtype {part.dtype}")
     return part.astype(np.int64)
 
 
@@ -77,7 +78,7 @@ def holdout_split(parts: Sequence[np.ndarray], test_fraction: float, seed: int,
     for k, part in enumerate(parts):
         part = _as_index(part, k)
         if labels is not None and part.size and (part.min() < 0 or part.max() >= labels.size):
-            raise ValueError(f"parts: client {k} has indices outside [0, {labels.size})")
+            raise H.FieldError("parts", f"client {k} has indices outside [0, {labels.size})")
         groups = ([part] if labels is None
                   else [part[labels[part] == c] for c in np.unique(labels[part])])
         train, test = [], []
@@ -105,11 +106,11 @@ def _client_sizes(size, train_counts: np.ndarray, num_test: int) -> np.ndarray:
     else:
         sizes = np.asarray(size)
         if sizes.shape != (num_clients,) or not np.issubdtype(sizes.dtype, np.integer):
-            raise ValueError(f"size: must be None, an integer or {num_clients} integers (one "
-                             f"per client), got {size!r}")
+            raise H.FieldError("size", f"must be None, an integer or {num_clients} integers (one "
+                                       f"per client), got {size!r}")
         sizes = sizes.astype(np.int64)
     if (sizes < 0).any():
-        raise ValueError(f"size: test sizes must be >= 0, got {size!r}")
+        raise H.FieldError("size", f"test sizes must be >= 0, got {size!r}")
     return np.where(n_train > 0, sizes, 0)
 
 
@@ -152,7 +153,7 @@ def matched_test(train_labels, test_labels, num_classes: int, seed: int, *,
     """
     if (isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes, (int, np.integer))
             or num_classes < 1):
-        raise ValueError(f"num_classes: must be an integer >= 1, got {num_classes!r}")
+        raise H.FieldError("num_classes", f"must be an integer >= 1, got {num_classes!r}")
     rng = np.random.default_rng(_check_seed(seed))
     test_labels = _check_labels(test_labels, "test_labels", num_classes)
     if parts is not None:
@@ -161,7 +162,7 @@ def matched_test(train_labels, test_labels, num_classes: int, seed: int, *,
         for k, part in enumerate(parts):
             part = _as_index(part, k)
             if part.size and (part.min() < 0 or part.max() >= pool.size):
-                raise ValueError(f"parts: client {k} has indices outside [0, {pool.size})")
+                raise H.FieldError("parts", f"client {k} has indices outside [0, {pool.size})")
             per_client.append(pool[part])
     else:
         per_client = [_check_labels(y, f"train_labels: client {k}", num_classes)
@@ -179,12 +180,13 @@ def matched_test(train_labels, test_labels, num_classes: int, seed: int, *,
         drawn = []
         for c in np.flatnonzero(want):
             if by_class[c].size == 0:
-                raise ValueError(f"test_labels: client {k} trains on class {c}, which the "
-                                 f"test set does not contain")
+                raise H.FieldError("test_labels", f"client {k} trains on class {c}, which the "
+                                                  f"test set does not contain")
             if not replace and want[c] > by_class[c].size:
-                raise ValueError(f"size: client {k} needs {want[c]} test examples of class {c} "
-                                 f"but the test set has {by_class[c].size}; lower size or "
-                                 f"set replace=True")
+                raise H.FieldError("size", f"client {k} needs {want[c]} test examples of class {c} "
+                                           f"but the test set has {by_class[c].size}; lower size "
+                                           f"or "
+                                           f"set replace=True")
             drawn.append(rng.choice(by_class[c], int(want[c]), replace=replace))
         out.append(np.sort(np.concatenate(drawn)).astype(np.int64))
     return out

@@ -17,7 +17,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from fedjax_fair.hparams import count
+from fedjax_fair.hparams import FieldError, count
 from fedjax_fair.core.memory import bucket_report
 from fedjax_fair.core.types import ClientData, FederatedData
 
@@ -62,9 +62,9 @@ class Dataset:
 
 def _check_seed(value) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"seed: must be an integer >= 0, got {value!r}")
+        raise FieldError("seed", f"must be an integer >= 0, got {value!r}")
     if value >= 2 ** 32:  # numpy's legacy generators take 32 bits; the CLI's rule too
-        raise ValueError(f"seed: must be an integer in [0, 2^32), got {value!r}")
+        raise FieldError("seed", f"must be an integer in [0, 2^32), got {value!r}")
     return int(value)
 
 
@@ -134,9 +134,9 @@ def _stack_host(xs: Sequence, ys: Sequence, pad_to: int | None,
     """
     field, y_field = fields
     if len(xs) != len(ys):
-        raise ValueError(f"num_clients: got {len(xs)} input arrays but {len(ys)} label arrays")
+        raise FieldError("num_clients", f"got {len(xs)} input arrays but {len(ys)} label arrays")
     if len(xs) == 0:
-        raise ValueError("num_clients: need at least one client, got 0")
+        raise FieldError("num_clients", "need at least one client, got 0")
     xs = [np.asarray(x) for x in xs]
     ys = [_as_labels(y, f"{y_field}: client {k}") for k, y in enumerate(ys)]
     feature_shape = xs[0].shape[1:]
@@ -151,8 +151,8 @@ def _stack_host(xs: Sequence, ys: Sequence, pad_to: int | None,
     m = int(sizes.max())
     if pad_to is not None:
         if isinstance(pad_to, bool) or not isinstance(pad_to, (int, np.integer)) or pad_to < m:
-            raise ValueError(f"pad_to: must be an integer >= the largest client ({m}), "
-                             f"got {pad_to!r}")
+            raise FieldError("pad_to", f"must be an integer >= the largest client ({m}), "
+                                       f"got {pad_to!r}")
         m = int(pad_to)
     n = len(xs)
     kinds = {x.dtype.kind for x in xs if x.size}
@@ -248,12 +248,12 @@ def split_per_client(rng: np.random.Generator, xs: Sequence[np.ndarray],
     """
     test_fraction = _check_fraction(test_fraction, "test_fraction")
     if len(xs) != len(ys):
-        raise ValueError(f"num_clients: got {len(xs)} input arrays but {len(ys)} label arrays")
+        raise FieldError("num_clients", f"got {len(xs)} input arrays but {len(ys)} label arrays")
     train_xs, train_ys, test_xs, test_ys = [], [], [], []
     for k, (x, y) in enumerate(zip(xs, ys)):
         x, y = np.asarray(x), np.asarray(y)
         if len(x) != len(y):
-            raise ValueError(f"xs: client {k} has {len(x)} inputs but {len(y)} labels")
+            raise FieldError("xs", f"client {k} has {len(x)} inputs but {len(y)} labels")
         order = rng.permutation(len(y))
         cut = _num_train(len(y), test_fraction)
         train_xs.append(x[order[:cut]])
@@ -287,8 +287,8 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
     for field, split in splits.items():
         x, y = split.examples["x"], split.examples["y"]
         if split.mask.shape[0] != n:
-            raise ValueError(f"num_clients: train has {n} clients, {field} has "
-                             f"{split.mask.shape[0]}")
+            raise FieldError("num_clients", f"train has {n} clients, {field} has "
+                                            f"{split.mask.shape[0]}")
         if y.shape != split.mask.shape or x.shape[:2] != split.mask.shape:
             raise ValueError(f"{field}: x {x.shape}, y {y.shape} and mask "
                              f"{split.mask.shape} disagree on [N, M]")
@@ -329,8 +329,8 @@ def from_client_arrays(train_xs: Sequence[np.ndarray], train_ys: Sequence[np.nda
     """
     num_classes = count(num_classes, "num_classes")
     if len(train_xs) != len(test_xs):
-        raise ValueError(f"num_clients: train has {len(train_xs)} clients, "
-                         f"test has {len(test_xs)}")
+        raise FieldError("num_clients", f"train has {len(train_xs)} clients, "
+                                        f"test has {len(test_xs)}")
     train = _stack_host(train_xs, train_ys, None, ("train_xs", "train_ys"))
     test = _stack_host(test_xs, test_ys, None, ("test_xs", "test_ys"))
     return from_padded(train, test, name=name, num_classes=num_classes, info=info)
@@ -343,12 +343,12 @@ def _check_fractions(fractions) -> tuple[float, float, float]:
     try:
         values = tuple(float(f) for f in fractions)
     except (TypeError, ValueError):
-        raise ValueError(f"fractions: must be three numbers TRAIN, VALIDATION, TEST, got "
-                         f"{fractions!r}") from None
+        raise FieldError("fractions", f"must be three numbers TRAIN, VALIDATION, TEST, got "
+                                      f"{fractions!r}") from None
     if len(values) != 3 or not all(np.isfinite(values)) or min(values) < 0 \
             or values[0] <= 0 or abs(sum(values) - 1.0) > 1e-6:
-        raise ValueError(f"fractions: must be three numbers TRAIN > 0, VALIDATION >= 0, "
-                         f"TEST >= 0 that sum to 1, got {fractions!r}")
+        raise FieldError("fractions", f"must be three numbers TRAIN > 0, VALIDATION >= 0, "
+                                      f"TEST >= 0 that sum to 1, got {fractions!r}")
     return values
 
 
@@ -402,8 +402,8 @@ def resplit(dataset: Dataset, fractions=(0.8, 0.1, 0.1), seed: int = 0) -> Datas
     for name, fraction in zip(("train", "validation", "test"), fractions):
         # e.g. a test fraction of 0, or clients too small for a validation row
         if (name != "validation" or fraction > 0) and not stacked[name].num_examples.sum() > 0:
-            raise ValueError(f"fractions: {list(fractions)} leaves no client a {name} "
-                             f"example; give a larger {name} fraction")
+            raise FieldError("fractions", f"{list(fractions)} leaves no client a {name} "
+                                          f"example; give a larger {name} fraction")
     info = {k: v for k, v in dataset.info.items() if k != "padding"}
     info["resplit"] = {"fractions": list(fractions), "seed": int(seed)}
     return from_padded(stacked["train"], stacked["test"], name=dataset.name,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_fair.data.federated import Dataset, _check_seed, from_padded
-from fedjax_fair.hparams import count
+from fedjax_fair.hparams import FieldError, count
 from fedjax_fair.core.types import ClientData
 
 SIDE = 28
@@ -75,8 +75,8 @@ def femnist_like(num_clients: int = 1000, min_examples: int = 50, max_examples: 
     noise, style = _check_nonnegative(noise, "noise"), _check_nonnegative(style, "style")
     seed = _check_seed(seed)
     if max_examples < min_examples:
-        raise ValueError(f"max_examples: must be >= min_examples={min_examples}, "
-                         f"got {max_examples}")
+        raise FieldError("max_examples", f"must be >= min_examples={min_examples}, "
+                                         f"got {max_examples}")
     norm = 1.0 / np.sqrt(13.0 / 12.0 + style ** 2 + noise ** 2)  # E[a^2] = 13/12
     rng = np.random.default_rng(seed)
     templates = np.float32(norm) * _smooth_patterns(rng, num_classes)

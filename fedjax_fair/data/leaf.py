@@ -80,36 +80,36 @@ def _load_json(file: Path) -> dict:
         with open(file, encoding="utf-8") as f:
             data = json.load(f)
     except json.JSONDecodeError as err:
-        raise ValueError(f"leaf: {file}: not valid JSON ({err})") from None
+        raise FieldError("leaf", f"{file}: not valid JSON ({err})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"leaf: {file}: expected a JSON object with 'users', "
-                         f"'num_samples' and 'user_data', got {type(data).__name__}")
+        raise FieldError("leaf", f"{file}: expected a JSON object with 'users', "
+                                 f"'num_samples' and 'user_data', got {type(data).__name__}")
     for key in ("users", "num_samples", "user_data"):
         if key not in data:
-            raise ValueError(f"leaf: {file}: missing key {key!r}")
+            raise FieldError("leaf", f"{file}: missing key {key!r}")
     if not isinstance(data["users"], list) or not isinstance(data["num_samples"], list):
-        raise ValueError(f"leaf: {file}: 'users' and 'num_samples' must be lists")
+        raise FieldError("leaf", f"{file}: 'users' and 'num_samples' must be lists")
     if not isinstance(data["user_data"], dict):
-        raise ValueError(f"leaf: {file}: 'user_data' must be an object")
+        raise FieldError("leaf", f"{file}: 'user_data' must be an object")
     return data
 
 
 def _check_user(file: Path, user: str, count, entry) -> tuple[list, list]:
     """The (x, y) lists of one user entry after checking them against num_samples."""
     if not isinstance(entry, dict):
-        raise ValueError(f"leaf: {file}: user {user!r}: user_data entry must be an "
-                         f"object with 'x' and 'y'")
+        raise FieldError("leaf", f"{file}: user {user!r}: user_data entry must be an "
+                                 f"object with 'x' and 'y'")
     for key in ("x", "y"):
         if key not in entry:
-            raise ValueError(f"leaf: {file}: user {user!r}: missing key {key!r}")
+            raise FieldError("leaf", f"{file}: user {user!r}: missing key {key!r}")
         if not isinstance(entry[key], list):
-            raise ValueError(f"leaf: {file}: user {user!r}: {key!r} must be a list")
+            raise FieldError("leaf", f"{file}: user {user!r}: {key!r} must be a list")
     x, y = entry["x"], entry["y"]
     if len(x) != len(y):
-        raise ValueError(f"leaf: {file}: user {user!r} has {len(x)} x but {len(y)} y")
+        raise FieldError("leaf", f"{file}: user {user!r} has {len(x)} x but {len(y)} y")
     if isinstance(count, bool) or not isinstance(count, int) or count != len(y):
-        raise ValueError(f"leaf: {file}: user {user!r}: num_samples says {count!r} but "
-                         f"the user has {len(y)} examples")
+        raise FieldError("leaf", f"{file}: user {user!r}: num_samples says {count!r} but "
+                                 f"the user has {len(y)} examples")
     return x, y
 
 
@@ -118,23 +118,23 @@ def _read_leaf_file(file: Path, seen: dict) -> dict:
     data = _load_json(file)
     users, counts, user_data = data["users"], data["num_samples"], data["user_data"]
     if len(users) != len(counts):
-        raise ValueError(f"leaf: {file}: 'users' has {len(users)} entries but "
-                         f"'num_samples' has {len(counts)}")
+        raise FieldError("leaf", f"{file}: 'users' has {len(users)} entries but "
+                                 f"'num_samples' has {len(counts)}")
     out = {}
     for raw_user, count in zip(users, counts):
         user = str(raw_user)
         if user in seen:
             where = "earlier in this file" if seen[user] == file else f"also in {seen[user]}"
-            raise ValueError(f"leaf: {file}: user {user!r} is listed twice ({where})")
+            raise FieldError("leaf", f"{file}: user {user!r} is listed twice ({where})")
         seen[user] = file
         if user not in user_data:
-            raise ValueError(f"leaf: {file}: user {user!r} is in 'users' but not in "
-                             f"'user_data'")
+            raise FieldError("leaf", f"{file}: user {user!r} is in 'users' but not in "
+                                     f"'user_data'")
         out[user] = _check_user(file, user, count, user_data[user])
     extra = sorted(set(user_data) - set(out))
     if extra:
-        raise ValueError(f"leaf: {file}: user {extra[0]!r} is in 'user_data' but not in "
-                         f"'users'")
+        raise FieldError("leaf", f"{file}: user {extra[0]!r} is in 'user_data' but not in "
+                                 f"'users'")
     return out
 
 
@@ -171,7 +171,7 @@ def read_leaf_dir(path, *, field: str = "path") -> dict:
 def _vocab_table(vocab: str) -> tuple[np.ndarray, np.ndarray]:
     """(sorted code points, their ids) for a vocabulary of distinct characters."""
     if not isinstance(vocab, str) or not vocab:
-        raise ValueError(f"vocab: must be a non-empty string, got {vocab!r}")
+        raise FieldError("vocab", f"must be a non-empty string, got {vocab!r}")
     return _cached_vocab_table(vocab)
 
 
@@ -179,7 +179,7 @@ def _vocab_table(vocab: str) -> tuple[np.ndarray, np.ndarray]:
 def _cached_vocab_table(vocab: str) -> tuple[np.ndarray, np.ndarray]:
     if len(set(vocab)) != len(vocab):
         repeated = next(c for c in vocab if vocab.count(c) > 1)
-        raise ValueError(f"vocab: character {repeated!r} appears more than once")
+        raise FieldError("vocab", f"character {repeated!r} appears more than once")
     codes = np.frombuffer(vocab.encode("utf-32-le"), np.uint32)
     order = np.argsort(codes, kind="stable")
     return codes[order], order.astype(np.int32)
@@ -215,13 +215,13 @@ def encode(text: str, vocab: str = LEAF_CHARS, *, oov: str = "error") -> np.ndar
     """
     _check_oov(oov)
     if not isinstance(text, str):
-        raise ValueError(f"text: must be a string, got {type(text).__name__}")
+        raise FieldError("text", f"must be a string, got {type(text).__name__}")
     ids, found = _lookup(text, vocab)
     if not found.all():
         if oov == "error":
             i = int(np.flatnonzero(~found)[0])
-            raise ValueError(f"text: character {text[i]!r} at position {i} is not in "
-                             f"the vocabulary {_oov_hint(vocab)}")
+            raise FieldError("text", f"character {text[i]!r} at position {i} is not in "
+                                     f"the vocabulary {_oov_hint(vocab)}")
         ids[~found] = len(vocab)
     return ids
 
@@ -246,7 +246,7 @@ def char_windows(text: str, window: int = 80, *, collapse_whitespace: bool = Fal
     """
     window = H.count(window, "window")
     if not isinstance(text, str):
-        raise ValueError(f"text: must be a string, got {type(text).__name__}")
+        raise FieldError("text", f"must be a string, got {type(text).__name__}")
     if collapse_whitespace:
         text = re.sub(r" +", " ", text.replace("\n", " "))
     count = max(0, len(text) - window)
@@ -306,10 +306,10 @@ def _infer_kind(split_data: dict) -> str:
         if isinstance(row, list) and row and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in row):
             return "images" if len(row) == FEMNIST_SIDE * FEMNIST_SIDE else "vectors"
-        raise ValueError(f"kind: cannot infer the kind from user {user!r}'s first x "
-                         f"({str(row)[:60]}); supported: rows of numbers (images, "
-                         f"vectors) and strings (shakespeare)")
-    raise ValueError("kind: every training user is empty; cannot infer the kind")
+        raise FieldError("kind", f"cannot infer the kind from user {user!r}'s first x "
+                                 f"({str(row)[:60]}); supported: rows of numbers (images, "
+                                 f"vectors) and strings (shakespeare)")
+    raise FieldError("kind", "every training user is empty; cannot infer the kind")
 
 
 def _float_rows(x: list, width: int | None, where: str) -> np.ndarray:
@@ -317,13 +317,13 @@ def _float_rows(x: list, width: int | None, where: str) -> np.ndarray:
     try:
         arr = np.asarray(x, np.float32)
     except (ValueError, TypeError):
-        raise ValueError(f"leaf: {where}: x rows must be lists of numbers of equal "
-                         f"length") from None
+        raise FieldError("leaf", f"{where}: x rows must be lists of numbers of equal "
+                                 f"length") from None
     if arr.size == 0:
         return np.zeros((0, width or 0), np.float32)
     if arr.ndim != 2 or (width is not None and arr.shape[1] != width):
-        raise ValueError(f"leaf: {where}: x has shape {arr.shape}, expected "
-                         f"(n, {width if width is not None else 'd'})")
+        raise FieldError("leaf", f"{where}: x has shape {arr.shape}, expected "
+                                 f"(n, {width if width is not None else 'd'})")
     return arr
 
 
@@ -331,9 +331,9 @@ def _labels(y: list, where: str) -> np.ndarray:
     try:
         labels = _as_labels(np.asarray(y) if y else np.zeros(0, np.int32), "y")
     except ValueError as err:
-        raise ValueError(f"leaf: {where}: {err}") from None
+        raise FieldError("leaf", f"{where}: {err}") from None
     if labels.size and labels.min() < 0:
-        raise ValueError(f"leaf: {where}: negative label {labels.min()}")
+        raise FieldError("leaf", f"{where}: negative label {labels.min()}")
     return labels
 
 
@@ -355,8 +355,8 @@ def _split_dirs(path, test_dir) -> tuple[Path, Path]:
         return path, Path(os.fspath(test_dir)).expanduser()
     train, test = path / "train", path / "test"
     if not (train.is_dir() and test.is_dir()):
-        raise ValueError(f"path: {path} has no train/ and test/ subdirectories; pass "
-                         f"the LEAF data root or the train directory with test_dir=...")
+        raise FieldError("path", f"{path} has no train/ and test/ subdirectories; pass "
+                                 f"the LEAF data root or the train directory with test_dir=...")
     return train, test
 
 
@@ -392,9 +392,9 @@ def load_leaf(path, test_dir=None, *, kind: str = "auto", num_classes: int | Non
     for split, other in (("train", "test"), ("test", "train")):
         missing = sorted(set(splits[split]) - set(splits[other]))
         if missing:
-            raise ValueError(f"leaf: user {missing[0]!r} is in {split} ({dirs[split]}) "
-                             f"but not in {other} ({dirs[other]}); every user needs "
-                             f"both splits (LEAF's '-t sample' split)")
+            raise FieldError("leaf", f"user {missing[0]!r} is in {split} ({dirs[split]}) "
+                                     f"but not in {other} ({dirs[other]}); every user needs "
+                                     f"both splits (LEAF's '-t sample' split)")
     users = sorted(splits["train"])
     if kind == "auto":
         kind = _infer_kind(splits["train"])
@@ -409,12 +409,12 @@ def load_leaf(path, test_dir=None, *, kind: str = "auto", num_classes: int | Non
             if xs.shape[0] and shape is None:
                 shape, first = xs.shape[1:], where
             elif xs.shape[0] and xs.shape[1:] != shape:
-                raise ValueError(f"leaf: {where}: examples of shape {xs.shape[1:]} differ "
-                                 f"from {shape} of {first}")
+                raise FieldError("leaf", f"{where}: examples of shape {xs.shape[1:]} differ "
+                                         f"from {shape} of {first}")
             arrays[split][0].append(xs)
             arrays[split][1].append(ys)
     if shape is None:
-        raise ValueError(f"leaf: every user is empty in both splits ({train_dir}, {test_dir})")
+        raise FieldError("leaf", f"every user is empty in both splits ({train_dir}, {test_dir})")
     for xs, _ in arrays.values():  # empty users get the common shape
         xs[:] = [a if a.shape[0] else np.zeros((0, *shape), a.dtype) for a in xs]
     return LeafFederation(user_ids=users, train_xs=arrays["train"][0],
@@ -451,11 +451,12 @@ def _num_classes(kind: str, num_classes, oov: str, arrays: dict, users=None,
     if stray:
         where = _holder(arrays, users, dirs, top)
         if top >= num_classes:
-            raise ValueError(f"num_classes: label {top} does not fit num_classes="
-                             f"{num_classes}{where}")
-        raise ValueError(f"num_classes: labels run up to {top}{where} but only "
-                         f"{distinct.size} distinct labels appear; pass num_classes="
-                         f"{top + 1} if that many classes are intended")
+            raise FieldError("num_classes", f"label {top} does not fit num_classes="
+                                            f"{num_classes}{where}")
+        raise FieldError("num_classes", f"labels run up to {top}{where} but only "
+                                        f"{distinct.size} distinct labels appear; pass "
+                                        f"num_classes="
+                                        f"{top + 1} if that many classes are intended")
     return num_classes
 
 

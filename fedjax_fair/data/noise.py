@@ -28,7 +28,7 @@ NOISE_KINDS = ("none", "symmetric", "pair")
 def _check_num_classes(num_classes) -> int:
     if (isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes, (int, np.integer))
             or num_classes < 2):
-        raise ValueError(f"num_classes: must be an integer >= 2, got {num_classes!r}")
+        raise FieldError("num_classes", f"must be an integer >= 2, got {num_classes!r}")
     return int(num_classes)
 
 
@@ -77,20 +77,20 @@ def flip_labels(labels, transition, seed: int) -> np.ndarray:
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
-        raise ValueError(f"labels: must be 1-D integers, got shape {labels.shape} and "
-                         f"dtype {labels.dtype}")
+        raise FieldError("labels", f"must be 1-D integers, got shape {labels.shape} and "
+                                   f"dtype {labels.dtype}")
     t = np.asarray(transition, np.float64)
     if t.ndim != 2 or t.shape[0] != t.shape[1] or t.shape[0] == 0:
-        raise ValueError(f"transition: must be a square [C, C] matrix, got shape {t.shape}")
+        raise FieldError("transition", f"must be a square [C, C] matrix, got shape {t.shape}")
     if not np.all(np.isfinite(t)) or (t < 0).any() or not np.allclose(t.sum(1), 1.0, atol=1e-6):
-        raise ValueError("transition: entries must be finite and >= 0 with every row "
-                         "summing to 1")
+        raise FieldError("transition", "entries must be finite and >= 0 with every row "
+                                       "summing to 1")
     c = t.shape[0]
     if labels.size and (labels.min() < 0 or labels.max() >= c):
-        raise ValueError(f"labels: must lie in [0, {c}) for a {c}x{c} transition, got "
-                         f"[{labels.min()}, {labels.max()}]")
+        raise FieldError("labels", f"must lie in [0, {c}) for a {c}x{c} transition, got "
+                                     f"[{labels.min()}, {labels.max()}]")
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
+        raise FieldError("seed", f"must be an integer >= 0, got {seed!r}")
     u = np.random.default_rng(seed).random(labels.size)
     cdf = np.cumsum(t, axis=1)
     new = np.empty(labels.size, np.int64)

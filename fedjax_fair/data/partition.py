@@ -46,20 +46,21 @@ Partial or overlapping, by design:
 from __future__ import annotations
 
 import numpy as np
+from fedjax_fair import hparams as H
 
 
 def _check(labels, num_clients, seed) -> tuple[np.ndarray, int]:
     labels = np.asarray(labels)
     if labels.ndim != 1:
-        raise ValueError(f"labels: must be 1-D, got shape {labels.shape}")
+        raise H.FieldError("labels", f"must be 1-D, got shape {labels.shape}")
     if labels.size and not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels: must be integers, got dtype {labels.dtype}")
+        raise H.FieldError("labels", f"must be integers, got dtype {labels.dtype}")
     if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)):
-        raise ValueError(f"num_clients: must be an integer, got {num_clients!r}")
+        raise H.FieldError("num_clients", f"must be an integer, got {num_clients!r}")
     if num_clients <= 0:
-        raise ValueError(f"num_clients: must be > 0, got {num_clients}")
+        raise H.FieldError("num_clients", f"must be > 0, got {num_clients}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
+        raise H.FieldError("seed", f"must be an integer >= 0, got {seed!r}")
     return labels, int(num_clients)
 
 
@@ -127,19 +128,19 @@ def dirichlet(labels: np.ndarray, num_clients: int, seed: int, alpha: float = 0.
     try:
         alpha = float(alpha)
     except (TypeError, ValueError):
-        raise ValueError(f"alpha: must be a number > 0, got {alpha!r}") from None
+        raise H.FieldError("alpha", f"must be a number > 0, got {alpha!r}") from None
     if not alpha > 0:
-        raise ValueError(f"alpha: must be > 0, got {alpha!r}")
+        raise H.FieldError("alpha", f"must be > 0, got {alpha!r}")
     if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
-        raise ValueError(f"min_size: must be an integer >= 0, got {min_size!r}")
+        raise H.FieldError("min_size", f"must be an integer >= 0, got {min_size!r}")
     if num_clients > labels.size and min_size > 0:
-        raise ValueError(f"num_clients: {num_clients} clients cannot each hold min_size="
-                         f"{min_size} of the {labels.size} examples available")
+        raise H.FieldError("num_clients", f"{num_clients} clients cannot each hold min_size="
+                                          f"{min_size} of the {labels.size} examples available")
     if num_clients * min_size > labels.size:
-        raise ValueError(f"min_size: {num_clients} clients x min_size={min_size} exceeds the "
-                         f"{labels.size} examples available")
+        raise H.FieldError("min_size", f"{num_clients} clients x min_size={min_size} exceeds the "
+                                       f"{labels.size} examples available")
     if not isinstance(max_retries, (int, np.integer)) or max_retries < 1:
-        raise ValueError(f"max_retries: must be an integer >= 1, got {max_retries!r}")
+        raise H.FieldError("max_retries", f"must be an integer >= 1, got {max_retries!r}")
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
     target = labels.size / num_clients
@@ -158,11 +159,12 @@ def dirichlet(labels: np.ndarray, num_clients: int, seed: int, alpha: float = 0.
                 sizes[k] += chunk.size
         if sizes.min() >= min_size:
             return _finish([np.concatenate(p) if p else [] for p in parts])
-    raise ValueError(
-        f"min_size: no Dirichlet draw in max_retries={max_retries} gave every client at "
-        f"least min_size={min_size} examples (alpha={alpha}, num_clients={num_clients}, "
-        f"{labels.size} examples); lower min_size, raise alpha, use fewer clients or "
-        f"set balance=True")
+    raise H.FieldError(
+        "min_size", f"no Dirichlet draw in max_retries={max_retries} gave every client at "
+                      f"least min_size={min_size} examples (alpha={alpha}, "
+                      f"num_clients={num_clients}, "
+                      f"{labels.size} examples); lower min_size, raise alpha, use fewer clients or "
+                      f"set balance=True")
 
 
 def shards(labels: np.ndarray, num_clients: int, seed: int, shards_per_client: int = 2,
@@ -189,11 +191,12 @@ def shards(labels: np.ndarray, num_clients: int, seed: int, shards_per_client: i
     labels, num_clients = _check(labels, num_clients, seed)
     shards_per_client = _check_int(shards_per_client, "shards_per_client", 1)
     if assignment not in ("random", "modulo"):
-        raise ValueError(f"assignment: must be 'random' or 'modulo', got {assignment!r}")
+        raise H.FieldError("assignment", f"must be 'random' or 'modulo', got {assignment!r}")
     num_shards = num_clients * shards_per_client
     if num_shards > labels.size:
-        raise ValueError(f"shards_per_client: {num_clients} clients x {shards_per_client} "
-                         f"shards exceeds the {labels.size} examples available")
+        raise H.FieldError("shards_per_client", f"{num_clients} clients x {shards_per_client} "
+                                                f"shards exceeds the {labels.size} examples "
+                                                f"available")
     rng = np.random.default_rng(seed)
     pieces = np.array_split(_sorted_by_label(labels, rng), num_shards)
     if assignment == "random":
@@ -224,8 +227,9 @@ def unbalanced_shards(labels: np.ndarray, num_clients: int, seed: int, shard_siz
     shard_size = _check_int(shard_size, "shard_size", 1)
     num_shards = -(-labels.size // shard_size)
     if num_shards < num_clients:
-        raise ValueError(f"shard_size: {labels.size} examples in shards of {shard_size} give "
-                         f"{num_shards} shards, fewer than num_clients={num_clients}")
+        raise H.FieldError("shard_size", f"{labels.size} examples in shards of {shard_size} give "
+                                         f"{num_shards} shards, fewer than "
+                                         f"num_clients={num_clients}")
     rng = np.random.default_rng(seed)
     by_label = _sorted_by_label(labels, rng)
     pieces = [by_label[s:s + shard_size] for s in range(0, labels.size, shard_size)]
@@ -287,7 +291,7 @@ def classes_per_client(labels: np.ndarray, num_clients: int, seed: int,
     k = _check_int(classes_per_client, "classes_per_client", 1)
     classes = np.unique(labels)
     if k > classes.size:
-        raise ValueError(f"classes_per_client: {k} exceeds the {classes.size} classes present")
+        raise H.FieldError("classes_per_client", f"{k} exceeds the {classes.size} classes present")
     rng = np.random.default_rng(seed)
     held = _deal_classes(classes.size, num_clients, k, rng)
     parts = [[] for _ in range(num_clients)]
@@ -309,8 +313,8 @@ def apportion(weights, total: int) -> np.ndarray:
     """
     w = np.asarray(weights, np.float64)
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"weights: must be a non-empty 1-D array of finite values >= 0 "
-                         f"with a positive sum, got {weights!r}")
+        raise H.FieldError("weights", f"must be a non-empty 1-D array of finite values >= 0 "
+                                      f"with a positive sum, got {weights!r}")
     exact = total * w / w.sum()
     out = np.floor(exact).astype(np.int64)
     short = int(total - out.sum())
@@ -345,8 +349,8 @@ def quantity_skew(labels: np.ndarray, num_clients: int, seed: int,
     labels, num_clients = _check(labels, num_clients, seed)
     min_size = _check_int(min_size, "min_size", 0)
     if num_clients * min_size > labels.size:
-        raise ValueError(f"min_size: {num_clients} clients x min_size={min_size} exceeds the "
-                         f"{labels.size} examples available")
+        raise H.FieldError("min_size", f"{num_clients} clients x min_size={min_size} exceeds the "
+                                       f"{labels.size} examples available")
     rng = np.random.default_rng(seed)
     if distribution == "lognormal":
         sigma = _check_float(sigma, "sigma", 0.0)
@@ -355,7 +359,7 @@ def quantity_skew(labels: np.ndarray, num_clients: int, seed: int,
         exponent = _check_float(exponent, "exponent", 1.0)
         weights = rng.pareto(exponent - 1.0, num_clients) + 1.0
     else:
-        raise ValueError(f"distribution: must be 'lognormal' or 'power', got {distribution!r}")
+        raise H.FieldError("distribution", f"must be 'lognormal' or 'power', got {distribution!r}")
     sizes = min_size + apportion(weights, labels.size - num_clients * min_size)
     order = rng.permutation(labels.size)
     return _finish(np.split(order, np.cumsum(sizes)[:-1]))
@@ -385,18 +389,18 @@ def natural(labels: np.ndarray, num_clients: int | None, seed: int, groups=None,
     """
     labels, _ = _check(labels, 1 if num_clients is None else num_clients, seed)
     if groups is None:
-        raise ValueError("groups: the natural partition needs one writer/user id per "
-                         "example (an array of len(labels)), got None")
+        raise H.FieldError("groups", "the natural partition needs one writer/user id per "
+                                     "example (an array of len(labels)), got None")
     groups = np.asarray(groups)
     if groups.ndim != 1 or groups.shape[0] != labels.size:
-        raise ValueError(f"groups: must be 1-D with one id per example ({labels.size}), "
-                         f"got shape {groups.shape}")
+        raise H.FieldError("groups", f"must be 1-D with one id per example ({labels.size}), "
+                                     f"got shape {groups.shape}")
     min_size = _check_int(min_size, "min_size", 1)
     _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
     kept = np.flatnonzero(counts >= min_size)
     if num_clients is not None and num_clients > kept.size:
-        raise ValueError(f"num_clients: {num_clients} exceeds the {kept.size} groups with at "
-                         f"least min_size={min_size} examples")
+        raise H.FieldError("num_clients", f"{num_clients} exceeds the {kept.size} groups with at "
+                                          f"least min_size={min_size} examples")
     if num_clients is not None and num_clients < kept.size:
         kept = np.sort(np.random.default_rng(seed).choice(kept, num_clients, replace=False))
     by_group = np.argsort(inverse, kind="stable")
@@ -429,7 +433,7 @@ def handpick(labels: np.ndarray, num_clients: int, seed: int, classes_per_client
     per_class = _check_int(samples_per_class, "samples_per_class", 1)
     classes = np.unique(labels)
     if classes.size % k:
-        raise ValueError(f"classes_per_client: must divide the {classes.size} classes, got {k}")
+        raise H.FieldError("classes_per_client", f"must divide the {classes.size} classes, got {k}")
     num_blocks = classes.size // k
     block = np.arange(num_clients) * num_blocks // num_clients
     rng = np.random.default_rng(seed)
@@ -438,8 +442,8 @@ def handpick(labels: np.ndarray, num_clients: int, seed: int, classes_per_client
         holders = np.flatnonzero(block == c // k)
         pool = np.flatnonzero(labels == label)
         if holders.size * per_class > pool.size:
-            raise ValueError(f"samples_per_class: {holders.size} clients x {per_class} exceeds "
-                             f"the {pool.size} examples of class {label}")
+            raise H.FieldError("samples_per_class", f"{holders.size} clients x {per_class} exceeds "
+                                                    f"the {pool.size} examples of class {label}")
         drawn = rng.permutation(pool)[:holders.size * per_class]
         for h, chunk in zip(holders, np.split(drawn, holders.size) if holders.size else []):
             parts[h].append(chunk)
@@ -474,8 +478,8 @@ def dirichlet_prior(labels: np.ndarray, num_clients: int, seed: int, alpha: floa
     if client_size is None:
         client_size = labels.size // num_clients
         if client_size < 1:
-            raise ValueError(f"client_size: {labels.size} examples give fewer than one per "
-                             f"client for num_clients={num_clients}")
+            raise H.FieldError("client_size", f"{labels.size} examples give fewer than one per "
+                                              f"client for num_clients={num_clients}")
     client_size = _check_int(client_size, "client_size", 1)
     classes = np.unique(labels)
     rng = np.random.default_rng(seed)
@@ -504,8 +508,8 @@ def by_class(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray
     labels, num_clients = _check(labels, num_clients, seed)
     num_classes = int(labels.max()) + 1 if labels.size else 0
     if num_clients != num_classes:
-        raise ValueError(f"num_clients: 'by_class' gives one client per class, so it must "
-                         f"equal the {num_classes} classes, got {num_clients}")
+        raise H.FieldError("num_clients", f"'by_class' gives one client per class, so it must "
+                                          f"equal the {num_classes} classes, got {num_clients}")
     return _finish([np.flatnonzero(labels == k) for k in range(num_clients)])
 
 

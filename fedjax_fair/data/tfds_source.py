@@ -34,6 +34,7 @@ import re
 from typing import NamedTuple
 
 import numpy as np
+from fedjax_fair import hparams as H
 
 # Short names accepted besides the TFDS names (which always work as they are).
 ALIASES = {
@@ -82,7 +83,7 @@ class TfdsArrays(NamedTuple):
 def resolve_name(name: str) -> str:
     """The TFDS name for ``name``: an alias from ``ALIASES`` or the name itself."""
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"dataset: must be a non-empty TFDS name, got {name!r}")
+        raise H.FieldError("dataset", f"must be a non-empty TFDS name, got {name!r}")
     name = name.strip()
     return ALIASES.get(name.lower(), name)
 
@@ -109,8 +110,8 @@ def _import_tfds():
     try:
         import tensorflow_datasets as tfds
     except ImportError as err:  # pragma: no cover - tfds is a declared dependency
-        raise ValueError("dataset: reading TFDS datasets needs tensorflow-datasets "
-                         "(pip install tensorflow-datasets array_record)") from err
+        raise H.FieldError("dataset", "reading TFDS datasets needs tensorflow-datasets "
+                                      "(pip install tensorflow-datasets array_record)") from err
     return tfds
 
 
@@ -119,14 +120,14 @@ def _builder(tfds, tfds_name: str, data_dir):
     try:
         return tfds.builder(tfds_name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-        raise ValueError(
-            f"dataset: unknown TFDS dataset {tfds_name!r} (not registered in "
-            f"tensorflow-datasets and not found under data_dir={data_dir!r}); "
-            f"aliases: {sorted(ALIASES)}") from None
+        raise H.FieldError(
+            "dataset", f"unknown TFDS dataset {tfds_name!r} (not registered in "
+                         f"tensorflow-datasets and not found under data_dir={data_dir!r}); "
+                         f"aliases: {sorted(ALIASES)}") from None
     except (ValueError, AssertionError, KeyError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
-        raise ValueError(f"dataset: cannot open TFDS dataset {tfds_name!r}: "
-                         f"{first_line}") from None
+        raise H.FieldError("dataset", f"cannot open TFDS dataset {tfds_name!r}: "
+                                      f"{first_line}") from None
 
 
 @contextlib.contextmanager
@@ -154,8 +155,8 @@ def open_source(name: str, split: str = "train", *, data_dir: str | None = None)
     """
     tfds_name = resolve_name(name)
     if not isinstance(split, str) or not split.strip():
-        raise ValueError(f"split: must be a non-empty split name such as 'train' or "
-                         f"'train[:10%]', got {split!r}")
+        raise H.FieldError("split", f"must be a non-empty split name such as 'train' or "
+                                    f"'train[:10%]', got {split!r}")
     if data_dir is not None:
         data_dir = os.fspath(os.path.expanduser(data_dir))
     tfds = _import_tfds()
@@ -175,14 +176,15 @@ def open_source(name: str, split: str = "train", *, data_dir: str | None = None)
                 f"for {builder.data_dir}); nothing is downloaded here. "
                 f"{_prepare_hint(tfds_name, root)}") from err
         if isinstance(err, NotImplementedError):
-            raise ValueError(
-                f"dataset: {tfds_name!r} is prepared at {builder.data_dir} in a format "
-                f"without random access ({builder.info.file_format}); convert it with\n"
-                f"    tfds convert_format --dataset_version_dir {builder.data_dir} "
-                f"--out_file_format array_record\nor rebuild it with "
-                f"--file_format array_record") from err
-        raise ValueError(f"split: cannot read split {split!r} of {tfds_name!r} "
-                         f"(splits: {sorted(builder.info.splits)}): {err}") from err
+            raise H.FieldError(
+                "dataset", f"{tfds_name!r} is prepared at {builder.data_dir} in a format "
+                             f"without random access ({builder.info.file_format}); convert it "
+                             f"with\n"
+                             f"    tfds convert_format --dataset_version_dir {builder.data_dir} "
+                             f"--out_file_format array_record\nor rebuild it with "
+                             f"--file_format array_record") from err
+        raise H.FieldError("split", f"cannot read split {split!r} of {tfds_name!r} "
+                                    f"(splits: {sorted(builder.info.splits)}): {err}") from err
     return tfds_name, builder, source
 
 
@@ -192,18 +194,18 @@ def open_source(name: str, split: str = "train", *, data_dir: str | None = None)
 def _image_spec(features, image_key: str) -> tuple[tuple, np.dtype]:
     """(shape, dtype) of the image feature; shape gets a channel axis if rank 2."""
     if image_key not in features:
-        raise ValueError(f"image_key: no feature {image_key!r}; features: "
-                         f"{sorted(features.keys())}")
+        raise H.FieldError("image_key", f"no feature {image_key!r}; features: "
+                                        f"{sorted(features.keys())}")
     feature = features[image_key]
     shape = tuple(feature.shape)
     if len(shape) not in (2, 3) or any(d is None for d in shape):
-        raise ValueError(f"image_key: feature {image_key!r} has shape {shape}; need a "
-                         f"fixed (H, W) or (H, W, C) shape (resize variable-size "
-                         f"images first)")
+        raise H.FieldError("image_key", f"feature {image_key!r} has shape {shape}; need a "
+                                        f"fixed (H, W) or (H, W, C) shape (resize variable-size "
+                                        f"images first)")
     dtype = np.dtype(feature.np_dtype)
     if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
-        raise ValueError(f"image_key: feature {image_key!r} has dtype {dtype}, "
-                         f"expected numbers")
+        raise H.FieldError("image_key", f"feature {image_key!r} has dtype {dtype}, "
+                                        f"expected numbers")
     return (shape if len(shape) == 3 else (*shape, 1)), dtype
 
 
@@ -219,13 +221,13 @@ def _is_int_scalar(feature) -> bool:
 def _label_classes(features, label_key: str) -> int | None:
     """num_classes of a ClassLabel feature, None for another integer scalar."""
     if label_key not in features:
-        raise ValueError(f"label_key: no feature {label_key!r}; features: "
-                         f"{sorted(features.keys())}")
+        raise H.FieldError("label_key", f"no feature {label_key!r}; features: "
+                                        f"{sorted(features.keys())}")
     feature = features[label_key]
     if not _is_int_scalar(feature):
-        raise ValueError(f"label_key: feature {label_key!r} is not an integer scalar "
-                         f"(shape {getattr(feature, 'shape', None)}, dtype "
-                         f"{getattr(feature, 'np_dtype', None)})")
+        raise H.FieldError("label_key", f"feature {label_key!r} is not an integer scalar "
+                                        f"(shape {getattr(feature, 'shape', None)}, dtype "
+                                        f"{getattr(feature, 'np_dtype', None)})")
     return getattr(feature, "num_classes", None)
 
 
@@ -256,8 +258,8 @@ def read_all(source, image_key: str, label_key: str, image_shape: tuple,
         for i, record in enumerate(records, start):
             image = np.asarray(record[image_key])
             if image.size != images[i].size:
-                raise ValueError(f"image_key: record {i} has an image of shape "
-                                 f"{image.shape}, expected {image_shape}")
+                raise H.FieldError("image_key", f"record {i} has an image of shape "
+                                                f"{image.shape}, expected {image_shape}")
             images[i] = image.reshape(image_shape)
             labels[i] = record[label_key]
             for k, values in extras.items():
@@ -282,9 +284,9 @@ def _shift_labels(tfds_name: str, labels: np.ndarray, num_classes: int | None
         return labels, num_classes
     first, count = shift
     if labels.size and (labels.min() < first or labels.max() >= first + count):
-        raise ValueError(f"dataset: {tfds_name!r} labels should lie in "
-                         f"{first}..{first + count - 1}, found {labels.min()}.."
-                         f"{labels.max()}")
+        raise H.FieldError("dataset", f"{tfds_name!r} labels should lie in "
+                                      f"{first}..{first + count - 1}, found {labels.min()}.."
+                                      f"{labels.max()}")
     return labels - first, count
 
 
@@ -329,7 +331,7 @@ def load_tfds(name: str, split: str = "train", *, data_dir: str | None = None,
     num_classes = _label_classes(features, label_key)
     extra_keys = _extra_keys(features, image_key, label_key)
     if len(source) == 0:
-        raise ValueError(f"split: split {split!r} of {tfds_name!r} has no examples")
+        raise H.FieldError("split", f"split {split!r} of {tfds_name!r} has no examples")
     cached = _cache_path(cache_dir, tfds_name, builder, split, image_key, label_key)
     if cached and os.path.exists(cached):
         with np.load(cached) as f:
@@ -346,13 +348,13 @@ def load_tfds(name: str, split: str = "train", *, data_dir: str | None = None,
             os.replace(tmp, cached)
     labels, num_classes = _shift_labels(tfds_name, labels, num_classes)
     if labels.min() < 0:
-        raise ValueError(f"label_key: {tfds_name!r} has negative labels "
-                         f"(min {labels.min()})")
+        raise H.FieldError("label_key", f"{tfds_name!r} has negative labels "
+                                        f"(min {labels.min()})")
     if num_classes is None:
         num_classes = int(labels.max()) + 1
     if labels.max() >= num_classes:
-        raise ValueError(f"label_key: {tfds_name!r} has label {labels.max()} >= "
-                         f"num_classes={num_classes}")
+        raise H.FieldError("label_key", f"{tfds_name!r} has label {labels.max()} >= "
+                                        f"num_classes={num_classes}")
     return TfdsArrays(x=_to_float(images), y=labels.astype(np.int32),
                       num_classes=int(num_classes), input_shape=tuple(image_shape),
                       name=tfds_name, extras=extras)

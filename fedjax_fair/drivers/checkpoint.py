@@ -35,6 +35,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjax_fair import hparams as H
 
 FORMAT = 2  # meta.json's "checkpoint_format"
 KEEP = 2  # committed step directories kept
@@ -182,9 +183,10 @@ def _merge_tail(previous: Optional[str], log: str, earlier: list, rows):
         saves += int(match.group(2))
         if isinstance(rows, dict):
             if set(older) != set(rows):
-                raise ValueError(f"checkpoint: log {log!r} of this save has arrays "
-                                 f"{sorted(rows)}, its earlier rows {sorted(older)}; a log "
-                                 f"keeps one set of arrays")
+                raise H.FieldError("checkpoint", f"log {log!r} of this save has arrays "
+                                                 f"{sorted(rows)}, its earlier rows "
+                                                 f"{sorted(older)}; a log "
+                                                 f"keeps one set of arrays")
             rows = {k: np.concatenate([older[k], np.asarray(v)]) for k, v in rows.items()}
         else:
             rows = list(older) + list(rows)
@@ -268,10 +270,12 @@ def _step_dir(directory: str) -> str:
     if found is not None:
         return found
     if any(os.path.isfile(os.path.join(directory, n)) for n in ("state.npz", "meta.json")):
-        raise ValueError(f"checkpoint: {directory!r} holds a checkpoint of an older format "
-                         f"(state.npz / meta.json without a committed step directory), "
-                         f"which may mix two saves; the run cannot resume from it (start "
-                         f"it again)")
+        raise H.FieldError("checkpoint", f"{directory!r} holds a checkpoint of an older format "
+                                         f"(state.npz / meta.json without a committed step "
+                                         f"directory), "
+                                         f"which may mix two saves; the run cannot resume from it "
+                                         f"(start "
+                                         f"it again)")
     raise FileNotFoundError(f"checkpoint: no checkpoint in {directory!r}")
 
 
@@ -379,16 +383,16 @@ def verify(directory: str, template: Any) -> None:
     headers = _npz_headers(step, "state.npz")
     names = _leaf_names(headers, step)
     if len(names) != len(leaves):
-        raise ValueError(f"checkpoint: {step!r} holds {len(names)} arrays, this run's "
-                         f"state has {len(leaves)}; was it made by another config?")
+        raise H.FieldError("checkpoint", f"{step!r} holds {len(names)} arrays, this run's "
+                                         f"state has {len(leaves)}; was it made by another config?")
     for i, (name, t) in enumerate(zip(names, leaves)):
         shape, dtype = headers[name]
         t = jax.eval_shape(jax.random.key_data, t) if _is_key(t) else t
         t_dtype, t_shape = np.dtype(t.dtype), tuple(np.shape(t))
         raw = dtype.kind == "V" and dtype.itemsize == t_dtype.itemsize  # bf16 as bytes
         if shape != t_shape or (dtype != t_dtype and not raw):
-            raise ValueError(f"checkpoint: leaf {i} is {dtype}{shape}, this run expects "
-                             f"{t_dtype}{t_shape}; was it made by another config?")
+            raise H.FieldError("checkpoint", f"leaf {i} is {dtype}{shape}, this run expects "
+                                             f"{t_dtype}{t_shape}; was it made by another config?")
     read_meta(directory)
     for name in sorted(os.listdir(step)):
         if name.endswith(".npz") and name != "state.npz":
@@ -441,16 +445,18 @@ def restore(directory: str, template: Any) -> tuple[Any, dict]:
     arrays = _read_npz(step, "state.npz")
     stored = [arrays[name] for name in _leaf_names(arrays, step)]
     if len(stored) != len(leaves):
-        raise ValueError(f"checkpoint: {step!r} holds {len(stored)} arrays, the "
-                         f"algorithm's state has {len(leaves)}; was it made by another config?")
+        raise H.FieldError("checkpoint", f"{step!r} holds {len(stored)} arrays, the "
+                                         f"algorithm's state has {len(leaves)}; was it made by "
+                                         f"another config?")
     restored = []
     for i, (x, t) in enumerate(zip(stored, leaves)):
         t_np = _to_numpy(t)
         if x.dtype.kind == "V" and x.dtype.itemsize == t_np.dtype.itemsize:
             x = x.view(t_np.dtype)  # npz stores ml_dtypes (bfloat16, ...) as raw bytes
         if x.shape != t_np.shape or x.dtype != t_np.dtype:
-            raise ValueError(f"checkpoint: leaf {i} is {x.dtype}{x.shape}, expected "
-                             f"{t_np.dtype}{t_np.shape}; was it made by another config?")
+            raise H.FieldError("checkpoint", f"leaf {i} is {x.dtype}{x.shape}, expected "
+                                             f"{t_np.dtype}{t_np.shape}; was it made by another "
+                                             f"config?")
         restored.append(_from_numpy(x, t))
     return jax.tree.unflatten(treedef, restored), meta
 

@@ -45,7 +45,7 @@ from fedjax_fair.core.client import masked_mean
 from fedjax_fair.drivers.sweeps import (as_federation, check_cohort, check_count, check_seeds,
                                         final_state, has_examples)
 from fedjax_fair.core.types import ClientData
-from fedjax_fair.hparams import FieldError
+from fedjax_fair.hparams import FieldError, FieldTypeError
 
 Objective = Callable[["ClientScores"], jax.Array]
 SPLITS = ("validation", "test", "train")
@@ -159,7 +159,7 @@ def cvar_loss(alpha: float = 0.1) -> Objective:
 def tilted_loss(tilt: float = 1.0) -> Objective:
     """The log-sum-exp tilt of the client losses (TERM's objective across clients)."""
     if not isinstance(tilt, (int, float)) or isinstance(tilt, bool) or not tilt > 0:
-        raise ValueError(f"tilt: must be a number > 0, got {tilt!r}")
+        raise FieldError("tilt", f"must be a number > 0, got {tilt!r}")
     return lambda scores: tilted_mean(scores.loss, tilt, _mask(scores))
 
 
@@ -229,17 +229,17 @@ def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objec
     num_rounds = check_count(num_rounds, "num_rounds")
     cohort_size = check_cohort(cohort_size, data_.num_clients)
     if sampler is sampling.full and cohort_size != data_.num_clients:
-        raise ValueError(f"cohort_size: the 'full' sampler needs cohort_size == "
-                         f"{data_.num_clients}, got {cohort_size}")
+        raise FieldError("cohort_size", f"the 'full' sampler needs cohort_size == "
+                                        f"{data_.num_clients}, got {cohort_size}")
     seed_values = check_seeds(seeds).astype(np.uint32)
     if split not in SPLITS:
         raise FieldError("split", f"must be one of {SPLITS}, got {split!r}")
     if not has_examples(getattr(data_, split)):
-        raise ValueError(f"split: the federation has no {split} example (build one with "
-                         f"fedjax_fair.data.resplit(dataset, (0.8, 0.1, 0.1)))")
+        raise FieldError("split", f"the federation has no {split} example (build one with "
+                                  f"fedjax_fair.data.resplit(dataset, (0.8, 0.1, 0.1)))")
     if not callable(objective):
-        raise TypeError(f"objective: must be a callable ClientScores -> scalar, got "
-                        f"{objective!r}")
+        raise FieldTypeError("objective", f"must be a callable ClientScores -> scalar, got "
+                                          f"{objective!r}")
     _execution.as_execution(execution)
 
     def one(hparams, seed, data):
@@ -297,7 +297,7 @@ def meta_optimize(objective: Callable, hparams: dict, data, *,
     hparams = jax.tree.map(jnp.asarray, hparams)
     for leaf in jax.tree.leaves(hparams):
         if not jnp.issubdtype(leaf.dtype, jnp.floating):
-            raise TypeError(f"hparams: every leaf must be a float array, got {leaf.dtype}")
+            raise FieldTypeError("hparams", f"every leaf must be a float array, got {leaf.dtype}")
     value_and_grad = jax.jit(jax.value_and_grad(objective), compiler_options=compiler_options)
     t = time.perf_counter()
     compiled = value_and_grad.lower(hparams, data).compile()

@@ -332,13 +332,14 @@ def _check_model_fits(model, params, data) -> None:
         extra = [p for p in got_paths if p not in want_paths]
         detail = (f"missing {missing[0]}" if missing else
                   f"unexpected {extra[0]}" if extra else "another tree structure")
-        raise ValueError(f"params: not the parameters of model {name!r} ({len(got_paths)} "
-                         f"arrays, the model has {len(want_paths)}; {detail}); give "
-                         f"model.init(key) of the model passed as model=")
+        raise H.FieldError("params", f"not the parameters of model {name!r} ({len(got_paths)} "
+                                     f"arrays, the model has {len(want_paths)}; {detail}); give "
+                                     f"model.init(key) of the model passed as model=")
     for (path, w), (_, g) in zip(want, got):
         if tuple(np.shape(g)) != tuple(w.shape):
-            raise ValueError(f"params: {jax.tree_util.keystr(path)} has shape "
-                             f"{tuple(np.shape(g))}, model {name!r} expects {tuple(w.shape)}")
+            raise H.FieldError("params", f"{jax.tree_util.keystr(path)} has shape "
+                                         f"{tuple(np.shape(g))}, model {name!r} expects "
+                                         f"{tuple(w.shape)}")
     one = {k: jax.ShapeDtypeStruct((1, *np.shape(v)[2:]), v.dtype)
            for k, v in data.train.examples.items()}
     try:
@@ -347,8 +348,8 @@ def _check_model_fits(model, params, data) -> None:
     except Exception as e:  # noqa: BLE001 - flax raises several types for a wrong shape
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         inputs = ", ".join(f"{k} {v.dtype}{tuple(v.shape[1:])}" for k, v in one.items())
-        raise ValueError(f"data: model {name!r} cannot read the training inputs "
-                         f"({inputs}): {first}") from None
+        raise H.FieldError("data", f"model {name!r} cannot read the training inputs "
+                                   f"({inputs}): {first}") from None
 
 
 def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, model,
@@ -426,14 +427,14 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     step_budgets = _check_step_budgets(step_budgets, num_clients)
     _check_model_fits(model, params, data)
     if not np.asarray(data.test.num_examples).sum() > 0:
-        raise ValueError("data: no client has a test example; run evaluates every client "
-                         "on its test split")
+        raise H.FieldError("data", "no client has a test example; run evaluates every client "
+                                   "on its test split")
     validate = (data.validation is not None
                 and bool(np.asarray(data.validation.num_examples).sum() > 0))
     if placement not in mem.PLACEMENTS:
         raise H.FieldError("placement", f"must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
     if stream_layout not in ("compact", "padded"):
-        raise ValueError(f"stream_layout: must be 'compact' or 'padded', got {stream_layout!r}")
+        raise H.FieldError("stream_layout", f"must be 'compact' or 'padded', got {stream_layout!r}")
     execution = as_execution(execution)
     if execution.mesh is None and execution.strategy == "auto":
         # several CPU devices that split the federation: it and the client tables are
@@ -448,16 +449,16 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     if (isinstance(commit_seconds, (bool, np.bool_))
             or not isinstance(commit_seconds, (int, float, np.integer, np.floating))
             or not 0 <= commit_seconds < float("inf")):
-        raise ValueError(f"commit_seconds: must be a number of seconds >= 0, got "
-                         f"{commit_seconds!r}")
+        raise H.FieldError("commit_seconds", f"must be a number of seconds >= 0, got "
+                                             f"{commit_seconds!r}")
     if donate is None:
         donate = checkpoint_dir is not None
     elif not isinstance(donate, bool):
-        raise TypeError(f"donate: must be True, False or None, got {donate!r}")
+        raise H.FieldTypeError("donate", f"must be True, False or None, got {donate!r}")
     elif donate and checkpoint_dir is None:
-        raise ValueError("donate: a donated chunk consumes its input state, so the last good "
-                         "state before a NaN is kept only in the checkpoint; give "
-                         "checkpoint_dir or donate=False")
+        raise H.FieldError("donate", "a donated chunk consumes its input state, so the last good "
+                                     "state before a NaN is kept only in the checkpoint; give "
+                                     "checkpoint_dir or donate=False")
     clock = CompileClock().start()  # every compile from here on counts
     try:
         state = algorithm.init(params, num_clients)
@@ -862,13 +863,14 @@ def load_round_log(directory: str, rounds: int) -> dict:
     stored = ckpt.load_arrays(directory, ROUND_LOG)
     step = ckpt.latest(directory)
     if rounds and not stored:
-        raise ValueError(f"checkpoint: {ROUND_LOG} in {step!r} is missing; the run cannot "
-                         f"resume from it (start it again)")
+        raise H.FieldError("checkpoint", f"{ROUND_LOG} in {step!r} is missing; the run cannot "
+                                         f"resume from it (start it again)")
     for k, v in stored.items():
         if v.ndim < 1 or v.shape[0] != rounds:
-            raise ValueError(f"checkpoint: {ROUND_LOG} in {step!r} holds {k!r} of "
-                             f"{v.shape[0] if v.ndim else 0} rounds, the state has "
-                             f"{rounds}; the run cannot resume from it (start it again)")
+            raise H.FieldError("checkpoint", f"{ROUND_LOG} in {step!r} holds {k!r} of "
+                                             f"{v.shape[0] if v.ndim else 0} rounds, the state has "
+                                             f"{rounds}; the run cannot resume from it (start it "
+                                             f"again)")
     return stored
 
 
@@ -904,18 +906,21 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
     stored = ckpt.load_arrays(directory, CLIENT_HISTORY)
     step = ckpt.latest(directory)
     if not stored:
-        raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {step!r} is missing or empty; "
-                         f"the run cannot resume from it (start it again)")
+        raise H.FieldError("checkpoint", f"{CLIENT_HISTORY} in {step!r} is missing or empty; "
+                                         f"the run cannot resume from it (start it again)")
     out = {}
     for k, v in stored.items():
         if v.ndim != 2 or v.shape[1] != num_clients:
-            raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {step!r} holds {k!r} of "
-                             f"shape {v.shape}, this run has {num_clients} clients; the run "
-                             f"cannot resume from it (was it made by another config?)")
+            raise H.FieldError("checkpoint", f"{CLIENT_HISTORY} in {step!r} holds {k!r} of "
+                                             f"shape {v.shape}, this run has {num_clients} "
+                                             f"clients; the run "
+                                             f"cannot resume from it (was it made by another "
+                                             f"config?)")
         if v.shape[0] != evaluations:
-            raise ValueError(f"checkpoint: {CLIENT_HISTORY} in {step!r} holds {v.shape[0]} "
-                             f"evaluations of {k!r}, meta.json {evaluations}; the run "
-                             f"cannot resume from it (start it again)")
+            raise H.FieldError("checkpoint", f"{CLIENT_HISTORY} in {step!r} holds {v.shape[0]} "
+                                             f"evaluations of {k!r}, meta.json {evaluations}; the "
+                                             f"run "
+                                             f"cannot resume from it (start it again)")
         out[k] = list(v)
     return out
 
@@ -941,8 +946,8 @@ def _check_key(key):
     if isinstance(key, (jax.Array, np.ndarray)):
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             if key.shape != ():
-                raise ValueError(f"key: must be one key, got an array of keys of shape "
-                                 f"{key.shape}")
+                raise H.FieldError("key", f"must be one key, got an array of keys of shape "
+                                          f"{key.shape}")
             return key
         if key.ndim == 1:
             try:  # shape and dtype against the default implementation; no compute
@@ -955,8 +960,8 @@ def _check_key(key):
         described = f"an array of dtype {key.dtype} and shape {key.shape}"
     else:
         described = f"{type(key).__name__} {key!r}"
-    raise TypeError(f"key: must be a jax.random.key(seed) (or a legacy "
-                    f"jax.random.PRNGKey(seed)), got {described}")
+    raise H.FieldTypeError("key", f"must be a jax.random.key(seed) (or a legacy "
+                                  f"jax.random.PRNGKey(seed)), got {described}")
 
 
 def _check_step_budgets(step_budgets, num_clients: int):
@@ -970,16 +975,16 @@ def _check_step_budgets(step_budgets, num_clients: int):
     if isinstance(step_budgets, (list, tuple)):
         step_budgets = np.asarray(step_budgets)
     if not isinstance(step_budgets, (jax.Array, np.ndarray)):
-        raise TypeError(f"step_budgets: {expected}, got {type(step_budgets).__name__} "
-                        f"{step_budgets!r}")
+        raise H.FieldTypeError("step_budgets", f"{expected}, got {type(step_budgets).__name__} "
+                                               f"{step_budgets!r}")
     if step_budgets.dtype == np.bool_ or not jnp.issubdtype(step_budgets.dtype, jnp.integer):
-        raise TypeError(f"step_budgets: {expected}, got an array of dtype "
-                        f"{step_budgets.dtype}")
+        raise H.FieldTypeError("step_budgets", f"{expected}, got an array of dtype "
+                                               f"{step_budgets.dtype}")
     if step_budgets.shape != (num_clients,):
-        raise ValueError(f"step_budgets: a table needs one budget per client, shape "
-                         f"({num_clients},), got shape {step_budgets.shape}")
+        raise H.FieldError("step_budgets", f"a table needs one budget per client, shape "
+                                           f"({num_clients},), got shape {step_budgets.shape}")
     if not isinstance(step_budgets, jax.core.Tracer) and np.any(np.asarray(step_budgets) < 0):
-        raise ValueError("step_budgets: budgets are local-step counts, must be >= 0")
+        raise H.FieldError("step_budgets", "budgets are local-step counts, must be >= 0")
     return step_budgets.astype(jnp.int32 if isinstance(step_budgets, jax.Array)
                                else np.int32)
 
@@ -1014,14 +1019,17 @@ def _check_meta(meta, directory: str, state_round: int) -> None:
             or not all(isinstance(h, dict) and isinstance(h.get("round"), int)
                        for h in history)
             or not isinstance(meta.get("round_metrics", {}), dict)):
-        raise ValueError(f"checkpoint: meta.json in {step!r} is unreadable or corrupt "
-                         f"(no evaluation history with rounds); the run cannot resume from "
-                         f"it (start it again)")
+        raise H.FieldError("checkpoint", f"meta.json in {step!r} is unreadable or corrupt "
+                                         f"(no evaluation history with rounds); the run cannot "
+                                         f"resume from "
+                                         f"it (start it again)")
     if meta.get("round") != state_round or history[-1]["round"] != state_round:
-        raise ValueError(f"checkpoint: meta.json in {step!r} is for round "
-                         f"{meta.get('round')} (last evaluation {history[-1]['round']}), "
-                         f"state.npz for round {state_round}; the run cannot resume from it "
-                         f"(start it again)")
+        raise H.FieldError("checkpoint", f"meta.json in {step!r} is for round "
+                                         f"{meta.get('round')} (last evaluation "
+                                         f"{history[-1]['round']}), "
+                                         f"state.npz for round {state_round}; the run cannot "
+                                         f"resume from it "
+                                         f"(start it again)")
 
 
 def _own_buffers(state, params):
@@ -1038,18 +1046,20 @@ def check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size:
     capacity = algorithm.client_table.capacity if algorithm.client_table else None
     needed = min(num_clients, cohort_size * num_rounds)
     if capacity is not None and capacity < needed:
-        raise ValueError(f"client_table: the lazy table holds {capacity} clients but this run "
-                         f"can write {needed} (min(N, cohort_size x num_rounds)); give a "
-                         f"capacity of at least {needed}")
+        raise H.FieldError("client_table", f"the lazy table holds {capacity} clients but this run "
+                                           f"can write {needed} (min(N, cohort_size x "
+                                           f"num_rounds)); give a "
+                                           f"capacity of at least {needed}")
 
 
 def _check_table(state: ServerState) -> None:
     """A lazy client table that ran out of slots dropped rows: stop with the fix."""
     overflow = getattr(state.client_states, "overflow", None)
     if overflow is not None and bool(overflow):
-        raise ValueError("client_table: the lazy table ran out of slots and dropped client "
-                         "rows; give lazy(capacity=...) at least min(N, cohort_size x "
-                         "num_rounds) slots, or use the dense table")
+        raise H.FieldError("client_table", "the lazy table ran out of slots and dropped client "
+                                           "rows; give lazy(capacity=...) at least min(N, "
+                                           "cohort_size x "
+                                           "num_rounds) slots, or use the dense table")
 
 
 def _cohort_shapes(train: ClientData, num_rounds: int, cohort_size: int,

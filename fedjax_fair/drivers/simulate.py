@@ -31,6 +31,7 @@ from fedjax_fair.core.client_states import gather
 from fedjax_fair.core.execution import as_execution
 from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
+from fedjax_fair import hparams as H
 
 
 def make_cohort(data: FederatedData, client_ids, step_budgets=None, mesh=None) -> Cohort:
@@ -155,8 +156,8 @@ def gather_cohorts(train: ClientData, client_ids: np.ndarray, step_budgets=None,
     sizes = np.asarray(train.num_examples)
     m = padded_size or train.mask.shape[1]
     if sizes[client_ids].max(initial=0) > m:
-        raise ValueError(f"padded_size: {m} is smaller than the largest sampled client "
-                         f"({sizes[client_ids].max()})")
+        raise H.FieldError("padded_size", f"{m} is smaller than the largest sampled client "
+                                          f"({sizes[client_ids].max()})")
     data = jax.tree.map(lambda v: np.asarray(v)[:, :m][client_ids] if np.ndim(v) > 1
                         else np.asarray(v)[client_ids], train)
     tables = None if step_budgets is None else np.asarray(step_budgets, np.int32)

@@ -62,7 +62,7 @@ from fedjax_fair.core.evaluation import make_state_evaluator
 from fedjax_fair.drivers.runner import check_cohort, check_count
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientData, FederatedData
-from fedjax_fair.hparams import FieldError
+from fedjax_fair.hparams import FieldError, FieldTypeError
 
 SEED = "seed"  # name of the seeds' axis
 CONFIG = "config"  # name of the one axis of a zipped grid
@@ -147,14 +147,14 @@ def check_seeds(seeds) -> np.ndarray:
     try:
         items = list(seeds)
     except TypeError:
-        raise TypeError(f"seeds: must be a sequence of integers, got {seeds!r}") from None
+        raise FieldTypeError("seeds", f"must be a sequence of integers, got {seeds!r}") from None
     if not items:
-        raise ValueError("seeds: needs at least one seed")
+        raise FieldError("seeds", "needs at least one seed")
     for s in items:
         if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
-            raise TypeError(f"seeds: must be integers, got {s!r}")
+            raise FieldTypeError("seeds", f"must be integers, got {s!r}")
         if not 0 <= s < 2 ** 32:
-            raise ValueError(f"seeds: must lie in [0, 2^32), got {s}")
+            raise FieldError("seeds", f"must lie in [0, 2^32), got {s}")
     return np.asarray(items, np.int64)
 
 
@@ -164,11 +164,11 @@ def as_federation(data) -> FederatedData:
     if hasattr(data, "host_data") and hasattr(data, "data"):  # a data.Dataset
         data = data.data
     if not isinstance(data, FederatedData):
-        raise TypeError(f"data: must be a FederatedData or a data.Dataset, got "
-                        f"{type(data).__name__}")
+        raise FieldTypeError("data", f"must be a FederatedData or a data.Dataset, got "
+                                     f"{type(data).__name__}")
     for field in ("train", "test"):
         if not np.asarray(getattr(data, field).num_examples).sum() > 0:
-            raise ValueError(f"data: no client has a {field} example")
+            raise FieldError("data", f"no client has a {field} example")
     return data
 
 
@@ -180,29 +180,30 @@ def _grid_values(name: str, values) -> np.ndarray:
     """One grid entry as a float array [n, ...], n >= 1, every value finite."""
     if isinstance(values, (numbers.Number, np.number)) or (
             isinstance(values, (np.ndarray, jax.Array)) and np.ndim(values) == 0):
-        raise ValueError(f"grid: {name!r} must be a sequence of values, got the single "
-                         f"value {values!r} (write [{values!r}])")
+        raise FieldError("grid", f"{name!r} must be a sequence of values, got the single "
+                                 f"value {values!r} (write [{values!r}])")
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"grid: {name!r} must be a sequence of numbers (or of arrays of "
-                         f"one shape), got {values!r}") from None
+        raise FieldError("grid", f"{name!r} must be a sequence of numbers (or of arrays of "
+                                 f"one shape), got {values!r}") from None
     if array.ndim == 0 or array.shape[0] == 0:
-        raise ValueError(f"grid: {name!r} has no values")
+        raise FieldError("grid", f"{name!r} has no values")
     if not np.all(np.isfinite(array)):
-        raise ValueError(f"grid: {name!r} has a non-finite value: {values!r}")
+        raise FieldError("grid", f"{name!r} has a non-finite value: {values!r}")
     return array.astype(jnp.result_type(float))  # float32, or float64 under x64
 
 
 def check_grid(grid: Mapping, product: bool) -> tuple[list, dict]:
     """(grid axes, ``{name: values [G, ...]}`` flattened in the axes' C order)."""
     if not isinstance(grid, Mapping):
-        raise TypeError(f"grid: must be a mapping {{name: values}}, got {type(grid).__name__}")
+        raise FieldTypeError("grid", f"must be a mapping {{name: values}}, got "
+                                     f"{type(grid).__name__}")
     for name in grid:
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"grid: names must be identifiers, got {name!r}")
+            raise FieldError("grid", f"names must be identifiers, got {name!r}")
         if name == SEED:
-            raise ValueError("grid: 'seed' is not a hyper-parameter; pass seeds=...")
+            raise FieldError("grid", "'seed' is not a hyper-parameter; pass seeds=...")
     values = {name: _grid_values(name, v) for name, v in grid.items()}
     if not values:
         return [], {}
@@ -213,8 +214,8 @@ def check_grid(grid: Mapping, product: bool) -> tuple[list, dict]:
         return axes, {name: v[index[i]] for i, (name, v) in enumerate(values.items())}
     sizes = {name: len(v) for name, v in values.items()}
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"grid: a zipped grid (product=False) needs as many values for "
-                         f"every name, got {sizes}")
+        raise FieldError("grid", f"a zipped grid (product=False) needs as many values for "
+                                 f"every name, got {sizes}")
     return [Axis(CONFIG, values)], dict(values)
 
 
@@ -224,35 +225,36 @@ def resolve_builder(builder: Builder, grid_names, model, fixed: Optional[dict]):
     method and ``fixed`` names its other arguments."""
     if callable(builder):
         if fixed:
-            raise ValueError("fixed: only for a registered method name; close over the "
-                             "values in the builder instead")
+            raise FieldError("fixed", "only for a registered method name; close over the "
+                                      "values in the builder instead")
         return builder, None
     if not isinstance(builder, str):
-        raise TypeError(f"builder: must be a registered method name or a callable "
-                        f"hparams -> FederatedAlgorithm, got {builder!r}")
+        raise FieldTypeError("builder", f"must be a registered method name or a callable "
+                                        f"hparams -> FederatedAlgorithm, got {builder!r}")
     if algorithms.base_name(builder) not in algorithms.REGISTRY:
-        raise ValueError(f"builder: unknown method {builder!r}; allowed: "
-                         f"{sorted(algorithms.REGISTRY)}")
+        raise FieldError("builder", f"unknown method {builder!r}; allowed: "
+                                    f"{sorted(algorithms.REGISTRY)}")
     if model is None:
-        raise ValueError(f"model: a registered method ({builder!r}) is built from the model")
+        raise FieldError("model", f"a registered method ({builder!r}) is built from the model")
     method = algorithms.get_method(builder)
     hps = algorithms.method_hparams(builder)
     continuous = sorted(k for k, h in hps.items() if h.continuous)
     for name in grid_names:
         if name not in hps:
-            raise ValueError(f"grid: {name!r} is not a hyper-parameter of {builder!r}; its "
-                             f"continuous ones: {continuous}")
+            raise FieldError("grid", f"{name!r} is not a hyper-parameter of {builder!r}; its "
+                                     f"continuous ones: {continuous}")
         if not hps[name].continuous:
-            raise ValueError(f"grid: {name!r} of {builder!r} is not continuous (a count, a "
-                             f"choice or an object is static: one program per value); its "
-                             f"continuous ones: {continuous}")
+            raise FieldError("grid", f"{name!r} of {builder!r} is not continuous (a count, a "
+                                     f"choice or an object is static: one program per value); "
+                                     f"its "
+                                     f"continuous ones: {continuous}")
     fixed = dict(fixed or {})
     for name in fixed:
         if name not in hps:
-            raise ValueError(f"fixed: {name!r} is not a hyper-parameter of {builder!r}; "
-                             f"allowed: {sorted(hps)}")
+            raise FieldError("fixed", f"{name!r} is not a hyper-parameter of {builder!r}; "
+                                      f"allowed: {sorted(hps)}")
         if name in grid_names:
-            raise ValueError(f"fixed: {name!r} is also in the grid")
+            raise FieldError("fixed", f"{name!r} is also in the grid")
     return (lambda hp: algorithms.build(builder, model, **fixed, **hp)), method
 
 
@@ -514,17 +516,18 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
         check_grid_ranges(builder, flat)
     built = build({name: values[0] for name, values in flat.items()})  # cheap: closures
     if not isinstance(built, FederatedAlgorithm):
-        raise TypeError(f"builder: must return a FederatedAlgorithm (e.g. fedavg(model, "
-                        f"training=ClientTraining(lr=hparams['lr']))), got {type(built).__name__}")
+        raise FieldTypeError("builder", f"must return a FederatedAlgorithm (e.g. fedavg(model, "
+                                        f"training=ClientTraining(lr=hparams['lr']))), got "
+                                        f"{type(built).__name__}")
     if model is None:
-        raise ValueError("model: needed to evaluate the final states")
+        raise FieldError("model", "needed to evaluate the final states")
     if sampler is None:
         sampler = (sampling.full if method is not None and method.participation == "full"
                    else sampling.uniform)
     if sampler is sampling.full and cohort_size != data.num_clients:
-        raise ValueError(f"cohort_size: the 'full' sampler (every client every round"
-                         f"{', as ' + repr(builder) + ' needs' if method else ''}) needs "
-                         f"cohort_size == {data.num_clients}, got {cohort_size}")
+        raise FieldError("cohort_size", f"the 'full' sampler (every client every round"
+                                        f"{', as ' + repr(builder) + ' needs' if method else ''}) needs "
+                                        f"cohort_size == {data.num_clients}, got {cohort_size}")
     if chunk_size is not None:
         chunk_size = check_count(chunk_size, "chunk_size")
     if chunk_loop not in CHUNK_LOOPS:
@@ -684,12 +687,12 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     eval_every = check_count(eval_every, "eval_every")
     seed_values = check_seeds(seeds)
     if inits is not None and len(inits) != len(seed_values):
-        raise ValueError(f"inits: one per seed, got {len(inits)} for {len(seed_values)}")
+        raise FieldError("inits", f"one per seed, got {len(inits)} for {len(seed_values)}")
     if checkpoint_dirs is not None and len(checkpoint_dirs) != len(seed_values):
-        raise ValueError(f"checkpoint_dirs: one per seed, got {len(checkpoint_dirs)} for "
-                         f"{len(seed_values)}")
+        raise FieldError("checkpoint_dirs", f"one per seed, got {len(checkpoint_dirs)} for "
+                                            f"{len(seed_values)}")
     if resume and checkpoint_dirs is None:
-        raise ValueError("resume: needs checkpoint_dirs")
+        raise FieldError("resume", "needs checkpoint_dirs")
     _execution.as_execution(execution)
     if vmap_seeds is None:
         vmap_seeds = jax.default_backend() != "cpu"
@@ -706,9 +709,10 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
             states = [rec.resume(st, num_clients) for rec, st in zip(records, states)]
             rounds_at = sorted({int(st.round) for st in states})
             if len(rounds_at) > 1:
-                raise ValueError(f"resume: the seeds' checkpoints are at rounds {rounds_at}; "
-                                 f"one program continues seeds of one round (resume the "
-                                 f"others one by one)")
+                raise FieldError("resume", f"the seeds' checkpoints are at rounds {rounds_at}; "
+                                           f"one program continues seeds of one round (resume "
+                                           f"the "
+                                           f"others one by one)")
         chunk, evaluate = _seeds_programs(algorithm, model, validate, cohort_size=cohort_size,
                                           sampler=sampler, execution=execution,
                                           step_budgets=step_budgets)

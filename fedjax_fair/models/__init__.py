@@ -10,6 +10,7 @@ from fedjax_fair.models import resnet, text, zoo
 from fedjax_fair.models.base import (INITIALIZERS, Model, cross_entropy, from_flax,
                                      with_initializer)
 from fedjax_fair.models.simple import cnn, logistic_regression, mlp
+from fedjax_fair import hparams as H
 
 MODELS = {"logreg": logistic_regression, "mlp": mlp, "cnn": cnn, **zoo.MODELS, **resnet.MODELS,
           **text.MODELS}
@@ -17,7 +18,7 @@ MODELS = {"logreg": logistic_regression, "mlp": mlp, "cnn": cnn, **zoo.MODELS, *
 
 def get_model(name: str, input_shape, num_classes, **kwargs) -> Model:
     if name not in MODELS:
-        raise ValueError(f"model: unknown name {name!r}; allowed: {sorted(MODELS)}")
+        raise H.FieldError("model", f"unknown name {name!r}; allowed: {sorted(MODELS)}")
     return MODELS[name](tuple(input_shape), int(num_classes), **kwargs)
 
 

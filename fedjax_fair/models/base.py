@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from fedjax_fair import hparams as H
 
 
 class Model(NamedTuple):
@@ -124,8 +125,8 @@ def with_initializer(model: Model, kernel: str = "glorot_uniform") -> Model:
     if kernel == "default":
         return model
     if kernel not in INITIALIZERS:
-        raise ValueError(f"initializer: unknown name {kernel!r}; allowed: default, "
-                         f"{', '.join(INITIALIZERS)}")
+        raise H.FieldError("initializer", f"unknown name {kernel!r}; allowed: default, "
+                                          f"{', '.join(INITIALIZERS)}")
     draw = INITIALIZERS[kernel]
 
     def init(key):

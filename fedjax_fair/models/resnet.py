@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair.hparams import count
+from fedjax_fair.hparams import FieldError, count
 from fedjax_fair.models.base import Model, from_flax
 
 GN_EPSILON = 1e-5  # PyTorch's GroupNorm default
@@ -126,7 +126,7 @@ def spectral_norm_sigma(w, method: str = "svd", num_iters: int = 20):
     if method == "svd":
         return jnp.linalg.svd(w, compute_uv=False)[0]
     if method != "power":
-        raise ValueError(f"sn_method: must be 'svd' or 'power', got {method!r}")
+        raise FieldError("sn_method", f"must be 'svd' or 'power', got {method!r}")
     hi = jax.lax.Precision.HIGHEST
     start = np.random.default_rng(0).normal(size=w.shape[1]).astype(np.float32)
     v = jnp.asarray(start / np.linalg.norm(start))
@@ -323,8 +323,8 @@ MOBILENET_BLOCKS = ((2, 1), (4, 2), (8, 2), (16, 1))
 def _check_image_shape(input_shape) -> tuple:
     input_shape = tuple(int(d) for d in input_shape)
     if len(input_shape) != 3 or min(input_shape) < 1:
-        raise ValueError(f"input_shape: must be (height, width, channels) with positive "
-                         f"sizes, got {input_shape}")
+        raise FieldError("input_shape", f"must be (height, width, channels) with positive "
+                                        f"sizes, got {input_shape}")
     return input_shape
 
 
@@ -333,18 +333,18 @@ def _check_groups(groups, channels: Sequence[int]) -> int:
     groups = count(groups, "groups")
     bad = sorted({c for c in channels if c % groups})
     if bad:
-        raise ValueError(f"groups: {groups} GroupNorm groups must divide every channel "
-                         f"count, but not {bad}")
+        raise FieldError("groups", f"{groups} GroupNorm groups must divide every channel "
+                                   f"count, but not {bad}")
     return groups
 
 
 def _check_norm(norm: str) -> None:
     if norm == "batch":
-        raise ValueError("norm: 'batch' is not supported: Model.apply gets no padding "
-                         "mask, so batch statistics would mix padded rows into real "
-                         "ones; use 'group'")
+        raise FieldError("norm", "'batch' is not supported: Model.apply gets no padding "
+                                 "mask, so batch statistics would mix padded rows into real "
+                                 "ones; use 'group'")
     if norm != "group":
-        raise ValueError(f"norm: must be 'group', got {norm!r}")
+        raise FieldError("norm", f"must be 'group', got {norm!r}")
 
 
 def mobilenet_feature_size(size: int, depthwise_padding: int) -> int:
@@ -386,7 +386,7 @@ def resnet18_gn(input_shape, num_classes, groups: int = 2, stem: str = "cifar",
     width = count(width, "width")
     groups = _check_groups(groups, [width * 2 ** i for i in range(4)])
     if stem not in ("cifar", "imagenet"):
-        raise ValueError(f"stem: must be 'cifar' or 'imagenet', got {stem!r}")
+        raise FieldError("stem", f"must be 'cifar' or 'imagenet', got {stem!r}")
     module = _ResNet18GN(int(num_classes), width, groups, stem)
     return from_flax(module, input_shape, num_classes, "resnet18_gn", uses_xla_conv=True)
 
@@ -422,10 +422,10 @@ def resnet10_gn_sn(input_shape, num_classes, width: int = 64, sn_method: str = "
     input_shape = _check_image_shape(input_shape)
     width = count(width, "width")
     if width % 4:
-        raise ValueError(f"width: must be divisible by 4 (stem GroupNorm has width/4 "
-                         f"groups), got {width}")
+        raise FieldError("width", f"must be divisible by 4 (stem GroupNorm has width/4 "
+                                  f"groups), got {width}")
     if sn_method not in ("svd", "power"):
-        raise ValueError(f"sn_method: must be 'svd' or 'power', got {sn_method!r}")
+        raise FieldError("sn_method", f"must be 'svd' or 'power', got {sn_method!r}")
     sn_iters = count(sn_iters, "sn_iters")
     module = _ResNet10GNSN(int(num_classes), width, sn_method, sn_iters)
     return from_flax(module, input_shape, num_classes, "resnet10_gn_sn", uses_xla_conv=True)
@@ -504,12 +504,12 @@ def mobilenet(input_shape, num_classes, norm: str = "group", groups: int = 2,
     hidden = count(hidden, "hidden")
     groups = _check_groups(groups, [width] + [width * m for m, _ in MOBILENET_BLOCKS])
     if depthwise_padding not in (0, 1):
-        raise ValueError(f"depthwise_padding: must be 0 or 1, got {depthwise_padding!r}")
+        raise FieldError("depthwise_padding", f"must be 0 or 1, got {depthwise_padding!r}")
     h, w = (mobilenet_feature_size(s, depthwise_padding) for s in input_shape[:2])
     if min(h, w) < 1:
-        raise ValueError(f"input_shape: {input_shape} is too small for MobileNet with "
-                         f"depthwise_padding={depthwise_padding} (needs >= 33x33 "
-                         f"without padding)")
+        raise FieldError("input_shape", f"{input_shape} is too small for MobileNet with "
+                                        f"depthwise_padding={depthwise_padding} (needs >= 33x33 "
+                                        f"without padding)")
     module = _MobileNet(int(num_classes), width, groups, hidden, int(depthwise_padding))
     return from_flax(module, input_shape, num_classes, "mobilenet", uses_xla_conv=True)
 

@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.hparams import count
+from fedjax_fair.hparams import FieldError, count
 from fedjax_fair.models.base import Model, from_flax
 
 
@@ -126,11 +126,11 @@ def char_lstm(input_shape, num_classes, embed_dim: int = 8, hidden: Sequence[int
     """
     input_shape = tuple(input_shape)
     if len(input_shape) != 1:
-        raise ValueError(f"input_shape: must be (sequence_length,), got {input_shape!r}")
+        raise FieldError("input_shape", f"must be (sequence_length,), got {input_shape!r}")
     count(input_shape[0], "input_shape")
     hidden = tuple(hidden)
     if not hidden:
-        raise ValueError("hidden: needs at least one LSTM layer")
+        raise FieldError("hidden", "needs at least one LSTM layer")
     for h in hidden:
         count(h, "hidden")
     vocab = int(num_classes) if vocab_size is None else count(vocab_size, "vocab_size")

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from fedjax_fair.models.base import Model, check_widths as _check_widths, from_flax
 from fedjax_fair.models.simple import cnn, mlp
+from fedjax_fair import hparams as H
 
 Padding = Union[str, int, tuple]
 POOL = "M"  # marks a 2x2 max-pool in a ``_ConvNet.layers`` spec
@@ -42,7 +43,7 @@ def resolve_conv_impl(conv_impl: str) -> str:
     if conv_impl == "auto":
         return "patches" if jax.default_backend() == "cpu" else "xla"
     if conv_impl not in ("xla", "patches"):
-        raise ValueError(f"conv_impl: must be 'auto', 'xla' or 'patches', got {conv_impl!r}")
+        raise H.FieldError("conv_impl", f"must be 'auto', 'xla' or 'patches', got {conv_impl!r}")
     return conv_impl
 
 
@@ -59,20 +60,20 @@ def explicit_padding(padding: Padding, kernel_size: tuple) -> tuple:
             return ((kh - 1) // 2, kh - 1 - (kh - 1) // 2), ((kw - 1) // 2, kw - 1 - (kw - 1) // 2)
         if padding.upper() == "VALID":
             return (0, 0), (0, 0)
-        raise ValueError(f"padding: must be 'SAME', 'VALID', an int or ((t, b), (l, r)), "
-                         f"got {padding!r}")
+        raise H.FieldError("padding", f"must be 'SAME', 'VALID', an int or ((t, b), (l, r)), "
+                                      f"got {padding!r}")
     if isinstance(padding, int) and not isinstance(padding, bool):
         if padding < 0:
-            raise ValueError(f"padding: must be >= 0, got {padding}")
+            raise H.FieldError("padding", f"must be >= 0, got {padding}")
         return (padding, padding), (padding, padding)
     try:
         (t, b), (l, r) = padding
         pads = tuple(int(v) for v in (t, b, l, r))
     except (TypeError, ValueError):
-        raise ValueError(f"padding: must be 'SAME', 'VALID', an int or ((t, b), (l, r)), "
-                         f"got {padding!r}") from None
+        raise H.FieldError("padding", f"must be 'SAME', 'VALID', an int or ((t, b), (l, r)), "
+                                      f"got {padding!r}") from None
     if min(pads) < 0:
-        raise ValueError(f"padding: entries must be >= 0, got {padding!r}")
+        raise H.FieldError("padding", f"entries must be >= 0, got {padding!r}")
     return (pads[0], pads[1]), (pads[2], pads[3])
 
 
@@ -91,8 +92,8 @@ def padded_patches(x, kh: int, kw: int, padding: tuple):
     xp = jnp.pad(x, ((0, 0), (t, b), (l, r), (0, 0)))
     ho, wo = xp.shape[1] - kh + 1, xp.shape[2] - kw + 1
     if ho <= 0 or wo <= 0:
-        raise ValueError(f"input_shape: spatial size {x.shape[1:3]} padded by {padding} is "
-                         f"smaller than the {kh}x{kw} kernel")
+        raise H.FieldError("input_shape", f"spatial size {x.shape[1:3]} padded by {padding} is "
+                                          f"smaller than the {kh}x{kw} kernel")
     return jnp.concatenate([xp[:, i:i + ho, j:j + wo, :] for i in range(kh) for j in range(kw)],
                            -1)
 
@@ -116,8 +117,8 @@ class PaddedConv(nn.Module):
         pads = explicit_padding(self.padding, (kh, kw))
         (t, b), (l, r) = pads
         if x.shape[1] + t + b < kh or x.shape[2] + l + r < kw:
-            raise ValueError(f"input_shape: a {x.shape[1]}x{x.shape[2]} feature map padded by "
-                             f"{pads} is smaller than the {kh}x{kw} kernel")
+            raise H.FieldError("input_shape", f"a {x.shape[1]}x{x.shape[2]} feature map padded by "
+                                              f"{pads} is smaller than the {kh}x{kw} kernel")
         cin = x.shape[-1]
         kernel = self.param("kernel", nn.initializers.lecun_normal(), (kh, kw, cin, self.features))
         if self.impl == "xla":
@@ -126,7 +127,7 @@ class PaddedConv(nn.Module):
         elif self.impl == "patches":
             y = padded_patches(x, kh, kw, pads) @ kernel.reshape(kh * kw * cin, self.features)
         else:
-            raise ValueError(f"conv_impl: must be 'xla' or 'patches', got {self.impl!r}")
+            raise H.FieldError("conv_impl", f"must be 'xla' or 'patches', got {self.impl!r}")
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,)).reshape(
                 1, 1, 1, -1)
@@ -169,7 +170,8 @@ def _check_layers(layers) -> tuple:
     layers = tuple(layers)
     for spec in layers:
         if spec != POOL and (isinstance(spec, bool) or not isinstance(spec, int) or spec <= 0):
-            raise ValueError(f"channels: entries must be positive ints or {POOL!r}, got {spec!r}")
+            raise H.FieldError("channels", f"entries must be positive ints or {POOL!r}, got "
+                                           f"{spec!r}")
     return layers
 
 
@@ -224,7 +226,7 @@ def cnn_ch(input_shape, num_classes, hidden: int = 0, conv_impl: str = "auto") -
     layer with 1600 units and ReLU", spec A7: ``hidden=1600``).
     """
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
-        raise ValueError(f"hidden: must be an int >= 0, got {hidden!r}")
+        raise H.FieldError("hidden", f"must be an int >= 0, got {hidden!r}")
     return _conv_model("cnn_ch", input_shape, num_classes, layers=(32, POOL, 64, POOL),
                        kernel_size=(3, 3), padding="VALID", hidden=(hidden,) if hidden else (),
                        use_bias=True, conv_impl=conv_impl)
@@ -267,9 +269,9 @@ def vgg9(input_shape, num_classes, channels: Sequence[int] = VGG9_CHANNELS,
     """
     c = _check_widths("channels", channels)
     if len(c) != 6:
-        raise ValueError(f"channels: VGG9 has 6 convolutions, got {len(c)} widths")
+        raise H.FieldError("channels", f"VGG9 has 6 convolutions, got {len(c)} widths")
     if isinstance(dense, bool) or not isinstance(dense, int) or dense <= 0:
-        raise ValueError(f"dense: must be a positive int, got {dense!r}")
+        raise H.FieldError("dense", f"must be a positive int, got {dense!r}")
     layers = (c[0], POOL, c[1], POOL, c[2], c[3], POOL, c[4], c[5], POOL)
     return _conv_model("vgg9", input_shape, num_classes, layers=layers, kernel_size=(3, 3),
                        padding=1, hidden=(dense,), use_bias=use_bias, conv_impl=conv_impl)

@@ -32,6 +32,7 @@ from jax import lax
 
 from fedjax_fair.core.sharding import replicated_here
 from fedjax_fair.solvers.simplex import project_simplex
+from fedjax_fair import hparams as H
 
 _TINY = 1e-30
 
@@ -64,7 +65,7 @@ def simplex_qp(B, b, init=None, *, num_iters: int = 300, strong_convexity=0.0,
     p : [K] on the simplex (every iterate is a Euclidean projection).
     """
     if num_iters < 1:  # a static count, never traced
-        raise ValueError(f"num_iters: must be >= 1, got {num_iters}")
+        raise H.FieldError("num_iters", f"must be >= 1, got {num_iters}")
     b = jnp.asarray(b)
     dtype = b.dtype
     k = b.shape[0]

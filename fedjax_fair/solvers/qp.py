@@ -191,7 +191,7 @@ def solve_box_simplex_qp(q, c, lo, hi, *, num_iters: int = 200, x0=None,
     """
     _check_method(method)
     if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 0:
-        raise ValueError(f"num_iters: must be an integer >= 0, got {num_iters!r}")
+        raise FieldError("num_iters", f"must be an integer >= 0, got {num_iters!r}")
     q = jnp.asarray(q)
     dtype = q.dtype
     q, c, lo, hi, x0 = replicated_here((q, jnp.asarray(c, dtype), jnp.asarray(lo, dtype),

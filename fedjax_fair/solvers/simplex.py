@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+from fedjax_fair import hparams as H
 
 
 
@@ -69,7 +70,7 @@ def project_simplex_masked(v, mask, radius: float = 1.0):
     """
     v = jnp.asarray(v)
     if v.ndim != 1:
-        raise ValueError(f"v: must be a vector, got shape {v.shape}")
+        raise H.FieldError("v", f"must be a vector, got shape {v.shape}")
     dtype = v.dtype if jnp.issubdtype(v.dtype, jnp.floating) else jnp.float32
     v = v.astype(dtype)
     mask = jnp.asarray(mask, bool)

@@ -49,6 +49,7 @@ from fedjax_fair.core.client import (ClientTraining, data_loss, describe_object,
 from fedjax_fair.core.mixing import prior
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair import hparams as H
 
 Layers = tuple  # layer names (str) and / or positions (int; negative counts from the output)
 
@@ -65,8 +66,8 @@ def layer_dict(params) -> Mapping:
     if _is_flax(params):
         return params["params"]
     if not isinstance(params, Mapping):
-        raise ValueError(f"params: layers are the keys of a dict of parameters, got "
-                         f"{type(params).__name__}")
+        raise H.FieldError("params", f"layers are the keys of a dict of parameters, got "
+                                     f"{type(params).__name__}")
     return params
 
 
@@ -160,7 +161,7 @@ def split_layers(model: Model, selection, field: str, *,
     personal: LG-FedAvg's global head). Either side may be empty. Errors are
     ``ValueError("FIELD: ...")``."""
     if selects not in ("personal", "shared"):
-        raise ValueError(f"selects: must be 'personal' or 'shared', got {selects!r}")
+        raise H.FieldError("selects", f"must be 'personal' or 'shared', got {selects!r}")
     layers = model_layers(model)
     picked = resolve_layers(layers, selection, field)
     rest = tuple(name for name in layers if name not in picked)
@@ -179,7 +180,8 @@ def check_training(training) -> ClientTraining:
     """``training`` if it is a valid ``ClientTraining`` (its ``check``), else TypeError /
     ``FieldError("training.F")``; the factories call it before anything is traced."""
     if not isinstance(training, ClientTraining):
-        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+        raise H.FieldTypeError("training", f"must be a ClientTraining, got "
+                                           f"{describe_object(training)}")
     return training.check()
 
 
@@ -219,10 +221,10 @@ def partial_training(model: Model, split: LayerSplit, phases: Sequence[Phase], *
                        clip_mode=training.clip_mode)
     phases = tuple(Phase(*p) for p in phases)
     if not phases:
-        raise ValueError("phases: at least one local training phase is needed")
+        raise H.FieldError("phases", "at least one local training phase is needed")
     for p in phases:
         if p.trains not in PHASES:
-            raise ValueError(f"phases: trains must be one of {PHASES}, got {p.trains!r}")
+            raise H.FieldError("phases", f"trains must be one of {PHASES}, got {p.trains!r}")
     # A phase training an empty side is dropped; the keys count the phases that run.
     phases = tuple(p for p in phases if (p.trains != "personal" or split.personal)
                    and (p.trains != "shared" or split.shared))

@@ -58,8 +58,8 @@ HPARAMS = {"rho": H.POSITIVE}
 SAM_HPARAMS = {"sam_radius": H.NONNEGATIVE, "sam_eps": H.POSITIVE}
 # The default local training of A-FedPD, A-FedPDSAM, FedPD, FedADMM and FedSpeed: the
 # A-FedPD paper's experiments (arXiv:2409.18915, Section 5) train every method with
-# minibatches of 50; the other fields are ClientTraining()'s.
-TRAINING = ClientTraining(batch_size=50)
+# minibatches of 50 at the initial rate 0.1; the other fields are ClientTraining()'s.
+TRAINING = ClientTraining(lr=0.1, batch_size=50)
 
 
 class PrimalDualState(NamedTuple):
