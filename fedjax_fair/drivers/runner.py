@@ -36,7 +36,7 @@ from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import table_memory
 from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
-from fedjax_fair.core.execution import as_execution, auto_mesh, resolve
+from fedjax_fair.core.execution import Execution, as_execution, auto_mesh, resolve
 from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets
 from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, sample_client_ids,
                                           simulate, simulate_cohorts)
@@ -352,6 +352,85 @@ def _check_model_fits(model, params, data) -> None:
                                    f"({inputs}): {first}") from None
 
 
+def _check_splits(data: FederatedData) -> bool:
+    """Some client has test data (``FieldError("data")`` otherwise); returns whether a
+    validation split with examples is there to evaluate too."""
+    if not np.asarray(data.test.num_examples).sum() > 0:
+        raise H.FieldError("data", "no client has a test example; run evaluates every client "
+                                   "on its test split")
+    return (data.validation is not None
+            and bool(np.asarray(data.validation.num_examples).sum() > 0))
+
+
+def _check_choices(placement: str, stream_layout: str, commit_seconds) -> None:
+    if placement not in mem.PLACEMENTS:
+        raise H.FieldError("placement", f"must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
+    if stream_layout not in ("compact", "padded"):
+        raise H.FieldError("stream_layout", f"must be 'compact' or 'padded', got {stream_layout!r}")
+    if (isinstance(commit_seconds, (bool, np.bool_))
+            or not isinstance(commit_seconds, (int, float, np.integer, np.floating))
+            or not 0 <= commit_seconds < float("inf")):
+        raise H.FieldError("commit_seconds", f"must be a number of seconds >= 0, got "
+                                             f"{commit_seconds!r}")
+
+
+def _check_donate(donate, checkpoint_dir) -> bool:
+    """``donate`` resolved (None: when there is a checkpoint to keep the last good state)."""
+    if donate is None:
+        return checkpoint_dir is not None
+    if not isinstance(donate, bool):
+        raise H.FieldTypeError("donate", f"must be True, False or None, got {donate!r}")
+    if donate and checkpoint_dir is None:
+        raise H.FieldError("donate", "a donated chunk consumes its input state, so the last good "
+                                     "state before a NaN is kept only in the checkpoint; give "
+                                     "checkpoint_dir or donate=False")
+    return donate
+
+
+def _resolved_execution(execution, cohort_size: int, num_clients: int) -> Execution:
+    """``execution`` with "auto" fixed for this run: several CPU devices that split the
+    federation get a mesh (the federation and the client tables are placed over them
+    too); else one device and the strategy chosen here, so that the round does not
+    split its cohort over devices its arguments are not on."""
+    execution = as_execution(execution)
+    if execution.mesh is None and execution.strategy == "auto":
+        mesh = auto_mesh(cohort_size, num_clients=num_clients)
+        execution = (execution._replace(mesh=mesh) if mesh is not None else
+                     execution._replace(strategy=resolve("auto", cohort_size)[0]))
+    return execution
+
+
+def _memory_plan(program: Callable, first: int, data: FederatedData, mesh, placement: str,
+                 memory_limit: Optional[int]) -> mem.MemoryPlan:
+    """Where the federation goes: on the device when the first chunk's ``program`` plus
+    the resident evaluation splits fit (``placement`` "auto" or "device"), else on the
+    host with each chunk's cohorts streamed in, planned at the worst case (every
+    cohort padded to the federation's M; the chunks then compile per size bucket
+    actually sampled). ``memory.MemoryBudgetError`` when no plan fits."""
+    devices = 1 if mesh is None else mesh.devices.size
+    capacity = ((mem.device_capacity() if mesh is None else mem.mesh_capacity(mesh))
+                if memory_limit is None else int(memory_limit))
+    if placement in ("auto", "device"):
+        evaluated = (data.test, data.validation)
+        resident = (mem.tree_bytes(evaluated) if mesh is None else sharding.device_bytes(
+            evaluated, sharding.federation_shardings(mesh, data)[0][1:]))
+        plan = mem.MemoryPlan("device", resident, mem.program_bytes(program(first)),
+                              capacity, devices)
+        if plan.fits:
+            return plan
+        if placement == "device":
+            raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
+                                    "memory and stream each chunk's cohorts, or a smaller "
+                                    "cohort_size / chunk_size.")
+    plan = mem.MemoryPlan("host", 0, mem.program_bytes(
+        program(first, data.train.mask.shape[1])), capacity, devices)
+    if not plan.fits:
+        raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower eval_every "
+                                "(rounds per chunk), cohort_size, or use "
+                                "execution='chunked' with a smaller chunk_size.")
+    return plan
+
+
 def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, model,
         num_rounds: int, cohort_size: int, eval_every: int = 10,
         sampler: Callable = sampling.uniform, step_budgets=None,
@@ -426,39 +505,13 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     key = _check_key(key)
     step_budgets = _check_step_budgets(step_budgets, num_clients)
     _check_model_fits(model, params, data)
-    if not np.asarray(data.test.num_examples).sum() > 0:
-        raise H.FieldError("data", "no client has a test example; run evaluates every client "
-                                   "on its test split")
-    validate = (data.validation is not None
-                and bool(np.asarray(data.validation.num_examples).sum() > 0))
-    if placement not in mem.PLACEMENTS:
-        raise H.FieldError("placement", f"must be one of {list(mem.PLACEMENTS)}, got {placement!r}")
-    if stream_layout not in ("compact", "padded"):
-        raise H.FieldError("stream_layout", f"must be 'compact' or 'padded', got {stream_layout!r}")
-    execution = as_execution(execution)
-    if execution.mesh is None and execution.strategy == "auto":
-        # several CPU devices that split the federation: it and the client tables are
-        # placed over them too; else one device (the strategy fixed here, so that the
-        # round does not split its cohort over devices its arguments are not on)
-        mesh = auto_mesh(cohort_size, num_clients=num_clients)
-        execution = (execution._replace(mesh=mesh) if mesh is not None else
-                     execution._replace(strategy=resolve("auto", cohort_size)[0]))
+    validate = _check_splits(data)
+    _check_choices(placement, stream_layout, commit_seconds)
+    execution = _resolved_execution(execution, cohort_size, num_clients)
     mesh = execution.mesh
     compact = stream_layout == "compact" and mesh is None  # a mesh streams padded cohorts
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
-    if (isinstance(commit_seconds, (bool, np.bool_))
-            or not isinstance(commit_seconds, (int, float, np.integer, np.floating))
-            or not 0 <= commit_seconds < float("inf")):
-        raise H.FieldError("commit_seconds", f"must be a number of seconds >= 0, got "
-                                             f"{commit_seconds!r}")
-    if donate is None:
-        donate = checkpoint_dir is not None
-    elif not isinstance(donate, bool):
-        raise H.FieldTypeError("donate", f"must be True, False or None, got {donate!r}")
-    elif donate and checkpoint_dir is None:
-        raise H.FieldError("donate", "a donated chunk consumes its input state, so the last good "
-                                     "state before a NaN is kept only in the checkpoint; give "
-                                     "checkpoint_dir or donate=False")
+    donate = _check_donate(donate, checkpoint_dir)
     clock = CompileClock().start()  # every compile from here on counts
     try:
         state = algorithm.init(params, num_clients)
@@ -538,32 +591,12 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                                             placement, validate) if mesh is None else {}
 
         # ---- memory plan, before any data moves to the device
-        devices = 1 if mesh is None else mesh.devices.size
-        capacity = ((mem.device_capacity() if mesh is None else mem.mesh_capacity(mesh))
-                    if memory_limit is None else int(memory_limit))
         first = max(1, min(eval_every, num_rounds - int(state.round)))
-        plan = None
-        if placement in ("auto", "device"):
-            evaluated = (data.test, data.validation)
-            resident = (mem.tree_bytes(evaluated) if mesh is None else sharding.device_bytes(
-                evaluated, sharding.federation_shardings(mesh, data)[0][1:]))
-            plan = mem.MemoryPlan("device", resident, mem.program_bytes(program(first)),
-                                  capacity, devices)
-            if not plan.fits and placement == "device":
-                bar.close()
-                raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
-                                        "memory and stream each chunk's cohorts, or a smaller "
-                                        "cohort_size / chunk_size.")
-        if plan is None or not plan.fits:
-            # Planned at the worst case, every cohort padded to the federation's M; the
-            # chunks then compile per size bucket actually sampled (at most M).
-            plan = mem.MemoryPlan("host", 0, mem.program_bytes(
-                program(first, data.train.mask.shape[1])), capacity, devices)
-            if not plan.fits:
-                bar.close()
-                raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower "
-                                        "eval_every (rounds per chunk), cohort_size, or use "
-                                        "execution='chunked' with a smaller chunk_size.")
+        try:
+            plan = _memory_plan(program, first, data, mesh, placement, memory_limit)
+        except mem.MemoryBudgetError:
+            bar.close()
+            raise
         if log:
             log(plan.describe())
 
