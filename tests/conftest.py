@@ -76,14 +76,17 @@ def reference_run(tmp_path_factory):
 # finish together; the rest keep their alphabetical order. Costs measured on a 2-core CPU.
 LONGEST_FILES_FIRST = (  # by the summed test times of one full run (--junitxml)
     "test_store.py",
+    "test_store_compare.py",
     "test_notebooks.py",
     "test_traced.py",
     "test_cli_run.py",
     "test_sharding.py",
     "test_aaggff.py",
+    "test_aaggff_mixing.py",
     "test_aggregators.py",
     "test_apfl_pfedme.py",
     "test_dqn_fed.py",
+    "test_dqn_fed_server.py",
     "test_second_order.py",
     "test_resnet.py",
     "test_runner.py",

@@ -57,3 +57,28 @@ def test_the_vocabulary_raises_errors_that_carry_their_field():
     assert info.value.field == "clip_mode"
     assert issubclass(C.ConfigError, H.FieldError)
     assert C.config_error(info.value, "other").field == "clip_mode"
+
+
+def test_the_package_raises_field_errors_for_named_fields():
+    """One vocabulary: an error about a named field is a ``FieldError`` (or
+    ``FieldTypeError``) carrying ``.field``, never a plain ``ValueError("field: ...")``
+    whose field a caller would have to parse back out of the message."""
+    import ast
+    import pathlib
+    import re
+    package = pathlib.Path(H.__file__).resolve().parent
+    named = re.compile(r"[A-Za-z_][\w.\[\]]*: ")
+    plain = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and isinstance(node.exc.func, ast.Name)
+                    and node.exc.func.id in ("ValueError", "TypeError") and node.exc.args):
+                continue
+            message = node.exc.args[0]
+            if isinstance(message, ast.JoinedStr) and message.values:
+                message = message.values[0]
+            if (isinstance(message, ast.Constant) and isinstance(message.value, str)
+                    and named.match(message.value)):
+                plain.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not plain, plain

@@ -175,8 +175,8 @@ def cvae(input_shape, num_classes, latent_dim: int = 16, hidden: Sequence[int] =
 
 def _bounds(data_range):
     if data_range is None:
-        raise ValueError("data_range: FedCVAE's Bernoulli decoder needs a pair (lo, hi), "
-                         "got None")
+        raise H.FieldError("data_range", "FedCVAE's Bernoulli decoder needs a pair (lo, hi), "
+                                         "got None")
     return check_data_range(data_range)
 
 
@@ -184,8 +184,8 @@ def decoder(model: Model) -> Callable:
     """``decode(params, z, y) -> x`` of a model built by ``cvae``."""
     decode = getattr(model.apply, "decode", None)
     if decode is None:
-        raise ValueError(f"model: FedCVAE needs a conditional VAE built by "
-                         f"fedjax_fair.algorithms.fedcvae.cvae, got {model.name!r}")
+        raise H.FieldError("model", f"FedCVAE needs a conditional VAE built by "
+                                    f"fedjax_fair.algorithms.fedcvae.cvae, got {model.name!r}")
     return decode
 
 
@@ -229,7 +229,8 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
     ``train_loss`` (its n-weighted mean, as for every method), ``client/elbo_before``
     (the CVAE's), ``server/classifier_loss`` and ``server/synthetic_accuracy``."""
     if not isinstance(training, ClientTraining):
-        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+        raise H.FieldTypeError("training", f"must be a ClientTraining, got "
+                                           f"{describe_object(training)}")
     H.check(HPARAMS, latent_dim=latent_dim, kl_weight=kl_weight,
             samples_per_class=samples_per_class,
             server_classifier_steps=server_classifier_steps,

@@ -177,7 +177,7 @@ def server_steps(num_rounds: int, beta_0, beta_end, schedule: str = "ddpm_cosine
         raise H.FieldError("schedule", f"must be one of {SCHEDULES}, got {schedule!r}")
     num_rounds = int(num_rounds)
     if num_rounds < 1:
-        raise ValueError(f"num_rounds: must be an integer >= 1, got {num_rounds}")
+        raise H.FieldError("num_rounds", f"must be an integer >= 1, got {num_rounds}")
     ab = _alphabar(num_rounds)
     if schedule == "ddpm_cosine_beta":
         frac = np.clip(1.0 - ab[1:] / ab[:-1], 0.0, 1.0)
@@ -411,7 +411,8 @@ def check_training(training) -> ClientTraining:
     ``FieldError("training.F")``, a field FedEvg's local loop does not use
     (max_steps, optimizer, clip_norm, clip_mode) set to other than its default."""
     if not isinstance(training, ClientTraining):
-        raise TypeError(f"training: must be a ClientTraining, got {describe_object(training)}")
+        raise H.FieldTypeError("training", f"must be a ClientTraining, got "
+                                           f"{describe_object(training)}")
     default = ClientTraining()
     for field in ("max_steps", "optimizer", "clip_norm", "clip_mode"):
         value, usual = getattr(training, field), getattr(default, field)
@@ -466,8 +467,8 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     if schedule not in SCHEDULES:
         raise H.FieldError("schedule", f"must be one of {SCHEDULES}, got {schedule!r}")
     if energy_weighting not in ENERGY_WEIGHTINGS:
-        raise ValueError(f"energy_weighting: must be one of {ENERGY_WEIGHTINGS}, got "
-                         f"{energy_weighting!r}")
+        raise H.FieldError("energy_weighting", f"must be one of {ENERGY_WEIGHTINGS}, got "
+                                               f"{energy_weighting!r}")
     if sample_clip not in SAMPLE_CLIPS:
         raise H.FieldError("sample_clip", f"must be one of {SAMPLE_CLIPS}, got {sample_clip!r}")
     data_range = check_data_range(data_range)

@@ -68,6 +68,7 @@ from fedjax_fair.core.client import check_optimizer, data_loss, describe_object
 from fedjax_fair.core.execution import as_execution, map_clients
 from fedjax_fair.core.mixing import MixingRule, by_num_examples, tiered_softmax
 from fedjax_fair.core.types import Broadcast, ClientUpdate, Cohort, ServerContext
+from fedjax_fair import hparams as H
 
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
 
@@ -113,8 +114,8 @@ def _check_pieces(client_update, mixing, aggregator, server_optimizer) -> None:
     argument), so a string rule or an uncalled ``optax.adam`` fails here, not inside
     the first round's trace."""
     if not callable(client_update):
-        raise TypeError(f"client_update: must be a function (client.local_training(...)), "
-                        f"got {type(client_update).__name__}")
+        raise H.FieldTypeError("client_update", f"must be a function (client.local_training(...)), "
+                                                f"got {type(client_update).__name__}")
     for field, value, kind, example in (("mixing", mixing, MixingRule, "mixing.uniform()"),
                                         ("aggregator", aggregator, Aggregator,
                                          "aggregators.weighted_mean()")):
@@ -169,12 +170,12 @@ def compose(client_update: ClientUpdate, *,
     table = tables.get_table(client_table)
     stateful = client_state_init is not None
     if (drift is not None or personal_params is not None) and not stateful:
-        raise ValueError("client_state_init: drift and personal_params need per-client state")
+        raise H.FieldError("client_state_init", "drift and personal_params need per-client state")
     if client_state_fresh is not None and (drift is not None or not stateful):
-        raise ValueError("client_state_fresh: needs per-client state without a drift")
+        raise H.FieldError("client_state_fresh", "needs per-client state without a drift")
     if personal_params is not None and evaluated_params is not None:
-        raise ValueError("evaluated_params: a personalised algorithm evaluates each "
-                         "client's own model, not a global one")
+        raise H.FieldError("evaluated_params", "a personalised algorithm evaluates each "
+                                               "client's own model, not a global one")
 
     def init(params, num_clients: int) -> ServerState:
         cs = table.init(client_state_init(params), num_clients) if stateful else ()

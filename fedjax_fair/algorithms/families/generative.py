@@ -46,8 +46,8 @@ class SyntheticSet(NamedTuple):
 def balanced_labels(num_synth: int, num_classes: int) -> jax.Array:
     """[0]*spc + [1]*spc + ... + [L-1]*spc, spc = M / L (int32 [M]; eq. 4.12)."""
     if num_synth % num_classes:
-        raise ValueError(f"num_synth: must be a multiple of num_classes={num_classes} "
-                         f"(class-balanced labels), got {num_synth}")
+        raise H.FieldError("num_synth", f"must be a multiple of num_classes={num_classes} "
+                                        f"(class-balanced labels), got {num_synth}")
     return jnp.repeat(jnp.arange(num_classes, dtype=jnp.int32), num_synth // num_classes)
 
 
@@ -65,13 +65,13 @@ def check_data_range(data_range):
     try:
         lo, hi = data_range
     except (TypeError, ValueError):
-        raise ValueError(f"data_range: must be None or a pair (lo, hi), got "
-                         f"{data_range!r}") from None
+        raise H.FieldError("data_range", f"must be None or a pair (lo, hi), got "
+                                         f"{data_range!r}") from None
     if H.is_concrete(lo) and H.is_concrete(hi):
         H.REAL.check("data_range", lo)
         H.REAL.check("data_range", hi)
         if not lo < hi:
-            raise ValueError(f"data_range: needs lo < hi, got {data_range!r}")
+            raise H.FieldError("data_range", f"needs lo < hi, got {data_range!r}")
     return (lo, hi)
 
 
@@ -128,7 +128,7 @@ def synthetic_federation(state: ServerState, num_clients: int = 1,
 
     if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) \
             or num_clients < 1:
-        raise ValueError(f"num_clients: must be an integer >= 1, got {num_clients!r}")
+        raise H.FieldError("num_clients", f"must be an integer >= 1, got {num_clients!r}")
     x, y = (np.asarray(a) for a in synthetic_data(state))
     xs = [x[k::num_clients] for k in range(num_clients)]
     ys = [y[k::num_clients] for k in range(num_clients)]
@@ -138,8 +138,8 @@ def synthetic_federation(state: ServerState, num_clients: int = 1,
         empty_y = [np.zeros((0,), np.int32)] * num_clients
         test = stack_clients(empty_x, empty_y, pad_to=1)
     elif test.mask.shape[0] != num_clients:
-        raise ValueError(f"test: must have one row per client ({num_clients}), got "
-                         f"{test.mask.shape[0]}")
+        raise H.FieldError("test", f"must have one row per client ({num_clients}), got "
+                                   f"{test.mask.shape[0]}")
     return FederatedData(train=train, test=test)
 
 
@@ -181,7 +181,7 @@ def downstream_accuracy(model: Model, x, y, test_split: ClientData, key, steps: 
     n = np.asarray(per["num_examples"], np.float64)
     has = n > 0
     if not has.any():
-        raise ValueError("test_split: no client has a test example")
+        raise H.FieldError("test_split", "no client has a test example")
     return {"accuracy": float(np.average(acc[has], weights=n[has])),
             "accuracy_std": float(acc[has].std()), "per_client": acc,
             "num_examples": n.astype(np.int64), "train_loss": float(loss), "params": params}
@@ -322,14 +322,14 @@ def _grid_image(x, y, num_classes: int, per_class: int, value_range):
     if x.ndim == 2:  # flat samples: square grey images when D is a square
         side = int(round(math.sqrt(x.shape[1])))
         if side * side != x.shape[1]:
-            raise ValueError(f"snapshots: flat samples of {x.shape[1]} features are not "
-                             f"square images")
+            raise H.FieldError("snapshots", f"flat samples of {x.shape[1]} features are not "
+                                            f"square images")
         x = x.reshape(x.shape[0], side, side, 1)
     elif x.ndim == 3:
         x = x[..., None]
     if x.ndim != 4 or x.shape[-1] not in (1, 3):
-        raise ValueError(f"snapshots: need images [M, H, W] or [M, H, W, 1 | 3], got "
-                         f"{x.shape}")
+        raise H.FieldError("snapshots", f"need images [M, H, W] or [M, H, W, 1 | 3], got "
+                                        f"{x.shape}")
     lo, hi = value_range
     x = (np.clip(x, lo, hi) - lo) / (hi - lo)
     y = np.asarray(y)
@@ -367,8 +367,8 @@ def plot_sample_grid(snapshots, labels, rounds, path: Optional[str], num_classes
     snapshots = list(snapshots)
     rounds = list(rounds)
     if not snapshots or len(rounds) != len(snapshots):
-        raise ValueError(f"rounds: need one entry per snapshot ({len(snapshots)}), got "
-                         f"{len(rounds)}")
+        raise H.FieldError("rounds", f"need one entry per snapshot ({len(snapshots)}), got "
+                                     f"{len(rounds)}")
     if isinstance(labels, (list, tuple)) and len(labels) == len(snapshots) and \
             np.ndim(labels[0]) == 1:
         label_sets = [np.asarray(v) for v in labels]
