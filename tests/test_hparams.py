@@ -76,9 +76,15 @@ def test_the_package_raises_field_errors_for_named_fields():
                     and node.exc.func.id in ("ValueError", "TypeError") and node.exc.args):
                 continue
             message = node.exc.args[0]
-            if isinstance(message, ast.JoinedStr) and message.values:
-                message = message.values[0]
-            if (isinstance(message, ast.Constant) and isinstance(message.value, str)
-                    and named.match(message.value)):
+            parts = message.values if isinstance(message, ast.JoinedStr) else [message]
+            first, second = parts[0], parts[1] if len(parts) > 1 else None
+            literal = (isinstance(first, ast.Constant) and isinstance(first.value, str)
+                       and named.match(first.value))
+            variable = (isinstance(first, ast.FormattedValue)  # f"{field}: ..."
+                        and isinstance(first.value, ast.Name)
+                        and first.value.id in ("field", "name")
+                        and isinstance(second, ast.Constant)
+                        and str(second.value).startswith(": "))
+            if literal or variable:
                 plain.append(f"{path.relative_to(package)}:{node.lineno}")
     assert not plain, plain

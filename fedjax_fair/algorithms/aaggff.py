@@ -371,15 +371,15 @@ def _resolve_range(response_range, name="response_range"):
     try:
         lower, upper = response_range
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: must be a pair (C1, C2) of floats, got {response_range!r}")
+        raise H.FieldError(name, f"must be a pair (C1, C2) of floats, got {response_range!r}")
     if not (H.is_concrete(lower) and H.is_concrete(upper)):
         return lower, upper
     try:
         lower, upper = float(lower), float(upper)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: must be a pair (C1, C2) of floats, got {response_range!r}")
+        raise H.FieldError(name, f"must be a pair (C1, C2) of floats, got {response_range!r}")
     if not (0.0 <= lower <= upper and upper > 0.0 and math.isfinite(upper)):
-        raise ValueError(f"{name}: need 0 <= C1 <= C2 and 0 < C2 < inf, got {response_range!r}")
+        raise H.FieldError(name, f"need 0 <= C1 <= C2 and 0 < C2 < inf, got {response_range!r}")
     return lower, upper
 
 

@@ -385,7 +385,7 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
         HPARAMS["server_lr"].check("server_lr", server_lr)
     for name, value in (("history", history), ("descent_guard", descent_guard)):
         if not isinstance(value, bool):
-            raise ValueError(f"{name}: must be true or false, got {value!r}")
+            raise H.FieldError(name, f"must be true or false, got {value!r}")
     if client_gradient not in GRADIENTS:
         raise H.FieldError("client_gradient", f"must be one of {GRADIENTS}, got "
                                               f"{client_gradient!r}")

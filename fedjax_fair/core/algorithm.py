@@ -121,8 +121,9 @@ def _check_pieces(client_update, mixing, aggregator, server_optimizer) -> None:
                                          "aggregators.weighted_mean()")):
         if value is not None and not isinstance(value, kind):
             article = "an" if kind.__name__[0] in "AEIOU" else "a"
-            raise TypeError(f"{field}: must be None or {article} {kind.__name__} (e.g. {example}), "
-                            f"got {describe_object(value)}")
+            raise H.FieldTypeError(field, f"must be None or {article} {kind.__name__} (e.g. "
+                                          f"{example}), "
+                                          f"got {describe_object(value)}")
     check_optimizer(server_optimizer, "server_optimizer", rate_factory=False)
 
 

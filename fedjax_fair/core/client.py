@@ -428,7 +428,7 @@ def check_optimizer(optimizer, field: str, rate_factory: bool = True) -> None:
     allowed = ("an optax GradientTransformation (e.g. optax.adam(1e-3)) or a function "
                "rate -> transformation (e.g. optax.sgd)" if rate_factory else
                "an optax GradientTransformation (e.g. optax.adam(1e-3))")
-    raise TypeError(f"{field}: must be None or {allowed}, got {describe_object(optimizer)}")
+    raise H.FieldTypeError(field, f"must be None or {allowed}, got {describe_object(optimizer)}")
 
 
 def describe_object(value) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import jax.numpy as jnp
+from fedjax_fair import hparams as H
 
 KINDS = ("none", "exponential", "step")
 
@@ -66,6 +67,7 @@ def parse(text: str, field: str = "schedule") -> Optional[Callable]:
             return lambda rate: step(rate, factor, bounds)
     except ValueError:
         pass
-    raise ValueError(f"{field}: expected none, exponential:GAMMA[@EVERY] (0 < GAMMA <= 1, "
-                     f"EVERY >= 1 rounds) or step:FACTOR@R1,R2,... (FACTOR > 0, rounds >= 1), "
-                     f"got {text!r}")
+    raise H.FieldError(field, f"expected none, exponential:GAMMA[@EVERY] (0 < GAMMA <= 1, "
+                              f"EVERY >= 1 rounds) or step:FACTOR@R1,R2,... (FACTOR > 0, rounds >= "
+                              f"1), "
+                              f"got {text!r}")

@@ -81,10 +81,10 @@ def _channel_stat(field: str, value, num_channels: int) -> np.ndarray:
     """``value`` as a float32 vector of length ``num_channels`` (a scalar is repeated)."""
     arr = np.asarray(value, np.float32)
     if arr.ndim > 1 or (arr.ndim == 1 and arr.shape[0] not in (1, num_channels)):
-        raise ValueError(f"{field}: must be a scalar or hold one value per channel "
-                         f"({num_channels}), got shape {arr.shape}")
+        raise FieldError(field, f"must be a scalar or hold one value per channel "
+                                f"({num_channels}), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{field}: must be finite, got {value!r}")
+        raise FieldError(field, f"must be finite, got {value!r}")
     return np.broadcast_to(arr.reshape(-1), (num_channels,))
 
 

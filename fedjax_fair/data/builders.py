@@ -75,8 +75,8 @@ def _like(value, default, field: str):
             return {"true": True, "false": False}[value.strip().lower()]
         return float(value) if isinstance(default, float) else int(value)
     except (KeyError, ValueError):
-        raise ValueError(f"{field}: cannot read {value!r} as a "
-                         f"{type(default or 0).__name__}") from None
+        raise FieldError(field, f"cannot read {value!r} as a "
+                                f"{type(default or 0).__name__}") from None
 
 
 def federate(x_train: np.ndarray, y_train: np.ndarray, x_test: Optional[np.ndarray] = None,

@@ -38,12 +38,12 @@ def _as_index(part, k: int) -> np.ndarray:
 def _check_labels(labels, field: str, num_classes: int | None = None) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 1 or (labels.size and not np.issubdtype(labels.dtype, np.integer)):
-        raise ValueError(f"{field}: must be 1-D integer labels, got shape {labels.shape} and "
-                         f"dtype {labels.dtype}")
+        raise H.FieldError(field, f"must be 1-D integer labels, got shape {labels.shape} and "
+                                  f"dtype {labels.dtype}")
     if num_classes is not None and labels.size and (labels.min() < 0
                                                     or labels.max() >= num_classes):
-        raise ValueError(f"{field}: labels must lie in [0, num_classes={num_classes}), got "
-                         f"[{labels.min()}, {labels.max()}]")
+        raise H.FieldError(field, f"labels must lie in [0, num_classes={num_classes}), got "
+                                  f"[{labels.min()}, {labels.max()}]")
     return labels
 
 

@@ -73,9 +73,9 @@ def _check_fraction(value, field: str) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{field}: must be a number in (0, 1), got {value!r}") from None
+        raise FieldError(field, f"must be a number in (0, 1), got {value!r}") from None
     if not 0.0 < value < 1.0:
-        raise ValueError(f"{field}: must lie in (0, 1), got {value}")
+        raise FieldError(field, f"must lie in (0, 1), got {value}")
     return value
 
 
@@ -85,16 +85,16 @@ def _as_labels(y, field: str) -> np.ndarray:
     one, before the range check)."""
     y = np.asarray(y)
     if y.ndim != 1:
-        raise ValueError(f"{field}: labels must be 1-D, got shape {y.shape}")
+        raise FieldError(field, f"labels must be 1-D, got shape {y.shape}")
     whole = np.issubdtype(y.dtype, np.integer) or (
         np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y))
         and np.all(y == np.round(y)))
     if not whole:
-        raise ValueError(f"{field}: labels must be integers, got dtype {y.dtype}")
+        raise FieldError(field, f"labels must be integers, got dtype {y.dtype}")
     info = np.iinfo(np.int32)
     if y.size and (y.min() < info.min or y.max() > info.max):
-        raise ValueError(f"{field}: labels run from {y.min()} to {y.max()}, outside the int32 "
-                         f"range the models index classes with")
+        raise FieldError(field, f"labels run from {y.min()} to {y.max()}, outside the int32 "
+                                f"range the models index classes with")
     return y.astype(np.int32)
 
 
@@ -104,8 +104,8 @@ def _check_label_range(y: np.ndarray, mask: np.ndarray, num_classes: int, field:
     if bad.any():
         k = int(np.flatnonzero(bad.any(axis=1))[0])
         real = y[k][mask[k]]
-        raise ValueError(f"{field}: client {k} has labels in [{real.min()}, {real.max()}], "
-                         f"outside [0, num_classes={num_classes})")
+        raise FieldError(field, f"client {k} has labels in [{real.min()}, {real.max()}], "
+                                f"outside [0, num_classes={num_classes})")
 
 
 def _check_finite_inputs(x: np.ndarray, mask: np.ndarray, field: str) -> None:
@@ -116,8 +116,9 @@ def _check_finite_inputs(x: np.ndarray, mask: np.ndarray, field: str) -> None:
     bad = mask & ~np.isfinite(x.reshape(*x.shape[:2], int(np.prod(x.shape[2:])))).all(axis=-1)
     if bad.any():
         k, i = (int(v[0]) for v in np.nonzero(bad))
-        raise ValueError(f"{field}: client {k} has NaN or inf in its inputs (example {i} "
-                         f"of {int(mask[k].sum())}); the data is at fault, not the training")
+        raise FieldError(field, f"client {k} has NaN or inf in its inputs (example {i} "
+                                f"of {int(mask[k].sum())}); the data is at fault, not the "
+                                f"training")
 
 
 # --------------------------------------------------------------------------- stacking
@@ -142,11 +143,11 @@ def _stack_host(xs: Sequence, ys: Sequence, pad_to: int | None,
     feature_shape = xs[0].shape[1:]
     for k, (x, y) in enumerate(zip(xs, ys)):
         if x.ndim == 0 or x.shape[1:] != feature_shape:
-            raise ValueError(f"{field}: client {k} has input shape {x.shape}, expected "
-                             f"(n, {', '.join(map(str, feature_shape))})")
+            raise FieldError(field, f"client {k} has input shape {x.shape}, expected "
+                                    f"(n, {', '.join(map(str, feature_shape))})")
         if x.shape[0] != y.shape[0]:
-            raise ValueError(f"{field}: client {k} has {x.shape[0]} inputs but "
-                             f"{y.shape[0]} labels")
+            raise FieldError(field, f"client {k} has {x.shape[0]} inputs but "
+                                    f"{y.shape[0]} labels")
     sizes = np.array([y.shape[0] for y in ys], np.int32)
     m = int(sizes.max())
     if pad_to is not None:
@@ -161,8 +162,8 @@ def _stack_host(xs: Sequence, ys: Sequence, pad_to: int | None,
         info = np.iinfo(np.int32)
         for k, x in enumerate(xs):
             if x.size and (x.min() < info.min or x.max() > info.max):
-                raise ValueError(f"{field}: client {k} has integer inputs outside the "
-                                 f"int32 range")
+                raise FieldError(field, f"client {k} has integer inputs outside the "
+                                        f"int32 range")
     x_pad = np.zeros((n, m, *feature_shape), x_dtype)
     y_pad = np.zeros((n, m), np.int32)
     for k, (x, y) in enumerate(zip(xs, ys)):
@@ -290,10 +291,10 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
             raise FieldError("num_clients", f"train has {n} clients, {field} has "
                                             f"{split.mask.shape[0]}")
         if y.shape != split.mask.shape or x.shape[:2] != split.mask.shape:
-            raise ValueError(f"{field}: x {x.shape}, y {y.shape} and mask "
-                             f"{split.mask.shape} disagree on [N, M]")
+            raise FieldError(field, f"x {x.shape}, y {y.shape} and mask "
+                                    f"{split.mask.shape} disagree on [N, M]")
         if not np.array_equal(split.mask.sum(axis=1), split.num_examples):
-            raise ValueError(f"{field}: num_examples differs from the mask's row counts")
+            raise FieldError(field, f"num_examples differs from the mask's row counts")
         _check_label_range(np.asarray(y), np.asarray(split.mask), num_classes, f"{field}_ys")
         _check_finite_inputs(np.asarray(x), np.asarray(split.mask), f"{field}_xs")
     for field in ("train", "test"):  # a validation split may be empty

@@ -45,7 +45,7 @@ def _smooth_patterns(rng: np.random.Generator, count: int) -> np.ndarray:
 def _check_nonnegative(value, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not value >= 0:
-        raise ValueError(f"{field}: must be a number >= 0, got {value!r}")
+        raise FieldError(field, f"must be a number >= 0, got {value!r}")
     return float(value)
 
 

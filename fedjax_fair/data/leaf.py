@@ -155,10 +155,10 @@ def read_leaf_dir(path, *, field: str = "path") -> dict:
     """
     directory = Path(os.fspath(path)).expanduser()
     if not directory.is_dir():
-        raise ValueError(f"{field}: {directory} is not a directory")
+        raise FieldError(field, f"{directory} is not a directory")
     files = sorted(directory.glob("*.json"))
     if not files:
-        raise ValueError(f"{field}: no *.json files in {directory}")
+        raise FieldError(field, f"no *.json files in {directory}")
     seen, merged = {}, {}
     for file in files:
         merged.update(_read_leaf_file(file, seen))
@@ -262,18 +262,18 @@ def encode_windows(windows: Sequence[str], targets: Sequence[str], vocab: str = 
     "x: window 3 has 79 characters, expected 80".
     """
     if len(windows) != len(targets):
-        raise ValueError(f"{field}: {len(windows)} windows but {len(targets)} targets")
+        raise FieldError(field, f"{len(windows)} windows but {len(targets)} targets")
     for i, t in enumerate(targets):
         if not isinstance(t, str) or len(t) != 1:
-            raise ValueError(f"{field}: target {i} must be one character, got {t!r}")
+            raise FieldError(field, f"target {i} must be one character, got {t!r}")
     if not windows:
         return np.zeros((0, 0), np.int32), np.zeros(0, np.int32)
     length = len(windows[0]) if isinstance(windows[0], str) else -1
     for i, w in enumerate(windows):
         if not isinstance(w, str) or len(w) != length:
             got = f"{len(w)} characters" if isinstance(w, str) else type(w).__name__
-            raise ValueError(f"{field}: window {i} has {got}, expected {length} "
-                             f"characters like window 0")
+            raise FieldError(field, f"window {i} has {got}, expected {length} "
+                                    f"characters like window 0")
     _check_oov(oov)
     x, x_found = _lookup("".join(windows), vocab)
     y, y_found = _lookup("".join(targets), vocab)
@@ -284,8 +284,8 @@ def encode_windows(windows: Sequence[str], targets: Sequence[str], vocab: str = 
         else:
             i = int(np.flatnonzero(~y_found)[0])
             what = f"target {i} {targets[i]!r}"
-        raise ValueError(f"{field}: {what}, which is not in the vocabulary "
-                         f"{_oov_hint(vocab)}")
+        raise FieldError(field, f"{what}, which is not in the vocabulary "
+                                f"{_oov_hint(vocab)}")
     x[~x_found] = len(vocab)
     y[~y_found] = len(vocab)
     return x.reshape(len(windows), length), y

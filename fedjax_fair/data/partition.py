@@ -67,7 +67,7 @@ def _check(labels, num_clients, seed) -> tuple[np.ndarray, int]:
 def _check_int(value, field: str, minimum: int) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or value < minimum:
-        raise ValueError(f"{field}: must be an integer >= {minimum}, got {value!r}")
+        raise H.FieldError(field, f"must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
@@ -76,9 +76,9 @@ def _check_float(value, field: str, above: float) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{field}: must be a number > {above:g}, got {value!r}") from None
+        raise H.FieldError(field, f"must be a number > {above:g}, got {value!r}") from None
     if not (np.isfinite(value) and value > above):
-        raise ValueError(f"{field}: must be a finite number > {above:g}, got {value!r}")
+        raise H.FieldError(field, f"must be a finite number > {above:g}, got {value!r}")
     return value
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from fedjax_fair.data.federated import (Dataset, _check_seed,
                                         from_client_arrays, split_per_client)
-from fedjax_fair.hparams import count
+from fedjax_fair.hparams import FieldError, count
 
 NUM_FEATURES = 60
 NUM_CLASSES = 10
@@ -56,9 +56,9 @@ def _check_scale(value, field: str) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{field}: must be a number >= 0, got {value!r}") from None
+        raise FieldError(field, f"must be a number >= 0, got {value!r}") from None
     if not value >= 0.0:
-        raise ValueError(f"{field}: must be >= 0, got {value}")
+        raise FieldError(field, f"must be >= 0, got {value}")
     return value
 
 

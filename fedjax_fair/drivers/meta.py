@@ -195,7 +195,7 @@ fraction)."""
 
 def _check_fraction(value, field: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{field}: must be a number in (0, 1], got {value!r}")
+        raise FieldError(field, f"must be a number in (0, 1], got {value!r}")
 
 
 # ------------------------------------------------------------------ whole runs
@@ -210,10 +210,10 @@ def per_round(values) -> Callable:
 
 
 def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objective, *,
-                   model, data, num_rounds: int, cohort_size: int,
-                   seeds: Sequence[int] = (0,), params=None, split: str = "validation",
-                   sampler: Callable = sampling.uniform, execution="auto",
-                   remat: bool = True, step_budgets=None) -> Callable:
+                 model, data, num_rounds: int, cohort_size: int,
+                 seeds: Sequence[int] = (0,), params=None, split: str = "validation",
+                 sampler: Callable = sampling.uniform, execution="auto",
+                 remat: bool = True, step_budgets=None) -> Callable:
     """``f(hparams, data) -> scalar``: ``objective`` of the final state's
     ``state_scores`` on ``split``, averaged over ``seeds``; differentiable in every
     traced hyper-parameter ``build`` uses. ``data`` is an argument of ``f`` (a jitted
@@ -230,16 +230,16 @@ def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objec
     cohort_size = check_cohort(cohort_size, data_.num_clients)
     if sampler is sampling.full and cohort_size != data_.num_clients:
         raise FieldError("cohort_size", f"the 'full' sampler needs cohort_size == "
-                                        f"{data_.num_clients}, got {cohort_size}")
+                                      f"{data_.num_clients}, got {cohort_size}")
     seed_values = check_seeds(seeds).astype(np.uint32)
     if split not in SPLITS:
         raise FieldError("split", f"must be one of {SPLITS}, got {split!r}")
     if not has_examples(getattr(data_, split)):
         raise FieldError("split", f"the federation has no {split} example (build one with "
-                                  f"fedjax_fair.data.resplit(dataset, (0.8, 0.1, 0.1)))")
+                                f"fedjax_fair.data.resplit(dataset, (0.8, 0.1, 0.1)))")
     if not callable(objective):
         raise FieldTypeError("objective", f"must be a callable ClientScores -> scalar, got "
-                                          f"{objective!r}")
+                                        f"{objective!r}")
     _execution.as_execution(execution)
 
     def one(hparams, seed, data):
@@ -247,8 +247,8 @@ def make_objective(build: Callable[[dict], FederatedAlgorithm], objective: Objec
         p = model.init(key) if params is None else params
         algorithm = build(hparams)
         state = final_state(algorithm, p, data, key, num_rounds=num_rounds,
-                            cohort_size=cohort_size, sampler=sampler, execution=execution,
-                            remat=remat, step_budgets=step_budgets)
+                          cohort_size=cohort_size, sampler=sampler, execution=execution,
+                          remat=remat, step_budgets=step_budgets)
         return objective(state_scores(model, algorithm, state, getattr(data, split)))
 
     def f(hparams, data):
@@ -284,9 +284,9 @@ class MetaResult(NamedTuple):
 
 
 def meta_optimize(objective: Callable, hparams: dict, data, *,
-                  optimizer: Optional[optax.GradientTransformation] = None,
-                  num_steps: int = 20,
-                  compiler_options: Optional[dict] = None) -> MetaResult:
+                optimizer: Optional[optax.GradientTransformation] = None,
+                num_steps: int = 20,
+                compiler_options: Optional[dict] = None) -> MetaResult:
     """Minimises ``objective(hparams, data)`` (``make_objective``) over ``hparams`` with
     ``optimizer`` (default ``optax.adam(0.05)``) for ``num_steps`` steps, one compiled
     value-and-grad. Parametrise constrained values in ``build`` (``exp`` of a log rate,
@@ -322,5 +322,5 @@ def meta_optimize(objective: Callable, hparams: dict, data, *,
     run_s = time.perf_counter() - t
     host = lambda tree: jax.tree.map(np.asarray, tree)
     return MetaResult(hparams=host(current), initial=host(hparams), best=host(best),
-                      values=np.asarray(values), grad_norms=np.asarray(norms),
-                      compile_seconds=compile_s, run_seconds=run_s)
+                    values=np.asarray(values), grad_norms=np.asarray(norms),
+                    compile_seconds=compile_s, run_seconds=run_s)

@@ -62,9 +62,9 @@ def check_widths(field: str, widths) -> tuple:
     try:
         widths = tuple(widths)
     except TypeError:
-        raise ValueError(f"{field}: must be a list of positive ints, got {widths!r}") from None
+        raise H.FieldError(field, f"must be a list of positive ints, got {widths!r}") from None
     if any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in widths):
-        raise ValueError(f"{field}: must be positive ints, got {widths!r}")
+        raise H.FieldError(field, f"must be positive ints, got {widths!r}")
     return widths
 
 

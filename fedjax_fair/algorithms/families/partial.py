@@ -93,26 +93,26 @@ def resolve_layers(layers: Sequence[str], selection, field: str) -> tuple[str, .
     ``layers``), in ``layers`` order. ValueError naming ``field`` for anything else."""
     listing = ", ".join(layers)
     if isinstance(selection, (str, int)) or not isinstance(selection, (tuple, list)):
-        raise ValueError(f"{field}: must be a tuple of layer names or positions (e.g. "
-                         f"(-1,) or ('{layers[-1] if layers else 'Dense_0'}',)), got "
-                         f"{selection!r}; the model's layers are: {listing}")
+        raise H.FieldError(field, f"must be a tuple of layer names or positions (e.g. "
+                                  f"(-1,) or ('{layers[-1] if layers else 'Dense_0'}',)), got "
+                                  f"{selection!r}; the model's layers are: {listing}")
     picked = []
     for item in selection:
         if isinstance(item, bool) or not isinstance(item, (str, int)):
-            raise ValueError(f"{field}: entries must be layer names or integer positions, "
-                             f"got {item!r}; the model's layers are: {listing}")
+            raise H.FieldError(field, f"entries must be layer names or integer positions, "
+                                      f"got {item!r}; the model's layers are: {listing}")
         if isinstance(item, int):
             if not -len(layers) <= item < len(layers):
-                raise ValueError(f"{field}: position {item} is out of range for a model with "
-                                 f"{len(layers)} layers ({listing})")
+                raise H.FieldError(field, f"position {item} is out of range for a model with "
+                                          f"{len(layers)} layers ({listing})")
             name = layers[item]
         else:
             if item not in layers:
-                raise ValueError(f"{field}: unknown layer {item!r}; the model's layers are: "
-                                 f"{listing}")
+                raise H.FieldError(field, f"unknown layer {item!r}; the model's layers are: "
+                                          f"{listing}")
             name = item
         if name in picked:
-            raise ValueError(f"{field}: layer {name!r} is selected twice in {selection!r}")
+            raise H.FieldError(field, f"layer {name!r} is selected twice in {selection!r}")
         picked.append(name)
     return tuple(name for name in layers if name in picked)
 
