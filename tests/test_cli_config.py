@@ -447,3 +447,21 @@ def test_non_empty_output_directory_needs_resume_or_overwrite(tmp_path, capsys):
     assert cli.main(["run", *TINY, "--algorithm", "fedprox", "--num-rounds", "1",
                      "--no-plots", "--overwrite", "-o", out]) == 0
     assert json.loads(open(os.path.join(out, "config.json")).read())["algorithm"] == "fedprox"
+
+
+def test_unset_training_flags_leave_each_method_its_own_training():
+    """--client-lr / --batch-size / --num-epochs replace only the fields given; unset
+    ones are each method's own (its factory's default ``training``), and compare says
+    which training each method runs."""
+    from fedjax_fair.cli.common import for_method
+    from fedjax_fair.cli.compare import _training_line
+    methods = ["fedavg", "afedpd", "superfed"]
+    cfg = C.build(C.CompareConfig, None, {"algorithms": methods, "client_lr": 0.05})
+    own = {a: for_method(cfg, a) for a in methods}
+    assert [own[a].client_lr for a in methods] == [0.05, 0.05, 0.05]
+    assert [own[a].batch_size for a in methods] == [10, 50, 10]
+    assert cfg.batch_size is None  # the comparison's config records "each method's own"
+    assert "afedpd: lr 0.05, batch 50" in _training_line(cfg)
+    every = C.build(C.CompareConfig, None, {"algorithms": methods, "batch_size": 5,
+                                            "client_lr": 0.1, "num_epochs": 2})
+    assert {for_method(every, a).batch_size for a in methods} == {5}

@@ -214,10 +214,16 @@ def _training_line(cfg) -> str:
     given = [f"--{f.replace('_', '-')}" for f in ("client_lr", "batch_size", "num_epochs")
              if getattr(cfg, f) is not None]
     largest = max(groups, key=lambda k: len(groups[k]))
-    text = "; ".join(f"{'the others' if k == largest and len(groups) > 1 < len(names) else ', '.join(names)}"
-                     f": lr {k[0]:g}, batch {k[1]}, {k[2]} epoch{'s' * (k[2] > 1)}"
+
+    def label(key, names) -> str:
+        return "the others" if key == largest and 1 < len(groups) and 1 < len(names) else \
+            ", ".join(names)
+
+    text = "; ".join(f"{label(k, names)}: lr {k[0]:g}, batch {k[1]}, "
+                     f"{k[2]} epoch{'s' * (k[2] > 1)}"
                      for k, names in sorted(groups.items(), key=lambda kv: kv[0] == largest))
-    source = f"from {', '.join(given)}" if given else "each method's own"
+    source = ("each method's own" if not given else f"{', '.join(given)}" if len(given) == 3
+              else f"{', '.join(given)}; the rest each method's own")
     return f"local training ({source}): {text}"
 
 
