@@ -18,8 +18,8 @@ import pytest
 
 import helpers
 from fedjax_fair.core.client import ClientTraining
-from fedjax_fair.drivers.simulate import simulate
-from fedheal_fedlf_common import (EPOCHS, FH, FL, FULL_BATCH, LR, _ctx, _jit_apply, _np_leaves,
+from fedheal_fedlf_common import (EPOCHS, FH, FULL_BATCH, LR, _ctx, _jit_apply, _np_leaves,
+                                  check_vmap_equals_sequential_and_accuracy_rises,
                                   _out)
 
 
@@ -276,36 +276,5 @@ def test_fedheal_factory_checks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fedheal"])
-def test_vmap_equals_sequential_and_a_short_run_improves_accuracy(name):
-    """On a synthetic federation (6 clients, power-law sizes, cohorts of 3): both
-    strategies give the same parameters, everything stays finite, and accuracy rises.
-    (FedLF with local training and no history rows here; its gradient client and
-    history rows run in the round-by-round reference test.)"""
-    from fedjax_fair.data import get_dataset
-    from fedjax_fair.models import logistic_regression
-    ds = get_dataset("synthetic", num_clients=6, max_examples=60)
-    model = logistic_regression(ds.input_shape, ds.num_classes)
-    params = helpers.init_params(model, 0)
-    training = ClientTraining(lr=0.1, batch_size=10)
-    alg = (FH.fedheal(model, training=training) if name == "fedheal"
-           else FL.fedlf(model, server_lr=0.5, client_gradient="pseudo", training=training,
-                         history=False))
-    x, y = helpers.real_rows(ds.data.test, range(6))
-
-    def accuracy(p):  # over every test row
-        w, b = helpers.logreg_to_numpy(p)
-        return float(np.mean(np.argmax(x @ w + b, -1) == y))
-
-    outs = {}
-    for execution in ("vmap", "sequential"):
-        state = alg.init(params, 6)
-        outs[execution], metrics = simulate(alg, state, ds.data, jax.random.key(1),
-                                            num_rounds=12, cohort_size=3,
-                                            execution=execution)
-        assert helpers.tree_all_finite(outs[execution].params)
-        assert all(np.all(np.isfinite(np.asarray(v))) for v in metrics.values())
-    helpers.assert_trees_close(outs["vmap"].params, outs["sequential"].params, rtol=2e-4,
-                               atol=1e-5)
-    start, end = accuracy(params), accuracy(outs["sequential"].params)
-    assert end > start + 0.3, (start, end)
+def test_vmap_equals_sequential_and_a_short_run_improves_accuracy():
+    check_vmap_equals_sequential_and_accuracy_rises("fedheal")
