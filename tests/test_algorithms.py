@@ -320,18 +320,32 @@ def test_compose_with_custom_pieces():
         chex.assert_equal(outputs.extra["n_twice"].shape, weights.shape)
         return weighted_sum(outputs.delta, weights), state + 1, {}
 
+    def round_metrics(outputs, weights, ctx):  # the method's own, beside the round's
+        return {"client/n_twice": outputs.extra["n_twice"],
+                "weighted_n": jnp.sum(weights * outputs.num_examples)}
+
     server_lr = 0.5
-    alg = compose(client_update, mixing=MixingRule(mixing_init, mixing_update),
+    pieces = dict(mixing=MixingRule(mixing_init, mixing_update),
                   aggregator=Aggregator(agg_init, agg_aggregate),
                   server_optimizer=optax.sgd(server_lr),
                   client_state_init=lambda params: jnp.zeros((), jnp.int32))
-    alg = _seq(alg)
+    alg = _seq(compose(client_update, round_metrics=round_metrics, **pieces))
     ids = [4, 0, 1, 0]  # slot 3 repeats client 0 but is masked out
     mask = [True, True, True, False]
-    state, metrics = jax.jit(alg.apply)(alg.init(PARAMS, N),
-                                        helpers.cohort(TRAIN, ids, mask=mask), KEY)
+    cohort = helpers.cohort(TRAIN, ids, mask=mask)
+    state, metrics = jax.jit(alg.apply)(alg.init(PARAMS, N), cohort, KEY)
 
     np.testing.assert_allclose(metrics["weights"], [1 / 3, 1 / 3, 1 / 3, 0.0], rtol=1e-6)
+    sizes = np.asarray(cohort.data.num_examples)
+    np.testing.assert_array_equal(metrics["client/n_twice"], 2 * sizes)
+    np.testing.assert_allclose(metrics["weighted_n"], sizes[:3].mean(), rtol=1e-6)
+    # a method's metric may not take one of the round's names; a non-function is refused
+    clash = _seq(compose(client_update, round_metrics=lambda o, w, c: {"weights": w},
+                         **pieces))
+    with pytest.raises(ValueError, match="^round_metrics"):
+        jax.eval_shape(clash.apply, alg.init(PARAMS, N), cohort, KEY)
+    with pytest.raises(TypeError, match="^round_metrics"):
+        compose(client_update, round_metrics={"x": 1})
     np.testing.assert_array_equal(state.client_states.rows, [1, 1, 0, 0, 1, 0])
     np.testing.assert_array_equal(state.mixing_state, [1, 1, 0, 0, 1, 0])
     assert int(state.aggregator_state) == 1 and int(state.round) == 1

@@ -116,8 +116,9 @@ def test_round_trains_the_cvae_like_fedavg_and_the_classifier_on_its_samples():
     # the CVAE takes exactly FedAvg's round with Adam clients
     generator = C.cvae(model.input_shape, model.num_classes, 3, (8,), 1.0, (-4.0, 4.0))
     plain = fedavg(generator, training=training._replace(optimizer=optax.adam))
-    expected, _ = plain.apply(state0.aggregator_state.generator, cohort, key, "sequential")
-    helpers.assert_trees_close(state.aggregator_state.generator.params, expected.params)
+    expected, _ = plain.apply(plain.init(state0.aggregator_state.generator, n), cohort, key,
+                              "sequential")
+    helpers.assert_trees_close(state.aggregator_state.generator, expected.params)
     # a fresh balanced set drawn from the new decoder with the server's key
     x, y = S.synthetic_data(state)
     np.testing.assert_array_equal(y, np.repeat(np.arange(helpers.NUM_CLASSES), 4))

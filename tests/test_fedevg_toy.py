@@ -64,8 +64,9 @@ def _toy(split: str, seed: int):
             TOY, s, FederatedData(d, d), k, num_rounds=200, cohort_size=2,
             sampler=sampling.uniform, execution="sequential")[0]))
     state = TOY.init(TOY_MODEL.init(jax.random.key(seed)), 2)
-    state = state._replace(aggregator_state=F.init_synthetic(jax.random.key(100 + seed), 40, 2,
-                                                             (2,)))
+    synth = F.init_synthetic(jax.random.key(100 + seed), 40, 2, (2,))
+    state = state._replace(aggregator_state=state.aggregator_state._replace(x=synth.x,
+                                                                            y=synth.y))
     train = _toy_data(split, seed)
     final = _TOY_RUN[0](state, train, jax.random.key(seed))
     (d0, _), (d1, agree) = _stats(state), _stats(final)

@@ -22,16 +22,18 @@ decoder means x = lo + (hi - lo) sigmoid(logits) at z ~ N(0, I) (``sample``).
 
 Federated training (``fedcvae(model, ...)``), shaped like FedEvg so that both compare
 with every method in one table: ``model`` is the user's classifier, the CVAE is built
-inside from its input shape and classes. Every round the CVAE takes one FedAvg round
-(``algorithms.fedavg``: Adam local steps with a fresh Adam state every round,
-size-weighted averaging of encoder and decoder, server step sgd(1.0)); the server then
-draws a fresh synthetic set D~ of M = L ``samples_per_class`` decoder means
-(``fold_in(server_key, 0)``) and trains the classifier in ``state.params`` on it,
-warm-started, for ``server_classifier_steps`` Adam steps (``synthetic.fit_classifier``,
-as FedEvg does). The runner's accuracy is thus downstream accuracy (the thesis's Tables 4.2-4.3), and
-``synthetic.synthetic_data(state)`` / ``synthetic.downstream_report`` read the set as for
-FedEvg. ``state.aggregator_state`` is ``FedCVAEState(x, y, generator)``, ``generator``
-the CVAE's FedAvg ``ServerState`` (its parameters: ``generator.params``).
+inside from its input shape and classes. The round is ``compose``d
+(core/algorithm.py): the broadcast is the CVAE, each client takes FedAvg's local
+training of it (``client.local_training``: Adam steps with a fresh Adam state every
+round), and the aggregator is the server: FedAvg's step on the CVAE (the size-weighted
+mean of the clients' deltas, subtracted), a fresh synthetic set D~ of M = L
+``samples_per_class`` decoder means (``fold_in(server_key, 0)``), then the classifier in
+``state.params`` trained on it, warm-started, for ``server_classifier_steps`` Adam steps
+(``generative.classifier_direction``, as FedEvg does). The runner's accuracy is thus
+downstream accuracy (the thesis's Tables 4.2-4.3), and ``generative.synthetic_data(state)`` /
+``generative.downstream_report`` read the set as for FedEvg. ``state.aggregator_state``
+is ``FedCVAEState(x, y, generator, classifier_opt_state)``, ``generator`` the CVAE's
+parameters.
 
 Symbols -> arguments: eta = ``training.lr``, B = ``training.batch_size`` (also the
 server classifier's batch), E = ``training.num_epochs`` (at most ``training.max_steps``
@@ -45,7 +47,7 @@ bounds, ``server_classifier_lr``.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -53,16 +55,15 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
-                                        cohort_train_loss)
-from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.core.client import ClientTraining, data_loss, describe_object
-from fedjax_fair.core.execution import local_step_unroll, map_clients
+from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.algorithm import FederatedAlgorithm, cohort_train_loss, compose
+from fedjax_fair.core.client import ClientTraining, data_loss, describe_object, local_training
+from fedjax_fair.core.execution import local_step_unroll, loss_chunk_size_here
 from fedjax_fair.models.base import Model, check_widths
 from fedjax_fair.algorithms.families.generative import (balanced_labels, check_data_range,
-                                                        classifier_optimizer, fit_classifier,
-                                                        synthetic_accuracy)
-from fedjax_fair.core.types import Cohort
+                                                        classifier_direction,
+                                                        classifier_optimizer)
+from fedjax_fair.core.types import Broadcast
 
 NETWORK_HPARAMS = {"latent_dim": H.COUNT, "kl_weight": H.NONNEGATIVE}
 HPARAMS = {**NETWORK_HPARAMS, "samples_per_class": H.COUNT,
@@ -190,12 +191,14 @@ def decoder(model: Model) -> Callable:
 
 
 class FedCVAEState(NamedTuple):
-    """The server's synthetic set (x [M, *X], y [M], drawn after the last round) and the
-    CVAE's FedAvg state."""
+    """FedCVAE's server (``state.aggregator_state``): the synthetic set (x [M, *X],
+    y [M], drawn after the last round), the CVAE's parameters ``generator`` and the
+    server classifier's Adam state."""
 
     x: jax.Array
     y: jax.Array
-    generator: ServerState
+    generator: Any
+    classifier_opt_state: Any
 
 
 def sample(generator: Model, params, key, samples_per_class: int = 10):
@@ -223,11 +226,12 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
     ``training.lr``: a number, a traced scalar or a schedule of the round); after every
     round the server classifier ``state.params`` trains on a fresh decoder set.
 
-    Round metrics: FedAvg's on the CVAE (``weights``, ``num_steps``, ``update_norm``;
-    its ``train_loss``, the clients' -ELBO, as ``generator_loss``), ``loss_before`` (the
-    server classifier's cross-entropy on each client's rows before the round) and
-    ``train_loss`` (its n-weighted mean, as for every method), ``client/elbo_before``
-    (the CVAE's), ``server/classifier_loss`` and ``server/synthetic_accuracy``."""
+    Round metrics: ``compose``'s (``weights``, ``num_steps``; ``loss_before``, the
+    server classifier's cross-entropy on each client's rows before the round, and
+    ``train_loss``, its n-weighted mean as for every method; ``update_norm``, the
+    classifier's change), ``client/elbo_before`` (the CVAE's -ELBO per client) and its
+    n-weighted mean ``generator_loss``, ``server/generator_update_norm`` (the CVAE's
+    step), ``server/classifier_loss`` and ``server/synthetic_accuracy``."""
     if not isinstance(training, ClientTraining):
         raise H.FieldTypeError("training", f"must be a ClientTraining, got "
                                            f"{describe_object(training)}")
@@ -237,42 +241,44 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
             server_classifier_lr=server_classifier_lr, seed=seed)
     generator = cvae(model.input_shape, model.num_classes, latent_dim, hidden, kl_weight,
                      data_range)
-    inner = fedavg(generator, training=training._replace(
+    train_cvae = local_training(generator, training._replace(
         optimizer=optax.adam if training.optimizer is None else training.optimizer))
     server_opt = classifier_optimizer(server_classifier_lr, 0.0)
     unroll = local_step_unroll(model.uses_xla_conv)  # XLA:CPU's rolled-conv slowdown
 
-    def init(params, num_clients: int) -> ServerState:
+    def client(b: Broadcast, row, data, local_steps, key):
+        """FedAvg's client on the CVAE ``b.extra``; its -ELBO before the round moves to
+        ``extra`` and ``loss_before`` is the server classifier's."""
+        out, _ = train_cvae(Broadcast(b.extra, b.round), (), data, local_steps, key)
+        return out._replace(loss_before=data_loss(model, b.params, data,
+                                                  loss_chunk_size_here()),
+                            extra={"elbo_before": out.loss_before}), ()
+
+    def init_server(params, num_clients: int) -> FedCVAEState:
         k_gen, k_synth = jax.random.split(jax.random.key(seed))
-        gen = inner.init(generator.init(k_gen), num_clients)
-        x, y = sample(generator, gen.params, k_synth, samples_per_class)
-        return ServerState(params=params, opt_state=server_opt.init(params), mixing_state=(),
-                           aggregator_state=FedCVAEState(x, y, gen), client_states=(),
-                           round=jnp.zeros((), jnp.int32))
+        gen = generator.init(k_gen)
+        x, y = sample(generator, gen, k_synth, samples_per_class)
+        return FedCVAEState(x, y, gen, server_opt.init(params))
 
-    def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
-        k = cohort.client_ids.shape[0]
-        loss_before = map_clients(lambda p, d: data_loss(model, p, d), execution, k)(
-            state.params, cohort.data, sizes=cohort.data.num_examples)
-        gen, metrics = inner.apply(state.aggregator_state.generator, cohort, key, execution)
-        server_key = jax.random.fold_in(key, SERVER_KEY_ID)
-        x, y = sample(generator, gen.params, jax.random.fold_in(server_key, 0),
-                      samples_per_class)
-        params, opt_state, cls_loss = fit_classifier(
-            model, state.params, state.opt_state, server_opt, x, y,
-            jax.random.fold_in(server_key, 1), server_classifier_steps, training.batch_size,
+    def aggregate(server: FedCVAEState, outputs, weights, ctx):
+        """FedAvg's server step on the CVAE (theta_g - sum_k p_k Delta_k), a fresh set
+        from its decoder, then the classifier's fit on it."""
+        step = weighted_sum(outputs.delta, weights)
+        gen = jax.tree.map(jnp.subtract, server.generator, step)
+        x, y = sample(generator, gen, jax.random.fold_in(ctx.key, 0), samples_per_class)
+        direction, opt_state, info = classifier_direction(
+            model, ctx.params, server.classifier_opt_state, server_opt, x, y,
+            jax.random.fold_in(ctx.key, 1), server_classifier_steps, training.batch_size,
             unroll)
-        mask = cohort.client_mask
-        metrics = {**metrics, "client/elbo_before": metrics["loss_before"],
-                   "generator_loss": metrics["train_loss"],  # the CVAE's -ELBO
-                   # train_loss as for every method: the scored model (the server
-                   # classifier) on the cohort's training rows before the round
-                   "train_loss": cohort_train_loss(loss_before, cohort.data.num_examples,
-                                                   mask),
-                   "loss_before": loss_before, "server/classifier_loss": cls_loss,
-                   "server/synthetic_accuracy": synthetic_accuracy(model, params, x, y)}
-        new_state = ServerState(params, opt_state, state.mixing_state, FedCVAEState(x, y, gen),
-                                state.client_states, state.round + 1)
-        return new_state, metrics
+        info["generator_update_norm"] = optax.tree.norm(step)
+        return direction, FedCVAEState(x, y, gen, opt_state), info
 
-    return FederatedAlgorithm(init, apply)
+    def round_metrics(outputs, weights, ctx):
+        elbo = outputs.extra["elbo_before"]
+        return {"client/elbo_before": elbo,
+                "generator_loss": cohort_train_loss(elbo, outputs.num_examples,
+                                                    ctx.client_mask)}
+
+    return compose(client, aggregator=Aggregator(init_server, aggregate),
+                   broadcast=lambda state: state.aggregator_state.generator,
+                   round_metrics=round_metrics)

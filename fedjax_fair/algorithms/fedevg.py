@@ -45,17 +45,22 @@ classifier in a per-client table (``client_table``) instead of re-initialising i
 
 What the runner evaluates. FedEvg has no global model: its product is D~. So that
 ``runner.run``'s per-client test accuracy of ``state.params`` means something, the
-server keeps a classifier of the model's architecture in ``state.params`` (its Adam
-state in ``state.opt_state``) and trains it, warm-started, for
-``server_classifier_steps`` Adam steps (rate ``server_classifier_lr``, minibatches of
-min(B, M) distinct synthetic samples) on the updated D~ after every server step. The
-runner's accuracy is then the downstream accuracy (Tables 4.2-4.3) of a classifier trained on
-D~ so far; 0 steps leaves ``state.params`` at its initial value (only D~ evolves). The
-thesis's end-of-run protocol (a *fresh* classifier trained on D~ only) is
-``downstream_accuracy``. The synthetic set lives in ``state.aggregator_state``
-(``SyntheticSet(x, y)``; ``synthetic_data(state)``), drawn at ``init`` from
-``jax.random.key(seed)`` (eq. 4.12). Round keys follow the engine: client k uses
-``fold_in(key, k)``, the server ``fold_in(key, SERVER_KEY_ID)``.
+server keeps a classifier of the model's architecture in ``state.params`` and trains it,
+warm-started, for ``server_classifier_steps`` Adam steps (rate ``server_classifier_lr``,
+minibatches of min(B, M) distinct synthetic samples) on the updated D~ after every
+server step. The runner's accuracy is then the downstream accuracy (Tables 4.2-4.3) of a
+classifier trained on D~ so far; 0 steps leaves ``state.params`` at its initial value
+(only D~ evolves). The thesis's end-of-run protocol (a *fresh* classifier trained on D~
+only) is ``downstream_accuracy``.
+
+The round is ``compose``d (core/algorithm.py): the broadcast is D~, each client's
+``ClientOutput.delta`` is its ``Upload`` (it sends no parameters), and the aggregator is
+the server: it keeps ``ServerSide(x, y, classifier_opt_state)`` in
+``state.aggregator_state`` (``synthetic_data(state)``; D~^(0) drawn at ``init`` from
+``jax.random.key(seed)``, eq. 4.12), takes the SGLD step and returns the classifier's
+change theta^t - theta^{t+1} as the direction the server step sgd(1.0) applies. Round
+keys follow the engine: client k uses ``fold_in(key, k)``, the server
+``fold_in(key, SERVER_KEY_ID)``.
 
 Public pieces: ``server_steps`` (schedule), ``signed_weights`` / ``log_energy_weights``,
 ``mixture_weights`` / ``mixture_gradient`` (eq. 4.13), ``server_sgld_step`` (eq. 4.14),
@@ -75,26 +80,24 @@ Static: counts, ``num_rounds``, ``schedule``, the flags and choices.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair.core import client_states as tables
 from fedjax_fair import hparams as H
-from fedjax_fair.core.algorithm import (SERVER_KEY_ID, FederatedAlgorithm, ServerState,
-                                        cohort_train_loss)
+from fedjax_fair.core.aggregators import Aggregator
+from fedjax_fair.core.algorithm import FederatedAlgorithm, cohort_train_loss, compose
 from fedjax_fair.core.client import (ClientTraining, data_loss, describe_object, masked_mean,
                                      masked_steps, round_value)
-from fedjax_fair.core.execution import local_step_unroll, loss_chunk_size_here, map_clients
+from fedjax_fair.core.execution import local_step_unroll, loss_chunk_size_here
 from fedjax_fair.models.base import Model, cross_entropy
 from fedjax_fair.algorithms.families.generative import (SyntheticSet, balanced_labels,
-                                                        check_data_range,
-                                                        classifier_optimizer, fit_classifier,
-                                                        synthetic_accuracy)
-from fedjax_fair.core.types import ClientData, Cohort
+                                                        check_data_range, classifier_direction,
+                                                        classifier_optimizer)
+from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
 
@@ -144,6 +147,26 @@ class Upload(NamedTuple):
     def s(self) -> jax.Array:
         """The exponentiated (signed) energies the thesis uploads."""
         return jnp.exp(self.log_s)
+
+
+class ServerSide(NamedTuple):
+    """FedEvg's server (``state.aggregator_state``): D~ (x [M, *X], y int32 [M]) and the
+    server classifier's Adam state."""
+
+    x: jax.Array
+    y: jax.Array
+    classifier_opt_state: Any
+
+
+class ClientModel(NamedTuple):
+    """A persistent client's row (``persistent_client_model``): its classifier and
+    whether it has trained yet (its first visit starts from a fresh model)."""
+
+    params: Any
+    trained: jax.Array  # bool []
+
+
+CLIENT_METRICS = ("ce", "pcd", "acc")  # per client, logged as client/NAME
 
 
 # ----------------------------------------------------------------- pure pieces
@@ -443,18 +466,20 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     ``init(params, N)``: ``params`` initialises the server classifier (``state.params``)
     and, with ``persistent_client_model``, the shape of the per-client table; D~^(0) is
     drawn from ``jax.random.key(seed)``. ``apply(state, cohort, key, execution)``:
-    one round; the clients are mapped with ``execution.map_clients`` (any strategy).
+    one round (any execution strategy). ``client_rows(state, ids)``: the persistent
+    clients' ``ClientModel`` rows.
 
-    Round metrics: per client [K] ``client_ids``, ``client_mask``, ``weights`` (n_i over
-    the cohort's n; 0 for masked rows), ``num_steps``, ``loss_before`` (the server
-    classifier's loss on the client's rows before the round), ``client/ce``,
-    ``client/pcd``, ``client/acc`` (means over the local iterations); scalars
-    ``train_loss`` (the n-weighted ``loss_before``: the server classifier's loss on the
-    cohort's rows before the round, as for every method), ``client_train_loss`` (the
-    clients' n-weighted last-epoch real cross-entropy), ``update_norm``
-    (||x~^{t+1} - x~^t||), ``server/grad_norm`` (||G||), ``server/beta``,
-    ``server/frac_s_positive`` (share of uploads with s = e), ``server/classifier_loss``
-    and ``server/synthetic_accuracy`` (the server classifier on D~^{t+1}).
+    Round metrics: ``compose``'s (per client [K] ``client_ids``, ``client_mask``,
+    ``weights`` (n_i over the cohort's n; 0 for masked rows), ``num_steps``,
+    ``loss_before`` (the server classifier's loss on the client's rows before the
+    round); scalars ``train_loss`` (their n-weighted mean, as for every method) and
+    ``update_norm`` (||theta^t - theta^{t+1}||, the server classifier's change)); per
+    client ``client/ce``, ``client/pcd``, ``client/acc`` (means over the local
+    iterations); ``client_train_loss`` (the clients' n-weighted last-epoch real
+    cross-entropy); the server's ``server/grad_norm`` (||G||), ``server/beta``,
+    ``server/frac_s_positive`` (share of uploads with s = e),
+    ``server/synthetic_change`` (||x~^{t+1} - x~^t||), ``server/classifier_loss`` and
+    ``server/synthetic_accuracy`` (the server classifier on D~^{t+1}).
     """
     H.check(HPARAMS, num_synth=num_synth, ce_weight=ce_weight, local_iters=local_iters,
             client_sgld_steps=client_sgld_steps,
@@ -476,8 +501,6 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
     num_synth = 10 * num_classes if num_synth is None else int(num_synth)
     balanced_labels(num_synth, num_classes)  # refuses an unbalanced M now
     num_rounds = int(num_rounds)
-    table = tables.get_table(client_table)  # refuses a bad name in either mode
-    table = table if persistent_client_model else None
     unroll = local_step_unroll(model.uses_xla_conv)
     cfg = ClientConfig(ce_weight=ce_weight, local_iters=local_iters,
                        num_epochs=training.num_epochs,
@@ -489,97 +512,59 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
                        ce_on_initial_synth=ce_on_initial_synth, unroll=unroll)
     client_update = make_client_update(model, cfg)
     server_opt = classifier_optimizer(server_classifier_lr, training.weight_decay)
+    betas = server_steps(num_rounds, server_step, server_step_end, schedule)
 
-    def init(params, num_clients: int) -> ServerState:
+    def client(b: Broadcast, row, data: ClientData, local_steps, key):
+        """One client (Alg. 4.2): trains a fresh classifier (or, persistent, its own
+        from its second visit on) from the downloaded D~ = ``b.extra``; uploads
+        (g, log s) as its ``delta``; ``loss_before`` is the server classifier's."""
+        k_init, k_train = jax.random.split(key)
+        start = model.init(k_init)
+        if persistent_client_model:
+            start = jax.tree.map(lambda f, r: jnp.where(row.trained, r, f.astype(r.dtype)),
+                                 start, row.params)
+        upload, cm, params = client_update(b.extra.x, b.extra.y, data, local_steps, k_train,
+                                           round_value(training.lr, b.round), start)
+        out = ClientOutput(delta=upload,
+                           loss_before=data_loss(model, b.params, data, loss_chunk_size_here()),
+                           num_examples=data.num_examples, num_steps=cm["num_steps"],
+                           extra={name: cm[name] for name in CLIENT_METRICS},
+                           train_loss=cm["train_loss"])
+        new_row = ClientModel(params, jnp.ones((), bool)) if persistent_client_model else ()
+        return out, new_row
+
+    def init_server(params, num_clients: int) -> ServerSide:
         synth = init_synthetic(jax.random.key(seed), num_synth, num_classes,
                                model.input_shape)
-        cs = table.init(params, num_clients) if table is not None else ()
-        return ServerState(params=params, opt_state=server_opt.init(params), mixing_state=(),
-                           aggregator_state=synth, client_states=cs,
-                           round=jnp.zeros((), jnp.int32))
+        return ServerSide(synth.x, synth.y, server_opt.init(params))
 
-    def one_client(shared, xs):
-        x_syn, y_syn, lr, server_params = shared
-        row, never, data, budget, key = xs
-        k_init, k_train = jax.random.split(key)
-        fresh = model.init(k_init)
-        if table is None:
-            start = fresh
-        else:  # a client's first participation starts from its own fresh model
-            start = jax.tree.map(lambda f, r: jnp.where(never, f.astype(r.dtype), r), fresh,
-                                 row)
-        upload, metrics, params = client_update(x_syn, y_syn, data, budget, k_train, lr,
-                                                start)
-        # the server classifier's loss on the client's rows (``loss_before``, read by
-        # algorithm.with_improvement and loss-based diagnostics)
-        metrics["loss_before"] = data_loss(model, server_params, data, loss_chunk_size_here())
-        return upload, metrics, (params if table is not None else ())
-
-    def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
-        synth: SyntheticSet = state.aggregator_state
-        k = cohort.client_ids.shape[0]
-        ids = cohort.client_ids
-        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
-        if table is not None:
-            rows = table.gather(state.client_states, ids)
-            never = state.client_states.last_round[ids] < 0
-        else:
-            rows, never = (), jnp.zeros((k,), bool)
-        lr = round_value(training.lr, state.round)
-        run_clients = map_clients(one_client, execution, k)
-        upload, cm, new_rows = run_clients(
-            (synth.x, synth.y, jnp.asarray(lr), state.params), (rows, never, cohort.data, cohort.local_steps, keys),
-            sizes=cohort.data.num_examples)
-
-        mask = cohort.client_mask
-        n = jnp.where(mask, cohort.data.num_examples, 0).astype(jnp.float32)
-        grad = mixture_gradient(upload.g, upload.log_s, n)  # eq. 4.13
-        betas = server_steps(num_rounds, server_step, server_step_end, schedule)
-        beta = betas[jnp.minimum(state.round, num_rounds - 1)]
-        server_key = jax.random.fold_in(key, SERVER_KEY_ID)
-        x_new = server_sgld_step(synth.x, grad.astype(synth.x.dtype), beta, server_noise,
-                                 jax.random.fold_in(server_key, 0), data_range)  # eq. 4.14
-        params, opt_state, cls_loss = fit_classifier(
-            model, state.params, state.opt_state, server_opt, x_new, synth.y,
-            jax.random.fold_in(server_key, 1), server_classifier_steps, training.batch_size,
+    def aggregate(server: ServerSide, outputs, weights, ctx):
+        """The server (Alg. 4.2): eq. 4.13's mixture gradient over the clients holding
+        data, one SGLD step on D~ (eq. 4.14), then the classifier's fit on it."""
+        upload = outputs.delta
+        weights = jnp.where(outputs.num_examples > 0, weights, 0.0)
+        grad = mixture_gradient(upload.g, upload.log_s, weights)  # eq. 4.13
+        beta = betas[jnp.minimum(ctx.round, num_rounds - 1)]
+        x_new = server_sgld_step(server.x, grad.astype(server.x.dtype), beta, server_noise,
+                                 jax.random.fold_in(ctx.key, 0), data_range)  # eq. 4.14
+        direction, opt_state, info = classifier_direction(
+            model, ctx.params, server.classifier_opt_state, server_opt, x_new, server.y,
+            jax.random.fold_in(ctx.key, 1), server_classifier_steps, training.batch_size,
             unroll)
+        valid = (weights > 0)[:, None] & jnp.ones(upload.log_s.shape, bool)
+        info.update(grad_norm=jnp.sqrt(jnp.sum(jnp.square(grad))), beta=beta,
+                    frac_s_positive=jnp.sum(valid & (upload.log_s > 0))
+                    / jnp.maximum(jnp.sum(valid), 1),
+                    synthetic_change=jnp.sqrt(jnp.sum(jnp.square(x_new - server.x))))
+        return direction, ServerSide(x_new, server.y, opt_state), info
 
-        client_table_ = state.client_states
-        if table is not None:
-            client_table_ = table.scatter(client_table_, ids, new_rows, mask, state.round)
+    def round_metrics(outputs, weights, ctx):
+        return {"client_train_loss": cohort_train_loss(outputs.train_loss,
+                                                       outputs.num_examples, ctx.client_mask),
+                **{f"client/{name}": value for name, value in outputs.extra.items()}}
 
-        total = jnp.maximum(jnp.sum(n), 1.0)
-        valid = (n > 0)[:, None] & jnp.ones(upload.log_s.shape, bool)
-        metrics = {
-            "client_ids": ids,
-            "client_mask": mask,
-            "weights": n / total,
-            "num_steps": cm["num_steps"],
-            "loss_before": cm["loss_before"],
-            # train_loss means what it means for every method (compose's): the scored
-            # model's loss on the cohort's training rows before the round; the clients'
-            # own last-epoch cross-entropy on the synthetic set is client_train_loss
-            "train_loss": cohort_train_loss(cm["loss_before"], n, mask),
-            "client_train_loss": cohort_train_loss(cm["train_loss"], n, mask),
-            "update_norm": jnp.sqrt(jnp.sum(jnp.square(x_new - synth.x))),
-            "client/ce": cm["ce"],
-            "client/pcd": cm["pcd"],
-            "client/acc": cm["acc"],
-            "server/grad_norm": jnp.sqrt(jnp.sum(jnp.square(grad))),
-            "server/beta": beta,
-            "server/frac_s_positive": jnp.sum(valid & (upload.log_s > 0))
-            / jnp.maximum(jnp.sum(valid), 1),
-            "server/classifier_loss": cls_loss,
-            "server/synthetic_accuracy": synthetic_accuracy(model, params, x_new, synth.y),
-        }
-        new_state = ServerState(params, opt_state, state.mixing_state,
-                                SyntheticSet(x_new, synth.y), client_table_, state.round + 1)
-        return new_state, metrics
-
-    def client_rows(state, client_ids):
-        """The persistent classifiers of ``client_ids`` (rows never written hold the
-        table's template; such a client starts from a fresh model)."""
-        return table.gather(state.client_states, client_ids)
-
-    return FederatedAlgorithm(init, apply, None, table, None,
-                              client_rows if table is not None else None)
+    return compose(client, aggregator=Aggregator(init_server, aggregate),
+                   broadcast=lambda state: state.aggregator_state,
+                   client_state_init=((lambda params: ClientModel(params, jnp.zeros((), bool)))
+                                      if persistent_client_model else None),
+                   client_table=client_table, round_metrics=round_metrics)

@@ -73,6 +73,10 @@ from fedjax_fair import hparams as H
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
 
 
+ROUND_METRICS = ("client_ids", "client_mask", "weights", "loss_before", "num_steps",
+                 "train_loss", "update_norm")  # every composed round's
+
+
 class ServerState(NamedTuple):
     params: Any
     opt_state: Any
@@ -137,7 +141,8 @@ def compose(client_update: ClientUpdate, *,
             drift: Optional[Callable] = None,
             personal_params: Optional[Callable] = None,
             evaluated_params: Optional[Callable] = None,
-            client_state_fresh: Optional[Callable] = None) -> FederatedAlgorithm:
+            client_state_fresh: Optional[Callable] = None,
+            round_metrics: Optional[Callable] = None) -> FederatedAlgorithm:
     """Builds a FederatedAlgorithm from pieces.
 
     Args:
@@ -163,8 +168,15 @@ def compose(client_update: ClientUpdate, *,
         whenever such a client's row is read, so it is deterministic per client and
         costs no storage in the lazy table. None: every client starts from
         ``client_state_init(params)``. Rows that drift cannot be fresh.
+      round_metrics: ``(outputs, weights, ctx) -> dict``, the method's own round
+        metrics (per client [K] or scalars; FedEvg's ``client/pcd``), logged beside the
+        round's ``ROUND_METRICS`` and the aggregator's ``server/...`` ones, whose names
+        they may not take (in a streamed round ``outputs.delta`` is None).
     """
     _check_pieces(client_update, mixing, aggregator, server_optimizer)
+    if round_metrics is not None and not callable(round_metrics):
+        raise H.FieldTypeError("round_metrics", f"must be None or a function, got "
+                                                f"{describe_object(round_metrics)}")
     mixing = mixing or by_num_examples()
     aggregator = aggregator or weighted_mean()
     server_optimizer = server_optimizer or optax.sgd(1.0)
@@ -234,6 +246,12 @@ def compose(client_update: ClientUpdate, *,
             "update_norm": optax.tree.norm(direction),
             **{f"server/{name}": value for name, value in info.items()},
         }
+        if round_metrics is not None:
+            own = round_metrics(outputs, weights, ctx)
+            clash = sorted(set(own) & set(metrics))
+            if clash:  # static names, known when the round is traced
+                raise H.FieldError("round_metrics", f"names {clash} are the round's own")
+            metrics.update(own)
         new_state = ServerState(params, opt_state, mixing_state, agg_state, client_table,
                                 state.round + 1)
         return new_state, metrics

@@ -2,15 +2,17 @@
 ``algorithms.fedevg``; the FedCVAE baseline, ``algorithms.fedcvae``; metrics of Hahn's thesis, UNIST 2024, Ch. IV, Tables 4.2-4.5):
 the state they share, the server classifier they train on it, and its evaluation.
 
-A generative method keeps its synthetic set D~ = {(x~_j, y~_j)} in
-``state.aggregator_state`` (a ``SyntheticSet``, or a NamedTuple with ``x`` and ``y``
-fields) and a classifier of the user's model trained on D~ in ``state.params``, so that
-the runner's per-client test accuracy is downstream accuracy and both methods compare
-with every other method in one table.
+A generative method is a ``compose``d round whose aggregator is its server: it keeps
+the synthetic set D~ = {(x~_j, y~_j)} in ``state.aggregator_state`` (a NamedTuple with
+``x`` and ``y`` fields, beside the server classifier's optimizer state), and a
+classifier of the user's model trained on D~ in ``state.params``, so that the runner's
+per-client test accuracy is downstream accuracy and both methods compare with every
+other method in one table.
 
 * ``SyntheticSet``, ``balanced_labels`` (class-balanced labels [0]*spc + [1]*spc + ...);
 * ``classifier_optimizer`` (Adam with coupled L2, optional global-norm clip),
-  ``fit_classifier`` (minibatch cross-entropy steps on D~), ``synthetic_accuracy``;
+  ``fit_classifier`` (minibatch cross-entropy steps on D~), ``synthetic_accuracy``,
+  ``classifier_direction`` (the fit as the direction ``compose``'s server step applies);
 * accessors ``synthetic_data`` (arrays) and ``synthetic_federation`` (a federation);
 * Tables 4.2-4.3 (downstream utility): ``downstream_accuracy`` (a fresh classifier trained on D~ only, tested on
   real held-out rows) and ``downstream_report`` (the registry's end-of-run hook);
@@ -106,6 +108,20 @@ def fit_classifier(model: Model, params, opt_state, optimizer, x, y, key, steps:
 def synthetic_accuracy(model: Model, params, x, y):
     """The share of the rows (x, y) that ``model`` at ``params`` classifies correctly."""
     return jnp.mean((jnp.argmax(model.apply(params, x), -1) == y).astype(jnp.float32))
+
+
+def classifier_direction(model: Model, params, opt_state, optimizer, x, y, key, steps: int,
+                         batch_size: int, unroll: Union[int, bool] = 1):
+    """The server classifier's round as an aggregator's output: ``fit_classifier`` from
+    theta^t = ``params`` on the new set (x, y), returned as the direction
+    Delta = theta^t - theta^{t+1} that ``compose``'s server step sgd(1.0) applies, with
+    the optimizer's new state and the info ``classifier_loss`` and
+    ``synthetic_accuracy`` (of theta^{t+1} on (x, y))."""
+    fitted, opt_state, loss = fit_classifier(model, params, opt_state, optimizer, x, y, key,
+                                             steps, batch_size, unroll)
+    direction = jax.tree.map(jnp.subtract, params, fitted)
+    return direction, opt_state, {"classifier_loss": loss,
+                                  "synthetic_accuracy": synthetic_accuracy(model, fitted, x, y)}
 
 
 # ----------------------------------------------------------------- accessors
