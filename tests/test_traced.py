@@ -173,7 +173,15 @@ def test_sweeps_cover_continuous_hparams():
     assert all(any(s.method == m and s.concrete is not None for s in SWEEPS) for m in METHODS)
 
 
-@pytest.mark.parametrize("sweep", SWEEPS, ids=[s.name for s in SWEEPS])
+# The default suite sweeps one client-side, one mixing-rule and one solver-driven
+# hyper-parameter; the other sweeps (slow) repeat the same vmap over a whole run for
+# the other methods, whose factories test_factories_accept_tracers traces by default.
+DEFAULT_SWEEPS = ("fedavg-client_lr", "qffl-q", "aaggff_s-alpha")
+
+
+@pytest.mark.parametrize("sweep", [
+    pytest.param(s, id=s.name, marks=() if s.name in DEFAULT_SWEEPS else pytest.mark.slow)
+    for s in SWEEPS])
 def test_vmap_sweep_equals_separate_runs(sweep):
     spec = METHODS[sweep.method]
     sweep_fn, single = _programs(sweep.method)
