@@ -59,9 +59,11 @@ def test_run_evaluates_all_clients_and_logs_history(reference_run):
                                np.mean(result.client_metrics["ece"][has]), rtol=1e-6)
 
 
-def test_run_compiles_once_per_chunk_length(reference_run):
+def test_run_compiles_one_chunk_program_on_a_cpu(reference_run):
     result, traces, _ = reference_run
-    assert traces == 2  # chunk lengths 2 and 1; the second chunk of 2 reuses the first
+    # chunks of 2, 2 and 1 rounds: on a CPU the first chunk's program runs all three
+    # (the last stops after one round); an accelerator compiles lengths 2 and 1
+    assert traces == (1 if jax.default_backend() == "cpu" else 2)
     assert result.compile_seconds > 0.0 and result.run_seconds > 0.0
 
 

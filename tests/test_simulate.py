@@ -57,6 +57,26 @@ def test_simulate_traces_once_for_new_values_of_same_shapes():
     assert bool(np.all(metrics["finite"]))
 
 
+def test_active_rounds_runs_the_first_rounds_of_one_program():
+    """``active_rounds=n`` (traced: one program for every n) runs the first n of the
+    scan's rounds, as a scan of n rounds does, and logs zeros for the rest."""
+    alg, _ = _simulate_fn()
+    state0, data, key = alg.init(PARAMS, N), helpers.tiny_federation(), jax.random.key(3)
+    cut = jax.jit(chex.assert_max_traces(lambda s, n: simulate(
+        alg, s, data, key, num_rounds=3, cohort_size=3, active_rounds=n), n=1))
+    for n in (3, 1, 0):
+        state, metrics = cut(state0, jnp.int32(n))
+        assert int(state.round) == n
+        if n:
+            plain, expected = jax.jit(lambda s, n=n: simulate(
+                alg, s, data, key, num_rounds=n, cohort_size=3))(state0)
+            chex.assert_trees_all_close(state, plain, rtol=1e-6, atol=1e-7)
+            chex.assert_trees_all_close(jax.tree.map(lambda m: m[:n], metrics), expected,
+                                        rtol=1e-6, atol=1e-7)
+        chex.assert_trees_all_equal(jax.tree.map(lambda m: m[n:], metrics),
+                                    jax.tree.map(lambda m: jnp.zeros_like(m[n:]), metrics))
+
+
 def _shape_structs(tree):
     return jax.tree.map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype),
                                    bool(getattr(x, "weak_type", False))), tree)

@@ -1,7 +1,8 @@
 """The runner: a whole simulation in chunks of rounds, around the pure core.
 
 ``run`` is a Python loop over chunks of ``eval_every`` rounds of
-``simulate.simulate`` (one compiled program per chunk length). It owns what a pure
+``simulate.simulate`` (on a CPU one compiled program whatever the chunk lengths: a
+chunk shorter than the first runs its first rounds; elsewhere one per length). It owns what a pure
 function cannot: the memory plan and the data's placement, evaluation of every
 client between chunks (of the global model, or of each client's own model for a
 personalised algorithm), checkpoints and resume, the NaN guard, progress, and the
@@ -486,7 +487,9 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     rounding. In a multi-host job (``sharding.initialize_distributed``) only
     process 0 writes checkpoints.
 
-    Compiles one program per distinct chunk length (and, streamed, per size bucket).
+    Compiles one chunk program on a CPU (the first chunk's length; shorter chunks run
+    its first rounds), else one per distinct chunk length (and, streamed, per size
+    bucket).
 
     The arguments are checked before anything is compiled, moved or written:
     ``num_rounds``, ``eval_every`` and ``cohort_size`` are integers >= 1 (the cohort
@@ -524,6 +527,13 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
             key = sharding.put(key, sharding.replicated(mesh))
 
         compiled: dict = {}
+        # on a CPU, one chunk program (the first chunk's length, the longest) runs chunks
+        # of any length (simulate's active_rounds): a run whose rounds do not divide
+        # into its evaluations compiles once. An accelerator keeps a program per length
+        # (a lax.cond per round there costs a device-to-host sync).
+        one_program = (jax.default_backend() if mesh is None
+                       else mesh.devices.flat[0].platform) == "cpu"
+        first = max(1, min(eval_every, num_rounds - int(state.round)))
         bar = _progress(progress, num_rounds, int(state.round), description)
         drawn = step_budgets if isinstance(step_budgets, StepBudgets) else None
         if drawn is not None:  # a function, closed over; tables are the arguments otherwise
@@ -554,13 +564,15 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                     return g
 
                 if padded_size is None:
-                    fn = jax.jit(pinned(lambda s, d, k, b: simulate(
+                    fn = jax.jit(pinned(lambda s, d, k, b, n: simulate(
                         algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
-                        sampler=sampler, step_budgets=drawn or b, execution=execution)),
-                        donate_argnums=donated)
+                        sampler=sampler, step_budgets=drawn or b, execution=execution,
+                        active_rounds=n)), donate_argnums=donated)
                     args = (state, _abstract(data, data_layout), key,
                             step_budgets if mesh is None else _abstract(step_budgets,
-                                                                        _replicated(mesh)))
+                                                                        _replicated(mesh)),
+                            None if not one_program else
+                            jax.ShapeDtypeStruct((), jnp.int32, sharding=_replicated(mesh)))
                 elif num_rows is not None:
                     fn = jax.jit(pinned(lambda s, c, k: _simulate_compact(
                         algorithm, s, c, k, padded_size, execution)), donate_argnums=donated)
@@ -591,7 +603,6 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                                             placement, validate) if mesh is None else {}
 
         # ---- memory plan, before any data moves to the device
-        first = max(1, min(eval_every, num_rounds - int(state.round)))
         try:
             plan = _memory_plan(program, first, data, mesh, placement, memory_limit)
         except mem.MemoryBudgetError:
@@ -648,10 +659,14 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         def advance(r0: int, length: int) -> list:
             """The next chunk of ``length`` rounds from round ``r0``, evaluated."""
             state = current[0]
-            if plan.placement == "device":
+            if plan.placement == "device" and one_program:  # the first chunk's, cut short
+                fn = program(first)
+                t = time.perf_counter()
+                new_state, metrics = fn(state, data, key, step_budgets, np.int32(length))
+            elif plan.placement == "device":
                 fn = program(length)
                 t = time.perf_counter()
-                new_state, metrics = fn(state, data, key, step_budgets)
+                new_state, metrics = fn(state, data, key, step_budgets, None)
             else:  # sampling, gathering and the transfer count as run time
                 t = time.perf_counter()
                 ids = sample_client_ids(key, r0, length, num_clients, cohort_size, sampler)
@@ -672,7 +687,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 fn = program(length, m, rows)
                 t += time.perf_counter() - t_compile  # a first compile is not run time
                 new_state, metrics = fn(state, cohorts, key)
-            metrics = sharding.to_host(metrics)
+            metrics = jax.tree.map(lambda m: m[:length], sharding.to_host(metrics))
             seconds = time.perf_counter() - t
             current[0] = new_state
             if not np.asarray(metrics["finite"]).all():

@@ -94,13 +94,17 @@ def budget_tables(step_budgets: StepBudgets, key, first_round: int, num_rounds: 
 
 def simulate(algorithm: FederatedAlgorithm, state: ServerState, data: FederatedData, key,
              *, num_rounds: int, cohort_size: int, sampler: Callable = sampling.uniform,
-             step_budgets=None, remat: bool = False, execution="auto"):
+             step_budgets=None, remat: bool = False, execution="auto", active_rounds=None):
     """Runs ``num_rounds`` rounds; returns (state, metrics with leading axis num_rounds).
 
     ``step_budgets``: each client's local-step budget (computational heterogeneity):
     an int32 table [N] fixed for the run, or a ``heterogeneity.StepBudgets`` drawn
     afresh every round; None lets the epoch count decide. ``execution``: how each
     round maps its clients (a strategy name or ``execution.Execution``).
+    ``active_rounds``: None, or an int32 scalar (traced: one program serves every
+    value) n <= ``num_rounds``: only the first n rounds run, the others leave the
+    state as it is and log zeros (the runner's one chunk program for chunks of any
+    length).
     """
     num_clients = data.train.mask.shape[0]
 
@@ -113,7 +117,31 @@ def simulate(algorithm: FederatedAlgorithm, state: ServerState, data: FederatedD
 
     if remat:
         round_fn = jax.checkpoint(round_fn)
-    return jax.lax.scan(round_fn, state, None, length=num_rounds)
+    if active_rounds is None:
+        return jax.lax.scan(round_fn, state, None, length=num_rounds)
+    return jax.lax.scan(_only_while(round_fn, active_rounds), state,
+                        jnp.arange(num_rounds, dtype=jnp.int32))
+
+
+def _only_while(round_fn: Callable, active_rounds) -> Callable:
+    """``round_fn`` for scan step i < ``active_rounds``; later steps keep the state and
+    log zeros of the round's metrics."""
+    traced = []  # the metrics' shapes, from the round's own trace (lax.cond traces the
+    # true branch first; else the skip branch traces the round once more for them)
+
+    def play(state, _):
+        new_state, metrics = round_fn(state, None)
+        traced.append(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metrics))
+        return new_state, metrics
+
+    def skip(state, _):
+        metrics = traced[-1] if traced else jax.eval_shape(round_fn, state, None)[1]
+        return state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics)
+
+    def step(state, i):
+        return jax.lax.cond(i < active_rounds, play, skip, state, None)
+
+    return step
 
 
 def simulate_cohorts(algorithm: FederatedAlgorithm, state: ServerState, cohorts: Cohort, key,

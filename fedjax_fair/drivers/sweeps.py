@@ -620,22 +620,23 @@ class SeedRuns(NamedTuple):
 
 def _seeds_programs(algorithm: FederatedAlgorithm, model, validate: bool, *, cohort_size: int,
                     sampler, execution, step_budgets):
-    """``(chunk(length), evaluate)``: ``chunk(length)`` is ``(seed, state, data) -> (state,
-    per-round metrics [length, ...], per-client test, validation or None)``, a chunk of
-    ``runner.run``'s rounds keyed by ``jax.random.key(seed)`` and every client
-    evaluated after it; ``evaluate`` is ``(seed, state, data) -> (test, validation)``."""
+    """``(chunk(length), evaluate)``: ``chunk(length)`` is ``(seed, state, data, n) ->
+    (state, per-round metrics [length, ...], per-client test, validation or None)``, a
+    chunk of ``runner.run``'s rounds keyed by ``jax.random.key(seed)`` (the first n of
+    them when n is not None: ``simulate``'s ``active_rounds``) and every client
+    evaluated after it; ``evaluate`` is ``(seed, state, data, None) -> (test, validation)``."""
 
-    def evaluate(seed, state, data):
+    def evaluate(seed, state, data, active_rounds=None):  # (the chunks' arguments)
         test = evaluate_state(model, algorithm, state, data.test)
         val = evaluate_state(model, algorithm, state, data.validation) if validate else None
         return test, val
 
     def chunk(length: int):
-        def one(seed, state, data):
+        def one(seed, state, data, active_rounds):
             state, metrics = simulate(algorithm, state, data, jax.random.key(seed),
                                       num_rounds=length, cohort_size=cohort_size,
                                       sampler=sampler, execution=execution,
-                                      step_budgets=step_budgets)
+                                      step_budgets=step_budgets, active_rounds=active_rounds)
             return (state, metrics, *evaluate(seed, state, data))
         return one
 
@@ -720,7 +721,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
         seeds32 = seed_values.astype(np.uint32)
         stack = lambda xs: jax.tree.map(lambda *v: jnp.stack(v), *xs)
         if vmap_seeds:
-            jit = lambda f: jax.jit(jax.vmap(f, in_axes=(0, 0, None),
+            jit = lambda f: jax.jit(jax.vmap(f, in_axes=(0, 0, None, None),
                                              axis_name=_execution.CLIENT_AXIS))
             current = [stack(states)]
         else:
@@ -734,11 +735,14 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
                 args = (seeds32, current[0], data) if vmap_seeds else (seeds32[0], current[0],
                                                                        data)
                 fn = evaluate if length is None else chunk(length)
+                args += (jax.ShapeDtypeStruct((), jnp.int32)
+                         if one_program and length is not None else None,)
                 programs[length] = jit(fn).lower(*args).compile()
             return programs[length]
 
         start = int(states[0].round)
         first = max(1, min(eval_every, num_rounds - start))
+        one_program = jax.default_backend() == "cpu"  # as runner.run: one chunk program
         capacity = mem.device_capacity() if memory_limit is None else int(memory_limit)
         plan = mem.MemoryPlan("device", 0, mem.program_bytes(program(first)), capacity)
         if not plan.fits:
@@ -762,22 +766,24 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
 
         def initial() -> list:
             if vmap_seeds:
-                test, val = jax.device_get(program(None)(seeds32, current[0], data))
+                test, val = jax.device_get(program(None)(seeds32, current[0], data, None))
                 outs = [(_row(test, i), _row(val, i) if validate else None)
                         for i in range(len(records))]
             else:
-                outs = [jax.device_get(program(None)(seeds32[i], current[i], data))
+                outs = [jax.device_get(program(None)(seeds32[i], current[i], data, None))
                         for i in range(len(records))]
             return [Chunk(seed_state(i), None, *evaluated(*o), 0.0)
                     for i, o in enumerate(outs)]
 
         def advance(r0: int, length: int) -> list:
-            fn = program(length)
+            fn = program(first if one_program else length)
+            n = np.int32(length) if one_program else None
             live = [i for i, rec in enumerate(records) if not rec.stopped]
             if vmap_seeds:
                 t = time.perf_counter()
-                current[0], metrics, test, val = fn(seeds32, current[0], data)
+                current[0], metrics, test, val = fn(seeds32, current[0], data, n)
                 metrics, test, val = jax.device_get((metrics, test, val))
+                metrics = jax.tree.map(lambda m: m[:, :length], metrics)
                 seconds = (time.perf_counter() - t) / len(live)
                 outs = {i: (_row(metrics, i), _row(test, i),
                             _row(val, i) if validate else None, seconds) for i in live}
@@ -785,8 +791,9 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
                 outs = {}
                 for i in live:
                     t = time.perf_counter()
-                    current[i], metrics, test, val = fn(seeds32[i], current[i], data)
-                    outs[i] = (*jax.device_get((metrics, test, val)),
+                    current[i], metrics, test, val = fn(seeds32[i], current[i], data, n)
+                    metrics, test, val = jax.device_get((metrics, test, val))
+                    outs[i] = (jax.tree.map(lambda m: m[:length], metrics), test, val,
                                time.perf_counter() - t)
             chunks = []
             for i in range(len(records)):
