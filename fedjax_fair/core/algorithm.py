@@ -73,10 +73,6 @@ from fedjax_fair import hparams as H
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
 
 
-ROUND_METRICS = ("client_ids", "client_mask", "weights", "loss_before", "num_steps",
-                 "train_loss", "update_norm")  # every composed round's
-
-
 class ServerState(NamedTuple):
     params: Any
     opt_state: Any
@@ -170,8 +166,9 @@ def compose(client_update: ClientUpdate, *,
         ``client_state_init(params)``. Rows that drift cannot be fresh.
       round_metrics: ``(outputs, weights, ctx) -> dict``, the method's own round
         metrics (per client [K] or scalars; FedEvg's ``client/pcd``), logged beside the
-        round's ``ROUND_METRICS`` and the aggregator's ``server/...`` ones, whose names
-        they may not take (in a streamed round ``outputs.delta`` is None).
+        round's own (``client_ids`` ... ``update_norm``) and the aggregator's
+        ``server/...`` ones, whose names they may not take (in a streamed round
+        ``outputs.delta`` is None).
     """
     _check_pieces(client_update, mixing, aggregator, server_optimizer)
     if round_metrics is not None and not callable(round_metrics):

@@ -2,11 +2,11 @@
 
 ``run`` is a Python loop over chunks of ``eval_every`` rounds of
 ``simulate.simulate`` (on a CPU one compiled program whatever the chunk lengths: a
-chunk shorter than the first runs its first rounds; elsewhere one per length). It owns what a pure
-function cannot: the memory plan and the data's placement, evaluation of every
-client between chunks (of the global model, or of each client's own model for a
-personalised algorithm), checkpoints and resume, the NaN guard, progress, and the
-per-round diagnostics handed to ``on_rounds``.
+chunk shorter than the first runs its first rounds; elsewhere one per length). It
+owns what a pure function cannot: the memory plan and the data's placement,
+evaluation of every client between chunks (of the global model, or of each client's
+own model for a personalised algorithm), checkpoints and resume, the NaN guard,
+progress, and the per-round diagnostics handed to ``on_rounds``.
 
 Placement (memory.py): the federation stays on the device if the plan fits, else it
 stays on the host and each chunk's cohorts are gathered there, padded to their size
