@@ -67,7 +67,9 @@ class Cohort(NamedTuple):
 class ClientOutput(NamedTuple):
     """What one client sends back.
 
-    delta: server_params - local_params (a pseudo-gradient pytree).
+    delta: the upload the aggregator combines: server_params - local_params (a
+      pseudo-gradient pytree), or what a method sends instead of parameters
+      (FedEvg's energy gradients at the synthetic samples, ``fedevg.Upload``).
     loss_before: [] masked mean training loss of the server model on this client.
     num_examples: [] number of real training examples.
     num_steps: [] local steps actually taken.
