@@ -188,8 +188,10 @@ def test_lazy_table_equals_dense(table):
     for r, ids in enumerate([[0, 3, 4], [1, 3, 5], [0, 1, 4]]):
         sd, _ = _round(dense, sd, ids, jax.random.key(r))
         sl, _ = _round(lazy, sl, ids, jax.random.key(r))
-    _assert_trees(sd.params, sl.params, rtol=0, atol=0)
-    _assert_trees(_rows(dense, sd), _rows(lazy, sl), rtol=0, atol=0)
+    # two programs: equal to float rounding (XLA may order a fusion's arithmetic
+    # differently in each)
+    _assert_trees(sd.params, sl.params, rtol=1e-6, atol=1e-7)
+    _assert_trees(_rows(dense, sd), _rows(lazy, sl), rtol=1e-6, atol=1e-7)
     assert lazy.client_table.memory(sl.client_states)["rows_stored"] == 5  # 0, 1, 3, 4, 5
 
 
