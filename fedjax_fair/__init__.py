@@ -29,7 +29,7 @@ The names most programs need are exported here: ``compose``, ``run``, ``sweep``,
 """
 from fedjax_fair import algorithms, core, data, drivers, hparams, metrics, models, solvers
 from fedjax_fair.core import (aggregators, client, client_states, execution, heterogeneity,
-                              memory, mixing, sampling, schedules, sharding)
+                              memory, mixing, sampling, schedules, sharding, system)
 from fedjax_fair.core.algorithm import (FederatedAlgorithm, ServerState, compose,
                                         with_improvement)
 from fedjax_fair.core.client import ClientTraining, local_training, proximal_term
@@ -52,5 +52,5 @@ __all__ = [
     "data", "drivers", "execution", "heterogeneity", "hparams", "local_training",
     "make_cohort", "make_evaluator", "make_objective", "memory", "meta", "meta_optimize",
     "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling", "schedules",
-    "sharding", "simulate", "solvers", "sweep", "sweeps", "with_improvement",
+    "sharding", "simulate", "solvers", "sweep", "sweeps", "system", "with_improvement",
 ]

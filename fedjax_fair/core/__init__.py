@@ -2,6 +2,8 @@
 
 Bottom up: ``types`` (ClientData, FederatedData, Cohort, ClientOutput),
 ``schedules`` and ``sampling``, ``heterogeneity`` (per-round local-step budgets),
+``system`` (availability, dropouts and a virtual clock: who takes part, how long a
+round takes),
 ``sharding`` (device meshes), ``memory`` (size buckets, the memory plan),
 ``client_states`` (per-client tables), ``execution`` (how a round maps its cohort:
 vmap, sequential, chunked, over a mesh), ``client`` (one client's masked local

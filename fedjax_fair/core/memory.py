@@ -175,7 +175,8 @@ class CompactChunk(NamedTuple):
     rows: {name: [T, ...]} the real rows, then zeros to the chunk's row bucket T
       (at least the last offset + the padded size, so every client's window fits).
     offsets, sizes: int32 [R, K] where client (r, k)'s rows start, and how many.
-    client_ids, local_steps: int32 [R, K] as in a ``Cohort``.
+    client_ids, local_steps: int32 [R, K] and client_mask bool [R, K] as in a
+      ``Cohort``.
     """
 
     rows: dict
@@ -183,6 +184,7 @@ class CompactChunk(NamedTuple):
     sizes: object
     client_ids: object
     local_steps: object
+    client_mask: object
 
 
 def row_bucket(num_rows: int) -> int:
@@ -192,11 +194,12 @@ def row_bucket(num_rows: int) -> int:
 
 
 def compact_chunk(examples: dict, sizes, client_ids, local_steps,
-                  padded_size: int) -> CompactChunk:
+                  padded_size: int, client_mask=None) -> CompactChunk:
     """Host side: the compact layout of the cohorts ``client_ids`` [R, K] of a
     federation stored as ``examples`` {name: [N, M, ...]} with ``sizes`` [N] real
     rows per client (real rows first). Copies only the real rows (one NumPy gather
-    of sum n_k rows), padded with zeros to ``row_bucket(sum n_k + padded_size)``."""
+    of sum n_k rows), padded with zeros to ``row_bucket(sum n_k + padded_size)``.
+    ``client_mask`` [R, K] (None: every client takes part)."""
     ids = np.asarray(client_ids)
     n = np.asarray(sizes)[ids].astype(np.int64)
     flat_n = n.ravel()
@@ -215,7 +218,9 @@ def compact_chunk(examples: dict, sizes, client_ids, local_steps,
         rows[name] = out
     return CompactChunk(rows, offsets.reshape(ids.shape).astype(np.int32),
                         n.astype(np.int32), ids.astype(np.int32),
-                        np.asarray(local_steps, np.int32))
+                        np.asarray(local_steps, np.int32),
+                        np.ones(ids.shape, bool) if client_mask is None
+                        else np.asarray(client_mask, bool))
 
 
 def compact_views(rows: dict, offsets, sizes, padded_size: int):
@@ -244,7 +249,7 @@ def compact_chunk_shapes(examples: dict, num_rounds: int, cohort_size: int,
     lead = (num_rounds, cohort_size)
     rows = {k: sds((num_rows, *np.shape(v)[2:]), v.dtype) for k, v in examples.items()}
     i32 = sds(lead, np.int32)
-    return CompactChunk(rows, i32, i32, i32, i32)
+    return CompactChunk(rows, i32, i32, i32, i32, sds(lead, np.bool_))
 
 
 # ------------------------------------------------------------------ before compiling

@@ -39,8 +39,10 @@ from fedjax_fair.core.client_states import table_memory
 from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
 from fedjax_fair.core.execution import Execution, as_execution, auto_mesh, resolve
 from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets
-from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, sample_client_ids,
-                                          simulate, simulate_cohorts)
+from fedjax_fair.core.system import System
+from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, model_bytes,
+                                          plan_rounds, sample_client_ids, simulate,
+                                          simulate_cohorts)
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 
 
@@ -277,14 +279,14 @@ def _simulate_compact(algorithm: FederatedAlgorithm, state: ServerState,
     from fedjax_fair.drivers.simulate import _play, round_keys
 
     def round_fn(state, xs):
-        offsets, sizes, ids, steps = xs
+        offsets, sizes, ids, steps, mask = xs
         cohort = Cohort(client_ids=ids,
                         data=mem.compact_views(chunk.rows, offsets, sizes, padded_size),
-                        client_mask=jnp.ones(ids.shape, bool), local_steps=steps)
+                        client_mask=mask, local_steps=steps)
         return _play(algorithm, state, cohort, round_keys(key, state.round)[1], execution)
 
     return jax.lax.scan(round_fn, state, (chunk.offsets, chunk.sizes, chunk.client_ids,
-                                          chunk.local_steps))
+                                          chunk.local_steps, chunk.client_mask))
 
 
 def _aval(x):
@@ -441,7 +443,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         log: Optional[Callable[[str], None]] = None, execution="auto",
         on_rounds: Optional[Callable[[int, dict], None]] = None,
         donate: Optional[bool] = None, stream_layout: str = "compact",
-        commit_seconds: float = 0.0) -> RunResult:
+        commit_seconds: float = 0.0, system: Optional[System] = None) -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     After every chunk all clients are evaluated on their test split — the global
@@ -487,6 +489,10 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     rounding. In a multi-host job (``sharding.initialize_distributed``) only
     process 0 writes checkpoints.
 
+    ``system`` (core/system.py): availability, dropouts and a virtual clock; its round
+    metrics (``system/...``) are logged with the others, and every evaluation records
+    the cumulative simulated time ``clock_seconds`` when it has a clock.
+
     Compiles one chunk program on a CPU (the first chunk's length; shorter chunks run
     its first rounds), else one per distinct chunk length (and, streamed, per size
     bucket).
@@ -515,6 +521,11 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     compact = stream_layout == "compact" and mesh is None  # a mesh streams padded cohorts
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
     donate = _check_donate(donate, checkpoint_dir)
+    if system is not None:
+        if not isinstance(system, System):
+            raise H.FieldTypeError("system", f"must be None or a system.System, got "
+                                             f"{type(system).__name__}")
+        system.check(num_clients, data.train.num_examples, model_bytes(params), sampler)
     clock = CompileClock().start()  # every compile from here on counts
     try:
         state = algorithm.init(params, num_clients)
@@ -567,7 +578,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                     fn = jax.jit(pinned(lambda s, d, k, b, n: simulate(
                         algorithm, s, d, k, num_rounds=length, cohort_size=cohort_size,
                         sampler=sampler, step_budgets=drawn or b, execution=execution,
-                        active_rounds=n)), donate_argnums=donated)
+                        active_rounds=n, system=system)), donate_argnums=donated)
                     args = (state, _abstract(data, data_layout), key,
                             step_budgets if mesh is None else _abstract(step_budgets,
                                                                         _replicated(mesh)),
@@ -587,7 +598,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 # the program never calls ``init``: algorithms that differ only there (the
                 # CLI's per-seed FedEvg / FedCVAE initial states) share their programs
                 signature = (algorithm._replace(init=None), length, padded_size, num_rows,
-                             cohort_size, sampler, drawn, execution, donate,
+                             cohort_size, sampler, drawn, execution, donate, system,
                              _signature(args))
                 compiled[name] = _PROGRAMS.get(signature)
                 if compiled[name] is None:  # not compiled by an earlier run of this process
@@ -669,17 +680,27 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 new_state, metrics = fn(state, data, key, step_budgets, None)
             else:  # sampling, gathering and the transfer count as run time
                 t = time.perf_counter()
-                ids = sample_client_ids(key, r0, length, num_clients, cohort_size, sampler)
+                if system is None:
+                    ids = sample_client_ids(key, r0, length, num_clients, cohort_size,
+                                            sampler)
+                    tables = (budget_tables(drawn, key, r0, length, sizes)
+                              if drawn is not None else step_budgets)
+                    budgets, mask, planned = _cohort_budgets(ids, tables), None, {}
+                else:  # the system's plan: who takes part, with what budget
+                    tables = None
+                    ids, mask, budgets, planned = plan_rounds(
+                        system, key, r0, length, sizes, cohort_size=cohort_size,
+                        sampler=sampler, step_budgets=drawn or step_budgets,
+                        model_bytes=model_bytes(params))
                 m = mem.size_bucket(sizes[ids].max(), data.train.mask.shape[1])
-                tables = (budget_tables(drawn, key, r0, length, sizes) if drawn is not None
-                          else step_budgets)
                 if compact:  # the real rows only, read through offsets in the program
-                    budgets = _cohort_budgets(ids, tables)
                     cohorts = jax.device_put(mem.compact_chunk(
-                        data.train.examples, sizes, ids, budgets, m))
+                        data.train.examples, sizes, ids, budgets, m, mask))
                     rows = cohorts.rows[next(iter(cohorts.rows))].shape[0]
                 else:
                     cohorts = gather_cohorts(data.train, ids, tables, m)
+                    if mask is not None:
+                        cohorts = cohorts._replace(client_mask=mask, local_steps=budgets)
                     cohorts = (jax.device_put(cohorts) if mesh is None else
                                sharding.put(cohorts, sharding.cohort_shardings(mesh, cohorts)))
                     rows = None
@@ -687,6 +708,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                 fn = program(length, m, rows)
                 t += time.perf_counter() - t_compile  # a first compile is not run time
                 new_state, metrics = fn(state, cohorts, key)
+                metrics = {**metrics, **planned}
             metrics = jax.tree.map(lambda m: m[:length], sharding.to_host(metrics))
             seconds = time.perf_counter() - t
             current[0] = new_state
@@ -697,7 +719,10 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
             return [Chunk(new_state, metrics, per_client, summary, seconds)]
 
         def initial() -> list:
-            return [Chunk(state, None, *evaluate_now(state), 0.0)]
+            per_client, summary = evaluate_now(state)
+            if system is not None and system.clock is not None:
+                summary["clock_seconds"] = 0.0
+            return [Chunk(state, None, per_client, summary, 0.0)]
 
         drive([record], advance, initial, num_rounds=num_rounds, eval_every=eval_every,
               bar=bar, clock=clock)
@@ -881,6 +906,10 @@ def drive(records: list, advance: Callable, initial: Callable, *, num_rounds: in
             rec.chunk(r0, c.metrics)
             entry = {"round": r0 + length, **c.summary, "seconds": rec.run_s,
                      "train_loss": float(np.asarray(c.metrics["train_loss"])[-1])}
+            if CLOCK_METRIC in c.metrics:  # simulated time, cumulative over the run
+                entry["clock_seconds"] = (rec.history[-1].get("clock_seconds", 0.0)
+                                          + float(np.sum(c.metrics[CLOCK_METRIC],
+                                                         dtype=np.float64)))
             rec.evaluation(c.state, c.test, entry, clock)
         r0 += length
         live = [rec for rec in records if not rec.stopped]
@@ -899,6 +928,7 @@ def drive(records: list, advance: Callable, initial: Callable, *, num_rounds: in
     bar.close()
 
 
+CLOCK_METRIC = "system/round_seconds"  # a round's simulated duration (core/system.py)
 HISTORY = "history"  # the checkpoint's log of evaluations (one JSON object each)
 CLIENT_HISTORY = "client_history"  # per-client test metrics, a row [N] per evaluation
 ROUND_LOG = "rounds"  # every round's metrics (as on_rounds receives them)

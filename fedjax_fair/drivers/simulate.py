@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair.core import sampling, sharding
+from fedjax_fair.core.system import System, plan_round
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import gather
 from fedjax_fair.core.execution import as_execution
@@ -92,9 +93,34 @@ def budget_tables(step_budgets: StepBudgets, key, first_round: int, num_rounds: 
     return np.asarray(draw(rounds))
 
 
+def model_bytes(params) -> int:
+    """The bytes of a model's parameters (what the clock sends each way)."""
+    return int(sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))
+
+
+def make_round_cohort(data: FederatedData, key, round_, sample_key, *, sampler: Callable,
+                      cohort_size: int, step_budgets=None, system: Optional[System] = None,
+                      params=None, mesh=None):
+    """(this round's cohort, the system's round metrics): the sampled clients with their
+    budgets; under a ``system`` (core/system.py) sampled among the available clients,
+    masked where they did not report, their budgets cut by the clock's deadline."""
+    num_clients = data.train.mask.shape[0]
+    budgets = budget_table(step_budgets, _budget_key(sample_key), data.train.num_examples)
+    if system is None:
+        client_ids = sampler(sample_key, num_clients, cohort_size)
+        return make_cohort(data, client_ids, budgets, mesh), {}
+    ids, mask, steps, metrics = plan_round(
+        system, key, round_, sample_key, sampler=sampler, num_clients=num_clients,
+        cohort_size=cohort_size, num_examples=data.train.num_examples, budgets=budgets,
+        model_bytes=model_bytes(params))
+    cohort = make_cohort(data, ids, None, mesh)
+    return cohort._replace(client_mask=mask, local_steps=steps), metrics
+
+
 def simulate(algorithm: FederatedAlgorithm, state: ServerState, data: FederatedData, key,
              *, num_rounds: int, cohort_size: int, sampler: Callable = sampling.uniform,
-             step_budgets=None, remat: bool = False, execution="auto", active_rounds=None):
+             step_budgets=None, remat: bool = False, execution="auto", active_rounds=None,
+             system: Optional[System] = None):
     """Runs ``num_rounds`` rounds; returns (state, metrics with leading axis num_rounds).
 
     ``step_budgets``: each client's local-step budget (computational heterogeneity):
@@ -104,16 +130,18 @@ def simulate(algorithm: FederatedAlgorithm, state: ServerState, data: FederatedD
     ``active_rounds``: None, or an int32 scalar (traced: one program serves every
     value) n <= ``num_rounds``: only the first n rounds run, the others leave the
     state as it is and log zeros (the runner's one chunk program for chunks of any
-    length).
+    length). ``system``: participation and system heterogeneity (core/system.py:
+    availability, dropouts, a virtual clock), checked by the caller
+    (``System.check``); its round metrics (``system/...``) join the round's.
     """
-    num_clients = data.train.mask.shape[0]
-
     def round_fn(state, _):
         sample_key, train_key = round_keys(key, state.round)
-        client_ids = sampler(sample_key, num_clients, cohort_size)
-        budgets = budget_table(step_budgets, _budget_key(sample_key), data.train.num_examples)
-        cohort = make_cohort(data, client_ids, budgets, as_execution(execution).mesh)
-        return _play(algorithm, state, cohort, train_key, execution)
+        cohort, system_metrics = make_round_cohort(
+            data, key, state.round, sample_key, sampler=sampler, cohort_size=cohort_size,
+            step_budgets=step_budgets, system=system, params=state.params,
+            mesh=as_execution(execution).mesh)
+        new_state, metrics = _play(algorithm, state, cohort, train_key, execution)
+        return new_state, {**metrics, **system_metrics}
 
     if remat:
         round_fn = jax.checkpoint(round_fn)
@@ -171,6 +199,34 @@ def sample_client_ids(key, first_round: int, num_rounds: int, num_clients: int,
 def _cohort_sampler(sampler: Callable, num_clients: int, cohort_size: int) -> Callable:
     return jax.jit(jax.vmap(lambda key, r: sampler(round_keys(key, r)[0], num_clients,
                                                    cohort_size), in_axes=(None, 0)))
+
+
+def plan_rounds(system: System, key, first_round: int, num_rounds: int, num_examples, *,
+                cohort_size: int, sampler: Callable = sampling.uniform, step_budgets=None,
+                model_bytes: int = 0):
+    """Host side: what ``simulate`` plans under ``system`` in rounds first_round.. as
+    NumPy arrays: (client_ids [R, K], client_mask [R, K], local_steps [R, K], the
+    system's round metrics {name: [R, ...]}), for cohorts gathered on the host."""
+    drawn = step_budgets if isinstance(step_budgets, StepBudgets) else None
+    plan = _round_planner(system, sampler, len(num_examples), cohort_size, drawn,
+                          model_bytes)
+    table = None if drawn is not None or step_budgets is None else jnp.asarray(step_budgets)
+    return jax.device_get(plan(key, first_round + jnp.arange(num_rounds, dtype=jnp.int32),
+                               jnp.asarray(num_examples), table))
+
+
+@functools.lru_cache(maxsize=16)
+def _round_planner(system: System, sampler: Callable, num_clients: int, cohort_size: int,
+                   drawn, model_bytes: int) -> Callable:
+    def one(key, round_, num_examples, table):
+        sample_key = round_keys(key, round_)[0]
+        budgets = budget_table(drawn if drawn is not None else table,
+                               _budget_key(sample_key), num_examples)
+        return plan_round(system, key, round_, sample_key, sampler=sampler,
+                          num_clients=num_clients, cohort_size=cohort_size,
+                          num_examples=num_examples, budgets=budgets, model_bytes=model_bytes)
+
+    return jax.jit(jax.vmap(one, in_axes=(None, 0, None, None)))
 
 
 def gather_cohorts(train: ClientData, client_ids: np.ndarray, step_budgets=None,
