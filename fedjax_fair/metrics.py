@@ -54,6 +54,9 @@ __all__ = [
     "select_evaluation",
     "confidence_interval",
     "weight_drift",
+    "participation_counts",
+    "participation_summary",
+    "time_to_reach",
 ]
 
 # Tolerance used when flooring fraction * N, so that e.g. 0.29 * 100 = 28.999999999999996
@@ -79,6 +82,10 @@ METRICS: dict[str, str] = {
     "weight_drift": "mean_i |alpha_i^r - p_i| per round (aggregation weights vs data weights)",
     "tail_mean": "mean of a curve over its last k evaluations (the papers' tail averages)",
     "select_evaluation": "the evaluation with the best validation metric (model selection)",
+    "participation": "rounds each client reported in (counts, shares of the rounds), their "
+                     "Gini, and the Pearson correlation of participation with final accuracy",
+    "T90": "simulated time to reach 90% accuracy: the first evaluation's clock_seconds with "
+           "a >= 0.9 (R90 on the virtual clock); inf if never",
 }
 
 
@@ -586,3 +593,48 @@ def weight_drift(weights, data_weights) -> np.ndarray:
         raise H.FieldError("weights", f"must match data_weights as [R, K], got {a.shape} "
                                       f"and {p.shape}")
     return np.abs(a - p).mean(axis=1)
+
+
+def participation_counts(client_ids, client_mask, num_clients: int) -> np.ndarray:
+    """How many rounds each of the N clients reported in: the round log's cohorts
+    ``client_ids`` [R, K] counted where ``client_mask`` [R, K] is True (unavailable,
+    dropped and late clients do not count); int64 [N]."""
+    ids = np.asarray(client_ids).reshape(-1)
+    mask = np.asarray(client_mask, bool).reshape(-1)
+    if ids.shape != mask.shape:
+        raise H.FieldError("client_mask", f"has {mask.size} entries, client_ids {ids.size}")
+    return np.bincount(ids[mask], minlength=num_clients).astype(np.int64)
+
+
+def participation_summary(counts, num_rounds: int, accuracy=None, has_test=None) -> dict:
+    """Participation over a run: the share of the ``num_rounds`` rounds each client
+    reported in (mean, min, max), the clients that never took part, the Gini of the
+    counts (0: everyone equally often), and, given the final per-client ``accuracy``
+    [N] (over the clients with ``has_test``), the Pearson correlation of participation
+    with accuracy (None when either is constant: it does not exist)."""
+    c = np.asarray(counts, np.float64)
+    share = c / max(int(num_rounds), 1)
+    out = {"rounds": int(num_rounds), "share_mean": float(share.mean()),
+           "share_min": float(share.min()), "share_max": float(share.max()),
+           "never": int(np.sum(c == 0)), "gini": float(gini(c)) if c.sum() > 0 else 0.0}
+    if accuracy is not None:
+        keep = np.ones(c.shape, bool) if has_test is None else np.asarray(has_test, bool)
+        a, p = np.asarray(accuracy, np.float64)[keep], c[keep]
+        ok = a.size > 1 and np.std(a) > 0 and np.std(p) > 0
+        out["corr_accuracy"] = float(np.corrcoef(p, a)[0, 1]) if ok else None
+    return out
+
+
+def time_to_reach(history, level: float = 0.9, key: str = "accuracy_mean",
+                  clock: str = "clock_seconds") -> float:
+    """The simulated time at which ``key`` first reaches ``level``: the ``clock``
+    seconds of the first evaluation of ``history`` (a run's evaluations, in order)
+    with ``key >= level``; +inf when never reached (R_p of ``rounds_to_reach`` on the
+    virtual clock)."""
+    rows = [h for h in history if key in h and clock in h]
+    if not rows:
+        raise H.FieldError("history", f"has no evaluation with both {key!r} and {clock!r}")
+    for h in rows:
+        if h[key] >= level:
+            return float(h[clock])
+    return math.inf

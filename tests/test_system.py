@@ -296,6 +296,25 @@ def test_run_logs_the_clock_and_resumes_identically(tmp_path):
         np.testing.assert_array_equal(resumed.rounds[name], full.rounds[name])
 
 
+def test_run_seeds_plans_each_seed_as_runner_run_does():
+    from fedjax_fair.drivers.runner import run
+    from fedjax_fair.drivers.sweeps import run_seeds
+    model = helpers.ENGINE_MODEL
+    runs = run_seeds(_alg(), model, helpers.ENGINE_DATA, [5, 6], num_rounds=4, cohort_size=4,
+                     eval_every=2, execution="sequential", system=SYSTEM)
+    for seed, got in zip([5, 6], runs.results):
+        key = jax.random.key(seed)
+        ref = run(_alg(), model.init(key), helpers.ENGINE_DATA, key, model=model,
+                  num_rounds=4, cohort_size=4, eval_every=2, progress=False,
+                  execution="sequential", system=SYSTEM)
+        for name in ("client_ids", "client_mask", "system/round_seconds"):
+            np.testing.assert_array_equal(got.rounds[name], ref.rounds[name])
+        np.testing.assert_allclose([h["clock_seconds"] for h in got.history],
+                                   [h["clock_seconds"] for h in ref.history], rtol=1e-6)
+    assert not np.array_equal(runs.results[0].rounds["client_mask"],
+                              runs.results[1].rounds["client_mask"])
+
+
 @pytest.mark.parametrize("layout", ["compact", "padded"])
 def test_host_placement_plans_the_same_rounds(layout):
     device = _run(SYSTEM, placement="device")

@@ -360,11 +360,57 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             on_eval=on_eval, description=description,
                             placement=cfg.placement, log=log,
                             execution=execution_of(cfg, ds, model),
-                            on_rounds=on_rounds, commit_seconds=commit_seconds)
+                            on_rounds=on_rounds, commit_seconds=commit_seconds,
+                            system=system_of(cfg, ds, model))
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
             raise C.config_error(e, "checkpoint") from None  # or no memory plan fits
         raise
+
+
+def system_of(cfg, ds, model=None):
+    """The run's ``system.System`` (``--availability``, ``--dropout``, ``--speeds``, ...)
+    for dataset ``ds``, its clock timing the local training of ``cfg`` (a method's own,
+    ``for_method``); None when the options change nothing. With ``model``, also checked
+    against the federation and the model's size (``System.check``: a deadline no client
+    can meet, a trace of another federation), as ``ConfigError`` naming the option."""
+    from fedjax_fair.core.client import ClientTraining
+    from fedjax_fair.drivers.runner import check_system
+    spec = C.system_spec(cfg)
+    training = ClientTraining(batch_size=cfg.batch_size or 10, num_epochs=cfg.num_epochs or 1)
+    options = {"clock.deadline": "deadline", "clock.speed": "speeds",
+               "clock.bandwidth": "bandwidth", "clock.latency": "latency"}
+    try:
+        system = spec.build(ds.host_data.train, training)
+        if system is not None and model is not None:
+            check_system(system, ds.host_data, model,
+                         sampling.get(cfg.sampler, ds.host_data.train.num_examples))
+        return system
+    except ValueError as e:
+        error = C.config_error(e, "availability")
+        field = options.get(error.field, error.field)
+        raise C.ConfigError(field, str(error)[len(error.field) + 2:]) from None
+
+
+def participation_report(result, num_clients: int) -> dict:
+    """summary.json's "participation": how often each client reported over the run
+    (its round log; unavailable, dropped and late clients do not count), the summary of
+    ``metrics.participation_summary`` against the final accuracy, and, on a virtual
+    clock, the simulated seconds to reach 50% / 80% / 90% average accuracy (null:
+    never)."""
+    from fedjax_fair import metrics as fm
+    rounds = result.rounds
+    counts = fm.participation_counts(rounds["client_ids"], rounds["client_mask"], num_clients)
+    out = fm.participation_summary(counts, len(rounds["client_mask"]),
+                                   result.client_metrics["accuracy"],
+                                   _has_test(result.client_metrics))
+    out["counts"] = counts.tolist()
+    if "clock_seconds" in result.history[-1]:
+        out["clock_seconds"] = float(result.history[-1]["clock_seconds"])
+        out["time_to_accuracy_mean"] = {
+            f"{level:g}": (None if t == float("inf") else t) for level in (0.5, 0.8, 0.9)
+            for t in [fm.time_to_reach(result.history, level)]}
+    return out
 
 
 def final_summary(result) -> dict:
@@ -430,6 +476,11 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         report.save_figure(report.plot_accuracy(result.history, context=ctx,
                                                 title=f"Per-client test accuracy ({which})"),
                            os.path.join(out, "accuracy.png"))
+        if report.CLOCK in result.history[-1]:  # a run on a virtual clock
+            report.save_figure(report.plot_accuracy(
+                result.history, context=ctx, x=report.CLOCK,
+                title=f"Per-client test accuracy ({which}) against simulated time"),
+                os.path.join(out, "accuracy_time.png"))
         report.save_figure(report.plot_loss(result.history, title=f"Loss ({which})",
                                             context=ctx),
                            os.path.join(out, "loss.png"))
@@ -444,7 +495,7 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
                                os.path.join(out, "improved_clients.png"))
     _write_synthetic(out, cfg_dict, ds, result.state, plots)
     # the plots written (an interrupt while plotting leaves no summary.json at all)
-    summary["plots"] = sorted(n for n in ("accuracy.png", "loss.png",
+    summary["plots"] = sorted(n for n in ("accuracy.png", "accuracy_time.png", "loss.png",
                                           "client_accuracy_hist.png", "lorenz.png",
                                           "improved_clients.png", "synthetic_samples.png")
                               if plots and os.path.exists(os.path.join(out, n)))

@@ -22,7 +22,7 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _preflight, _resumable_config, _seeded, _STAGE,
                                     _STAGE_DIR, _write_client_history, build_algorithm,
                                     build_dataset, build_model, dataset_description,
-                                    execution_of, for_method, simulate_one,
+                                    execution_of, for_method, simulate_one, system_of,
                                     write_run_outputs)
 from fedjax_fair.core import sampling
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
@@ -343,7 +343,7 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
         inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log,
         checkpoint_dirs=[os.path.join(d, "checkpoint") for d in run_dirs], resume=resume,
         commit_seconds=cfg.commit_seconds, progress=cfg.progress,
-        description=f"{name} seeds {','.join(map(str, seeds))}")
+        description=f"{name} seeds {','.join(map(str, seeds))}", system=system_of(cfg, ds, model))
     if runs is None:
         return {}
     return {seed: _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
@@ -390,6 +390,11 @@ def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accura
         report.save_figure(report.plot_compare_accuracy(
             {label[a]: h for a, h in histories.items()}, context=ctx),
             os.path.join(out, "accuracy.png"))
+        if any(report.CLOCK in runs[0][-1] for runs in histories.values() if runs and runs[0]):
+            report.save_figure(report.plot_compare_accuracy(
+                {label[a]: h for a, h in histories.items()}, context=ctx, x=report.CLOCK,
+                title="Per-client test accuracy against simulated time"),
+                os.path.join(out, "accuracy_time.png"))
         hist_title = ("Final per-client test accuracy"
                       + (" (all seeds)" if len(cfg.seeds) > 1 else ""))
         final = {label[a]: np.concatenate(v) for a, v in accuracies.items() if v}

@@ -124,6 +124,24 @@ class _Common:
     step_budgets: str = _f("none", "str", "local-step budgets redrawn every round: none, "
                            "fixed:B, uniform:LOW:HIGH, stragglers:FRACTION:B "
                            "(append :epochs to count epochs)")
+    availability: str = _f("always", "str", "which clients can be sampled each round "
+                           "(docs/participation.md): always, independent:P, size:LOW:HIGH "
+                           "(probability from data size, smallest LOW, largest HIGH), "
+                           "labels:L1+L2:LOW:HIGH (from the share of those labels), "
+                           "periodic:PERIOD:ON_FRACTION (diurnal, per-client phase), "
+                           "markov:P_OFF:P_ON (on/off chain per client), trace:FILE (.npy or "
+                           ".csv table [rounds, clients], replayed cyclically)")
+    dropout: str = _f("none", "str", "probability that a selected client fails to report: "
+                      "none, P, or speed:SLOWEST:FASTEST (tied to --speeds)")
+    speeds: str = _f("none", "str", "a virtual clock: each client's local steps per second, "
+                     "none (no clock), fixed:S, lognormal:MEDIAN:SIGMA or "
+                     "classes:SHARE@SPEED+SHARE@SPEED (device classes)")
+    bandwidth: Any = _f("none", "str", "bytes per second each way for the model's download "
+                        "and upload (none: communication takes no time)")
+    latency: float = _f(0.0, "float", "seconds of latency per round trip (>= 0)")
+    deadline: str = _f("none", "str", "round deadline: none, SECONDS (late clients dropped) "
+                       "or SECONDS:partial (late clients send the steps finished in time)")
+    system_seed: int = _f(0, "int", "seed of the drawn client speeds and device classes")
     placement: str = _f("auto", "str", "federation on the device, or on the host with cohorts "
                         "streamed per chunk (auto: device if the memory plan fits)")
     devices: Any = _f("auto", "devices", "devices to split every cohort over (a mesh with "
@@ -623,6 +641,17 @@ def _choice(field: str, value: str, allowed) -> None:
         raise ConfigError(field, f"unknown name {value!r}; allowed: {', '.join(sorted(allowed))}")
 
 
+def system_spec(cfg: _Common):
+    """The participation and clock options as a ``system.Spec`` (their syntax and
+    values checked; a trace file read), or ``ConfigError`` naming the option."""
+    from fedjax_fair.core import system
+    try:
+        return system.parse(cfg.availability, cfg.dropout, cfg.speeds, cfg.bandwidth,
+                            cfg.latency, cfg.deadline, cfg.system_seed)
+    except ValueError as e:
+        raise config_error(e, "availability") from None
+
+
 def _validate_common(cfg: _Common) -> None:
 
     for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
@@ -667,6 +696,7 @@ def _validate_common(cfg: _Common) -> None:
         parse_budgets(cfg.step_budgets, cfg.batch_size or 1)  # the syntax; counts per method
     except ValueError as e:
         raise config_error(e, "step_budgets") from None
+    system_spec(cfg)
     cfg.model_args = validate_model_args(cfg.model, cfg.model_args, MODELS)
     datasets = dataset_registry()
     _choice("dataset", cfg.dataset, datasets)

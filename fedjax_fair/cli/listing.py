@@ -1,5 +1,5 @@
 """``fedjax-fair list``: algorithms (with their hyper-parameters), datasets, models,
-partitions, strategies, samplers, metrics."""
+partitions, strategies, samplers, participation and clock options, metrics."""
 from __future__ import annotations
 
 import inspect
@@ -100,6 +100,19 @@ def _list_samplers() -> list[str]:
                                         for n, f in SAMPLERS.items()]
 
 
+def _list_system() -> list[str]:
+    """Participation and the virtual clock (docs/participation.md)."""
+    from fedjax_fair.core import system
+    return (["participation and system heterogeneity (docs/participation.md):",
+             "  --availability  " + ", ".join(system.AVAILABILITY_SPECS),
+             "  --dropout       none, P, speed:SLOWEST:FASTEST",
+             "  --speeds        " + ", ".join(system.SPEED_SPECS) + " (local steps per second)",
+             "  --bandwidth     none or BYTES_PER_SECOND (each way);  --latency SECONDS",
+             "  --deadline      none, SECONDS (late clients dropped), SECONDS:partial (late "
+             "clients send the steps finished in time)",
+             "  --system-seed   seed of drawn speeds and device classes"])
+
+
 def _list_metrics() -> list[str]:
     return ["metrics:"] + [f"  {n:<18} {d}" for n, d in METRICS.items()]
 
@@ -107,7 +120,8 @@ def _list_metrics() -> list[str]:
 LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
                  "partitions": _list_partitions,
                  "models": _list_models, "strategies": _list_strategies,
-                 "samplers": _list_samplers, "metrics": _list_metrics}
+                 "samplers": _list_samplers, "system": _list_system,
+                 "metrics": _list_metrics}
 
 
 def cmd_list(args) -> int:

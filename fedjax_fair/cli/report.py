@@ -317,20 +317,33 @@ def _round_axis(ax) -> None:
     ax.set_xlabel("round")
 
 
-def _series(history: Sequence[Mapping], key: str):
-    rounds = np.array([h["round"] for h in history if key in h], np.float64)
-    values = np.array([h[key] for h in history if key in h], np.float64)
+def _series(history: Sequence[Mapping], key: str, x: str = "round"):
+    rows = [h for h in history if key in h and x in h]
+    rounds = np.array([h[x] for h in rows], np.float64)
+    values = np.array([h[key] for h in rows], np.float64)
     return rounds, values
 
 
-def _seed_lines(runs: Sequence[Sequence[Mapping]], key: str):
-    """(rounds, values [seeds, T]) of ``key``, cut to the shortest history, or None."""
-    series = [_series(h, key) for h in runs if h]
+def _seed_lines(runs: Sequence[Sequence[Mapping]], key: str, x: str = "round"):
+    """(x values, values [seeds, T]) of ``key``, cut to the shortest history, or None;
+    the x values are the seeds' mean (the same rounds; simulated times differ)."""
+    series = [_series(h, key, x) for h in runs if h]
     series = [(r, v) for r, v in series if len(r)]
     if not series:
         return None
     n = min(len(r) for r, _ in series)
-    return series[0][0][:n], np.stack([v[:n] for _, v in series])
+    return (np.mean([r[:n] for r, _ in series], axis=0),
+            np.stack([v[:n] for _, v in series]))
+
+
+CLOCK = "clock_seconds"  # an evaluation's cumulative simulated time (core/system.py)
+
+
+def _x_axis(ax, x: str) -> None:
+    if x == CLOCK:
+        ax.set_xlabel("simulated time (s)")
+    else:
+        _round_axis(ax)
 
 
 def _draw_algorithm(ax, rounds, vals, label, style, markers: bool = False):
@@ -347,12 +360,14 @@ def _draw_algorithm(ax, rounds, vals, label, style, markers: bool = False):
 def plot_accuracy_panels(histories: Mapping[str, Sequence[Sequence[Mapping]]],
                          context: str = "", title: str = "Per-client test accuracy",
                          panels=ACCURACY_PANELS, legend: bool = True,
-                         markers: bool = False):
+                         markers: bool = False, x: str = "round"):
     """Small multiples over rounds, one panel per ``panels`` key (average, worst 10%,
     std of per-client accuracy), one line per algorithm (mean over seeds, band =
     min..max over seeds), one shared legend below the panels.
 
-    ``histories`` maps an algorithm to a list (over seeds) of histories.
+    ``histories`` maps an algorithm to a list (over seeds) of histories. ``x``:
+    ``"round"``, or ``"clock_seconds"`` for the simulated time of a run with a clock
+    (the seeds' mean at each evaluation).
     """
     n = len(histories)
     ncol = max(1, min(n, 4))
@@ -361,10 +376,10 @@ def plot_accuracy_panels(histories: Mapping[str, Sequence[Sequence[Mapping]]],
     styles = algorithm_styles(list(histories))
     for ax, (key, panel_title, ylabel) in zip(axes, panels):
         for name, runs in histories.items():
-            lines = _seed_lines(runs, key)
+            lines = _seed_lines(runs, key, x)
             if lines is not None:
                 _draw_algorithm(ax, *lines, name, styles[name], markers)
-        _round_axis(ax)
+        _x_axis(ax, x)
         if ax.has_data():  # accuracies and their std are >= 0: no negative axis range
             ax.set_ylim(bottom=max(ax.get_ylim()[0], -0.02))
         ax.set_ylabel(ylabel)
@@ -383,23 +398,24 @@ def plot_accuracy_panels(histories: Mapping[str, Sequence[Sequence[Mapping]]],
 
 
 def plot_accuracy(history: Sequence[Mapping], ax=None, title: str = "Test accuracy",
-                  context: str = ""):
-    """Per-client test accuracy of one run vs round.
+                  context: str = "", x: str = "round"):
+    """Per-client test accuracy of one run vs round (``x="clock_seconds"``: vs the
+    simulated time of a run with a clock).
 
     Without ``ax``: three panels (average, worst 10%, std of per-client accuracy).
     With ``ax``: average, worst-10% and best-10% accuracy on that axes.
     """
     if ax is None:
         return plot_accuracy_panels({"run": [history]}, context=context, title=title,
-                                    legend=False, markers=True)
+                                    legend=False, markers=True, x=x)
     fig = ax.figure
     for key, label, style in (("accuracy_mean", "average", "-"),
                               ("accuracy_worst_10%", "worst 10%", "--"),
                               ("accuracy_best_10%", "best 10%", ":")):
-        r, v = _series(history, key)
+        r, v = _series(history, key, x)
         if len(r):
             ax.plot(r, v, style, label=label, marker="o", markersize=3)
-    _round_axis(ax)
+    _x_axis(ax, x)
     ax.set_ylabel("accuracy")
     ax.set_title(_title(title, context))
     ax.grid(alpha=0.3)
@@ -448,7 +464,7 @@ def plot_client_histogram(accuracy, ax=None, title: str = "Final per-client test
 
 def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], ax=None,
                           key: str = "accuracy_mean", title: str = "Per-client test accuracy",
-                          context: str = ""):
+                          context: str = "", x: str = "round"):
     """One line per algorithm vs round, mean over seeds, band = min..max.
 
     Without ``ax``: three panels (average, worst 10%, std; see
@@ -456,14 +472,14 @@ def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], 
     ``histories`` maps an algorithm to a list (over seeds) of histories.
     """
     if ax is None:
-        return plot_accuracy_panels(histories, context=context, title=title)
+        return plot_accuracy_panels(histories, context=context, title=title, x=x)
     fig = ax.figure
     styles = algorithm_styles(list(histories))
     for name, runs in histories.items():
-        lines = _seed_lines(runs, key)
+        lines = _seed_lines(runs, key, x)
         if lines is not None:
             _draw_algorithm(ax, *lines, name, styles[name])
-    _round_axis(ax)
+    _x_axis(ax, x)
     ax.set_ylabel(key if key != "accuracy_mean" else "average accuracy")
     ax.set_title(_title(title, context))
     ax.grid(alpha=0.3)

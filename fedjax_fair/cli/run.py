@@ -14,7 +14,7 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _other_process, _own, _preflight, _resumable_config,
                                     _STAGE, _STAGE_DIR, _write_client_history,
                                     build_algorithm, build_dataset, build_model, for_method,
-                                    simulate_one, write_run_outputs)
+                                    participation_report, simulate_one, write_run_outputs)
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
@@ -153,6 +153,7 @@ def cmd_run(args) -> int:
     resumed_from = _fix_resumed_seconds(result.history, new_entries) if cfg.resume else None
     extra = {"resumed_from_round": resumed_from} if cfg.resume else {}
     extra.update(_method_report(cfg.algorithm, model, alg, result, ds))
+    extra["participation"] = participation_report(result, ds.num_clients)
     _write_client_history(out, result)  # before summary.json, which is written last
     summary = write_run_outputs(out, cfg_dict, ds, model, result, plots=cfg.plots,
                                 extra=extra)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -566,3 +566,179 @@ def plan_round(sys: System, key, round_, sample_key, *, sampler: Callable, num_c
     if steps is None:
         steps = jnp.full((cohort_size,), 2 ** 30, jnp.int32)
     return ids, reported, steps.astype(jnp.int32), metrics
+
+
+# ----------------------------------------------------------------- text (command line)
+
+
+class Spec(NamedTuple):
+    """A system described in text (the command line's ``--availability``,
+    ``--dropout``, ``--speeds``, ``--bandwidth``, ``--latency``, ``--deadline``),
+    checked by ``parse``; ``build`` makes the ``System`` for a federation."""
+
+    availability: tuple
+    dropout: tuple
+    speeds: tuple
+    bandwidth: Optional[float]
+    latency: float
+    deadline: Optional[tuple]
+    seed: int
+
+    def build(self, train, training: ClientTraining = ClientTraining()) -> Optional[System]:
+        """The ``System`` for a federation whose training split is ``train`` (its sizes and
+        labels), the clock timing ``training`` (the method's); None when the spec changes
+        nothing."""
+        n = int(np.asarray(train.num_examples).shape[0])
+        sizes = np.asarray(train.num_examples, np.float64)
+        kind, *args = self.availability
+        if kind == "always":
+            availability = Always()
+        elif kind == "independent":
+            availability = independent(args[0])
+        elif kind == "size":
+            availability = independent(from_property(sizes, *args))
+        elif kind == "labels":
+            availability = independent(from_property(label_share(train, args[0]), *args[1:]))
+        elif kind == "periodic":
+            availability = periodic(*args)
+        elif kind == "markov":
+            availability = markov(*args)
+        else:  # trace
+            availability = trace(_load_table(args[0]))
+        kind, *args = self.speeds
+        speed = (None if kind == "none" else np.full(n, args[0]) if kind == "fixed"
+                 else lognormal(n, *args, seed=self.seed) if kind == "lognormal"
+                 else device_classes(n, *args, seed=self.seed))
+        kind, *args = self.dropout
+        if kind == "none":
+            dropout = None
+        elif kind == "fixed":
+            dropout = args[0]
+        else:  # tied to speed: the slowest client args[0], the fastest args[1]
+            if speed is None:
+                raise H.FieldError("dropout", "speed:SLOWEST:FASTEST needs --speeds")
+            dropout = from_property(speed, *args)
+        c = None
+        if speed is not None:
+            deadline, late = self.deadline or (None, "drop")
+            c = clock(speed, bandwidth=self.bandwidth, latency=self.latency,
+                      deadline=deadline, late=late, training=training)
+        elif self.deadline is not None or self.bandwidth is not None or self.latency:
+            raise H.FieldError("speeds", "a deadline, bandwidth or latency needs a clock: "
+                                         "give --speeds")
+        if availability == Always() and dropout is None and c is None:
+            return None
+        return system(availability, dropout, c)
+
+    def describe(self) -> str:
+        return ", ".join(":".join(str(v) for v in part) for part in
+                         (self.availability, self.dropout, self.speeds))
+
+
+def _numbers(text: str, field: str, count: int) -> list:
+    parts = text.split(":")
+    if len(parts) != count:
+        raise H.FieldError(field, f"expected {count} numbers separated by ':', got {text!r}")
+    try:
+        return [float(p) for p in parts]
+    except ValueError:
+        raise H.FieldError(field, f"cannot read the numbers of {text!r}") from None
+
+
+def _load_table(path: str) -> np.ndarray:
+    try:
+        if path.endswith(".npy"):
+            return np.load(path)
+        return np.loadtxt(path, delimiter=",", ndmin=2)
+    except (OSError, ValueError) as e:
+        raise H.FieldError("availability", f"cannot read the trace {path!r}: {e}") from None
+
+
+AVAILABILITY_SPECS = ("always", "independent:P", "size:LOW:HIGH", "labels:L1+L2:LOW:HIGH",
+                      "periodic:PERIOD:ON_FRACTION", "markov:P_OFF:P_ON", "trace:FILE")
+SPEED_SPECS = ("none", "fixed:STEPS_PER_S", "lognormal:MEDIAN:SIGMA",
+               "classes:SHARE@SPEED+SHARE@SPEED")
+
+
+def parse(availability: str = "always", dropout: str = "none", speeds: str = "none",
+          bandwidth=None, latency=0.0, deadline: str = "none", seed: int = 0) -> Spec:
+    """A ``Spec`` from the command line's texts; every number is checked here (a trace
+    file is read), so a mistake is a ``FieldError`` naming the option before any data is
+    built. ``deadline``: ``none``, ``SECONDS`` or ``SECONDS:drop|partial``."""
+    kind, _, rest = str(availability).strip().partition(":")
+    if kind == "always" and not rest:
+        avail: tuple = ("always",)
+    elif kind == "independent":
+        avail = (kind, H.probability(_numbers(rest, "availability", 1)[0], "availability"))
+    elif kind in ("size", "markov"):
+        lo, hi = _numbers(rest, "availability", 2)
+        avail = (kind, H.probability(lo, "availability"), H.probability(hi, "availability"))
+        if kind == "markov":
+            markov(lo, hi)  # p_off + p_on in (0, 1]
+    elif kind == "labels":
+        labels, _, numbers = rest.partition(":")
+        try:
+            ids = tuple(int(v) for v in labels.split("+"))
+        except ValueError:
+            raise H.FieldError("availability", f"labels:L1+L2:LOW:HIGH needs integer labels, "
+                                               f"got {labels!r}") from None
+        lo, hi = _numbers(numbers, "availability", 2)
+        avail = (kind, ids, H.probability(lo, "availability"),
+                 H.probability(hi, "availability"))
+    elif kind == "periodic":
+        period, on = _numbers(rest, "availability", 2)
+        if not period.is_integer():
+            raise H.FieldError("availability", f"the period is a number of rounds, got {period}")
+        periodic(int(period), on)
+        avail = (kind, int(period), on)
+    elif kind == "trace" and rest:
+        trace(_load_table(rest))  # readable, a 2-D table of booleans
+        avail = (kind, rest)
+    else:
+        raise H.FieldError("availability", f"expected one of {', '.join(AVAILABILITY_SPECS)}; "
+                                           f"got {availability!r}")
+    kind, _, rest = str(speeds).strip().partition(":")
+    if kind == "none" and not rest:
+        speed: tuple = ("none",)
+    elif kind == "fixed":
+        speed = (kind, float(H.POSITIVE.check("speeds", _numbers(rest, "speeds", 1)[0])))
+    elif kind == "lognormal":
+        median, sigma = _numbers(rest, "speeds", 2)
+        speed = (kind, float(H.POSITIVE.check("speeds", median)),
+                 float(H.NONNEGATIVE.check("speeds", sigma)))
+    elif kind == "classes" and rest:
+        try:
+            pairs = [tuple(float(v) for v in c.split("@")) for c in rest.split("+")]
+        except ValueError:
+            pairs = [()]
+        if any(len(p) != 2 or p[0] < 0 or p[1] <= 0 for p in pairs) or \
+                not sum(p[0] for p in pairs) > 0:
+            raise H.FieldError("speeds", f"classes:SHARE@SPEED+SHARE@SPEED needs shares >= 0 "
+                                         f"(not all 0) and speeds > 0, got {speeds!r}")
+        speed = (kind, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+    else:
+        raise H.FieldError("speeds", f"expected one of {', '.join(SPEED_SPECS)}; got {speeds!r}")
+    text = str(dropout).strip()
+    if text == "none":
+        drop: tuple = ("none",)
+    elif text.startswith("speed:"):
+        lo, hi = _numbers(text[len("speed:"):], "dropout", 2)
+        drop = ("speed", H.probability(lo, "dropout"), H.probability(hi, "dropout"))
+    else:
+        drop = ("fixed", H.probability(_numbers(text, "dropout", 1)[0], "dropout"))
+    if bandwidth is not None and str(bandwidth).strip() != "none":
+        bandwidth = float(H.POSITIVE.check("bandwidth", float(bandwidth)))
+    else:
+        bandwidth = None
+    latency = float(H.NONNEGATIVE.check("latency", float(latency)))
+    text = str(deadline).strip()
+    dl = None
+    if text != "none":
+        seconds, _, late = text.partition(":")
+        late = late or "drop"
+        if late not in LATE:
+            raise H.FieldError("deadline", f"expected SECONDS or SECONDS:drop|partial, got "
+                                           f"{deadline!r}")
+        dl = (float(H.POSITIVE.check("deadline", _numbers(seconds, "deadline", 1)[0])), late)
+    return Spec(avail, drop, speed, bandwidth, latency, dl, H.count(seed, "system_seed",
+                                                                    minimum=0))

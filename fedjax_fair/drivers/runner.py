@@ -522,10 +522,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
     donate = _check_donate(donate, checkpoint_dir)
     if system is not None:
-        if not isinstance(system, System):
-            raise H.FieldTypeError("system", f"must be None or a system.System, got "
-                                             f"{type(system).__name__}")
-        system.check(num_clients, data.train.num_examples, model_bytes(params), sampler)
+        check_system(system, data, params, sampler)
     clock = CompileClock().start()  # every compile from here on counts
     try:
         state = algorithm.init(params, num_clients)
@@ -1001,6 +998,18 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
                                              f"cannot resume from it (start it again)")
         out[k] = list(v)
     return out
+
+
+def check_system(system, data: FederatedData, params, sampler) -> None:
+    """``system`` is a ``system.System`` that fits ``data`` (``System.check``), for
+    a model of ``params`` (a pytree, or a ``Model`` whose init gives its shapes)."""
+    if not isinstance(system, System):
+        raise H.FieldTypeError("system", f"must be None or a system.System, got "
+                                         f"{type(system).__name__}")
+    if hasattr(params, "init"):  # a Model: its parameters' shapes
+        params = jax.eval_shape(params.init, jax.random.key(0))
+    system.check(data.num_clients, np.asarray(data.train.num_examples), model_bytes(params),
+                 sampler)
 
 
 def check_count(value, field: str) -> int:

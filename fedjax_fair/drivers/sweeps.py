@@ -59,7 +59,7 @@ from fedjax_fair.core import execution as _execution, sampling
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_state_evaluator
-from fedjax_fair.drivers.runner import check_cohort, check_count
+from fedjax_fair.drivers.runner import check_cohort, check_count, check_system
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientData, FederatedData
 from fedjax_fair.hparams import FieldError, FieldTypeError
@@ -619,7 +619,7 @@ class SeedRuns(NamedTuple):
 
 
 def _seeds_programs(algorithm: FederatedAlgorithm, model, validate: bool, *, cohort_size: int,
-                    sampler, execution, step_budgets):
+                    sampler, execution, step_budgets, system=None):
     """``(chunk(length), evaluate)``: ``chunk(length)`` is ``(seed, state, data, n) ->
     (state, per-round metrics [length, ...], per-client test, validation or None)``, a
     chunk of ``runner.run``'s rounds keyed by ``jax.random.key(seed)`` (the first n of
@@ -636,7 +636,8 @@ def _seeds_programs(algorithm: FederatedAlgorithm, model, validate: bool, *, coh
             state, metrics = simulate(algorithm, state, data, jax.random.key(seed),
                                       num_rounds=length, cohort_size=cohort_size,
                                       sampler=sampler, execution=execution,
-                                      step_budgets=step_budgets, active_rounds=active_rounds)
+                                      step_budgets=step_budgets, active_rounds=active_rounds,
+                                      system=system)
             return (state, metrics, *evaluate(seed, state, data))
         return one
 
@@ -649,8 +650,8 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
               inits: Optional[Sequence[Callable]] = None, vmap_seeds: Optional[bool] = None,
               memory_limit: Optional[int] = None, log: Optional[Callable] = None,
               checkpoint_dirs: Optional[Sequence[str]] = None, resume: bool = False,
-              commit_seconds: float = 0.0, progress: bool = False, description: str = ""
-              ) -> Optional[SeedRuns]:
+              commit_seconds: float = 0.0, progress: bool = False, description: str = "",
+              system=None) -> Optional[SeedRuns]:
     """``runner.run`` of one algorithm for every seed, the seeds as ONE compiled program.
 
     Seed s initialises the model with ``jax.random.key(s)`` and keys the run with it
@@ -677,7 +678,8 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     the host instead). The per-seed ``compile_seconds`` are the programs' for the
     first seed and 0 for the others; vmapped seeds split each chunk's seconds evenly.
     A seed whose state becomes NaN/inf stops at its last good evaluation
-    (``SeedRuns.non_finite``) while the others go on.
+    (``SeedRuns.non_finite``) while the others go on. ``system``: participation and
+    system heterogeneity (core/system.py), as ``runner.run`` takes it.
     """
     from fedjax_fair.core import memory as mem
     from fedjax_fair.drivers.runner import (Chunk, CompileClock, Record, _progress, drive,
@@ -699,6 +701,8 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
         vmap_seeds = jax.default_backend() != "cpu"
     validate = has_examples(data.validation)
     num_clients = data.num_clients
+    if system is not None:
+        check_system(system, data, model, sampler)
     clock = CompileClock().start()
     try:
         init = jax.jit(model.init)
@@ -716,7 +720,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
                                            f"others one by one)")
         chunk, evaluate = _seeds_programs(algorithm, model, validate, cohort_size=cohort_size,
                                           sampler=sampler, execution=execution,
-                                          step_budgets=step_budgets)
+                                          step_budgets=step_budgets, system=system)
         data = jax.device_put(data)
         seeds32 = seed_values.astype(np.uint32)
         stack = lambda xs: jax.tree.map(lambda *v: jnp.stack(v), *xs)
@@ -761,6 +765,11 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
                                               "num_examples": n_val}, "validation"))
             return per_client, summary
 
+        def clocked(per_client, summary):
+            if system is not None and system.clock is not None:  # simulated time 0
+                summary["clock_seconds"] = 0.0
+            return per_client, summary
+
         def seed_state(i: int):
             return _row(current[0], i) if vmap_seeds else current[i]
 
@@ -772,7 +781,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
             else:
                 outs = [jax.device_get(program(None)(seeds32[i], current[i], data, None))
                         for i in range(len(records))]
-            return [Chunk(seed_state(i), None, *evaluated(*o), 0.0)
+            return [Chunk(seed_state(i), None, *clocked(*evaluated(*o)), 0.0)
                     for i, o in enumerate(outs)]
 
         def advance(r0: int, length: int) -> list:
