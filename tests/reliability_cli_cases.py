@@ -160,6 +160,29 @@ for spec in ("fixed:-1", "fixed:x", "uniform:5", "uniform:5:2", "uniform:-1:3",
              "stragglers:1.5:2", "stragglers:2:1", "stragglers:0.5:-1", "fixed:2:hours",
              "gaussian:3"):
     _flags("run", ["--step-budgets", spec], "step_budgets", area=4)
+# participation and the virtual clock (docs/participation.md)
+for flags, field in ((["--availability", "independent:1.5"], "availability"),
+                     (["--availability", "independent:-0.1"], "availability"),
+                     (["--availability", "sometimes"], "availability"),
+                     (["--availability", "size:0.2"], "availability"),
+                     (["--availability", "labels:a+b:0.1:0.9"], "availability"),
+                     (["--availability", "periodic:0:0.5"], "availability"),
+                     (["--availability", "periodic:24.5:0.5"], "availability"),
+                     (["--availability", "markov:0.7:0.6"], "availability"),
+                     (["--availability", "markov:0:0"], "availability"),
+                     (["--availability", "trace:/nonexistent.npy"], "availability"),
+                     (["--dropout", "1.5"], "dropout"), (["--dropout", "x"], "dropout"),
+                     (["--dropout", "speed:0.5:0"], "dropout"),
+                     (["--speeds", "fixed:0"], "speeds"), (["--speeds", "lognormal:1"], "speeds"),
+                     (["--speeds", "classes:1@0"], "speeds"), (["--speeds", "fast"], "speeds"),
+                     (["--deadline", "2"], "speeds"),
+                     (["--speeds", "fixed:1", "--deadline", "-1"], "deadline"),
+                     (["--speeds", "fixed:1", "--deadline", "2:late"], "deadline"),
+                     (["--speeds", "fixed:1", "--deadline", "0.01"], "deadline"),
+                     (["--speeds", "fixed:1", "--bandwidth", "0"], "bandwidth"),
+                     (["--speeds", "fixed:1", "--latency", "-1"], "latency"),
+                     (["--system-seed", "-1"], "system_seed")):
+    _flags("run", flags, field, area=4)
 
 # ---- models against the data
 for flags, field, kw in (

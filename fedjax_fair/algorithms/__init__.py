@@ -15,7 +15,7 @@ from fedjax_fair.algorithms.registry import (  # the factories
     aaggff_d, aaggff_s, afedpd, afedpd_sam, afl, apfl, ditto, dqn_fed, fedadagrad, fedadam,
     fedadmm, fedavg, fedavg_ft, fedavgm, fedcm, fedcvae, feddyn, fedevg, fedheal, fedlf,
     fedmax, fedmax_k, fedmgda_plus, fednew, fednl, fednl_pp, fedpd, fedper, fedprox,
-    fedrep, fedsam, fedsoftmax, fedspeed, fedyogi, lg_fedavg, pfedme, propfair, qffl,
+    fedrep, fedsam, fedsoftmax, fedspeed, fedyogi, lg_fedavg, mifa, pfedme, propfair, qffl,
     scaffold, superfed, term)
 
 __all__ = [
@@ -24,6 +24,6 @@ __all__ = [
     "fedadmm", "fedavg", "fedavg_ft", "fedavgm", "fedcm", "fedcvae", "feddyn", "fedevg",
     "fedheal", "fedlf", "fedmax", "fedmax_k", "fedmgda_plus", "fednew", "fednl",
     "fednl_pp", "fedpd", "fedper", "fedprox", "fedrep", "fedsam", "fedsoftmax", "fedspeed",
-    "fedyogi", "get_algorithm", "get_method", "lg_fedavg", "method_hparams", "pfedme",
+    "fedyogi", "get_algorithm", "get_method", "lg_fedavg", "method_hparams", "mifa", "pfedme",
     "propfair", "qffl", "scaffold", "superfed", "term",
 ]

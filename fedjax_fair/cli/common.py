@@ -571,11 +571,13 @@ def _other_process(cfg):
 
 def _preflight(cfg, ds, model) -> None:
     """Shapes XLA cannot hold (``memory.preflight``: a parameter array or a batch too
-    large for one array or for the device) are refused naming the field, from
-    ``jax.eval_shape`` alone: before anything is compiled or written."""
+    large for one array or for the device) and a system that does not fit the data
+    (``system_of``) are refused naming the field, from ``jax.eval_shape`` alone: before
+    anything is compiled or written."""
     params = jax.eval_shape(model.init, jax.random.key(0))
     one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
            for k, v in ds.host_data.train.examples.items()}
+    system_of(cfg, ds, model)  # the participation and clock options against the data
     refused = memory.preflight(params, one, cfg.batch_size)
     if refused is None:
         return
