@@ -42,6 +42,7 @@ from fedjax_fair.algorithms import fedrep as _fedrep
 from fedjax_fair.algorithms import finetune as _finetune
 from fedjax_fair.algorithms import lg_fedavg as _lg_fedavg
 from fedjax_fair.algorithms import mifa as _mifa
+from fedjax_fair.algorithms import fedbuff as _fedbuff
 from fedjax_fair.algorithms import pfedme as _pfedme
 from fedjax_fair.algorithms import propfair as _propfair
 from fedjax_fair.algorithms import qffl as _qffl
@@ -75,6 +76,7 @@ from fedjax_fair.algorithms.fedrep import fedper, fedrep
 from fedjax_fair.algorithms.finetune import fedavg_ft
 from fedjax_fair.algorithms.lg_fedavg import lg_fedavg
 from fedjax_fair.algorithms.mifa import mifa
+from fedjax_fair.algorithms.fedbuff import fedasync, fedbuff
 from fedjax_fair.algorithms.pfedme import pfedme
 from fedjax_fair.algorithms.fedsam import fedsam
 from fedjax_fair.algorithms.fedspeed import fedspeed
@@ -145,6 +147,8 @@ REGISTRY = {
     "propfair": Method(propfair, _propfair.HPARAMS),
     "fedmgda_plus": Method(fedmgda_plus, _fedmgda.HPARAMS),
     "mifa": Method(mifa, _mifa.HPARAMS),
+    "fedbuff": Method(fedbuff, _fedbuff.HPARAMS),
+    "fedasync": Method(fedasync, _fedbuff.HPARAMS),
     "fedmax": Method(fedmax, _fedmax.HPARAMS),
     "fedmax_k": Method(fedmax_k, _fedmax.HPARAMS),
     "fedsoftmax": Method(fedsoftmax, _fedmax.HPARAMS),
@@ -266,4 +270,5 @@ __all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "base_name", "build", "
            "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
            "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
-           "method_hparams", "mifa", "propfair", "qffl", "scaffold", "term"]
+           "method_hparams", "mifa", "propfair", "qffl", "scaffold", "term", "fedbuff",
+           "fedasync"]

@@ -284,12 +284,14 @@ def for_method(cfg, name: str):
     return new
 
 
-def build_algorithm(name: str, model, cfg, hparams: dict):
+def build_algorithm(name: str, model, cfg, hparams: dict, ds=None):
     """The registered factory called with the config fields its signature names
     (client_lr, batch_size, num_epochs), the client SGD of --client-momentum /
     --client-weight-decay (as ``client_optimizer``), the hyper-parameters, and the
     round-indexed schedules; wrapped to log the per-round improved fraction unless
-    ``cfg.improvement`` is off."""
+    ``cfg.improvement`` is off. An asynchronous method (one taking a ``clock``:
+    FedBuff, FedAsync) gets the clock of ``--speeds`` on dataset ``ds``, and refuses
+    ``--deadline`` (it has no rounds to cut)."""
     accepted = method_hparams(name)
     kwargs = {k: getattr(cfg, k) for k, h in accepted.items()  # client_lr, batch_size, ...
               if not h.python_only and k in C.config_fields() and hasattr(cfg, k)
@@ -299,6 +301,13 @@ def build_algorithm(name: str, model, cfg, hparams: dict):
         from fedjax_fair.core.client import sgd_optimizer
         kwargs["client_optimizer"] = sgd_optimizer(cfg.client_momentum, cfg.client_weight_decay)
     kwargs.update(hparams)
+    if "clock" in accepted:
+        if C.system_spec(cfg).deadline is not None:
+            raise C.ConfigError("deadline", f"{name} is asynchronous: clients are never cut "
+                                            f"off by a round deadline; drop --deadline")
+        system = system_of(for_method(cfg, name), ds) if ds is not None else None
+        if system is not None and system.clock is not None:
+            kwargs["clock"] = system.clock
     client_schedule = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
     if client_schedule is not None and "client_lr" in accepted:
         kwargs["client_lr"] = client_schedule(kwargs.get("client_lr",

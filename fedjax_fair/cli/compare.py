@@ -99,7 +99,7 @@ def cmd_compare(args) -> int:
     algs = {}
     for a in cfg.algorithms:
         try:
-            algs[a] = build_algorithm(a, model, cfg, hparams[a])
+            algs[a] = build_algorithm(a, model, cfg, hparams[a], ds)
         except C.ConfigError as e:
             if not every:
                 raise

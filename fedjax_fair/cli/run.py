@@ -45,7 +45,7 @@ def cmd_run(args) -> int:
     C.check_data_range(cfg.algorithm, cfg.hparams, ds.host_data.train)
     model = build_model(cfg, ds)
     _preflight(cfg, ds, model)
-    alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams)
+    alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams, ds)
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
         _verify_checkpoint(ckdir, alg, model, ds.num_clients)

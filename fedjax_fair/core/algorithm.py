@@ -92,6 +92,9 @@ class FederatedAlgorithm(NamedTuple):
     # True when a round sums the clients' updates as they finish (aggregators.Stream)
     # instead of stacking them [K, ...]
     streamed: bool = False
+    # True when a round reports its own simulated duration (``server/round_seconds``):
+    # asynchronous methods on a virtual clock (algorithms/fedbuff.py)
+    clock: bool = False
 
     @property
     def evaluates(self) -> str:

@@ -717,7 +717,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
 
         def initial() -> list:
             per_client, summary = evaluate_now(state)
-            if system is not None and system.clock is not None:
+            if has_clock(algorithm, system):
                 summary["clock_seconds"] = 0.0
             return [Chunk(state, None, per_client, summary, 0.0)]
 
@@ -903,9 +903,10 @@ def drive(records: list, advance: Callable, initial: Callable, *, num_rounds: in
             rec.chunk(r0, c.metrics)
             entry = {"round": r0 + length, **c.summary, "seconds": rec.run_s,
                      "train_loss": float(np.asarray(c.metrics["train_loss"])[-1])}
-            if CLOCK_METRIC in c.metrics:  # simulated time, cumulative over the run
+            clock_metric = next((m for m in CLOCK_METRICS if m in c.metrics), None)
+            if clock_metric:  # simulated time, cumulative over the run
                 entry["clock_seconds"] = (rec.history[-1].get("clock_seconds", 0.0)
-                                          + float(np.sum(c.metrics[CLOCK_METRIC],
+                                          + float(np.sum(c.metrics[clock_metric],
                                                          dtype=np.float64)))
             rec.evaluation(c.state, c.test, entry, clock)
         r0 += length
@@ -925,7 +926,14 @@ def drive(records: list, advance: Callable, initial: Callable, *, num_rounds: in
     bar.close()
 
 
-CLOCK_METRIC = "system/round_seconds"  # a round's simulated duration (core/system.py)
+# a round's simulated duration: an asynchronous method's own (algorithms/fedbuff.py),
+# else the synchronous round's on the system's clock (core/system.py)
+CLOCK_METRICS = ("server/round_seconds", "system/round_seconds")
+
+
+def has_clock(algorithm: FederatedAlgorithm, system) -> bool:
+    """Whether a run's evaluations carry ``clock_seconds`` (0 at the start)."""
+    return algorithm.clock or (system is not None and system.clock is not None)
 HISTORY = "history"  # the checkpoint's log of evaluations (one JSON object each)
 CLIENT_HISTORY = "client_history"  # per-client test metrics, a row [N] per evaluation
 ROUND_LOG = "rounds"  # every round's metrics (as on_rounds receives them)

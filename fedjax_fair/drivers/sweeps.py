@@ -683,7 +683,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     """
     from fedjax_fair.core import memory as mem
     from fedjax_fair.drivers.runner import (Chunk, CompileClock, Record, _progress, drive,
-                                            split_summary)
+                                            has_clock, split_summary)
     data = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
     cohort_size = check_cohort(cohort_size, data.num_clients)
@@ -766,7 +766,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
             return per_client, summary
 
         def clocked(per_client, summary):
-            if system is not None and system.clock is not None:  # simulated time 0
+            if has_clock(algorithm, system):  # simulated time 0
                 summary["clock_seconds"] = 0.0
             return per_client, summary
 
