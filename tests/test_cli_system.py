@@ -74,6 +74,7 @@ def test_compare_on_a_clock_plots_against_simulated_time(tmp_path):
     (["--speeds", "fixed:1", "--deadline", "2:wait"], "deadline"),
     (["--speeds", "fixed:10", "--latency", "-1"], "latency"),
     (["--dropout", "speed:0.5:0.0"], "dropout"),  # tied to speeds that are not given
+    (["--availability", "classes:0.5@1.5+0.5@0.2"], "availability"),
 ])
 def test_bad_system_options_are_one_line_before_anything_is_written(tmp_path, capsys, flags,
                                                                      field):

@@ -96,6 +96,27 @@ def test_from_property_and_label_share():
     assert abs(np.median(s) / 5.0 - 1) < 0.1 and abs(np.log(s).std() - 1.0) < 0.05
 
 
+def test_texts_build_the_documented_models():
+    train = helpers.tiny_federation().train
+    sizes = np.asarray(train.num_examples, float)
+    build = lambda **kw: S.parse(**kw).build(train)
+    assert build() is None  # nothing changes: no system at all
+    np.testing.assert_allclose(build(availability="size:0.1:0.9").availability.p,
+                               S.from_property(sizes, 0.1, 0.9))
+    np.testing.assert_allclose(build(availability="labels:0+2:0.9:0.1").availability.p,
+                               S.from_property(S.label_share(train, [0, 2]), 0.9, 0.1))
+    c = S.parse(availability="classes:0.5@0.9+0.5@0.2", seed=3).build(train)
+    assert set(c.availability.p) <= {0.9, 0.2}
+    assert build(availability="markov:0.1:0.3").availability == S.markov(0.1, 0.3)
+    assert build(availability="periodic:24:0.25").availability == S.periodic(24, 0.25)
+    s = build(speeds="lognormal:20:1", dropout="speed:0.5:0.0", deadline="3:partial",
+              bandwidth="1e5", latency=0.2)
+    np.testing.assert_allclose(s.clock.speed, S.lognormal(6, 20.0, 1.0, seed=0))
+    np.testing.assert_allclose(s.dropout, S.from_property(s.clock.speed, 0.5, 0.0))
+    assert (s.clock.deadline, s.clock.late, s.clock.bandwidth, s.clock.latency) == \
+        (3.0, "partial", (1e5,), (0.2,))
+
+
 # --------------------------------------------------------- sampling, dropouts, the clock
 
 
@@ -440,3 +461,19 @@ def test_docs_participation_page_runs():
     assert clock[0] == 0.0 and clock[-1] > clock[1] > 0
     reported = result.rounds["system/reported"]
     assert reported.shape == (20,) and (reported <= 10).all() and reported.min() < 10
+
+
+@pytest.mark.parametrize("name", ["afl", "aaggff_d"])
+def test_participation_aware_rules_use_the_realised_cohort(name):
+    """AFL's lambda step scales by N / m and AAggFF-D's doubly robust estimator divides
+    by the propensity m / N, with m the clients that reported: a cohort of four with two
+    masked is the cohort of the other two."""
+    from fedjax_fair.algorithms import registry
+    alg = helpers.bind_execution(registry.build(name, helpers.ENGINE_MODEL), "sequential")
+    state = alg.init(helpers.ENGINE_PARAMS, helpers.ENGINE_N)
+    masked = helpers.cohort(helpers.ENGINE_TRAIN, [0, 1, 3, 4], mask=[True, False, True, False])
+    alone = helpers.cohort(helpers.ENGINE_TRAIN, [0, 3])
+    a, _ = jax.jit(alg.apply)(state, masked, KEY)
+    b, _ = jax.jit(alg.apply)(state, alone, KEY)
+    helpers.assert_trees_close(a.mixing_state, b.mixing_state, rtol=1e-6, atol=1e-7)
+    helpers.assert_trees_close(a.params, b.params, rtol=1e-5, atol=1e-7)

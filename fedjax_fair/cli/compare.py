@@ -96,6 +96,9 @@ def cmd_compare(args) -> int:
     model = build_model(cfg, ds)
     for batch in sorted({for_method(cfg, a).batch_size for a in cfg.algorithms}):
         _preflight(dataclasses.replace(cfg, batch_size=batch), ds, model)
+    system = system_of(cfg, ds)
+    if system is not None:
+        print(f"system: {system.describe()}")
     algs = {}
     for a in cfg.algorithms:
         try:

@@ -128,6 +128,8 @@ class _Common:
                            "(docs/participation.md): always, independent:P, size:LOW:HIGH "
                            "(probability from data size, smallest LOW, largest HIGH), "
                            "labels:L1+L2:LOW:HIGH (from the share of those labels), "
+                           "classes:SHARE@P+SHARE@P (device classes, each with its "
+                           "probability), "
                            "periodic:PERIOD:ON_FRACTION (diurnal, per-client phase), "
                            "markov:P_OFF:P_ON (on/off chain per client), trace:FILE (.npy or "
                            ".csv table [rounds, clients], replayed cyclically)")

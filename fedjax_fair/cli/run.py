@@ -14,7 +14,8 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _other_process, _own, _preflight, _resumable_config,
                                     _STAGE, _STAGE_DIR, _write_client_history,
                                     build_algorithm, build_dataset, build_model, for_method,
-                                    participation_report, simulate_one, write_run_outputs)
+                                    participation_report, simulate_one, system_of,
+                                    write_run_outputs)
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
@@ -45,6 +46,9 @@ def cmd_run(args) -> int:
     C.check_data_range(cfg.algorithm, cfg.hparams, ds.host_data.train)
     model = build_model(cfg, ds)
     _preflight(cfg, ds, model)
+    system = system_of(cfg, ds)
+    if system is not None:
+        print(f"system: {system.describe()}")
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams, ds)
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits

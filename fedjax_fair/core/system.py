@@ -599,6 +599,8 @@ class Spec(NamedTuple):
             availability = independent(from_property(sizes, *args))
         elif kind == "labels":
             availability = independent(from_property(label_share(train, args[0]), *args[1:]))
+        elif kind == "classes":  # device classes, each with its availability
+            availability = independent(device_classes(n, *args, seed=self.seed))
         elif kind == "periodic":
             availability = periodic(*args)
         elif kind == "markov":
@@ -645,6 +647,19 @@ def _numbers(text: str, field: str, count: int) -> list:
         raise H.FieldError(field, f"cannot read the numbers of {text!r}") from None
 
 
+def _classes(text: str, field: str, spec: str) -> tuple:
+    """(shares, values) of ``SHARE@VALUE+SHARE@VALUE``: shares >= 0, not all 0."""
+    try:
+        pairs = [tuple(float(v) for v in c.split("@")) for c in text.split("+")]
+    except ValueError:
+        pairs = [()]
+    if any(len(p) != 2 or not np.isfinite(p).all() or p[0] < 0 for p in pairs) or \
+            not sum(p[0] for p in pairs) > 0:
+        raise H.FieldError(field, f"classes:SHARE@VALUE+SHARE@VALUE needs numbers, shares "
+                                  f">= 0 and not all 0, got {spec!r}")
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
 def _load_table(path: str) -> np.ndarray:
     try:
         if path.endswith(".npy"):
@@ -655,7 +670,8 @@ def _load_table(path: str) -> np.ndarray:
 
 
 AVAILABILITY_SPECS = ("always", "independent:P", "size:LOW:HIGH", "labels:L1+L2:LOW:HIGH",
-                      "periodic:PERIOD:ON_FRACTION", "markov:P_OFF:P_ON", "trace:FILE")
+                      "classes:SHARE@P+SHARE@P", "periodic:PERIOD:ON_FRACTION",
+                      "markov:P_OFF:P_ON", "trace:FILE")
 SPEED_SPECS = ("none", "fixed:STEPS_PER_S", "lognormal:MEDIAN:SIGMA",
                "classes:SHARE@SPEED+SHARE@SPEED")
 
@@ -694,6 +710,10 @@ def parse(availability: str = "always", dropout: str = "none", speeds: str = "no
     elif kind == "trace" and rest:
         trace(_load_table(rest))  # readable, a 2-D table of booleans
         avail = (kind, rest)
+    elif kind == "classes" and rest:
+        shares, values = _classes(rest, "availability", availability)
+        _probabilities(values, "availability")
+        avail = (kind, shares, values)
     else:
         raise H.FieldError("availability", f"expected one of {', '.join(AVAILABILITY_SPECS)}; "
                                            f"got {availability!r}")
@@ -707,15 +727,8 @@ def parse(availability: str = "always", dropout: str = "none", speeds: str = "no
         speed = (kind, float(H.POSITIVE.check("speeds", median)),
                  float(H.NONNEGATIVE.check("speeds", sigma)))
     elif kind == "classes" and rest:
-        try:
-            pairs = [tuple(float(v) for v in c.split("@")) for c in rest.split("+")]
-        except ValueError:
-            pairs = [()]
-        if any(len(p) != 2 or p[0] < 0 or p[1] <= 0 for p in pairs) or \
-                not sum(p[0] for p in pairs) > 0:
-            raise H.FieldError("speeds", f"classes:SHARE@SPEED+SHARE@SPEED needs shares >= 0 "
-                                         f"(not all 0) and speeds > 0, got {speeds!r}")
-        speed = (kind, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+        speed = (kind, *_classes(rest, "speeds", speeds))
+        _positive(speed[2], "speeds")
     else:
         raise H.FieldError("speeds", f"expected one of {', '.join(SPEED_SPECS)}; got {speeds!r}")
     text = str(dropout).strip()
