@@ -183,6 +183,10 @@ for flags, field in ((["--availability", "independent:1.5"], "availability"),
                      (["--speeds", "fixed:1", "--latency", "-1"], "latency"),
                      (["--system-seed", "-1"], "system_seed")):
     _flags("run", flags, field, area=4)
+_flags("run", ["--algorithm", "fedbuff", "--hp", "concurrency=2"], "hparams.concurrency",
+       area=4)  # the tiny federation's cohort is 3
+_flags("run", ["--algorithm", "fedbuff", "--speeds", "fixed:5", "--deadline", "3"], "deadline",
+       area=4)
 
 # ---- models against the data
 for flags, field, kw in (

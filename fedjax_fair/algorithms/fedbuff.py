@@ -58,6 +58,8 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.aggregators import Aggregator
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.core.memory import tree_bytes
+from fedjax_fair.core.system import client_seconds
 
 HPARAMS = {"staleness_exponent": H.NONNEGATIVE, "server_lr": H.POSITIVE,
            "alpha": H.Range(0.0, 1.0, low_open=True),
@@ -79,22 +81,6 @@ class Pool(NamedTuple):
 def staleness_weight(tau, exponent):
     """s(tau) = (1 + tau)^(-a): FedBuff's 1 / sqrt(1 + tau) at a = 0.5; 1 at tau = 0."""
     return jnp.power(1.0 + tau.astype(jnp.float32), -exponent)
-
-
-def _client_seconds(clock, num_steps, client_ids, params):
-    """Each dispatched client's time on ``clock`` (None: one second per local step)."""
-    steps = num_steps.astype(jnp.float32)
-    if clock is None:
-        return steps
-    from fedjax_fair.core.system import _array, _comm_seconds  # the clock's own terms
-    from fedjax_fair.drivers.simulate import model_bytes
-    lengths = [len(clock.speed), len(clock.latency)]
-    if clock.bandwidth is not None:
-        lengths.append(len(clock.bandwidth))
-    n = max(lengths)  # N for per-client values, else 1 (every client alike)
-    ids = client_ids if n > 1 else jnp.zeros_like(client_ids)
-    comm = _comm_seconds(clock, model_bytes(params), n)
-    return comm[ids] + steps / _array(clock.speed, n)[ids]
 
 
 def buffered_aggregator(concurrency: int = 10, staleness_exponent=0.5,
@@ -122,7 +108,9 @@ def buffered_aggregator(concurrency: int = 10, staleness_exponent=0.5,
         rank = jnp.cumsum(ctx.client_mask) - 1  # the cohort member's place in line
         go = ctx.client_mask & (rank < jnp.sum(free))
         target = jnp.where(go, slots[jnp.clip(rank, 0, k - 1)], c)  # c: dropped
-        seconds = _client_seconds(clock, outputs.num_steps, ctx.client_ids, ctx.params)
+        seconds = (outputs.num_steps.astype(jnp.float32) if clock is None else  # 1 step/s
+                   client_seconds(clock, outputs.num_steps, ctx.client_ids,
+                                  tree_bytes(ctx.params)))
         payload = outputs.delta if mode == "buffer" else jax.tree.map(
             lambda p, d: p[None] - d, ctx.params, outputs.delta)
         put = lambda table, rows: table.at[target].set(rows.astype(table.dtype), mode="drop")

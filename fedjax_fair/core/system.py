@@ -485,6 +485,17 @@ def _comm_seconds(c: Clock, model_bytes: int, num_clients: int):
     return comm
 
 
+def client_seconds(c: Clock, num_steps, client_ids, model_bytes: int):
+    """The time on clock ``c`` of clients ``client_ids`` [K] that took ``num_steps`` [K]
+    local steps: latency + 2 * model_bytes / bandwidth + steps / speed (the clock's
+    per-client values, or its one value for every client)."""
+    lengths = [len(c.speed), len(c.latency)] + ([len(c.bandwidth)] if c.bandwidth else [])
+    n = max(lengths)  # N with per-client values, else 1
+    ids = client_ids if n > 1 else jnp.zeros_like(client_ids)
+    return (_comm_seconds(c, model_bytes, n)[ids]
+            + num_steps.astype(jnp.float32) / _array(c.speed, n)[ids])
+
+
 def local_steps(training: ClientTraining, num_examples, budgets):
     """The local steps a client takes: min(budget, E * ceil(n / B), max_steps)."""
     steps = training.num_epochs * steps_per_epoch(num_examples, training.batch_size)

@@ -40,8 +40,8 @@ from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_pr
 from fedjax_fair.core.execution import Execution, as_execution, auto_mesh, resolve
 from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets
 from fedjax_fair.core.system import System
-from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, model_bytes,
-                                          plan_rounds, sample_client_ids, simulate,
+from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, plan_rounds,
+                                          sample_client_ids, simulate,
                                           simulate_cohorts)
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 
@@ -688,7 +688,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                     ids, mask, budgets, planned = plan_rounds(
                         system, key, r0, length, sizes, cohort_size=cohort_size,
                         sampler=sampler, step_budgets=drawn or step_budgets,
-                        model_bytes=model_bytes(params))
+                        model_bytes=mem.tree_bytes(params))
                 m = mem.size_bucket(sizes[ids].max(), data.train.mask.shape[1])
                 if compact:  # the real rows only, read through offsets in the program
                     cohorts = jax.device_put(mem.compact_chunk(
@@ -1016,7 +1016,7 @@ def check_system(system, data: FederatedData, params, sampler) -> None:
                                          f"{type(system).__name__}")
     if hasattr(params, "init"):  # a Model: its parameters' shapes
         params = jax.eval_shape(params.init, jax.random.key(0))
-    system.check(data.num_clients, np.asarray(data.train.num_examples), model_bytes(params),
+    system.check(data.num_clients, np.asarray(data.train.num_examples), mem.tree_bytes(params),
                  sampler)
 
 

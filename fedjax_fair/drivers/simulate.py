@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair.core import sampling, sharding
+from fedjax_fair.core.memory import tree_bytes
 from fedjax_fair.core.system import System, plan_round
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import gather
@@ -93,11 +94,6 @@ def budget_tables(step_budgets: StepBudgets, key, first_round: int, num_rounds: 
     return np.asarray(draw(rounds))
 
 
-def model_bytes(params) -> int:
-    """The bytes of a model's parameters (what the clock sends each way)."""
-    return int(sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))
-
-
 def make_round_cohort(data: FederatedData, key, round_, sample_key, *, sampler: Callable,
                       cohort_size: int, step_budgets=None, system: Optional[System] = None,
                       params=None, mesh=None):
@@ -112,7 +108,7 @@ def make_round_cohort(data: FederatedData, key, round_, sample_key, *, sampler: 
     ids, mask, steps, metrics = plan_round(
         system, key, round_, sample_key, sampler=sampler, num_clients=num_clients,
         cohort_size=cohort_size, num_examples=data.train.num_examples, budgets=budgets,
-        model_bytes=model_bytes(params))
+        model_bytes=tree_bytes(params))
     cohort = make_cohort(data, ids, None, mesh)
     return cohort._replace(client_mask=mask, local_steps=steps), metrics
 
