@@ -105,6 +105,7 @@ LONGEST_FILES_FIRST = (  # by the summed test times of one full run (--junitxml)
     "test_second_order.py",
     "test_resnet.py",
     "test_runner.py",
+    "test_system.py",
     "test_fedevg.py",
     "test_cli_compare.py",
     "test_docs_snippets.py",

@@ -434,13 +434,15 @@ def test_interrupt_while_plotting_leaves_no_summary_and_resume_writes_it(
     def save_figure(fig, path, *args, **kwargs):
         calls.append(path)
         if len(calls) == 2:
-            # The handler runs at the interpreter's next check, which must be in this
-            # frame: a garbage collection between here and that check could run it
-            # inside a finalizer, where CPython reports the KeyboardInterrupt as
-            # "ignored" and drops it (seen once in a long xdist worker).
+            # raise_signal delivers to this (the main) thread before it returns;
+            # os.kill may hand the signal to another of the process's threads (XLA's),
+            # and the run went on to exit 0 in long xdist workers. The handler then
+            # runs at the interpreter's next check, kept in this frame: a garbage
+            # collection in between could run it inside a finalizer, where CPython
+            # reports the KeyboardInterrupt as "ignored" and drops it.
             gc.disable()
             try:
-                os.kill(os.getpid(), getattr(signal, how))
+                signal.raise_signal(getattr(signal, how))
                 for _ in range(3):  # a backward jump: the handler raises here
                     pass
             finally:
@@ -448,8 +450,9 @@ def test_interrupt_while_plotting_leaves_no_summary_and_resume_writes_it(
         return real(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(report, "save_figure", save_figure)
+    handler = signal.getsignal(getattr(signal, how))
     code = cli.main(["run", *TINY, "--num-rounds", "2", "--eval-every", "1", "-o", str(out)])
-    assert code == cli.EXIT_INTERRUPTED
+    assert code == cli.EXIT_INTERRUPTED, (calls, handler)
     _one_line_error(capsys.readouterr().err, "interrupted")
     assert not (out / "summary.json").exists()
     assert len(report.read_jsonl(out / "metrics.jsonl")) == 3
