@@ -54,7 +54,8 @@ def test_periodic_windows_and_phases():
     assert len({tuple(col) for col in d[:24].T}) > 5  # phases differ between clients
 
 
-@pytest.mark.parametrize("p_off, p_on", [(0.1, 0.3), (0.02, 0.05)])
+@pytest.mark.parametrize("p_off, p_on", [(0.1, 0.3), pytest.param(0.02, 0.05,
+                                                                 marks=pytest.mark.slow)])
 def test_markov_chain_stationary_share_and_transitions(p_off, p_on):
     rounds, n = 1500, 300
     a = _rounds(S.markov(p_off, p_on), rounds, n)
@@ -400,8 +401,7 @@ def _registry_names():
 
 # a default-suite selection: the per-client tables (dense rows, drifts, personal
 # models), the fair rules that read every client's loss or update, the server solvers
-DROPOUT_DEFAULT = ("aaggff_d", "afedpd", "afl", "ditto", "dqn_fed", "fedavg", "fedheal",
-                   "qffl", "scaffold")
+DROPOUT_DEFAULT = ("aaggff_d", "afedpd", "ditto", "dqn_fed", "fedavg", "qffl", "scaffold")
 
 
 @pytest.mark.parametrize("name", [n if n in DROPOUT_DEFAULT else
