@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import sys
@@ -376,7 +377,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             placement=cfg.placement, log=log,
                             execution=execution_of(cfg, ds, model),
                             on_rounds=on_rounds, commit_seconds=commit_seconds,
-                            system=system_of(cfg, ds, model))
+                            system=system_of(cfg, ds))  # checked by the preflight
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
             raise C.config_error(e, "checkpoint") from None  # or no memory plan fits
@@ -422,9 +423,10 @@ def participation_report(result, num_clients: int) -> dict:
     out["counts"] = counts.tolist()
     if "clock_seconds" in result.history[-1]:
         out["clock_seconds"] = float(result.history[-1]["clock_seconds"])
-        out["time_to_accuracy_mean"] = {
-            f"{level:g}": (None if t == float("inf") else t) for level in (0.5, 0.8, 0.9)
-            for t in [fm.time_to_reach(result.history, level)]}
+        reach = {f"{level:g}": fm.time_to_reach(result.history, level)
+                 for level in (0.5, 0.8, 0.9)}
+        out["time_to_accuracy_mean"] = {k: t if math.isfinite(t) else None  # JSON: null
+                                        for k, t in reach.items()}
     return out
 
 
@@ -584,18 +586,18 @@ def _other_process(cfg):
     return new
 
 
-def _preflight(cfg, ds, model) -> None:
+def _preflight(cfg, ds, model):
     """Shapes XLA cannot hold (``memory.preflight``: a parameter array or a batch too
     large for one array or for the device) and a system that does not fit the data
     (``system_of``) are refused naming the field, from ``jax.eval_shape`` alone: before
-    anything is compiled or written."""
+    anything is compiled or written. Returns the run's system (None: none)."""
     params = jax.eval_shape(model.init, jax.random.key(0))
     one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
            for k, v in ds.host_data.train.examples.items()}
-    system_of(cfg, ds, model)  # the participation and clock options against the data
+    system = system_of(cfg, ds, model)  # the participation and clock options
     refused = memory.preflight(params, one, cfg.batch_size)
     if refused is None:
-        return
+        return system
     if refused.what == "batch":
         raise C.ConfigError("batch_size", f"{cfg.batch_size} is too large: {refused.message}")
     args = list(cfg.model_args)

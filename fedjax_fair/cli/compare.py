@@ -346,7 +346,7 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
         inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log,
         checkpoint_dirs=[os.path.join(d, "checkpoint") for d in run_dirs], resume=resume,
         commit_seconds=cfg.commit_seconds, progress=cfg.progress,
-        description=f"{name} seeds {','.join(map(str, seeds))}", system=system_of(cfg, ds, model))
+        description=f"{name} seeds {','.join(map(str, seeds))}", system=system_of(cfg, ds))
     if runs is None:
         return {}
     return {seed: _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,

@@ -14,8 +14,7 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _other_process, _own, _preflight, _resumable_config,
                                     _STAGE, _STAGE_DIR, _write_client_history,
                                     build_algorithm, build_dataset, build_model, for_method,
-                                    participation_report, simulate_one, system_of,
-                                    write_run_outputs)
+                                    participation_report, simulate_one, write_run_outputs)
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
@@ -45,8 +44,7 @@ def cmd_run(args) -> int:
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     C.check_data_range(cfg.algorithm, cfg.hparams, ds.host_data.train)
     model = build_model(cfg, ds)
-    _preflight(cfg, ds, model)
-    system = system_of(cfg, ds)
+    system = _preflight(cfg, ds, model)
     if system is not None:
         print(f"system: {system.describe()}")
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams, ds)

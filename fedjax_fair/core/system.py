@@ -437,16 +437,10 @@ class System:
         c.check(num_clients)
         if c.deadline is not None and num_examples is not None:
             n = np.asarray(num_examples)
-            full = lambda v: np.broadcast_to(np.asarray(v, np.float64), (num_clients,))
-            comm = full(c.latency) + (0.0 if c.bandwidth is None
-                                      else 2.0 * model_bytes / full(c.bandwidth))
-            t = c.training
-            steps = t.num_epochs * -(-n // t.batch_size)
-            if t.max_steps is not None:
-                steps = np.minimum(steps, t.max_steps)
+            comm = np.asarray(_comm_seconds(c, model_bytes, num_clients))
             # drop: the whole work in time; partial: at least one step
-            need = comm + (steps if c.late == "drop" else 1) / full(c.speed)
-            need = need[n > 0]
+            work = (np.asarray(local_steps(c.training, n, None)) if c.late == "drop" else 1)
+            need = (comm + work / np.asarray(_array(c.speed, num_clients)))[n > 0]
             if need.size and not np.any(need <= c.deadline):
                 raise H.FieldError("clock.deadline", f"{c.deadline:g} s: no client can "
                                                      f"report in time (the fastest needs "
@@ -642,10 +636,6 @@ class Spec(NamedTuple):
         if availability == Always() and dropout is None and c is None:
             return None
         return system(availability, dropout, c)
-
-    def describe(self) -> str:
-        return ", ".join(":".join(str(v) for v in part) for part in
-                         (self.availability, self.dropout, self.speeds))
 
 
 def _numbers(text: str, field: str, count: int) -> list:

@@ -94,20 +94,32 @@ def budget_tables(step_budgets: StepBudgets, key, first_round: int, num_rounds: 
     return np.asarray(draw(rounds))
 
 
-def make_round_cohort(data: FederatedData, key, round_, sample_key, *, sampler: Callable,
+def _plan(system: System, key, round_, num_examples, *, sampler: Callable, num_clients: int,
+          cohort_size: int, step_budgets, model_bytes: int):
+    """``system.plan_round`` of round ``round_``, with the round's budget table drawn as
+    ``simulate`` draws it: (client_ids, client_mask, local_steps, metrics)."""
+    sample_key = round_keys(key, round_)[0]
+    budgets = budget_table(step_budgets, _budget_key(sample_key), num_examples)
+    return plan_round(system, key, round_, sample_key, sampler=sampler,
+                      num_clients=num_clients, cohort_size=cohort_size,
+                      num_examples=num_examples, budgets=budgets, model_bytes=model_bytes)
+
+
+def make_round_cohort(data: FederatedData, key, round_, *, sampler: Callable,
                       cohort_size: int, step_budgets=None, system: Optional[System] = None,
                       params=None, mesh=None):
     """(this round's cohort, the system's round metrics): the sampled clients with their
     budgets; under a ``system`` (core/system.py) sampled among the available clients,
     masked where they did not report, their budgets cut by the clock's deadline."""
     num_clients = data.train.mask.shape[0]
-    budgets = budget_table(step_budgets, _budget_key(sample_key), data.train.num_examples)
     if system is None:
+        sample_key = round_keys(key, round_)[0]
+        budgets = budget_table(step_budgets, _budget_key(sample_key), data.train.num_examples)
         client_ids = sampler(sample_key, num_clients, cohort_size)
         return make_cohort(data, client_ids, budgets, mesh), {}
-    ids, mask, steps, metrics = plan_round(
-        system, key, round_, sample_key, sampler=sampler, num_clients=num_clients,
-        cohort_size=cohort_size, num_examples=data.train.num_examples, budgets=budgets,
+    ids, mask, steps, metrics = _plan(
+        system, key, round_, data.train.num_examples, sampler=sampler,
+        num_clients=num_clients, cohort_size=cohort_size, step_budgets=step_budgets,
         model_bytes=tree_bytes(params))
     cohort = make_cohort(data, ids, None, mesh)
     return cohort._replace(client_mask=mask, local_steps=steps), metrics
@@ -131,9 +143,9 @@ def simulate(algorithm: FederatedAlgorithm, state: ServerState, data: FederatedD
     (``System.check``); its round metrics (``system/...``) join the round's.
     """
     def round_fn(state, _):
-        sample_key, train_key = round_keys(key, state.round)
+        train_key = round_keys(key, state.round)[1]
         cohort, system_metrics = make_round_cohort(
-            data, key, state.round, sample_key, sampler=sampler, cohort_size=cohort_size,
+            data, key, state.round, sampler=sampler, cohort_size=cohort_size,
             step_budgets=step_budgets, system=system, params=state.params,
             mesh=as_execution(execution).mesh)
         new_state, metrics = _play(algorithm, state, cohort, train_key, execution)
@@ -215,12 +227,10 @@ def plan_rounds(system: System, key, first_round: int, num_rounds: int, num_exam
 def _round_planner(system: System, sampler: Callable, num_clients: int, cohort_size: int,
                    drawn, model_bytes: int) -> Callable:
     def one(key, round_, num_examples, table):
-        sample_key = round_keys(key, round_)[0]
-        budgets = budget_table(drawn if drawn is not None else table,
-                               _budget_key(sample_key), num_examples)
-        return plan_round(system, key, round_, sample_key, sampler=sampler,
-                          num_clients=num_clients, cohort_size=cohort_size,
-                          num_examples=num_examples, budgets=budgets, model_bytes=model_bytes)
+        return _plan(system, key, round_, num_examples, sampler=sampler,
+                     num_clients=num_clients, cohort_size=cohort_size,
+                     step_budgets=drawn if drawn is not None else table,
+                     model_bytes=model_bytes)
 
     return jax.jit(jax.vmap(one, in_axes=(None, 0, None, None)))
 
