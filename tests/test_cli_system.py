@@ -61,6 +61,17 @@ def test_compare_on_a_clock_plots_against_simulated_time(tmp_path):
         assert history[-1]["clock_seconds"] > 0
 
 
+def test_compare_without_a_clock_draws_no_time_figure(tmp_path):
+    """Only the asynchronous methods keep a clock of their own (one second per step)
+    without --speeds: a figure against simulated time would show them alone."""
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", *helpers.CLI_TINY, "--algorithms", "fedavg,fedbuff",
+                     "--hp", "fedbuff.concurrency=3", "--seeds", "0", "--num-rounds", "2",
+                     "--eval-every", "2", "-o", str(out)]) == 0
+    assert (out / "accuracy.png").exists() and not (out / "accuracy_time.png").exists()
+    assert report.read_jsonl(out / "fedbuff" / "seed0" / "metrics.jsonl")[-1]["clock_seconds"] > 0
+
+
 @pytest.mark.parametrize("flags, field", [
     (["--availability", "independent:1.5"], "availability"),
     (["--availability", "sometimes"], "availability"),

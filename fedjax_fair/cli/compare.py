@@ -393,7 +393,8 @@ def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accura
         report.save_figure(report.plot_compare_accuracy(
             {label[a]: h for a, h in histories.items()}, context=ctx),
             os.path.join(out, "accuracy.png"))
-        if any(report.CLOCK in runs[0][-1] for runs in histories.values() if runs and runs[0]):
+        timed = [report.CLOCK in runs[0][-1] for runs in histories.values() if runs and runs[0]]
+        if timed and all(timed):  # every method on a clock (--speeds), not only the async
             report.save_figure(report.plot_compare_accuracy(
                 {label[a]: h for a, h in histories.items()}, context=ctx, x=report.CLOCK,
                 title="Per-client test accuracy against simulated time"),
