@@ -8,7 +8,7 @@ arguments with defaults (no ``**kwargs``); the clients' local training is one of
 ``training: ClientTraining`` (``fedavg(model, training=ClientTraining(lr=0.05))``).
 """
 from fedjax_fair.core.client import ClientTraining
-from fedjax_fair.algorithms.registry import (ALGORITHMS, REGISTRY, HParam, Method, base_name,
+from fedjax_fair.algorithms.registry import (ALGORITHMS, FAMILIES, REGISTRY, HParam, Method, base_name,
                                              build, default_training, get_algorithm,
                                              get_method, method_hparams)
 from fedjax_fair.algorithms.registry import (  # the factories
@@ -19,7 +19,7 @@ from fedjax_fair.algorithms.registry import (  # the factories
     scaffold, superfed, term)
 
 __all__ = [
-    "ALGORITHMS", "ClientTraining", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
+    "ALGORITHMS", "ClientTraining", "FAMILIES", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
     "afedpd_sam", "afl", "apfl", "base_name", "build", "default_training", "ditto", "dqn_fed", "fedadagrad", "fedadam",
     "fedadmm", "fedasync", "fedavg", "fedbuff", "fedavg_ft", "fedavgm", "fedcm", "fedcvae", "feddyn", "fedevg",
     "fedheal", "fedlf", "fedmax", "fedmax_k", "fedmgda_plus", "fednew", "fednl",

@@ -100,7 +100,7 @@ class Method(NamedTuple):
     ``state.params`` is a classifier trained on it). A ``compare`` without
     ``--algorithms`` leaves generative methods out. ``report_line(report) -> str``: the
     one line ``run`` prints of that report (the method's own wording, so the command
-    line names no method)."""
+    line names no method). ``family``: the group ``compare`` shows it in (``FAMILIES``)."""
 
     factory: Callable
     hparams: dict
@@ -109,6 +109,20 @@ class Method(NamedTuple):
     generative: bool = False
     report_line: Optional[Callable] = None
     training_fields: tuple = tuple(FIELDS)  # the ClientTraining fields it honours (flat)
+    family: str = "reference"  # a key of FAMILIES: how compare groups its table and plots
+
+
+FAMILIES = {
+    "reference": "FedAvg (the shared reference)",
+    "server": "server optimisers",
+    "fair": "fair aggregation",
+    "primal_dual": "primal-dual and drift correction",
+    "second_order": "second order",
+    "personalised": "personalised",
+    "participation": "partial participation and asynchrony",
+    "generative": "generative",
+}
+"""Family key -> title, in the order ``compare`` shows them (``Method.family``)."""
 
 
 class HParam(NamedTuple):
@@ -126,53 +140,56 @@ class HParam(NamedTuple):
 
 
 REGISTRY = {
-    "fedavg": Method(fedavg, _fedavg.HPARAMS),
-    "fedprox": Method(fedprox, _fedprox.HPARAMS),
-    "fedavgm": Method(fedavgm, _fedopt.HPARAMS),
-    "fedadam": Method(fedadam, _fedopt.HPARAMS),
-    "fedyogi": Method(fedyogi, _fedopt.HPARAMS),
-    "fedadagrad": Method(fedadagrad, _fedopt.HPARAMS),
-    "scaffold": Method(scaffold, _scaffold.HPARAMS),
-    "feddyn": Method(feddyn, _feddyn.HPARAMS),
-    "ditto": Method(ditto, _ditto.HPARAMS),
-    "dqn_fed": Method(dqn_fed, _dqn_fed.HPARAMS),
-    "fedheal": Method(fedheal, _fedheal.HPARAMS),
-    "fedlf": Method(fedlf, _fedlf.HPARAMS),
-    "fednl": Method(fednl, _fednl.HPARAMS),
-    "fednl_pp": Method(fednl_pp, _fednl.HPARAMS),
-    "fednew": Method(fednew, _fednew.HPARAMS),
-    "qffl": Method(qffl, _qffl.HPARAMS),
-    "afl": Method(afl, _afl.HPARAMS),
-    "term": Method(term, _term.HPARAMS),
-    "propfair": Method(propfair, _propfair.HPARAMS),
-    "fedmgda_plus": Method(fedmgda_plus, _fedmgda.HPARAMS),
-    "mifa": Method(mifa, _mifa.HPARAMS),
-    "fedbuff": Method(fedbuff, _fedbuff.HPARAMS),
-    "fedasync": Method(fedasync, _fedbuff.HPARAMS),
-    "fedmax": Method(fedmax, _fedmax.HPARAMS),
-    "fedmax_k": Method(fedmax_k, _fedmax.HPARAMS),
-    "fedsoftmax": Method(fedsoftmax, _fedmax.HPARAMS),
-    "aaggff_s": Method(aaggff_s, _aaggff.HPARAMS, participation="full"),
-    "aaggff_d": Method(aaggff_d, _aaggff.HPARAMS),
-    "afedpd": Method(afedpd, _afedpd.HPARAMS),
-    "afedpd_sam": Method(afedpd_sam, _afedpd.SAM_VARIANT_HPARAMS),
-    "fedpd": Method(fedpd, _fedpd.HPARAMS, participation="full"),
-    "fedadmm": Method(fedadmm, _fedadmm.HPARAMS),
-    "fedspeed": Method(fedspeed, _fedspeed.HPARAMS),
-    "fedsam": Method(fedsam, _fedsam.HPARAMS),
-    "fedcm": Method(fedcm, _fedcm.HPARAMS),
+    "fedavg": Method(fedavg, _fedavg.HPARAMS, family="reference"),
+    "fedprox": Method(fedprox, _fedprox.HPARAMS, family="primal_dual"),
+    "fedavgm": Method(fedavgm, _fedopt.HPARAMS, family="server"),
+    "fedadam": Method(fedadam, _fedopt.HPARAMS, family="server"),
+    "fedyogi": Method(fedyogi, _fedopt.HPARAMS, family="server"),
+    "fedadagrad": Method(fedadagrad, _fedopt.HPARAMS, family="server"),
+    "scaffold": Method(scaffold, _scaffold.HPARAMS, family="primal_dual"),
+    "feddyn": Method(feddyn, _feddyn.HPARAMS, family="primal_dual"),
+    "ditto": Method(ditto, _ditto.HPARAMS, family="personalised"),
+    "dqn_fed": Method(dqn_fed, _dqn_fed.HPARAMS, family="fair"),
+    "fedheal": Method(fedheal, _fedheal.HPARAMS, family="fair"),
+    "fedlf": Method(fedlf, _fedlf.HPARAMS, family="fair"),
+    "fednl": Method(fednl, _fednl.HPARAMS, family="second_order"),
+    "fednl_pp": Method(fednl_pp, _fednl.HPARAMS, family="second_order"),
+    "fednew": Method(fednew, _fednew.HPARAMS, family="second_order"),
+    "qffl": Method(qffl, _qffl.HPARAMS, family="fair"),
+    "afl": Method(afl, _afl.HPARAMS, family="fair"),
+    "term": Method(term, _term.HPARAMS, family="fair"),
+    "propfair": Method(propfair, _propfair.HPARAMS, family="fair"),
+    "fedmgda_plus": Method(fedmgda_plus, _fedmgda.HPARAMS, family="fair"),
+    "mifa": Method(mifa, _mifa.HPARAMS, family="participation"),
+    "fedbuff": Method(fedbuff, _fedbuff.HPARAMS, family="participation"),
+    "fedasync": Method(fedasync, _fedbuff.HPARAMS, family="participation"),
+    "fedmax": Method(fedmax, _fedmax.HPARAMS, family="fair"),
+    "fedmax_k": Method(fedmax_k, _fedmax.HPARAMS, family="fair"),
+    "fedsoftmax": Method(fedsoftmax, _fedmax.HPARAMS, family="fair"),
+    "aaggff_s": Method(aaggff_s, _aaggff.HPARAMS, participation="full", family="fair"),
+    "aaggff_d": Method(aaggff_d, _aaggff.HPARAMS, family="fair"),
+    "afedpd": Method(afedpd, _afedpd.HPARAMS, family="primal_dual"),
+    "afedpd_sam": Method(afedpd_sam, _afedpd.SAM_VARIANT_HPARAMS, family="primal_dual"),
+    "fedpd": Method(fedpd, _fedpd.HPARAMS, participation="full", family="primal_dual"),
+    "fedadmm": Method(fedadmm, _fedadmm.HPARAMS, family="primal_dual"),
+    "fedspeed": Method(fedspeed, _fedspeed.HPARAMS, family="primal_dual"),
+    "fedsam": Method(fedsam, _fedsam.HPARAMS, family="primal_dual"),
+    "fedcm": Method(fedcm, _fedcm.HPARAMS, family="primal_dual"),
     "superfed": Method(superfed, _superfed.HPARAMS, report=_superfed.lambda_report,
-                       report_line=_superfed.lambda_line),
-    "apfl": Method(apfl, _apfl.HPARAMS, training_fields=_apfl.TRAINING_FIELDS),
-    "pfedme": Method(pfedme, _pfedme.HPARAMS, training_fields=_pfedme.TRAINING_FIELDS),
-    "fedper": Method(fedper, _fedrep.FEDPER_HPARAMS),
-    "fedrep": Method(fedrep, _fedrep.HPARAMS),
-    "lg_fedavg": Method(lg_fedavg, _lg_fedavg.HPARAMS),
-    "fedavg_ft": Method(fedavg_ft, _finetune.HPARAMS),
+                       report_line=_superfed.lambda_line, family="personalised"),
+    "apfl": Method(apfl, _apfl.HPARAMS, training_fields=_apfl.TRAINING_FIELDS,
+                   family="personalised"),
+    "pfedme": Method(pfedme, _pfedme.HPARAMS, training_fields=_pfedme.TRAINING_FIELDS,
+                     family="personalised"),
+    "fedper": Method(fedper, _fedrep.FEDPER_HPARAMS, family="personalised"),
+    "fedrep": Method(fedrep, _fedrep.HPARAMS, family="personalised"),
+    "lg_fedavg": Method(lg_fedavg, _lg_fedavg.HPARAMS, family="personalised"),
+    "fedavg_ft": Method(fedavg_ft, _finetune.HPARAMS, family="personalised"),
     "fedevg": Method(fedevg, _fedevg.HPARAMS, report=downstream_report, generative=True,
-                     report_line=downstream_line, training_fields=_fedevg.TRAINING_FIELDS),
+                     report_line=downstream_line, training_fields=_fedevg.TRAINING_FIELDS,
+                     family="generative"),
     "fedcvae": Method(fedcvae, _fedcvae.HPARAMS, report=downstream_report, generative=True,
-                      report_line=downstream_line),
+                      report_line=downstream_line, family="generative"),
 }
 
 ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
@@ -265,7 +282,7 @@ def build(name: str, model, **values):
     return method.factory(model, **values)
 
 
-__all__ = ["ALGORITHMS", "HParam", "Method", "REGISTRY", "base_name", "build", "default_training", "get_method", "aaggff_d", "aaggff_s", "afedpd",
+__all__ = ["ALGORITHMS", "FAMILIES", "HParam", "Method", "REGISTRY", "base_name", "build", "default_training", "get_method", "aaggff_d", "aaggff_s", "afedpd",
            "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedcvae", "fedevg", "fedpd", "fedper", "fedrep",
            "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
            "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
