@@ -33,12 +33,15 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
 
     md = (out / "comparison.md").read_text()
     body = [l for l in md.splitlines() if l.startswith("| fed")]
-    assert [l.split("|")[1].strip() for l in body] == ["fedavg", "fedprox"]
+    # grouped by family, each table led by FedAvg, the shared reference
+    assert [l.split("|")[1].strip() for l in body] == ["fedavg (reference)", "fedprox"]
+    assert "### primal-dual and drift correction" in md
     for header in ("Average", "Std", "Worst 10%", "Best 10%", "Gini", "Run (s)", "Compile"):
         assert header in md
     with open(out / "comparison.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["algorithm"] for r in rows] == ["fedavg", "fedprox"]
+    assert [r["family"] for r in rows] == ["reference", "primal_dual"]
     for key in ("accuracy_mean_percent", "accuracy_std_percent", "accuracy_worst_10%_percent",
                 "accuracy_best_10%_percent", "accuracy_gini", "run_seconds", "compile_seconds",
                 "accuracy_mean_percent_seed_std"):
@@ -52,6 +55,8 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
     _png_ok(out / "accuracy.png")
     _png_ok(out / "client_accuracy_hist.png")
     _png_ok(out / "improved_clients.png")
+    page = (out / "report.html").read_text()  # self-contained: the figures inline
+    assert page.count("data:image/png;base64,") >= 5 and "<table>" in page
     rounds = report.read_jsonl(out / "fedprox" / "seed1" / "rounds.jsonl")
     assert [r["round"] for r in rounds] == [1, 2] and "improved_fraction" in rounds[0]
     run_summary = json.loads((out / "fedprox" / "seed1" / "summary.json").read_text())

@@ -196,3 +196,76 @@ def test_improved_fraction_plot_draws_one_smoothed_line_per_algorithm(tmp_path):
     assert (tmp_path / "imp.png").stat().st_size > 1000
     single = report.plot_improved_fraction(np.ones(90))  # window 90 // 30 = 3
     assert "3 rounds" in single.axes[0].get_ylabel()
+
+
+# ------------------------------------------------------------------- by family
+
+TITLES = {"reference": "FedAvg", "server": "server optimisers", "fair": "fair aggregation"}
+
+
+def test_family_groups_order_split_and_reference():
+    families = {"fedavg": "reference", **{f"f{i}": "fair" for i in range(9)},
+                "adam": "server", "x": "unknown"}
+    groups = report.family_groups(families, TITLES)
+    assert [t for t, _ in groups] == ["server optimisers", "fair aggregation", "unknown"]
+    assert all("fedavg" not in names for _, names in groups)
+    split = report.family_groups(families, TITLES, max_size=4)
+    fair = [(t, n) for t, n in split if t.startswith("fair")]
+    assert [t for t, _ in fair] == [f"fair aggregation ({i}/3)" for i in (1, 2, 3)]
+    assert [len(n) for _, n in fair] == [3, 3, 3]  # near-equal parts, in the given order
+    assert sum((n for _, n in fair), []) == [f"f{i}" for i in range(9)]
+    assert report.references(families) == ["fedavg"]
+
+
+def _agg(mean, worst, gini, seconds):
+    keys = [k for k, *_ in report.TABLE_COLUMNS]
+    values = dict.fromkeys(keys, 0.5) | {"accuracy_mean": mean, "accuracy_worst_10%": worst,
+                                         "accuracy_gini": gini, "run_seconds": seconds}
+    return {k: (values[k], 0.0) for k in keys}
+
+
+def test_family_tables_lead_with_reference_and_bold_the_best_within_each_family():
+    rows = {"fedavg": _agg(0.60, 0.10, 0.20, 3.0), "qffl": _agg(0.58, 0.30, 0.10, 2.0),
+            "afl": _agg(0.62, 0.20, 0.15, 2.0), "adam": _agg(0.70, 0.05, 0.30, 1.0)}
+    families = {"fedavg": "reference", "qffl": "fair", "afl": "fair", "adam": "server"}
+    tables = report.family_tables(rows, 1, families, TITLES)
+    assert [t for t, *_ in tables] == ["server optimisers", "fair aggregation"]
+    header, body = tables[1][1], tables[1][2]
+    col = {h: i for i, h in enumerate(header)}
+    cell = {r[0]: r for r in body}
+    assert [r[0] for r in body] == ["fedavg (reference)", "qffl", "afl"]
+    assert cell["afl"][col["Average (%)"]] == "**62.00**"  # higher is better
+    assert cell["qffl"][col["Worst 10% (%)"]] == "**30.00**"
+    assert cell["qffl"][col["Gini"]] == "**0.1000**"  # lower is better
+    assert "**" not in cell["qffl"][col["Run (s)"]]  # a tie of every member marks nothing
+    assert not any("**" in c for c in cell["fedavg (reference)"])  # the reference is not ranked
+    assert not any("**" in c for r in tables[0][2] for c in r)  # one member: nothing to mark
+    md = report.family_markdown(tables)
+    assert md.count("### ") == 2 and md.count("fedavg (reference)") == 2
+
+
+def test_family_figures_keep_at_most_eight_lines_per_axes():
+    names = [f"fair{i}" for i in range(13)] + ["fedavg"]
+    families = {n: "fair" for n in names[:-1]} | {"fedavg": "reference"}
+    groups = report.family_groups(families, TITLES, report.MAX_LINES)
+    histories = {n: [_history(shift=0.01 * i)] for i, n in enumerate(names)}
+    fig = report.plot_family_accuracy(histories, groups, ["fedavg"], context=CONTEXT)
+    axes = [ax for ax in fig.axes if ax.has_data()]
+    assert len(axes) == 2 * len(groups) == 4
+    for ax in axes:
+        labels = [l.get_label() for l in _data_lines(ax)]
+        assert len(labels) <= report.MAX_LINES + 1 and labels[0] == "fedavg"
+        reference = _data_lines(ax)[0]
+        assert reference.get_color() == "black" and reference.get_linestyle() == "--"
+    rng = np.random.default_rng(0)
+    accs = {n: rng.uniform(size=20) for n in names}
+    for plot in (report.plot_compare_ecdf, report.plot_lorenz):
+        fig = report.plot_by_family(plot, accs, groups, ["fedavg"], context=CONTEXT)
+        shown = [ax for ax in fig.axes if ax.get_visible()]
+        assert len(shown) == len(groups)
+        for ax in shown:
+            assert 2 <= len([l for l in _data_lines(ax) if l.get_label() != "equality"]) \
+                <= report.MAX_LINES + 1
+    fig = report.plot_family_boxplots(accs, groups, ["fedavg"], context=CONTEXT)
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks[0] == "fedavg" and len(ticks) == len(names)

@@ -3,25 +3,27 @@ each run resumable, the table and plots of the finished runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import sys
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import numpy as np
 
-from fedjax_fair.algorithms import REGISTRY, base_name
-from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
+from fedjax_fair.cli import config as C, html, lock, report
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_recorded, _err, _has_test, _is_primary,
                                     _method_report, _ordered_config, _other_process, _own,
                                     _preflight, _resumable_config, _seeded, _STAGE,
                                     _STAGE_DIR, _write_client_history, build_algorithm,
-                                    build_dataset, build_model, dataset_description,
+                                    command_line,
+                                    build_dataset, build_model,
                                     execution_of, for_method, simulate_one, system_of,
                                     write_run_outputs)
 from fedjax_fair.core import sampling
@@ -120,20 +122,10 @@ def cmd_compare(args) -> int:
         cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
         report.write_json(os.path.join(out, "config.json"), cfg_dict)
         lock.record(out, cfg_dict)
-    histories = {a: [] for a in algs}
-    accuracies = {a: [] for a in algs}
-    summaries = {a: [] for a in algs}
-    notes: dict = {}
     t_start = time.perf_counter()
     total_runs = len(algs) * len(cfg.seeds)
     bar = tqdm(total=total_runs, desc="compare", unit="run", dynamic_ncols=True,
                disable=not (cfg.progress and sys.stderr.isatty()))  # no \r floods in logs
-
-    def diverged(name, seed, round_):
-        note = f"diverged at round {round_}"
-        note = f"seed {seed} {note}" if len(cfg.seeds) > 1 else note
-        notes[name] = f"{notes[name]}; {note}" if name in notes else note
-
     planned: list = []
 
     def log_first(line):  # the memory plan of the first run stands for all of them
@@ -141,7 +133,7 @@ def cmd_compare(args) -> int:
             planned.append(line)
             print(line)
 
-    interrupted = False
+    interrupted, finished = False, 0
     try:
         with stop_on_signals():
             for name, alg in algs.items():
@@ -160,39 +152,26 @@ def cmd_compare(args) -> int:
                                                     hparams[name], model, ds, log=log_first,
                                                     resume=start > 0))
                 for seed in cfg.seeds:
-                    run_dir = os.path.join(out, name, f"seed{seed}")
-                    done = found[seed]
-                    if done is None:
+                    if found[seed] is None:
                         if stop_requested():
                             raise Interrupted(0)
                         bar.set_postfix(algorithm=name, seed=seed)
-                        done = _compare_one(name, _seeded(name, alg, model, cfg,
-                                                          hparams[name], seed),
-                                            seed, run_dir, cfg, cfg_dict,
-                                            hparams[name], model, ds, NonFiniteError,
-                                            log=log_first, resume=started[seed] > 0)
-                    summary, history, acc = done
-                    if summary.get("status") == "non_finite":
-                        diverged(name, seed, summary["non_finite_round"])
-                        summaries[name].append({})
-                    else:
-                        summaries[name].append({**summary["final"], **summary["timings"]})
-                        accuracies[name].append(acc)
-                    if history:
-                        histories[name].append(history)
+                        _compare_one(name, _seeded(name, alg, model, cfg, hparams[name], seed),
+                                     seed, os.path.join(out, name, f"seed{seed}"), cfg,
+                                     cfg_dict, hparams[name], model, ds, NonFiniteError,
+                                     log=log_first, resume=started[seed] > 0)
+                    finished += 1
                     bar.update(1)
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
     bar.close()
-    finished = sum(len(v) for v in summaries.values())
     _STAGE_DIR.append(out)
     _STAGE.append(f"while writing the comparison's table and plots to {out}; its "
                   f"summary.json (written last) is not written; the {finished} finished "
                   f"runs are saved; write them again with: fedjax-fair compare -o {out} "
                   f"--resume")
-    code = _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies,
-                             notes, time.perf_counter() - t_start,
-                             print_table=not interrupted)
+    code = _write_comparison(out, cfg_dict, time.perf_counter() - t_start,
+                             print_table=not interrupted, command=command_line())
     if interrupted:
         from fedjax_fair.drivers import checkpoint as ckpt
         partly = sum(ckpt.latest(os.path.join(out, a, f"seed{s}", "checkpoint")) is not None
@@ -297,7 +276,7 @@ def _write_compare_outputs(name, alg, seed, run_dir, cfg_dict, hparams, model, d
     if non_finite is not None:
         report.write_jsonl(os.path.join(run_dir, "metrics.jsonl"), entries)
         report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
-        summary = {"status": "non_finite", "config": run_cfg,
+        summary = {"status": "non_finite", "config": run_cfg, "evaluated": alg.evaluates,
                    "non_finite_round": non_finite[0], "last_good_round": non_finite[1]}
         report.write_json(os.path.join(run_dir, "summary.json"), summary)
         return summary, entries, None
@@ -355,74 +334,121 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
                                                        runs.rounds, runs.non_finite)}
 
 
-def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accuracies, notes,
-                      seconds, print_table=True) -> int:
-    """comparison.md / .csv, summary.json and plots of the runs finished so far."""
+class Finished(NamedTuple):
+    """What a comparison folder holds of its runs (``load_runs``): per algorithm, the
+    finished seeds' table columns, histories and per-client accuracies, diverged runs'
+    notes, each algorithm's evaluation ("global" / "personal") and the dataset."""
+
+    summaries: dict
+    histories: dict
+    accuracies: dict
+    notes: dict
+    evaluated: dict
+    dataset: dict
+
+
+def load_runs(out: str, algorithms: list, seeds: list) -> Finished:
+    """The finished runs of the comparison in ``out`` (``_finished_run`` of each
+    ``out/ALGORITHM/seedS``): the one source of its table, figures and report, whether
+    ``compare`` has just run them or ``fedjax-fair report`` reads a folder again."""
+    summaries = {a: [] for a in algorithms}
+    histories = {a: [] for a in algorithms}
+    accuracies = {a: [] for a in algorithms}
+    notes, evaluated, dataset = {}, {}, None
+    for name in algorithms:
+        for seed in seeds:
+            done = _finished_run(os.path.join(out, name, f"seed{seed}"))
+            if done is None:
+                continue
+            summary, history, acc = done
+            evaluated.setdefault(name, summary.get("evaluated", "global"))
+            if summary.get("status") == "non_finite":
+                note = f"diverged at round {summary['non_finite_round']}"
+                note = f"seed {seed} {note}" if len(seeds) > 1 else note
+                notes[name] = f"{notes[name]}; {note}" if name in notes else note
+                summaries[name].append({})
+            else:
+                summaries[name].append({**summary["final"], **summary["timings"]})
+                accuracies[name].append(acc)
+                dataset = dataset or summary.get("dataset")
+            if history:
+                histories[name].append(history)
+    return Finished(summaries, histories, accuracies, notes, evaluated, dataset or {})
+
+
+def families_of(names) -> dict:
+    """``{name: family}`` of compared names (``NAME@LABEL``: its method's), the
+    reference family for a name the registry does not know."""
+    return {n: REGISTRY[base_name(n)].family if base_name(n) in REGISTRY else report.REFERENCE
+            for n in names}
+
+
+FIGURES = (("accuracy.png", "average and worst-10% per-client test accuracy over rounds, "
+                            "by family, FedAvg dashed in every panel (mean over seeds, band: "
+                            "min to max)"),
+           ("accuracy_time.png", "the same against simulated time"),
+           ("client_accuracy_hist.png", "final per-client test accuracy, one box per "
+                                        "method, grouped by family"),
+           ("client_accuracy_ecdf.png", "fraction of clients at or below each accuracy, "
+                                        "by family"),
+           ("lorenz.png", "Lorenz curves of final per-client accuracy, by family"),
+           ("improved_clients.png", "share of each round's participants whose training "
+                                    "loss did not rise, by family"))
+
+
+def _write_comparison(out, cfg_dict, seconds, print_table=True, command=None) -> int:
+    """comparison.md / .csv, the figures, report.html and, last, summary.json of the
+    runs ``out`` holds (``load_runs``); ``fedjax-fair report`` calls it on a finished
+    folder, so that both write the same files from the same inputs."""
     try:  # an earlier summary.json would vouch for outputs being rewritten now
         os.remove(os.path.join(out, "summary.json"))
     except FileNotFoundError:
         pass
-    done = {a: s for a, s in summaries.items() if s}
+    algorithms, seeds = list(cfg_dict["algorithms"]), list(cfg_dict["seeds"])
+    runs = load_runs(out, algorithms, seeds)
+    families = families_of(algorithms)
+    done = {a: s for a, s in runs.summaries.items() if s}
     rows = {a: report.aggregate_runs(s) for a, s in done.items()}
-    header, body = report.comparison_table(rows, len(cfg.seeds), notes)
-    table = report.markdown_table(header, body)
-    title = (f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
-             f"cohort {cfg.cohort_size}, seeds {','.join(map(str, cfg.seeds))}: final per-client "
-             f"test accuracy (mean ± std over seeds)" if len(cfg.seeds) > 1 else
-             f"{ds.name} ({ds.num_clients} clients), {cfg.model}, {cfg.num_rounds} rounds, "
-             f"cohort {cfg.cohort_size}, seed {cfg.seeds[0]}: final per-client test accuracy")
-    finished = sum(len(s) for s in summaries.values())
-    total_runs = len(algs) * len(cfg.seeds)
+    tables = report.family_tables(rows, len(seeds), families, FAMILIES, runs.notes)
+    table = report.family_markdown(tables)
+    ds = runs.dataset
+    where = (f"{ds.get('name', cfg_dict.get('dataset'))}"
+             + (f" ({ds['num_clients']} clients)" if "num_clients" in ds else "")
+             + f", {cfg_dict.get('model')}, {cfg_dict.get('num_rounds')} rounds, "
+               f"cohort {cfg_dict.get('cohort_size')}")
+    title = (f"{where}, seeds {','.join(map(str, seeds))}: final per-client test accuracy "
+             f"(mean ± std over seeds)" if len(seeds) > 1 else
+             f"{where}, seed {seeds[0]}: final per-client test accuracy")
+    finished = sum(len(s) for s in runs.summaries.values())
+    total_runs = len(algorithms) * len(seeds)
     if finished < total_runs:
         title += f" ({finished} of {total_runs} runs finished)"
-    evaluated = {a: alg.evaluates for a, alg in algs.items()}
-    personal = [a for a, e in evaluated.items() if e == "personal"]
-    table_note = report.TABLE_NOTE + (f" Evaluated on each client's own (personal) model: "
-                                      f"{', '.join(personal)}; the others on the global "
-                                      f"model." if personal else "")
+    evaluated = {a: runs.evaluated.get(a, "global") for a in algorithms}
+    personal = [a for a in algorithms if evaluated[a] == "personal"]
+    table_note = report.TABLE_NOTE + (
+        " Grouped by family, each led by FedAvg (the reference); in bold, the best value "
+        "of each column within the family." if len(tables) > 1 else "") + (
+        f" Evaluated on each client's own (personal) model: {', '.join(personal)}; the "
+        f"others on the global model." if personal else "")
     label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
-             + (" (diverged)" if a in notes else "") for a in algs}
-    with open(os.path.join(out, "comparison.md"), "w") as f:
-        f.write(f"{title}\n\n{table}\n{table_note}\n")
-    report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(cfg.seeds))
-    if cfg.plots:
-        ctx = (f"{ds.name}, {cfg.model}, {cfg.num_rounds} rounds, "
-               f"seed{'s' if len(cfg.seeds) > 1 else ''} {','.join(map(str, cfg.seeds))}"
-               + (f" ({finished} of {total_runs} runs finished)"
-                  if finished < total_runs else ""))
-        report.save_figure(report.plot_compare_accuracy(
-            {label[a]: h for a, h in histories.items()}, context=ctx),
-            os.path.join(out, "accuracy.png"))
-        timed = [report.CLOCK in runs[0][-1] for runs in histories.values() if runs and runs[0]]
-        if timed and all(timed):  # every method on a clock (--speeds), not only the async
-            report.save_figure(report.plot_compare_accuracy(
-                {label[a]: h for a, h in histories.items()}, context=ctx, x=report.CLOCK,
-                title="Per-client test accuracy against simulated time"),
-                os.path.join(out, "accuracy_time.png"))
-        hist_title = ("Final per-client test accuracy"
-                      + (" (all seeds)" if len(cfg.seeds) > 1 else ""))
-        final = {label[a]: np.concatenate(v) for a, v in accuracies.items() if v}
-        report.save_figure(report.plot_compare_boxplots(final, title=hist_title, context=ctx),
-                           os.path.join(out, "client_accuracy_hist.png"))
-        report.save_figure(report.plot_compare_ecdf(final, title=hist_title + ", ECDF",
-                                                    context=ctx),
-                           os.path.join(out, "client_accuracy_ecdf.png"))
-        report.save_figure(report.plot_lorenz(
-            final, title="Lorenz curve of final per-client accuracy"
-            + (" (all seeds)" if len(cfg.seeds) > 1 else ""), context=ctx),
-            os.path.join(out, "lorenz.png"))
-        improved = {label[a]: [c for c in (_improved_curve(os.path.join(out, a, f"seed{s}"))
-                                          for s in cfg.seeds) if c is not None]
-                    for a in summaries}
-        report.save_figure(report.plot_improved_fraction(
-            {k: v for k, v in improved.items() if v}, context=ctx),
-            os.path.join(out, "improved_clients.png"))
-    report.write_json(os.path.join(out, "summary.json"), {
-        "config": cfg_dict, "dataset": dataset_description(ds),
+             + (" (diverged)" if a in runs.notes else "") for a in algorithms}
+    markdown = f"{title}\n\n{table}\n{table_note}\n"
+    report._replace_with(os.path.join(out, "comparison.md"), markdown)
+    report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(seeds),
+                                families)
+    if cfg_dict.get("plots", True):
+        _comparison_figures(out, cfg_dict, runs, label, families, finished, total_runs)
+    summary_path = os.path.join(out, "summary.json")
+    reproduce = f"fedjax-fair compare --config {os.path.join(out, 'config.json')} -o NEW_DIR"
+    report._replace_with(os.path.join(out, "report.html"), html.page(
+        title, table + "\n" + table_note, figures=[(os.path.join(out, f), c) for f, c in FIGURES],
+        command=command, reproduce=reproduce, config=cfg_dict))
+    report.write_json(summary_path, {
+        "config": cfg_dict, "dataset": ds, "command": command,
         "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}
                   for a, agg in rows.items()},
-        "evaluated": evaluated, "notes": notes, "labels": label, "total_seconds": seconds,
-        "runs_finished": finished, "runs": total_runs})
+        "families": families, "evaluated": evaluated, "notes": runs.notes, "labels": label,
+        "total_seconds": seconds, "runs_finished": finished, "runs": total_runs})
     if not print_table:
         return 0
     print(title)
@@ -431,8 +457,50 @@ def _write_comparison(out, cfg, cfg_dict, ds, algs, summaries, histories, accura
     if personal:
         print(f"(personal models: {', '.join(personal)})")
     print(f"\n{total_runs} runs in {seconds:.1f}s -> {out}")
-    if notes:
+    if runs.notes:
         _err("non-finite parameters (NaN/inf) in " + "; ".join(f"{a}: {n}"
-                                                                for a, n in notes.items()))
+                                                                for a, n in runs.notes.items()))
         return EXIT_NONFINITE
     return 0
+
+
+def _comparison_figures(out, cfg_dict, runs: Finished, label, families, finished,
+                        total_runs) -> None:
+    """The comparison's figures (``FIGURES``), one panel per family group."""
+    seeds = list(cfg_dict["seeds"])
+    ctx = (f"{runs.dataset.get('name', cfg_dict.get('dataset'))}, {cfg_dict.get('model')}, "
+           f"{cfg_dict.get('num_rounds')} rounds, "
+           f"seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}"
+           + (f" ({finished} of {total_runs} runs finished)" if finished < total_runs else ""))
+    groups = [(t, [label[n] for n in names])
+              for t, names in report.family_groups(families, FAMILIES, report.MAX_LINES)]
+    refs = [label[n] for n in report.references(families)]
+    histories = {label[a]: h for a, h in runs.histories.items()}
+    save = lambda fig, name: report.save_figure(fig, os.path.join(out, name))
+    save(report.plot_family_accuracy(histories, groups, refs, context=ctx), "accuracy.png")
+    timed = [report.CLOCK in h[0][-1] for h in runs.histories.values() if h and h[0]]
+    if timed and all(timed):  # every method on a clock (--speeds), not only the async
+        save(report.plot_family_accuracy(
+            histories, groups, refs, context=ctx, x=report.CLOCK,
+            title="Per-client test accuracy against simulated time"), "accuracy_time.png")
+    else:  # a rebuilt folder keeps no figure of an earlier configuration
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, "accuracy_time.png"))
+    all_seeds = " (all seeds)" if len(seeds) > 1 else ""
+    final = {label[a]: np.concatenate(v) for a, v in runs.accuracies.items() if v}
+    save(report.plot_family_boxplots(final, groups, refs, context=ctx,
+                                     title="Final per-client test accuracy" + all_seeds),
+         "client_accuracy_hist.png")
+    save(report.plot_by_family(report.plot_compare_ecdf, final, groups, refs, context=ctx,
+                               title="Final per-client test accuracy, ECDF" + all_seeds),
+         "client_accuracy_ecdf.png")
+    save(report.plot_by_family(report.plot_lorenz, final, groups, refs, context=ctx,
+                               title="Lorenz curve of final per-client accuracy" + all_seeds),
+         "lorenz.png")
+    improved = {label[a]: [c for c in (_improved_curve(os.path.join(out, a, f"seed{s}"))
+                                      for s in seeds) if c is not None]
+                for a in runs.summaries}
+    save(report.plot_by_family(report.plot_improved_fraction,
+                               {k: v for k, v in improved.items() if v}, groups, refs,
+                               context=ctx, title="Participants whose training loss did "
+                                                  "not rise"), "improved_clients.png")

@@ -34,6 +34,11 @@ TABLE_COLUMNS = (
     ("compile_seconds", "Compile (s)", "compile_seconds", 1.0),
 )
 DECIMALS = {"accuracy_gini": 4, "ece": 3, "run_seconds": 1, "compile_seconds": 1}
+# The better direction of each column, for marking the best value of a family.
+LOWER_IS_BETTER = frozenset({"accuracy_std", "accuracy_gini", "ece", "run_seconds",
+                             "compile_seconds"})
+REFERENCE = "reference"  # the family of the shared reference (FedAvg): in every group
+MAX_LINES = 7  # methods on one set of axes besides the reference
 TABLE_NOTE = ("Average/Std/Worst/Best: per-client final test accuracy in percent over all "
               "clients with test data (worst/best 10%: the lowest/highest max(1, floor(0.1 N)) "
               "clients, averaged by test size); Gini of per-client accuracy; ECE: each "
@@ -225,6 +230,86 @@ def comparison_table(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_
     return header, body
 
 
+def family_groups(families: Mapping[str, str], titles: Mapping[str, str],
+                  max_size: Optional[int] = None) -> list[tuple[str, list[str]]]:
+    """``[(title, names)]``: the compared names by family, families in ``titles``'s
+    order (then any other, by name), names in their given order, the reference family
+    (FedAvg) left out: it joins every group as the shared baseline. With ``max_size``
+    a larger family is cut into near-equal parts titled "fair aggregation (1/2)", ...
+    (one set of axes each: at most ``max_size`` methods and the reference)."""
+    order = list(titles) + sorted(set(families.values()) - set(titles))
+    groups = []
+    for family in order:
+        names = [n for n, f in families.items() if f == family]
+        if family == REFERENCE or not names:
+            continue
+        parts = 1 if max_size is None else math.ceil(len(names) / max_size)
+        size = math.ceil(len(names) / parts)
+        title = titles.get(family, family)
+        for i in range(parts):
+            groups.append((f"{title} ({i + 1}/{parts})" if parts > 1 else title,
+                           names[i * size:(i + 1) * size]))
+    return groups
+
+
+def references(families: Mapping[str, str]) -> list[str]:
+    """The compared names of the reference family (FedAvg and its ``@`` variants)."""
+    return [n for n, f in families.items() if f == REFERENCE]
+
+
+def _best_cells(rows: Mapping[str, Mapping[str, tuple[float, float]]], names: Sequence[str],
+                num_seeds: int) -> set:
+    """``{(name, key)}`` of the best value of every column among ``names`` (two or more),
+    compared as displayed, so that a tie at the shown precision marks both (a column
+    where every name ties marks none)."""
+    if len(names) < 2:
+        return set()
+    best = set()
+    for key, _, _, scale in TABLE_COLUMNS:
+        shown = {n: round(rows[n][key][0] * scale, DECIMALS.get(key, 2)) for n in names
+                 if math.isfinite(rows[n][key][0])}
+        if shown:
+            target = (min if key in LOWER_IS_BETTER else max)(shown.values())
+            marked = {(n, key) for n, v in shown.items() if v == target}
+            if len(marked) < len(names):  # a column where all tie marks nothing
+                best |= marked
+    return best
+
+
+def family_tables(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_seeds: int,
+                  families: Mapping[str, str], titles: Mapping[str, str],
+                  notes: Optional[Mapping[str, str]] = None) -> list[tuple[str, list, list]]:
+    """``[(family title, header, body)]``: ``comparison_table`` cut by family
+    (``family_groups``), each table led by the reference rows (FedAvg, labelled
+    "(reference)") and the best value of every column within the family in bold
+    (``**...**``; higher accuracies, lower std / Gini / ECE / seconds). Without a
+    family besides the reference, one table of everything."""
+    header, body = comparison_table(rows, num_seeds, notes)
+    cells = dict(zip(rows, body))
+    refs = [n for n in references(families) if n in rows]
+    groups = family_groups({n: families.get(n, REFERENCE) for n in rows}, titles) or \
+        [("", [n for n in rows if n not in refs])]
+    keys = [key for key, *_ in TABLE_COLUMNS]
+    out = []
+    for title, names in groups:
+        best = _best_cells(rows, names, num_seeds)
+        table = [[f"{n} (reference)", *cells[n][1:]] for n in refs]
+        for n in names:
+            row = list(cells[n])
+            for j, key in enumerate(keys, start=1):
+                if (n, key) in best:
+                    row[j] = f"**{row[j]}**"
+            table.append(row)
+        out.append((title, header, table))
+    return out
+
+
+def family_markdown(tables: Sequence[tuple[str, list, list]]) -> str:
+    """The Markdown of ``family_tables``: a ``###`` heading and a table per family."""
+    return "\n".join((f"### {title}\n\n" if title else "") + markdown_table(header, body)
+                     for title, header, body in tables)
+
+
 def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]],
                    left: Sequence[str] = ("Algorithm", "Note")) -> str:
     """A Markdown table; columns named in ``left`` are left-aligned, others right."""
@@ -236,17 +321,20 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]],
 
 
 def write_comparison_csv(path: str, rows: Mapping[str, Mapping[str, tuple[float, float]]],
-                         num_seeds: int) -> None:
+                         num_seeds: int, families: Optional[Mapping[str, str]] = None) -> None:
     """The comparison table, machine-readable: the Markdown table's values in its units
     (accuracies in percent; the unit is in the column name) at full precision, each
-    column's mean over seeds followed by its std over seeds (``*_seed_std``)."""
+    column's mean over seeds followed by its std over seeds (``*_seed_std``), and
+    each algorithm's family (``algorithms.FAMILIES``'s key) when ``families`` is given."""
+    families = families or {}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["algorithm", "num_seeds"] + [c for _, _, name, _ in TABLE_COLUMNS
-                                                 for c in (name, f"{name}_seed_std")])
+        w.writerow(["algorithm", "family", "num_seeds"]
+                   + [c for _, _, name, _ in TABLE_COLUMNS for c in (name, f"{name}_seed_std")])
         for name, agg in rows.items():
-            w.writerow([name, num_seeds] + [repr(v * scale) for key, _, _, scale in TABLE_COLUMNS
-                                            for v in agg[key]])
+            w.writerow([name, families.get(name, ""), num_seeds]
+                       + [repr(v * scale) for key, _, _, scale in TABLE_COLUMNS
+                          for v in agg[key]])
 
 
 # ------------------------------------------------------------------------------ plots
@@ -258,16 +346,22 @@ ACCURACY_PANELS = (("accuracy_mean", "Average", "average accuracy"),
 LINESTYLES = ("-", "--", ":", "-.")
 
 
-def algorithm_styles(names: Sequence[str]) -> dict[str, dict]:
+def algorithm_styles(names: Sequence[str], reference: Sequence[str] = ()) -> dict[str, dict]:
     """A (colour, line style) per name, deterministic by order and distinct for up to
-    40 names: tab10 colours, with the line style shifted each time the colours wrap."""
+    40 names: tab10 colours, solid lines for the first ten, another style each time the
+    colours wrap.
+    Names in ``reference`` (the shared baseline of a family panel) are black, dashed."""
     from matplotlib import colormaps
     colors = colormaps["tab10"].colors
     out = {}
-    for i, name in enumerate(names):
+    for i, name in enumerate(n for n in names if n not in reference):
         out[name] = {"color": colors[i % 10],
-                     "linestyle": LINESTYLES[(i + i // 10) % len(LINESTYLES)]}
+                     "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)]}
+    out.update({n: dict(REFERENCE_STYLE) for n in names if n in reference})
     return out
+
+
+REFERENCE_STYLE = {"color": "black", "linestyle": "--"}
 
 
 def _new_figure(figsize=(6.0, 4.0)):
@@ -464,7 +558,8 @@ def plot_client_histogram(accuracy, ax=None, title: str = "Final per-client test
 
 def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], ax=None,
                           key: str = "accuracy_mean", title: str = "Per-client test accuracy",
-                          context: str = "", x: str = "round"):
+                          context: str = "", x: str = "round", reference: Sequence[str] = (),
+                          legend: bool = True):
     """One line per algorithm vs round, mean over seeds, band = min..max.
 
     Without ``ax``: three panels (average, worst 10%, std; see
@@ -474,16 +569,17 @@ def plot_compare_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]], 
     if ax is None:
         return plot_accuracy_panels(histories, context=context, title=title, x=x)
     fig = ax.figure
-    styles = algorithm_styles(list(histories))
+    styles = algorithm_styles(list(histories), reference)
     for name, runs in histories.items():
         lines = _seed_lines(runs, key, x)
         if lines is not None:
             _draw_algorithm(ax, *lines, name, styles[name])
     _x_axis(ax, x)
-    ax.set_ylabel(key if key != "accuracy_mean" else "average accuracy")
+    ax.set_ylabel(dict((k, y) for k, _, y in ACCURACY_PANELS).get(key, key))
     ax.set_title(_title(title, context))
     ax.grid(alpha=0.3)
-    _legend(ax, fontsize="small")
+    if legend:
+        _legend(ax, fontsize="small")
     return fig
 
 
@@ -534,14 +630,15 @@ def plot_compare_boxplots(accuracies: Mapping[str, np.ndarray], ax=None,
 
 
 def plot_compare_ecdf(accuracies: Mapping[str, np.ndarray], ax=None,
-                      title: str = "Final per-client test accuracy (ECDF)", context: str = ""):
+                      title: str = "Final per-client test accuracy (ECDF)", context: str = "",
+                      reference: Sequence[str] = ()):
     """Empirical CDF of per-client accuracy, one step curve per algorithm: the fraction
     of clients at or below each accuracy (curves further right are better; the left
     tail shows the worst clients)."""
     names = list(accuracies)
     ncol = _side_columns(len(names))
     fig, ax = _new_axes(ax, figsize=(6.5 + 2.2 * ncol, 5.0))
-    styles = algorithm_styles(names)
+    styles = algorithm_styles(names, reference)
     for name in names:
         acc = np.sort(_clean(accuracies[name]))
         if not acc.size:
@@ -587,7 +684,7 @@ def gini_coefficient(values) -> float:
 
 
 def plot_lorenz(accuracies, ax=None, title: str = "Lorenz curve of final per-client accuracy",
-                context: str = ""):
+                context: str = "", reference: Sequence[str] = ()):
     """Lorenz curve(s) of per-client accuracy, with the Gini coefficient in the legend and
     the line of equality dashed. ``accuracies``: one array, or a mapping from an
     algorithm to an array (one curve each)."""
@@ -596,7 +693,7 @@ def plot_lorenz(accuracies, ax=None, title: str = "Lorenz curve of final per-cli
     names = list(data)
     ncol = _side_columns(len(names))
     fig, ax = _new_axes(ax, figsize=(5.2 if single else 4.8 + 2.8 * ncol, 5.0))
-    styles = algorithm_styles(names)
+    styles = algorithm_styles(names, reference)
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="equality")
     for name in names:
         acc = _clean(data[name])
@@ -633,7 +730,8 @@ def moving_average(values, window: int) -> np.ndarray:
 
 
 def plot_improved_fraction(curves, ax=None, title: str = "Participants whose training loss "
-                           "did not rise", context: str = "", window: Optional[int] = None):
+                           "did not rise", context: str = "", window: Optional[int] = None,
+                           reference: Sequence[str] = ()):
     """The share of each round's participants whose training loss did not rise over
     the round (DQN-Fed eq. 29; ``improved_fraction`` in ``rounds.jsonl``), in percent
     against the round, as a trailing moving average (``window``: about 1/30 of the
@@ -643,7 +741,7 @@ def plot_improved_fraction(curves, ax=None, title: str = "Participants whose tra
     data = {"run": [curves]} if single else {k: list(v) for k, v in curves.items()}
     ncol = _side_columns(len(data))
     fig, ax = _new_axes(ax, figsize=(7.5, 4.4) if single else (6.5 + 2.2 * ncol, 5.0))
-    styles = algorithm_styles(list(data))
+    styles = algorithm_styles(list(data), reference)
     longest = max((len(c) for runs in data.values() for c in runs), default=0)
     window = window or max(1, longest // 30)
     for name, runs in data.items():
@@ -662,4 +760,78 @@ def plot_improved_fraction(curves, ax=None, title: str = "Participants whose tra
     ax.set_title(_title(title, context))
     if not single:
         _side_legend(ax, ncol)
+    return fig
+
+
+# ------------------------------------------------------------------- by family
+
+
+def plot_family_accuracy(histories: Mapping[str, Sequence[Sequence[Mapping]]],
+                         groups: Sequence[tuple[str, Sequence[str]]],
+                         reference: Sequence[str] = (), context: str = "",
+                         title: str = "Per-client test accuracy", x: str = "round",
+                         panels=ACCURACY_PANELS[:2]):
+    """One row of panels per family group (``family_groups``), one column per
+    ``panels`` key (average and worst-10% accuracy), the group's methods and the
+    ``reference`` (FedAvg, black dashed) in each, the row's legend at its right: at
+    most ``MAX_LINES`` + 1 lines on one set of axes, whatever the number compared."""
+    groups = [(t, [n for n in names if n in histories]) for t, names in groups]
+    groups = [(t, names) for t, names in groups if names] or [("", [])]
+    refs = [r for r in reference if r in histories]
+    fig = _new_figure((4.6 * len(panels) + 2.4, 0.9 + 3.1 * len(groups)))
+    axes = fig.subplots(len(groups), len(panels), squeeze=False)
+    for row, (group, names) in zip(axes, groups):
+        subset = {n: histories[n] for n in refs + names}
+        for ax, (key, panel_title, _) in zip(row, panels):
+            plot_compare_accuracy(subset, ax=ax, key=key, x=x, reference=refs, legend=False,
+                                  title=f"{group}: {panel_title.lower()}" if group
+                                  else panel_title)
+            if ax.has_data():
+                ax.set_ylim(bottom=max(ax.get_ylim()[0], -0.02))
+        _side_legend(row[-1], 1)
+    fig.suptitle(_title(title, context))
+    return fig
+
+
+def plot_by_family(plot, data: Mapping, groups: Sequence[tuple[str, Sequence[str]]],
+                   reference: Sequence[str] = (), context: str = "", title: str = "",
+                   ncols: int = 2, panel_size=(4.8, 3.9)):
+    """Small multiples of a comparison plot, one panel per family group: ``plot(subset,
+    ax=ax, title=group, reference=...)`` (``plot_compare_ecdf``, ``plot_lorenz``,
+    ``plot_improved_fraction``) on the group's methods and the ``reference``."""
+    groups = [(t, [n for n in names if n in data]) for t, names in groups]
+    groups = [(t, names) for t, names in groups if names] or [("", [])]
+    refs = [r for r in reference if r in data]
+    ncols = min(ncols, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    fig = _new_figure((panel_size[0] * ncols + 2.2 * ncols, 0.9 + panel_size[1] * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, (group, names) in zip(axes, groups):
+        plot({n: data[n] for n in refs + names}, ax=ax, title=group, reference=refs)
+    for ax in axes[len(groups):]:
+        ax.set_visible(False)
+    fig.suptitle(_title(title, context))
+    return fig
+
+
+def plot_family_boxplots(accuracies: Mapping[str, np.ndarray],
+                         groups: Sequence[tuple[str, Sequence[str]]],
+                         reference: Sequence[str] = (), context: str = "",
+                         title: str = "Final per-client test accuracy"):
+    """``plot_compare_boxplots`` with the methods ordered by family: the reference
+    first, then each group under its title (a label and a rule between groups)."""
+    refs = [r for r in reference if r in accuracies]
+    order, marks = list(refs), []
+    for group, names in groups:
+        names = [n for n in names if n in accuracies and n not in order]
+        if names:
+            marks.append((len(order), group))
+            order += names
+    fig = plot_compare_boxplots({n: accuracies[n] for n in order}, title=title, context=context)
+    ax = fig.axes[0]
+    for start, group in marks:
+        y = len(order) - start + 0.5
+        ax.axhline(y, color="grey", linewidth=0.8)
+        ax.text(1.0, y - 0.05, group, transform=ax.get_yaxis_transform(), ha="right",
+                va="top", fontsize="small", color="dimgrey")
     return fig
