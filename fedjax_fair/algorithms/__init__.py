@@ -13,7 +13,7 @@ from fedjax_fair.algorithms.registry import (ALGORITHMS, FAMILIES, REGISTRY, HPa
                                              get_method, method_hparams)
 from fedjax_fair.algorithms.registry import (  # the factories
     aaggff_d, aaggff_s, afedpd, afedpd_sam, afl, apfl, ditto, dqn_fed, fedadagrad, fedadam,
-    fedadmm, fedasync, fedavg, fedbuff, fedavg_ft, fedavgm, fedcm, fedcvae, feddyn, fedevg, fedheal, fedlf,
+    fedadmm, fedasync, fedavg, fedbuff, fedavg_ft, fedavgm, fedcm, fedcvae, feddyn, fedevg, fedfa, fedfv, fedheal, fedlf,
     fedmax, fedmax_k, fedmgda_plus, fednew, fednl, fednl_pp, fedpd, fedper, fedprox,
     fedrep, fedsam, fedsoftmax, fedspeed, fedyogi, lg_fedavg, mifa, pfedme, propfair, qffl,
     scaffold, superfed, term)
@@ -22,6 +22,7 @@ __all__ = [
     "ALGORITHMS", "ClientTraining", "FAMILIES", "HParam", "Method", "REGISTRY", "aaggff_d", "aaggff_s", "afedpd",
     "afedpd_sam", "afl", "apfl", "base_name", "build", "default_training", "ditto", "dqn_fed", "fedadagrad", "fedadam",
     "fedadmm", "fedasync", "fedavg", "fedbuff", "fedavg_ft", "fedavgm", "fedcm", "fedcvae", "feddyn", "fedevg",
+    "fedfa", "fedfv",
     "fedheal", "fedlf", "fedmax", "fedmax_k", "fedmgda_plus", "fednew", "fednl",
     "fednl_pp", "fedpd", "fedper", "fedprox", "fedrep", "fedsam", "fedsoftmax", "fedspeed",
     "fedyogi", "get_algorithm", "get_method", "lg_fedavg", "method_hparams", "mifa", "pfedme",

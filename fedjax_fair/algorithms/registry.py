@@ -28,6 +28,8 @@ from fedjax_fair.algorithms import fedavg as _fedavg
 from fedjax_fair.algorithms import fedcm as _fedcm
 from fedjax_fair.algorithms import fedcvae as _fedcvae
 from fedjax_fair.algorithms import fedevg as _fedevg
+from fedjax_fair.algorithms import fedfa as _fedfa
+from fedjax_fair.algorithms import fedfv as _fedfv
 from fedjax_fair.algorithms import fedheal as _fedheal
 from fedjax_fair.algorithms import fedlf as _fedlf
 from fedjax_fair.algorithms import feddyn as _feddyn
@@ -62,6 +64,8 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.algorithms.fedcm import fedcm
 from fedjax_fair.algorithms.fedcvae import fedcvae
 from fedjax_fair.algorithms.fedevg import fedevg
+from fedjax_fair.algorithms.fedfa import fedfa
+from fedjax_fair.algorithms.fedfv import fedfv
 from fedjax_fair.algorithms.fedheal import fedheal
 from fedjax_fair.algorithms.fedlf import fedlf
 from fedjax_fair.algorithms.feddyn import feddyn
@@ -160,6 +164,8 @@ REGISTRY = {
     "term": Method(term, _term.HPARAMS, family="fair"),
     "propfair": Method(propfair, _propfair.HPARAMS, family="fair"),
     "fedmgda_plus": Method(fedmgda_plus, _fedmgda.HPARAMS, family="fair"),
+    "fedfv": Method(fedfv, _fedfv.HPARAMS, family="fair"),
+    "fedfa": Method(fedfa, _fedfa.HPARAMS, family="fair"),
     "mifa": Method(mifa, _mifa.HPARAMS, family="participation"),
     "fedbuff": Method(fedbuff, _fedbuff.HPARAMS, family="participation"),
     "fedasync": Method(fedasync, _fedbuff.HPARAMS, family="participation"),
@@ -285,7 +291,7 @@ def build(name: str, model, **values):
 __all__ = ["ALGORITHMS", "FAMILIES", "HParam", "Method", "REGISTRY", "base_name", "build", "default_training", "get_method", "aaggff_d", "aaggff_s", "afedpd",
            "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedcvae", "fedevg", "fedpd", "fedper", "fedrep",
            "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
-           "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedheal", "fedlf", "fedmax",
+           "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedfa", "fedfv", "fedheal", "fedlf", "fedmax",
            "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
            "method_hparams", "mifa", "propfair", "qffl", "scaffold", "term", "fedbuff",
            "fedasync"]
