@@ -19,6 +19,7 @@ def test_list_prints_every_registry_entry(capsys):
     assert "server_lr: Rate = 0.01 in (0, inf)" in out  # FedAdam's own
     assert "qp_iters: int = 200 in integer 0..inf" in out  # a static count
     assert "full participation" in out  # AAggFF-S
+    assert "  qffl  [fair aggregation]" in out  # each method's family, as compare groups them
     assert "num_clients=" in out  # dataset arguments
 
 

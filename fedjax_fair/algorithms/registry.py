@@ -117,7 +117,7 @@ class Method(NamedTuple):
 
 
 FAMILIES = {
-    "reference": "FedAvg (the shared reference)",
+    "reference": "the shared reference",
     "server": "server optimisers",
     "fair": "fair aggregation",
     "primal_dual": "primal-dual and drift correction",

@@ -6,7 +6,7 @@ import inspect
 import re
 import sys
 
-from fedjax_fair.algorithms import REGISTRY, method_hparams
+from fedjax_fair.algorithms import FAMILIES, REGISTRY, method_hparams
 from fedjax_fair.cli import config as C
 from fedjax_fair.core.execution import STRATEGIES
 from fedjax_fair.core.sampling import SAMPLERS
@@ -51,8 +51,9 @@ def _list_algorithms() -> list[str]:
         every = method_hparams(name)
         settable = C.algorithm_hparams(name)
         objects = [k for k, h in every.items() if h.python_only]
-        head = f"  {name}" + ("  [full participation: --sampler full]"
-                              if method.participation == "full" else "")
+        head = f"  {name}  [{FAMILIES[method.family]}" + (
+            "; full participation: --sampler full" if method.participation == "full"
+            else "") + "]"
         lines.append(head + f"  — {_doc_line(method.factory)}")
         for h in settable.values():
             lines.append(f"      {_hparam_text(h)}")
