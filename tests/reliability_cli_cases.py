@@ -1,9 +1,9 @@
 """Bad-input cases given as command-line flags (tests/test_reliability.py runs them):
-`run` and `compare` flags, every algorithm's hyper-parameter values and names,
+`run`, `compare` and `sweep` flags, every algorithm's hyper-parameter values and names,
 learning-rate schedules and step budgets, models against the data."""
 from __future__ import annotations
 
-from reliability_common import _add, _bad_values, _flags
+from reliability_common import TINY, _add, _bad_values, _flags
 
 # ---- run flags
 for flag, values in (("--num-rounds", ["0", "-5", "1.5", "nan", "inf", "ten", ""]),
@@ -73,6 +73,16 @@ for flags, field in ((["--algorithms", "nope"], "algorithms"),
                      (["--algorithms", "fedavg,fedadam", "--server-lr-schedule",
                        "exponential:0.9"], "server_lr_schedule")):
     _flags("compare", flags, field, area=1)
+
+# ---- sweep flags (beside compare's: both run many settings of one command). The
+# output directory is given (-o), so that nothing could be written outside the case's.
+for flags, field in ((["--grid", "nope=1,2"], "grid"),  # not a hyper-parameter of qffl
+                     (["--grid", "q=-1,1"], "grid"),  # out of q's range
+                     (["--grid", "q=abc"], "grid"),  # not a number
+                     (["--grid", "mode=faithful,bogus"], "grid")):  # a static choice
+    _add(1, f"sweep:{' '.join(flags)}", f"`sweep --algorithm qffl {' '.join(flags)}`",
+         "`sweep` flag", field,
+         cli=lambda ws, f=flags: ["sweep", *TINY, "--algorithm", "qffl", *f, "-o", ws.out])
 
 # ---- hyper-parameter values, generated from the registry's ranges
 def _generate_hparam_cases() -> None:

@@ -1,4 +1,4 @@
-"""The ``fedjax-fair`` command line: ``run``, ``compare`` and ``list``.
+"""The ``fedjax-fair`` command line: ``run``, ``compare``, ``sweep`` and ``list``.
 
     fedjax-fair compare                       # every algorithm on Synthetic(1, 1), a few minutes
     fedjax-fair run --algorithm fedprox --hp mu=0.01 --dataset digits --num-clients 20 \\
@@ -6,9 +6,11 @@
     fedjax-fair run --config job.yaml --num-rounds 400   # flags override the file
     fedjax-fair run -o runs/prox --resume --num-rounds 800   # continue a run (saved settings)
     fedjax-fair run -o runs/prox --resume --branch --client-lr 0.01  # continue, changed (recorded)
+    fedjax-fair sweep --algorithm qffl --grid q=0,0.5,1,2,5 --grid client_lr=0.01,0.03,0.1 \\
+        --seeds 0-4                           # 15 grid points x 5 seeds, one program
     fedjax-fair list                          # algorithms (+ hyper-parameters), datasets, ...
 
-One module per command (``run``, ``compare``, ``listing``), what they share in
+One module per command (``run``, ``compare``, ``sweep``, ``listing``), what they share in
 ``common``, the argument parser in ``parser``, the configuration dataclasses and their
 validation in ``config``, the output files and plots in ``report``, folder ownership in
 ``lock``; ``main`` (here) turns every failure into one line and an exit status.
@@ -25,9 +27,14 @@ committed step directory per evaluation, the last two kept: ``checkpoint.save``)
 (the printed table), ``summary.json``, ``accuracy.png``, ``client_accuracy_hist.png``
 (box plots), ``client_accuracy_ecdf.png``, ``lorenz.png``, ``improved_clients.png``,
 and one sub-directory per
-algorithm and seed with that run's metrics.
+algorithm and seed with that run's metrics. ``sweep`` writes ``config.json``,
+``sweep.md`` / ``sweep.csv`` (one row per grid point, every summary, mean ± std over
+seeds), ``heatmap.png``, ``runs.json`` (every run's summaries, what
+``cli.sweep.rebuild`` rewrites the tables from), ``parts/`` (each finished call's
+per-client metrics) and ``summary.json`` (the setting selected by validation
+accuracy, timings).
 
-Both also write ``fingerprint.json`` (the configuration's fingerprint; ``run`` also puts
+All three also write ``fingerprint.json`` (the configuration's fingerprint; ``run`` also puts
 it in the checkpoint directory and ``config.json``: ``--resume`` refuses an edited
 config.json or another run's checkpoint) and ``.fedjax-fair.lock`` (``fcntl.flock``-ed
 for the process's life; a second writer is refused naming the holder). A refused
@@ -35,12 +42,14 @@ command writes nothing.
 
 Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
 stderr, checked before any compute where possible); 3 the parameters became
-NaN/inf (the last good checkpoint is kept); 4 the output could not be written (disk
-full, quota, read-only: one line ``error: output_dir: ...``; what was written stays);
-130 interrupted (SIGINT / SIGTERM stop at the next chunk boundary: ``run`` keeps its
-checkpoint, ``compare`` its finished runs and their table; ``--resume`` continues
-either; before the first round or while the outputs are written, they stop at once
-with one line, and ``summary.json``, written last, is not written).
+NaN/inf (the last good checkpoint is kept; a sweep instead marks a diverged run's
+cells nan and says so); 4 the output could not be written (disk full, quota,
+read-only: one line ``error: output_dir: ...``; what was written stays); 130
+interrupted (SIGINT / SIGTERM stop at the next chunk boundary: ``run`` keeps its
+checkpoint, ``compare`` its finished runs and their table, ``sweep`` its finished
+calls in ``parts/``; ``--resume`` continues each; before the first round or while
+the outputs are written, they stop at once with one line, and ``summary.json``,
+written last, is not written).
 """
 from __future__ import annotations
 
@@ -88,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             parser.print_help(sys.stderr)
-            raise C.ConfigError("command", "choose one of run, compare, list")
+            raise C.ConfigError("command", "choose one of run, compare, sweep, list")
         if getattr(args, "distributed", False):  # before anything touches a device
             _initialize_distributed()
         return args.func(args)

@@ -1,7 +1,8 @@
-"""Typed configuration of the command line (``fedjax-fair run | compare``).
+"""Typed configuration of the command line (``fedjax-fair run | compare | sweep``).
 
-A configuration is a flat dataclass: ``RunConfig`` for one simulation and
-``CompareConfig`` for several algorithms x seeds on the same data and budget. It
+A configuration is a flat dataclass: ``RunConfig`` for one simulation,
+``CompareConfig`` for several algorithms x seeds on the same data and budget and
+``SweepConfig`` for a grid of one algorithm's hyper-parameters x seeds. It
 is built in three layers, later layers overriding earlier ones:
 
 1. the dataclass defaults (the README's main job: Synthetic(1, 1), 30 clients,
@@ -223,6 +224,39 @@ class CompareConfig(_Common):
         return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
 
 
+@dataclasses.dataclass
+class SweepConfig(_Common):
+    """A grid of one algorithm's hyper-parameters x seeds: ``fedjax-fair sweep``.
+
+    ``grid`` maps a hyper-parameter of the algorithm (``method_hparams``: its
+    factory's arguments and the flat local-training names client_lr, batch_size,
+    num_epochs, ...) to its values; the runs are the product of the values, in the
+    order given, times ``seeds``. Continuous hyper-parameters are vmapped inside one
+    compiled program; the others (counts, choices) are static and split the grid
+    into one program per combination of their values (``fedjax_fair.cli.sweep``).
+    """
+
+    algorithm: str = _f("fedavg", "str", "algorithm name (see `fedjax-fair list algorithms`)")
+    grid: dict = _f({}, "grid", "NAME=V1,V2,...: the values of one hyper-parameter of the "
+                    "algorithm (repeatable; the runs are their product)", flag=False)
+    hparams: dict = _f({}, "dict", "the algorithm's other hyper-parameters", flag=False)
+    seeds: list = _f([0, 1, 2], "seeds", "comma-separated seeds or ranges, e.g. 0-4 or 0,2,5-7")
+    metric: str = _f("accuracy_worst_10%", "str", "the summary drawn in heatmap.png (any "
+                     "column of sweep.csv without its unit, e.g. accuracy_mean, "
+                     "accuracy_gini, test_loss, validation_accuracy_mean)")
+    tile_size: Optional[int] = _f(None, "int?", "at most this many runs (grid points x seeds) "
+                                  "per call of a compiled program, which bounds memory; each "
+                                  "finished call is saved (OUTPUT_DIR/parts), so --resume "
+                                  "loses at most one call. none: every grid point of a seed "
+                                  "per call on CPU (seeds one after another), all runs at "
+                                  "once on accelerators")
+    resume: bool = _f(False, "bool", "continue an interrupted sweep", flag=False)
+
+    def resolved_output_dir(self) -> str:
+        return self.output_dir or os.path.join("runs",
+                                               f"sweep_{self.algorithm}_{self.dataset}")
+
+
 def fields(cls) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
@@ -349,10 +383,74 @@ def _as_devices(v, field):
         raise ConfigError(field, f"expected an integer, 'all' or 'auto', got {v!r}") from None
 
 
+SEED_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+MAX_SEEDS = 10_000  # seeds a range may expand to
+
+
+def _as_seeds(v, field):
+    """Seeds as integers: a comma-separated list whose items may be ranges ``A-B``
+    (both ends included: ``0-4`` is 0, 1, 2, 3, 4), or a list of integers / ranges."""
+    if isinstance(v, str):
+        v = [p for p in (p.strip() for p in v.split(",")) if p]
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(field, f"expected comma-separated seeds or ranges A-B, got {v!r}")
+    out = []
+    for item in v:
+        m = SEED_RANGE.match(item) if isinstance(item, str) else None
+        if m is None:
+            out.append(_as_int(item, field))
+            continue
+        low, high = int(m.group(1)), int(m.group(2))
+        if low > high:
+            raise ConfigError(field, f"the range {item!r} is empty (write LOW-HIGH, LOW <= HIGH)")
+        if high - low >= MAX_SEEDS:
+            raise ConfigError(field, f"the range {item!r} has {high - low + 1} seeds; at most "
+                                     f"{MAX_SEEDS}")
+        out.extend(range(low, high + 1))
+    return out
+
+
+def _as_grid(v, field):
+    """A sweep's grid ``{name: [values]}``: from the command line a list of
+    ``NAME=V1,V2,...`` (each value read by ``parse_value``), from a file a mapping of a
+    name to a list of values (or to one ``V1,V2`` string). Values are scalars."""
+    if isinstance(v, (list, tuple)):
+        out = {}
+        for item in v:
+            name, sep, values = str(item).partition("=")
+            name = name.strip()
+            if not sep or not name:
+                raise ConfigError(field, f"expected NAME=V1,V2,..., got {item!r}")
+            if name in out:
+                raise ConfigError(field, f"{name!r} is given twice; give all its values in "
+                                         f"one --grid {name}=V1,V2,...")
+            out[name] = [parse_value(p) for p in values.split(",")]
+        v = out
+    if not isinstance(v, dict):
+        raise ConfigError(field, f"expected a mapping NAME: [V1, V2, ...], got {v!r}")
+    out = {}
+    for name, values in v.items():
+        if isinstance(values, str):
+            values = [parse_value(p) for p in values.split(",")]
+        elif not isinstance(values, (list, tuple)):
+            values = [values]
+        if not values or any(isinstance(x, str) and not x.strip() for x in values):
+            raise ConfigError(field, f"{name}: give its values as {name}=V1,V2,..., got an "
+                                     f"empty value")
+        for x in values:
+            if isinstance(x, (list, dict)):
+                raise ConfigError(field, f"{name}: values are numbers or names, got {x!r}")
+        out[str(name)] = list(values)
+    return out
+
+
 def coerce(kind: str, value, field: str):
     """Converts ``value`` to the field kind ("int", "float", "str", "bool", "dict",
-    "list[str]", "list[int]", "devices" (an integer, 'all' or 'auto'); a trailing "?"
-    allows None)."""
+    "list[str]", "list[int]", "devices" (an integer, 'all' or 'auto'), "seeds" (a
+    list of integers, ranges ``A-B`` allowed), "grid" (``{name: [values]}``); a
+    trailing "?" allows None)."""
     if kind.endswith("?"):
         if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
             return None
@@ -377,6 +475,10 @@ def coerce(kind: str, value, field: str):
         return _as_list(value, field, _as_int)
     if kind == "devices":
         return _as_devices(value, field)
+    if kind == "seeds":
+        return _as_seeds(value, field)
+    if kind == "grid":
+        return _as_grid(value, field)
     raise AssertionError(kind)
 
 
@@ -492,7 +594,7 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
                                   f"unknown key; allowed: {sorted(known)}")
             kind = known[key].metadata["kind"]
             value = coerce(kind, value, key)
-            if kind == "dict" and key in values:
+            if kind in ("dict", "grid") and key in values:
                 value = {**values[key], **value}
             values[key] = value
     return cls(**values)
@@ -511,6 +613,8 @@ RECORD_KEYS = ("fingerprint", "branches")
 # A resumed comparison keeps every run's settings (finished runs are reused as they are).
 COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "sweep_seeds",
                      "commit_seconds")
+# A resumed sweep keeps every setting: its saved tiles are reused as they are.
+SWEEP_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir")
 
 
 def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[dict],
@@ -948,6 +1052,114 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         check_mixing(a, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     return hparams
+
+
+# The participation and clock options a sweep cannot honour (its runs are simulate's
+# rounds without a system), and the flag of each.
+SYSTEM_FIELDS = ("availability", "dropout", "speeds", "bandwidth", "latency", "deadline")
+
+
+def _check_seeds(seeds: list) -> None:
+    if not seeds:
+        raise ConfigError("seeds", "need at least one seed")
+    for s in seeds:
+        check_seed("seeds", s)
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError("seeds", f"listed twice: {seeds}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def validate_grid(cfg: "SweepConfig") -> dict:
+    """``cfg.grid`` checked against the algorithm: every name a hyper-parameter that a
+    value sets (``method_hparams``, local-training names included), not also given
+    with --hp or its own flag; every value of its type and in its range (continuous
+    ones numbers: they are vmapped), none twice. Returns the coerced grid."""
+    if not cfg.grid:
+        raise ConfigError("grid", f"give at least one --grid NAME=V1,V2,... (a hyper-parameter "
+                                  f"of {cfg.algorithm!r} and its values; `fedjax-fair list "
+                                  f"algorithms` shows them)")
+    every = method_hparams(cfg.algorithm)
+    settable = [k for k, h in every.items() if not h.python_only]
+    out = {}
+    for name, values in cfg.grid.items():
+        if name not in every or every[name].python_only:
+            raise ConfigError("grid", f"{name!r} is not a hyper-parameter of {cfg.algorithm!r} "
+                                      f"that a value sets; allowed: {', '.join(settable)}")
+        if name in cfg.hparams:
+            raise ConfigError("grid", f"{name!r} is also given as a hyper-parameter (--hp); "
+                                      f"give it in one place")
+        if name in config_fields() and getattr(cfg, name, None) is not None:
+            raise ConfigError("grid", f"{name!r} is also given with --{name.replace('_', '-')}; "
+                                      f"give it in one place")
+        hp = every[name]
+        coerced = []
+        for value in values:
+            if hp.continuous and not _is_number(value) and not isinstance(value, str):
+                raise ConfigError("grid", f"{name}: a continuous hyper-parameter is vmapped "
+                                          f"over its values, which must be numbers; got "
+                                          f"{value!r}")
+            try:
+                coerced.append(coerce_hparam(hp, value, name))
+            except ConfigError as e:
+                raise ConfigError("grid", str(e)) from None
+        repeated = sorted({repr(v) for v in coerced if coerced.count(v) > 1})
+        if repeated:
+            raise ConfigError("grid", f"{name}: values listed twice: {', '.join(repeated)}")
+        out[name] = coerced
+    from fedjax_fair.drivers.sweeps import check_grid_ranges  # the sweep's own check
+    try:
+        check_grid_ranges(cfg.algorithm, {k: np.asarray(v, np.float64) for k, v in out.items()
+                                          if every[k].continuous})
+    except ValueError as e:
+        raise config_error(e, "grid") from None
+    return out
+
+
+def validate_sweep(cfg: "SweepConfig") -> dict:
+    """Static checks of a SweepConfig (no data built); coerces its grid,
+    hyper-parameters and dataset arguments in place and returns the
+    hyper-parameters. What a sweep cannot honour is refused naming the option:
+    generative methods, --placement host, a device mesh, the participation and
+    clock options."""
+    _choice("algorithm", cfg.algorithm, ALGORITHMS)
+    if get_method(cfg.algorithm).generative:
+        raise ConfigError("algorithm", f"{cfg.algorithm!r} is generative: each run's product "
+                                       f"is a synthetic data set, which a sweep does not "
+                                       f"keep; run it with fedjax-fair run or compare")
+    _check_seeds(cfg.seeds)
+    cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
+    cfg.grid = validate_grid(cfg)
+    if not isinstance(cfg.metric, str) or not cfg.metric.strip():
+        raise ConfigError("metric", f"name a summary, e.g. accuracy_worst_10%; got "
+                                    f"{cfg.metric!r}")
+    if cfg.tile_size is not None:
+        if cfg.tile_size <= 0:
+            raise ConfigError("tile_size", f"must be a positive integer, got {cfg.tile_size}")
+        check_count("tile_size", cfg.tile_size)
+    if cfg.placement == "host":
+        raise ConfigError("placement", "a sweep keeps the federation on the device (its runs "
+                                       "are vmapped in one program); use auto or device, or "
+                                       "fedjax-fair run / compare to stream cohorts")
+    if cfg.devices not in ("auto", 1):
+        raise ConfigError("devices", f"a sweep runs on one device (its runs are vmapped, not "
+                                     f"split over a mesh); give 1 or auto, got {cfg.devices!r}")
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name in SYSTEM_FIELDS:
+        if _canonical(getattr(cfg, name)) != _canonical(defaults[name]):
+            raise ConfigError(name, f"a sweep runs simulate's rounds without a participation "
+                                    f"or clock model; drop --{name.replace('_', '-')} or use "
+                                    f"fedjax-fair run / compare")
+    _validate_common(cfg)
+    check_client_sgd(cfg, [cfg.algorithm])
+    check_server_schedule(cfg.algorithm, cfg.server_lr_schedule, cfg.compensate_server_lr)
+    check_mixing(cfg.algorithm, cfg.mixing)
+    check_directory(cfg.resolved_output_dir(), "output_dir")
+    if not cfg.resume:
+        check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
+    return cfg.hparams
 
 
 def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> None:

@@ -11,6 +11,7 @@ from fedjax_fair.cli.common import DATASET_SHORTCUTS, _Exit
 from fedjax_fair.cli.compare import cmd_compare
 from fedjax_fair.cli.listing import LIST_SECTIONS, cmd_list
 from fedjax_fair.cli.run import cmd_run
+from fedjax_fair.cli.sweep import cmd_sweep
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,8 +65,9 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
         if name in ("algorithms", "seeds"):
             default = ",".join(map(str, default)) or "all"
         if name == "output_dir":
-            default = ("runs/ALGORITHM_DATASET_seedSEED" if cls is C.RunConfig
-                       else "runs/compare_DATASET")
+            default = {C.RunConfig: "runs/ALGORITHM_DATASET_seedSEED",
+                       C.SweepConfig: "runs/sweep_ALGORITHM_DATASET"}.get(
+                           cls, "runs/compare_DATASET")
         p.add_argument(*flags, dest=name, metavar=name.upper(), default=S,
                        help=f"{f.metadata['help']} (default: {default})")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
@@ -91,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "federated learning in JAX.", formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="examples:\n  fedjax-fair compare\n"
                             "  fedjax-fair run --algorithm fedprox --hp mu=0.01 -o runs/prox\n"
+                            "  fedjax-fair sweep --algorithm qffl --grid q=0,1,5 "
+                            "--grid client_lr=0.01,0.1 --seeds 0-2\n"
                             "  fedjax-fair list algorithms")
-    sub = parser.add_subparsers(dest="command", metavar="{run,compare,list}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,compare,sweep,list}")
 
     p = sub.add_parser("run", help="one simulation; writes metrics, plots and a checkpoint",
                        description="Run one federated simulation and write metrics.jsonl, "
@@ -126,6 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", dest="resume", action="store_true", default=S,
                    help="continue an interrupted comparison: finished runs are kept")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("sweep", help="a grid of one algorithm's hyper-parameters x seeds as "
+                                     "compiled programs",
+                       description="Run a grid of one algorithm's hyper-parameters x seeds "
+                                   "(fedjax_fair.drivers.sweeps.sweep): the continuous "
+                                   "hyper-parameters of the grid are vmapped inside one "
+                                   "compiled program, each combination of the static ones "
+                                   "(counts such as batch_size, choices) is a program of its "
+                                   "own. Writes sweep.md / sweep.csv (one row per grid point, "
+                                   "every summary, mean ± std over seeds), heatmap.png, "
+                                   "the setting selected by validation accuracy (when the data "
+                                   "has a validation split) in summary.json, and each finished "
+                                   "call's per-client metrics in parts/ (--resume continues "
+                                   "from them).")
+    _add_common(p, C.SweepConfig)
+    p.add_argument("--grid", dest="grid", metavar="NAME=V1,V2,...", action="append",
+                   default=S, help=C.fields(C.SweepConfig)["grid"].metadata["help"]
+                   + "; e.g. --grid q=0,0.5,1 --grid client_lr=0.01,0.03")
+    p.add_argument("--resume", dest="resume", action="store_true", default=S,
+                   help="continue an interrupted sweep: its saved calls are not run again")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("list", help="algorithms, datasets, models, strategies, samplers, metrics")
     p.add_argument("what", nargs="*", metavar="SECTION",

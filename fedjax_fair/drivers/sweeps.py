@@ -456,13 +456,70 @@ class Tiles(NamedTuple):
         return jax.tree.map(one, out)
 
 
+
+def tile_arrays(output) -> dict:
+    """One tile's outputs ``(test, validation, states)`` as the flat arrays
+    ``{"test/<metric>": [s, g, N], "validation/<metric>": ...}`` that ``sweep``'s
+    ``on_tile`` gets and its ``done`` takes back (states are not included)."""
+    test, val, _ = output
+    arrays = {f"test/{k}": np.asarray(v) for k, v in test.items()}
+    arrays.update({f"validation/{k}": np.asarray(v) for k, v in (val or {}).items()})
+    return arrays
+
+
+def _tile_output(i, arrays: Mapping, tiles: Tiles, num_clients: int, validate: bool):
+    """``tile_arrays``' inverse for tile ``i``, checked against the sweep's tiles:
+    every array ``[s, g, N]``, test (and, with a validation split, validation)
+    accuracy and loss present."""
+    if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not (
+            0 <= i < tiles.count):
+        raise FieldError("done", f"tile indices are integers in [0, {tiles.count}), got {i!r}")
+    if not isinstance(arrays, Mapping):
+        raise FieldTypeError("done", f"tile {i}: must be a mapping of arrays (tile_arrays), "
+                                     f"got {type(arrays).__name__}")
+    splits: dict = {"test": {}, "validation": {}}
+    for key, value in arrays.items():
+        split, _, metric = str(key).partition("/")
+        value = np.asarray(value)
+        if split not in splits or not metric:
+            raise FieldError("done", f"tile {i}: unknown array {key!r} (test/<metric> or "
+                                     f"validation/<metric>)")
+        if value.shape != (tiles.s, tiles.g, num_clients):
+            raise FieldError("done", f"tile {i}: {key!r} has shape {value.shape}, the sweep's "
+                                     f"tiles {(tiles.s, tiles.g, num_clients)}")
+        splits[split][metric] = value
+    for split in ("test", "validation") if validate else ("test",):
+        missing = {"accuracy", "loss"} - set(splits[split])
+        if missing:
+            raise FieldError("done", f"tile {i}: no {split} {', '.join(sorted(missing))}")
+    return splits["test"], (splits["validation"] if validate else None), None
+
+
+def summary_keys(metrics: Sequence[str], split: str = "test",
+                 fractions: Sequence[float] = (0.05, 0.1)) -> list:
+    """The keys, in order, of ``summarise`` for per-client ``metrics`` (their names:
+    "accuracy", "loss", "ece", ...) on ``split``, found without computing anything."""
+    if "accuracy" not in metrics:
+        return []
+    f32 = jnp.float32
+    shapes = jax.eval_shape(_summary_fn(tuple(fractions)), jax.ShapeDtypeStruct((1, 2), f32),
+                            jax.ShapeDtypeStruct((2,), f32))
+    accuracy = [f"accuracy_{k}" for k in shapes]
+    calibration = [m for m in ("ece", "mce") if m in metrics]
+    if split == "test":  # summarise renames the loss, which moves it last
+        return accuracy + calibration + ["test_loss"]
+    return [f"{split}_{k}" for k in accuracy + ["loss"] + calibration]
+
+
 def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size: int,
           model=None, seeds: Sequence[int] = (0,), params=None, product: bool = True,
           fixed: Optional[dict] = None, chunk_size: Optional[int] = None,
           sampler: Optional[Callable] = None, execution="auto", step_budgets=None,
           keep_states: bool = False, fractions: Sequence[float] = (0.05, 0.1),
           vmap_seeds: Optional[bool] = None, chunk_loop: str = "host",
-          compiler_options: Optional[dict] = None) -> SweepResult:
+          compiler_options: Optional[dict] = None,
+          on_tile: Optional[Callable[[int, dict, float], None]] = None,
+          done: Optional[Mapping[int, dict]] = None) -> SweepResult:
     """Runs every (grid point, seed) as one vmapped, compiled program.
 
     Args:
@@ -502,6 +559,15 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
       keep_states: also return every final state (memory: one state per run).
       fractions: the worst / best groups of the summaries.
       compiler_options: passed to ``jax.jit`` (e.g. XLA:CPU's cheaper pipeline).
+      on_tile: called as ``on_tile(i, arrays, seconds)`` after tile ``i`` (of
+        ``Tiles.of(...).count``, in (grid point, seed) C order) has run: ``arrays`` is
+        the tile's outputs as flat arrays (``tile_arrays``), ``seconds`` the call's
+        wall time. What it raises stops the sweep (e.g. a stop request: the tiles
+        before it are done and were handed over). Host loop only.
+      done: ``{i: arrays}`` of tiles already run (what ``on_tile`` got, e.g. saved by
+        an interrupted sweep with the same arguments): they are not run again and
+        their arrays are merged as they are; when every tile is done nothing is
+        compiled. Host loop only; not with ``keep_states``.
 
     Every argument is checked before anything is compiled; a bad one raises
     ``ValueError`` / ``TypeError`` whose message starts with its name.
@@ -532,6 +598,10 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
         chunk_size = check_count(chunk_size, "chunk_size")
     if chunk_loop not in CHUNK_LOOPS:
         raise FieldError("chunk_loop", f"must be one of {CHUNK_LOOPS}, got {chunk_loop!r}")
+    if (on_tile is not None or done) and chunk_loop != "host":
+        raise FieldError("chunk_loop", "on_tile and done need the host loop ('host')")
+    if done and keep_states:
+        raise FieldError("done", "tiles already run carry no states; keep_states=False")
     _execution.as_execution(execution)
 
     num_points = len(next(iter(flat.values()))) if flat else 1
@@ -539,27 +609,37 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
         vmap_seeds = jax.default_backend() != "cpu"
     tiles = Tiles.of(num_points, len(seed_values), chunk_size, bool(vmap_seeds))
     validate = has_examples(data.validation)
+    restored = {i: _tile_output(i, arrays, tiles, data.num_clients, validate)
+                for i, arrays in (done or {}).items()}
     run = _run_fn(build, model, validate, num_rounds=num_rounds, cohort_size=cohort_size,
                   sampler=sampler, execution=execution, step_budgets=step_budgets,
                   keep_states=keep_states)
     hp_tiles, seed_tiles, positions = tiles.split(flat, seed_values)
     per_seed = params is None
+    todo = [i for i in range(tiles.count) if i not in restored]
     t = time.perf_counter()
-    if per_seed:
+    if per_seed and todo:
         inits = initial_params(model, seed_values)
         params_tiles = jax.tree.map(lambda v: v[positions], inits)  # [count, s, ...]
     tile = _tile_fn(run, tiles.g, tiles.s, 0 if per_seed else None)
     tile_params = (lambda i: _row(params_tiles, i)) if per_seed else (lambda i: params)
 
     if chunk_loop == "host":
-        program = jax.jit(tile, compiler_options=compiler_options)
-        compiled = program.lower(_row(hp_tiles, 0), seed_tiles[0], tile_params(0),
-                                 data).compile()
-        compile_s = time.perf_counter() - t
+        outputs = dict(restored)
+        compile_s = 0.0
+        if todo:
+            program = jax.jit(tile, compiler_options=compiler_options)
+            compiled = program.lower(_row(hp_tiles, todo[0]), seed_tiles[todo[0]],
+                                     tile_params(todo[0]), data).compile()
+            compile_s = time.perf_counter() - t
         t = time.perf_counter()
-        outputs = [jax.device_get(compiled(_row(hp_tiles, i), seed_tiles[i], tile_params(i),
-                                           data)) for i in range(tiles.count)]
-        out = jax.tree.map(lambda *xs: np.stack(xs), *outputs)
+        for i in todo:
+            t_i = time.perf_counter()
+            outputs[i] = jax.device_get(compiled(_row(hp_tiles, i), seed_tiles[i],
+                                                 tile_params(i), data))
+            if on_tile is not None:
+                on_tile(i, tile_arrays(outputs[i]), time.perf_counter() - t_i)
+        out = jax.tree.map(lambda *xs: np.stack(xs), *[outputs[i] for i in range(tiles.count)])
     else:
         if per_seed:
             program = jax.jit(lambda hp, seeds, p, d: jax.lax.map(
