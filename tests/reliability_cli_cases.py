@@ -209,3 +209,6 @@ for flags, field, kw in (
         (["--augment", "cifar"], "augment", {})):
     _flags("run", flags, field, area=5, **kw)
 
+
+# ---- clients never trained on (docs/participation.md)
+_flags("run", ["--unseen-clients", "1.5"], "unseen_clients")

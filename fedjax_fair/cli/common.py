@@ -12,7 +12,7 @@ import math
 import os
 import re
 import sys
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -221,6 +221,7 @@ def build_dataset(cfg):
         except ValueError as e:  # e.g. fractions that leave no client a test example
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise C.ConfigError("resplit", first.split(": ", 1)[-1]) from None
+    ds = _hold_out(ds, getattr(cfg, "unseen_clients", 0.0))
     pad = ds.info.get("padding", {})
     for split in ("train", "validation", "test"):
         if split in pad:
@@ -231,6 +232,38 @@ def build_dataset(cfg):
                   + (f"; in size buckets {100 * p['buckets']['bucketed_padding_fraction']:.0f}% "
                      "padding" if "buckets" in p else ""))
     return ds
+
+
+def unseen_seed(ds) -> int:
+    """The seed that draws the clients ``--unseen-clients`` holds out: the dataset's own
+    seed (``info["seed"]``: the partition / generation seed its arguments gave), 0 for
+    a dataset without one. Fixed by the data alone, so every method and seed of a
+    ``compare`` holds out the same clients."""
+    seed = ds.info.get("seed", 0)
+    return int(seed) if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) \
+        and 0 <= seed < 2 ** 32 else 0
+
+
+def _hold_out(ds, fraction: float):
+    """``ds`` without the clients ``--unseen-clients`` holds out (``unseen.hold_out``:
+    the seen dataset, carrying them as ``.unseen``), or ``ds`` for a fraction of 0. Too
+    small a federation is a ``ConfigError`` naming ``unseen_clients``."""
+    if not fraction:
+        return ds
+    from fedjax_fair.drivers import unseen
+    try:
+        seen = unseen.hold_out(ds, fraction, unseen_seed(ds))
+    except ValueError as e:  # a federation of one client; no training / test row left
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise C.ConfigError("unseen_clients", f"{fraction:g} of the {ds.num_clients} clients "
+                                              f"of {ds.name!r}: {first.split(': ', 1)[-1]}"
+                            ) from None
+    held = seen.unseen
+    ids = [str(i) for i in held.client_ids]
+    print(f"data: {len(ids)} of {ds.num_clients} clients held out, never trained on "
+          f"(--unseen-clients {fraction:g}, seed {held.seed}): "
+          f"{', '.join(ids[:12])}{', ...' if len(ids) > 12 else ''}")
+    return seen
 
 
 def build_model(cfg, ds):
@@ -458,15 +491,28 @@ def dataset_description(ds) -> dict:
 def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: bool = True,
                       extra: Optional[dict] = None) -> dict:
     """metrics.jsonl, clients.csv (+ plots) and, last, summary.json of one finished
-    run."""
+    run. ``extra``: more summary.json entries; its "unseen" (an ``UnseenReport`` from
+    ``_method_report``) also writes clients_unseen.csv, and summary.json gets its
+    block."""
     os.makedirs(out, exist_ok=True)
     try:  # an earlier summary.json would vouch for outputs being rewritten now
         os.remove(os.path.join(out, "summary.json"))
     except FileNotFoundError:
         pass
     report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
+    held = getattr(ds, "unseen", None)
+    seen_names = ds.info.get("users")
+    if seen_names is None and held is not None:  # the clients' rows of the full federation
+        seen_names = [str(i) for i in held.seen_ids]
     report.write_client_csv(os.path.join(out, "clients.csv"), result.client_metrics,
-                            evaluated=result.evaluated, names=ds.info.get("users"))
+                            evaluated=result.evaluated, names=seen_names)
+    extra = dict(extra or {})
+    unseen = extra.pop("unseen", None)
+    if unseen is not None:  # the clients never trained on (_method_report)
+        report.write_client_csv(os.path.join(out, "clients_unseen.csv"),
+                                unseen.client_metrics, evaluated=unseen.evaluated,
+                                names=unseen.names)
+        extra["unseen"] = unseen.block
     imp = result.round_metrics.get("improved_fraction")
     summary = {
         "status": "ok",
@@ -482,7 +528,7 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
                     "run_seconds_cumulative": result.history[-1].get("seconds", 0.0)},
         "client_table": result.client_table,
         "devices": 1 if result.memory is None else result.memory.devices,  # --devices auto
-        **(extra or {}),
+        **extra,
     }
     if plots:
         which = report.EVALUATED[result.evaluated]
@@ -641,12 +687,50 @@ def _is_primary() -> bool:
 
 
 def _method_report(name: str, model, alg, result, ds) -> dict:
-    """{"method_report": the method's own end-of-run numbers} (``Method.report`` on the
-    test split, e.g. SuPerFed's lambda grid), or {} for a method without them."""
+    """The end-of-run numbers computed from the algorithm and its final state, for
+    ``write_run_outputs``' ``extra``: {"method_report": the method's own}
+    (``Method.report`` on the test split, e.g. SuPerFed's lambda grid) for a method
+    with one, and {"unseen": ``UnseenReport``} when ``ds`` holds clients never
+    trained on (``--unseen-clients``)."""
+    out = {}
     method = REGISTRY.get(base_name(name))
-    if method is None or method.report is None:
-        return {}
-    return {"method_report": method.report(model, alg, result.state, ds.host_data.test)}
+    if method is not None and method.report is not None:
+        out["method_report"] = method.report(model, alg, result.state, ds.host_data.test)
+    held = getattr(ds, "unseen", None)
+    if held is not None:  # as many clients at a time as a training round held
+        ids = (getattr(result, "rounds", None) or {}).get("client_ids")
+        out["unseen"] = unseen_report(model, alg, result.state, held,
+                                      None if ids is None else int(np.shape(ids)[-1]))
+    return out
+
+
+class UnseenReport(NamedTuple):
+    """The evaluation of the clients never trained on: summary.json's ``"unseen"``
+    block and their per-client metrics (written to clients_unseen.csv)."""
+
+    block: dict
+    client_metrics: dict
+    evaluated: str
+    names: Optional[list]
+
+
+def unseen_report(model, alg, state, held, chunk_size: Optional[int] = None) -> UnseenReport:
+    """``unseen.evaluate_unseen`` of the held-out clients ``held`` for the final
+    ``state``, ``chunk_size`` clients at a time (the adaptation's key: ``key(held.seed)``,
+    the data's seed); the block
+    {"num_clients", "client_ids" (rows of the full federation), "fraction", "seed",
+    "evaluated", "adaptation", "final" (``unseen_summary``: the keys of the seen
+    clients' "final")}."""
+    from fedjax_fair.drivers import unseen
+    per_client = unseen.evaluate_unseen(model, alg, state, held.data,
+                                        jax.random.key(held.seed), chunk_size=chunk_size)
+    block = {"num_clients": int(len(held.client_ids)),
+             "client_ids": [int(i) for i in held.client_ids],
+             "fraction": float(held.fraction), "seed": int(held.seed),
+             "evaluated": alg.evaluates, "adaptation": unseen.adaptation(alg),
+             "final": unseen.unseen_summary(per_client, int(state.round))}
+    names = held.names if held.names is not None else [str(i) for i in held.client_ids]
+    return UnseenReport(block, per_client, alg.evaluates, names)
 
 
 def _check_capacity(alg, num_clients: int, cfg) -> None:

@@ -169,6 +169,12 @@ class _Common:
                            flag=False)
 
 
+UNSEEN_HELP = ("fraction of the clients, in [0, 1), held out of training and evaluated at "
+               "the end as clients never trained on (docs/participation.md): global "
+               "methods on their final model, personalised ones after one round of their "
+               "client procedure; drawn with the dataset's seed (0 if it has none)")
+
+
 @dataclasses.dataclass
 class RunConfig(_Common):
     """One simulation: ``fedjax-fair run``."""
@@ -182,6 +188,7 @@ class RunConfig(_Common):
     checkpoint_dir: Optional[str] = _f(None, "str?",
                                        "checkpoint directory (default: OUTPUT_DIR/checkpoint)")
     resume: bool = _f(False, "bool", "continue from the checkpoint", flag=False)
+    unseen_clients: float = _f(0.0, "float", UNSEEN_HELP)
 
     def resolved_output_dir(self) -> str:
         return self.output_dir or os.path.join(
@@ -219,6 +226,7 @@ class CompareConfig(_Common):
                                "once the run's outputs are written): a kill loses at most "
                                "this much of a run, and --resume continues it; 0 commits "
                                "every evaluation")
+    unseen_clients: float = _f(0.0, "float", UNSEEN_HELP)
 
     def resolved_output_dir(self) -> str:
         return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
@@ -736,6 +744,15 @@ def check_seed(field: str, value) -> None:
         raise ConfigError(field, f"must be an integer in [0, 2^32), got {value}")
 
 
+def check_unseen_clients(cfg) -> None:
+    """``unseen_clients`` is a fraction in [0, 1) (the federation's size is checked
+    when the data is built: ``cli.common.build_dataset``)."""
+    value = getattr(cfg, "unseen_clients", 0.0)
+    if not (math.isfinite(value) and 0 <= value < 1):
+        raise ConfigError("unseen_clients", f"must be a fraction in [0, 1) (0: every client "
+                                            f"trains), got {value}")
+
+
 def check_count(field: str, value) -> None:
     """A count (rounds, cohort, batch, epochs, ...) fits the device's int32."""
     if value >= COUNT_LIMIT:
@@ -961,6 +978,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
     check_seed("seed", cfg.seed)
     cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
     _validate_common(cfg)
+    check_unseen_clients(cfg)
     check_client_sgd(cfg, [cfg.algorithm])
     check_server_schedule(cfg.algorithm, cfg.server_lr_schedule, cfg.compensate_server_lr)
     check_mixing(cfg.algorithm, cfg.mixing)
@@ -1044,6 +1062,7 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)
     _validate_common(cfg)
+    check_unseen_clients(cfg)
     check_client_sgd(cfg, cfg.algorithms)
     if not cfg.resume:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)

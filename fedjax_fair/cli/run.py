@@ -166,6 +166,8 @@ def cmd_run(args) -> int:
           f"{fin['accuracy_worst_10%']:.4f}, best 10% {fin['accuracy_best_10%']:.4f}, "
           f"gini {fin['accuracy_gini']:.4f}; "
           f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
+    if summary.get("unseen"):
+        print(_unseen_line(summary["unseen"], fin))
     method = REGISTRY.get(base_name(cfg.algorithm))
     if summary.get("method_report") and method is not None and method.report_line:
         print(method.report_line(summary["method_report"]))
@@ -175,6 +177,20 @@ def cmd_run(args) -> int:
               f"{sel['validation_accuracy_mean']:.4f}); test accuracy there: average "
               f"{sel['accuracy_mean']:.4f}, worst 10% {sel['accuracy_worst_10%']:.4f}")
     return 0
+
+
+def _unseen_line(block: dict, seen: dict) -> str:
+    """One line: the clients never trained on against the seen ones (average and
+    worst-10% accuracy)."""
+    head = (f"{block['num_clients']} clients never trained on ("
+            + ("global model" if block["adaptation"] == "none" else block["adaptation"])
+            + "): ")
+    final = block["final"]
+    if "accuracy_mean" not in final:
+        return head + "no test examples"
+    return (head + f"accuracy: average {final['accuracy_mean']:.4f} (seen "
+            f"{seen['accuracy_mean']:.4f}), worst 10% {final['accuracy_worst_10%']:.4f} "
+            f"(seen {seen['accuracy_worst_10%']:.4f})")
 
 
 COMPILATION_CACHE_ENV = "FEDJAX_FAIR_COMPILATION_CACHE"
