@@ -397,7 +397,7 @@ def execution_of(cfg, ds, model):
 
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,
                  progress=True, description="", on_eval=None, on_rounds=None, log=print,
-                 commit_seconds=0.0):
+                 commit_seconds=0.0, on_clients=None):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
     params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
     try:
@@ -410,6 +410,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             placement=cfg.placement, log=log,
                             execution=execution_of(cfg, ds, model),
                             on_rounds=on_rounds, commit_seconds=commit_seconds,
+                            on_clients=on_clients,
                             system=system_of(cfg, ds))  # checked by the preflight
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
@@ -678,6 +679,13 @@ _HELD: list = []
 
 
 _COMMAND: list = []  # the arguments of main(), written into the lock files
+
+
+def command_line() -> Optional[str]:
+    """The command being run, as a shell would take it (``fedjax-fair compare ...``);
+    None outside ``main``."""
+    import shlex
+    return shlex.join(["fedjax-fair", *_COMMAND]) if _COMMAND else None
 
 
 def _is_primary() -> bool:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
-from fedjax_fair.cli import config as C, html, lock, report
+from fedjax_fair.cli import config as C, html, lock, report, tracked
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_recorded, _err, _has_test, _is_primary,
                                     _method_report, _ordered_config, _other_process, _own,
@@ -242,11 +242,21 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
                            checkpoint_dir=os.path.join(run_dir, "checkpoint"), resume=resume,
                            commit_seconds=cfg.commit_seconds)
     except NonFiniteError as e:
-        return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
-                                  None, e.history, _round_rows(e.rounds),
-                                  (e.round, e.last_good_round))
-    return _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res,
-                              res.history, _round_rows(res.rounds))
+        return _tracked(cfg, name, seed, run_dir, _write_compare_run(
+            name, alg, seed, run_dir, cfg_dict, hparams, model, ds, None, e.history,
+            _round_rows(e.rounds), (e.round, e.last_good_round)))
+    return _tracked(cfg, name, seed, run_dir, _write_compare_run(
+        name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res, res.history,
+        _round_rows(res.rounds)), res.client_history)
+
+
+def _tracked(cfg, name, seed, run_dir, written, client_history=None):
+    """Logs a run ``_write_compare_run`` has ``written`` to ``--tracker`` (as
+    ``NAME/seedS`` under the comparison's folder); returns ``written``."""
+    summary, history, _ = written
+    tracked.log_run(cfg, os.path.dirname(os.path.dirname(run_dir)), f"{name}/seed{seed}",
+                    summary["config"], history, client_history, resume=cfg.resume)
+    return written
 
 
 def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res, entries,
@@ -328,8 +338,9 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
         description=f"{name} seeds {','.join(map(str, seeds))}", system=system_of(cfg, ds))
     if runs is None:
         return {}
-    return {seed: _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds,
-                                     res, res.history, _round_rows(rounds), bad)
+    return {seed: _tracked(cfg, name, seed, run_dir, _write_compare_run(
+                name, alg, seed, run_dir, cfg_dict, hparams, model, ds, res, res.history,
+                _round_rows(rounds), bad), None if bad else res.client_history)
             for seed, run_dir, res, rounds, bad in zip(seeds, run_dirs, runs.results,
                                                        runs.rounds, runs.non_finite)}
 

@@ -167,6 +167,10 @@ class _Common:
                            "training loss did not rise (improved_fraction; one more forward "
                            "pass over the cohort a round, two for personalised methods)",
                            flag=False)
+    tracker: list = _f([], "list[str]", "comma-separated experiment trackers to log to, any "
+                       "of tensorboard, wandb (offline), mlflow (file store): one tracked run "
+                       "per algorithm and seed under OUTPUT_DIR (docs/tracking.md; pip "
+                       "install -e \".[tracking]\"); none by default")
 
 
 UNSEEN_HELP = ("fraction of the clients, in [0, 1), held out of training and evaluated at "
@@ -610,7 +614,7 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
 
 # Fields a resumed run may change: they extend it or do not alter its iterates.
 RESUMABLE = ("num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
-             "output_dir")
+             "output_dir", "tracker")
 # Fields a resumed run may change as a recorded branch (``run --resume --branch``):
 # settings of the optimisation that keep the saved state's shapes.
 BRANCHABLE = ("client_lr", "server_lr", "hparams", "client_lr_schedule",
@@ -620,9 +624,9 @@ BRANCHABLE = ("client_lr", "server_lr", "hparams", "client_lr_schedule",
 RECORD_KEYS = ("fingerprint", "branches")
 # A resumed comparison keeps every run's settings (finished runs are reused as they are).
 COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "sweep_seeds",
-                     "commit_seconds")
+                     "commit_seconds", "tracker")
 # A resumed sweep keeps every setting: its saved tiles are reused as they are.
-SWEEP_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir")
+SWEEP_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "tracker")
 
 
 def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[dict],
@@ -744,6 +748,16 @@ def check_seed(field: str, value) -> None:
         raise ConfigError(field, f"must be an integer in [0, 2^32), got {value}")
 
 
+def check_trackers(cfg) -> None:
+    """``tracker``: known names whose libraries are installed (``tracking.check_trackers``),
+    before anything is built; stored as the checked tuple's list."""
+    from fedjax_fair.drivers import tracking
+    try:
+        cfg.tracker = list(tracking.check_trackers(cfg.tracker))
+    except (ValueError, TypeError) as e:
+        raise config_error(e, "tracker") from None
+
+
 def check_unseen_clients(cfg) -> None:
     """``unseen_clients`` is a fraction in [0, 1) (the federation's size is checked
     when the data is built: ``cli.common.build_dataset``)."""
@@ -776,6 +790,7 @@ def system_spec(cfg: _Common):
 
 
 def _validate_common(cfg: _Common) -> None:
+    check_trackers(cfg)
 
     for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
         value = getattr(cfg, name)

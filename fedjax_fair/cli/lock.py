@@ -32,7 +32,7 @@ FINGERPRINT_NAME = "fingerprint.json"
 NOT_ITERATES = {"num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
                 "output_dir", "checkpoint_dir", "checkpoint", "branches", "fingerprint",
                 "sweep_seeds", "improvement", "placement", "devices", "distributed",
-                "commit_seconds"}
+                "commit_seconds", "tracker"}
 
 
 def _content(path: str) -> list:

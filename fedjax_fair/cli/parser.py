@@ -10,6 +10,7 @@ from fedjax_fair.cli import config as C
 from fedjax_fair.cli.common import DATASET_SHORTCUTS, _Exit
 from fedjax_fair.cli.compare import cmd_compare
 from fedjax_fair.cli.listing import LIST_SECTIONS, cmd_list
+from fedjax_fair.cli.rebuild import cmd_report
 from fedjax_fair.cli.run import cmd_run
 from fedjax_fair.cli.sweep import cmd_sweep
 
@@ -130,6 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", dest="resume", action="store_true", default=S,
                    help="continue an interrupted comparison: finished runs are kept")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("report", help="tables, figures and report.html of a finished folder "
+                                      "again, without computing",
+                       description="Write the tables (comparison.md / .csv, sweep.md / "
+                                   ".csv), the figures and report.html of a finished (or "
+                                   "interrupted) run, compare or sweep folder again from "
+                                   "the files it holds; nothing is computed, and the tables "
+                                   "are the ones the command wrote, byte for byte.")
+    p.add_argument("directory", metavar="DIR", help="the output folder of run, compare or sweep")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("sweep", help="a grid of one algorithm's hyper-parameters x seeds as "
                                      "compiled programs",

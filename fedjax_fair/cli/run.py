@@ -7,7 +7,7 @@ import os
 import jax
 
 from fedjax_fair.algorithms import REGISTRY, base_name
-from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair.cli import config as C, lock, report, tracked
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_checkpoint_owner, _check_recorded, _err,
                                     _is_primary, _method_report, _ordered_config,
@@ -91,6 +91,9 @@ def cmd_run(args) -> int:
 
     new_entries: list = []
 
+    trun = tracked.start(cfg, out, f"{cfg.algorithm}/seed{cfg.seed}", cfg_dict,
+                         resume=cfg.resume)  # --tracker: each evaluation as it happens
+
     def on_eval(entry):  # stream while running; rewritten from the full history at the end
         begin()
         new_entries.append(entry)
@@ -113,7 +116,7 @@ def cmd_run(args) -> int:
             result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                                   resume=cfg.resume, progress=cfg.progress,
                                   description=f"{cfg.algorithm}", on_eval=on_eval,
-                                  on_rounds=on_rounds)
+                                  on_rounds=on_rounds, on_clients=tracked.on_clients(trun))
         result.compile_seconds += init_clock.seconds  # the model's init counts too
     except C.ConfigError:  # refused by the runner's memory plan before any round ran
         if not started:

@@ -443,12 +443,15 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         log: Optional[Callable[[str], None]] = None, execution="auto",
         on_rounds: Optional[Callable[[int, dict], None]] = None,
         donate: Optional[bool] = None, stream_layout: str = "compact",
-        commit_seconds: float = 0.0, system: Optional[System] = None) -> RunResult:
+        commit_seconds: float = 0.0, system: Optional[System] = None,
+        on_clients: Optional[Callable[[dict, dict], None]] = None) -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     After every chunk all clients are evaluated on their test split — the global
     model, or each client's own model when ``algorithm.personal`` is set — and the
-    fairness summary is appended to ``history`` (and passed to ``on_eval``).
+    fairness summary is appended to ``history`` (and passed to ``on_eval``;
+    ``on_clients(entry, per_client)`` also receives the clients' test metrics, host
+    arrays [N] per metric: what an experiment tracker's histograms need).
     ``on_rounds(first_round, metrics)`` receives every chunk's per-round metrics
     (host arrays with a leading round axis: weights, losses, the server pieces'
     ``server/...`` diagnostics). ``execution``: how rounds map their clients. With
@@ -527,6 +530,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     try:
         state = algorithm.init(params, num_clients)
         record = Record(checkpoint_dir, on_eval=on_eval, on_rounds=on_rounds,
+                        on_clients=on_clients,
                         commit_seconds=commit_seconds, donated=donate)
         if resume:
             state = record.resume(state, num_clients)
@@ -766,9 +770,9 @@ class Record:
     (its end, a stop request, a divergence)."""
 
     def __init__(self, checkpoint_dir: Optional[str] = None, *, on_eval=None, on_rounds=None,
-                 commit_seconds: float = 0.0, donated: bool = False):
+                 commit_seconds: float = 0.0, donated: bool = False, on_clients=None):
         self.checkpoint_dir = checkpoint_dir
-        self.on_eval, self.on_rounds = on_eval, on_rounds
+        self.on_eval, self.on_rounds, self.on_clients = on_eval, on_rounds, on_clients
         self.commit_seconds = float(commit_seconds)
         self.donated = donated  # the state's buffers go to the next chunk
         self.history: list = []
@@ -822,6 +826,8 @@ class Record:
         self._pending[0].append(entry)
         if self.on_eval:
             self.on_eval(entry)
+        if self.on_clients:
+            self.on_clients(entry, {k: np.asarray(v) for k, v in test.items()})
         if time.monotonic() - self._last_commit >= self.commit_seconds:
             self.commit(clock)
 
