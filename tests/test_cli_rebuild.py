@@ -106,3 +106,26 @@ def test_report_html_renders_tables_and_figures_in_a_headless_browser(comparison
     assert near((242, 242, 242)) > 2000  # the tables' header cells
     assert near((31, 119, 180)) > 500  # the figures' first line colour (tab10 blue)
     assert near((0, 0, 0)) > 2000  # text and FedAvg's dashed reference
+
+
+def test_report_of_a_run_folder_draws_its_figures_and_page_again(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["run", *TINY, "--num-rounds", "2", "--eval-every", "1",
+                     "--unseen-clients", "0.34", "-o", str(out)]) == 0
+    names = sorted(n for n in os.listdir(out) if n.endswith(".png")) + ["report.html"]
+    assert "accuracy.png" in names and "lorenz.png" in names
+    before = {n: (out / n).read_bytes() for n in names}
+    page = before["report.html"].decode()
+    assert "Unseen clients (2)" in page and page.count("<img") == len(names) - 1
+    for n in names:
+        (out / n).unlink()
+    assert cli.main(["report", str(out)]) == 0
+    assert {n: (out / n).read_bytes() for n in names} == before
+
+
+def test_report_refuses_a_run_that_did_not_finish(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"algorithm": "fedavg", "seed": 0}))
+    assert cli.main(["report", str(out)]) == cli.EXIT_CONFIG
+    assert capsys.readouterr().err.startswith("error: directory:")

@@ -4,6 +4,7 @@ line); a bad fraction is refused before compute; the seen clients train exactly 
 federation built without the held-out ones."""
 from __future__ import annotations
 
+import csv
 import json
 
 import jax
@@ -91,6 +92,14 @@ def test_compare_runs_hold_out_the_same_clients_and_adapt_personal_models(tmp_pa
     assert blocks["fedavg", 0]["adaptation"] == "none"
     assert blocks["fedavg_ft", 0]["adaptation"] == "one round of the method's client procedure"
     assert blocks["fedavg_ft", 0]["evaluated"] == "personal"
+    # the comparison shows seen and unseen side by side, mean over the seeds
+    with open(out / "comparison.csv", newline="") as f:
+        rows = {r["algorithm"]: r for r in csv.DictReader(f)}
+    for name in ("fedavg", "fedavg_ft"):
+        unseen = [blocks[name, s]["final"]["accuracy_mean"] for s in (0, 1)]
+        assert float(rows[name]["unseen_accuracy_mean_percent"]) == pytest.approx(
+            100 * np.mean(unseen))
+    assert "Unseen avg (%)" in (out / "comparison.md").read_text()
 
 
 @pytest.mark.parametrize("command,args", [

@@ -490,9 +490,10 @@ def dataset_description(ds) -> dict:
 
 
 def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: bool = True,
-                      extra: Optional[dict] = None) -> dict:
+                      extra: Optional[dict] = None, page: bool = True) -> dict:
     """metrics.jsonl, clients.csv (+ plots) and, last, summary.json of one finished
-    run. ``extra``: more summary.json entries; its "unseen" (an ``UnseenReport`` from
+    run, with its report.html unless ``page`` is off (a comparison's runs: the
+    comparison has the page). ``extra``: more summary.json entries; its "unseen" (an ``UnseenReport`` from
     ``_method_report``) also writes clients_unseen.csv, and summary.json gets its
     block."""
     os.makedirs(out, exist_ok=True)
@@ -529,43 +530,107 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
                     "run_seconds_cumulative": result.history[-1].get("seconds", 0.0)},
         "client_table": result.client_table,
         "devices": 1 if result.memory is None else result.memory.devices,  # --devices auto
+        "command": command_line(),
         **extra,
     }
     if plots:
-        which = report.EVALUATED[result.evaluated]
-        ctx = ", ".join(str(x) for x in (
-            ds.name, model.name, cfg_dict.get("algorithm"),
-            f"{cfg_dict.get('num_rounds', result.history[-1]['round'])} rounds",
-            f"seed {cfg_dict.get('seed')}") if x is not None)
-        report.save_figure(report.plot_accuracy(result.history, context=ctx,
-                                                title=f"Per-client test accuracy ({which})"),
-                           os.path.join(out, "accuracy.png"))
-        if report.CLOCK in result.history[-1]:  # a run on a virtual clock
-            report.save_figure(report.plot_accuracy(
-                result.history, context=ctx, x=report.CLOCK,
-                title=f"Per-client test accuracy ({which}) against simulated time"),
-                os.path.join(out, "accuracy_time.png"))
-        report.save_figure(report.plot_loss(result.history, title=f"Loss ({which})",
-                                            context=ctx),
-                           os.path.join(out, "loss.png"))
         acc = np.asarray(result.client_metrics["accuracy"])[_has_test(result.client_metrics)]
-        report.save_figure(report.plot_client_histogram(
-            acc, title=f"Final per-client test accuracy ({which})", context=ctx),
-            os.path.join(out, "client_accuracy_hist.png"))
-        report.save_figure(report.plot_lorenz(acc, context=ctx),
-                           os.path.join(out, "lorenz.png"))
-        if imp is not None and len(imp):
-            report.save_figure(report.plot_improved_fraction(imp, context=ctx),
-                               os.path.join(out, "improved_clients.png"))
+        write_run_figures(out, summary, result.history, acc, imp)
     _write_synthetic(out, cfg_dict, ds, result.state, plots)
     # the plots written (an interrupt while plotting leaves no summary.json at all)
     summary["plots"] = sorted(n for n in ("accuracy.png", "accuracy_time.png", "loss.png",
                                           "client_accuracy_hist.png", "lorenz.png",
                                           "improved_clients.png", "synthetic_samples.png")
                               if plots and os.path.exists(os.path.join(out, n)))
+    if page:
+        write_run_page(out, summary)
     # last, by one rename: a run directory with its summary.json has all its outputs
     report.write_json(os.path.join(out, "summary.json"), summary)
     return summary
+
+
+RUN_FIGURES = (("accuracy.png", "average, worst-10% and std of per-client test accuracy "
+                                "over rounds"),
+               ("accuracy_time.png", "the same against simulated time"),
+               ("loss.png", "test loss and the cohort's training loss"),
+               ("client_accuracy_hist.png", "final per-client test accuracy"),
+               ("lorenz.png", "Lorenz curve of final per-client accuracy"),
+               ("improved_clients.png", "share of each round's participants whose training "
+                                        "loss did not rise"),
+               ("synthetic_samples.png", "samples of the final synthetic data set"))
+
+
+def write_run_figures(out: str, summary: dict, history: list, acc, imp) -> None:
+    """A run's figures (``RUN_FIGURES``) from its summary.json's ``summary``, its
+    evaluations ``history``, final per-client accuracies ``acc`` (clients with test
+    data) and per-round improved fractions ``imp``: what ``run`` draws when it ends and
+    ``fedjax-fair report`` draws again from the folder's files."""
+    cfg_dict = summary["config"]
+    which = report.EVALUATED[summary["evaluated"]]
+    ctx = ", ".join(str(x) for x in (
+        summary["dataset"]["name"], summary["model"]["name"], cfg_dict.get("algorithm"),
+        f"{cfg_dict.get('num_rounds', history[-1]['round'])} rounds",
+        f"seed {cfg_dict.get('seed')}") if x is not None)
+    save = lambda fig, name: report.save_figure(fig, os.path.join(out, name))
+    save(report.plot_accuracy(history, context=ctx, title=f"Per-client test accuracy ({which})"),
+         "accuracy.png")
+    if report.CLOCK in history[-1]:  # a run on a virtual clock
+        save(report.plot_accuracy(history, context=ctx, x=report.CLOCK,
+                                  title=f"Per-client test accuracy ({which}) against "
+                                        f"simulated time"), "accuracy_time.png")
+    save(report.plot_loss(history, title=f"Loss ({which})", context=ctx), "loss.png")
+    save(report.plot_client_histogram(acc, title=f"Final per-client test accuracy ({which})",
+                                      context=ctx), "client_accuracy_hist.png")
+    save(report.plot_lorenz(acc, context=ctx), "lorenz.png")
+    if imp is not None and len(imp):
+        save(report.plot_improved_fraction(imp, context=ctx), "improved_clients.png")
+
+
+RUN_ROWS = (("accuracy_mean", "Average accuracy (%)", 100.0, 2),
+            ("accuracy_std", "Std of accuracy (%)", 100.0, 2),
+            ("accuracy_worst_10%", "Worst 10% (%)", 100.0, 2),
+            ("accuracy_best_10%", "Best 10% (%)", 100.0, 2),
+            ("accuracy_gini", "Gini", 1.0, 4), ("ece", "ECE", 1.0, 3),
+            ("test_loss", "Test loss", 1.0, 4))
+
+
+def run_markdown(summary: dict) -> str:
+    """The Markdown of a run's report: its final per-client test metrics, beside the
+    evaluation selected by validation accuracy and the clients never trained on when
+    the run has them."""
+    columns = [("Final", summary["final"])]
+    if summary.get("selected"):
+        columns.append((f"Selected by validation (round {summary['selected']['round']})",
+                        summary["selected"]))
+    if summary.get("unseen"):
+        columns.append((f"Unseen clients ({summary['unseen']['num_clients']})",
+                        summary["unseen"]["final"]))
+    body = [[label] + [report._fmt(float(c[key]) * scale, None, decimals)
+                       if isinstance(c.get(key), (int, float)) else "" for _, c in columns]
+            for key, label, scale, decimals in RUN_ROWS]
+    timings = summary["timings"]
+    ds = summary["dataset"]
+    text = (f"{summary['config'].get('algorithm')} on {ds['name']} ({ds['num_clients']} "
+            f"clients), {summary['model']['name']}, {report.EVALUATED[summary['evaluated']]}, "
+            f"round {summary['final']['round']}\n\n"
+            + report.markdown_table(["Metric"] + [name for name, _ in columns], body,
+                                    left=("Metric",))
+            + f"\nCompile {timings['compile_seconds']:.1f} s, rounds "
+              f"{timings['run_seconds']:.1f} s.\n")
+    return text
+
+
+def write_run_page(out: str, summary: dict, command: Optional[str] = None) -> None:
+    """A run's report.html: ``run_markdown``, the command, the figures that exist and
+    the configuration."""
+    from fedjax_fair.cli import html
+    text = run_markdown(summary)
+    title, _, body = text.partition("\n\n")
+    command = command or summary.get("command") or command_line()
+    reproduce = f"fedjax-fair run --config {os.path.join(out, 'config.json')} -o NEW_DIR"
+    report._replace_with(os.path.join(out, "report.html"), html.page(
+        title, body, figures=[(os.path.join(out, f), c) for f, c in RUN_FIGURES],
+        command=command, reproduce=reproduce, config=summary["config"]))
 
 
 def _write_synthetic(out: str, cfg_dict: dict, ds, state, plots: bool) -> None:

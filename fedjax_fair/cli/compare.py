@@ -293,7 +293,7 @@ def _write_compare_outputs(name, alg, seed, run_dir, cfg_dict, hparams, model, d
     # the run's commit is its summary.json, which write_run_outputs writes last
     report.write_jsonl(os.path.join(run_dir, "rounds.jsonl"), rounds)
     _write_client_history(run_dir, res)
-    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False,
+    summary = write_run_outputs(run_dir, run_cfg, ds, model, res, plots=False, page=False,
                                 extra=_method_report(name, model, alg, res, ds))
     acc = np.asarray(res.client_metrics["accuracy"])[_has_test(res.client_metrics)]
     return summary, res.history, acc
@@ -379,7 +379,9 @@ def load_runs(out: str, algorithms: list, seeds: list) -> Finished:
                 notes[name] = f"{notes[name]}; {note}" if name in notes else note
                 summaries[name].append({})
             else:
-                summaries[name].append({**summary["final"], **summary["timings"]})
+                unseen = (summary.get("unseen") or {}).get("final", {})
+                summaries[name].append({**summary["final"], **summary["timings"],
+                                        **{f"unseen_{k}": v for k, v in unseen.items()}})
                 accuracies[name].append(acc)
                 dataset = dataset or summary.get("dataset")
             if history:
@@ -419,8 +421,9 @@ def _write_comparison(out, cfg_dict, seconds, print_table=True, command=None) ->
     runs = load_runs(out, algorithms, seeds)
     families = families_of(algorithms)
     done = {a: s for a, s in runs.summaries.items() if s}
-    rows = {a: report.aggregate_runs(s) for a, s in done.items()}
-    tables = report.family_tables(rows, len(seeds), families, FAMILIES, runs.notes)
+    columns = report.table_columns(unseen=bool(cfg_dict.get("unseen_clients")))
+    rows = {a: report.aggregate_runs(s, columns) for a, s in done.items()}
+    tables = report.family_tables(rows, len(seeds), families, FAMILIES, runs.notes, columns)
     table = report.family_markdown(tables)
     ds = runs.dataset
     where = (f"{ds.get('name', cfg_dict.get('dataset'))}"
@@ -440,13 +443,17 @@ def _write_comparison(out, cfg_dict, seconds, print_table=True, command=None) ->
         " Grouped by family, each led by FedAvg (the reference); in bold, the best value "
         "of each column within the family." if len(tables) > 1 else "") + (
         f" Evaluated on each client's own (personal) model: {', '.join(personal)}; the "
-        f"others on the global model." if personal else "")
+        f"others on the global model." if personal else "") + (
+        f" Unseen: the {cfg_dict['unseen_clients']:g} of the clients held out of training "
+        f"(--unseen-clients), global models as trained, personalised ones after one round "
+        f"of their client procedure; the other columns are over the clients trained on."
+        if cfg_dict.get("unseen_clients") else "")
     label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
              + (" (diverged)" if a in runs.notes else "") for a in algorithms}
     markdown = f"{title}\n\n{table}\n{table_note}\n"
     report._replace_with(os.path.join(out, "comparison.md"), markdown)
     report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(seeds),
-                                families)
+                                families, columns)
     if cfg_dict.get("plots", True):
         _comparison_figures(out, cfg_dict, runs, label, families, finished, total_runs)
     summary_path = os.path.join(out, "summary.json")

@@ -33,6 +33,12 @@ TABLE_COLUMNS = (
     ("run_seconds", "Run (s)", "run_seconds", 1.0),
     ("compile_seconds", "Compile (s)", "compile_seconds", 1.0),
 )
+# The clients never trained on (``--unseen-clients``), beside the seen ones' columns.
+UNSEEN_COLUMNS = (
+    ("unseen_accuracy_mean", "Unseen avg (%)", "unseen_accuracy_mean_percent", 100.0),
+    ("unseen_accuracy_worst_10%", "Unseen worst 10% (%)", "unseen_accuracy_worst_10%_percent",
+     100.0),
+)
 DECIMALS = {"accuracy_gini": 4, "ece": 3, "run_seconds": 1, "compile_seconds": 1}
 # The better direction of each column, for marking the best value of a family.
 LOWER_IS_BETTER = frozenset({"accuracy_std", "accuracy_gini", "ece", "run_seconds",
@@ -185,13 +191,22 @@ def read_client_csv(path: str) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- tables
 
 
-def aggregate_runs(summaries: Sequence[Mapping[str, float]]) -> dict[str, tuple[float, float]]:
+def table_columns(unseen: bool = False) -> tuple:
+    """The comparison table's columns: ``TABLE_COLUMNS``, with the clients never trained
+    on (``UNSEEN_COLUMNS``) after the seen ones' accuracies when ``unseen``."""
+    if not unseen:
+        return TABLE_COLUMNS
+    return TABLE_COLUMNS[:4] + UNSEEN_COLUMNS + TABLE_COLUMNS[4:]
+
+
+def aggregate_runs(summaries: Sequence[Mapping[str, float]],
+                   columns=TABLE_COLUMNS) -> dict[str, tuple[float, float]]:
     """``{key: (mean, std)}`` over seeds of the table columns (population std; 0 for one run).
 
     A run that diverged has NaN values and makes the aggregate NaN.
     """
     out = {}
-    for key, *_ in TABLE_COLUMNS:
+    for key, *_ in columns:
         vals = np.array([float(s.get(key, math.nan)) for s in summaries], np.float64)
         out[key] = (float(np.mean(vals)), float(np.std(vals)) if len(vals) > 1 else 0.0)
     return out
@@ -207,20 +222,21 @@ def _fmt(value: float, std: Optional[float], decimals: int) -> str:
 
 
 def comparison_table(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_seeds: int,
-                     notes: Optional[Mapping[str, str]] = None) -> tuple[list[str], list[list[str]]]:
+                     notes: Optional[Mapping[str, str]] = None,
+                     columns=TABLE_COLUMNS) -> tuple[list[str], list[list[str]]]:
     """(header, formatted rows) of the paper-style table.
 
     ``rows`` maps an algorithm name to ``aggregate_runs(...)``; with more than one seed
     every cell reads ``mean ± std``. ``notes`` (e.g. "diverged at round 7") adds a column.
     """
-    header = ["Algorithm"] + [h for _, h, _, _ in TABLE_COLUMNS]
+    header = ["Algorithm"] + [h for _, h, _, _ in columns]
     notes = notes or {}
     if any(notes.values()):
         header.append("Note")
     body = []
     for name, agg in rows.items():
         cells = [name]
-        for key, _, _, scale in TABLE_COLUMNS:
+        for key, _, _, scale in columns:
             m, s = agg[key]
             cells.append(_fmt(m * scale, s * scale if num_seeds > 1 else None,
                               DECIMALS.get(key, 2)))
@@ -258,14 +274,14 @@ def references(families: Mapping[str, str]) -> list[str]:
 
 
 def _best_cells(rows: Mapping[str, Mapping[str, tuple[float, float]]], names: Sequence[str],
-                num_seeds: int) -> set:
+                columns=TABLE_COLUMNS) -> set:
     """``{(name, key)}`` of the best value of every column among ``names`` (two or more),
     compared as displayed, so that a tie at the shown precision marks both (a column
     where every name ties marks none)."""
     if len(names) < 2:
         return set()
     best = set()
-    for key, _, _, scale in TABLE_COLUMNS:
+    for key, _, _, scale in columns:
         shown = {n: round(rows[n][key][0] * scale, DECIMALS.get(key, 2)) for n in names
                  if math.isfinite(rows[n][key][0])}
         if shown:
@@ -278,21 +294,22 @@ def _best_cells(rows: Mapping[str, Mapping[str, tuple[float, float]]], names: Se
 
 def family_tables(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_seeds: int,
                   families: Mapping[str, str], titles: Mapping[str, str],
-                  notes: Optional[Mapping[str, str]] = None) -> list[tuple[str, list, list]]:
+                  notes: Optional[Mapping[str, str]] = None,
+                  columns=TABLE_COLUMNS) -> list[tuple[str, list, list]]:
     """``[(family title, header, body)]``: ``comparison_table`` cut by family
     (``family_groups``), each table led by the reference rows (FedAvg, labelled
     "(reference)") and the best value of every column within the family in bold
     (``**...**``; higher accuracies, lower std / Gini / ECE / seconds). Without a
     family besides the reference, one table of everything."""
-    header, body = comparison_table(rows, num_seeds, notes)
+    header, body = comparison_table(rows, num_seeds, notes, columns)
     cells = dict(zip(rows, body))
     refs = [n for n in references(families) if n in rows]
     groups = family_groups({n: families.get(n, REFERENCE) for n in rows}, titles) or \
         [("", [n for n in rows if n not in refs])]
-    keys = [key for key, *_ in TABLE_COLUMNS]
+    keys = [key for key, *_ in columns]
     out = []
     for title, names in groups:
-        best = _best_cells(rows, names, num_seeds)
+        best = _best_cells(rows, names, columns)
         table = [[f"{n} (reference)", *cells[n][1:]] for n in refs]
         for n in names:
             row = list(cells[n])
@@ -321,7 +338,8 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]],
 
 
 def write_comparison_csv(path: str, rows: Mapping[str, Mapping[str, tuple[float, float]]],
-                         num_seeds: int, families: Optional[Mapping[str, str]] = None) -> None:
+                         num_seeds: int, families: Optional[Mapping[str, str]] = None,
+                         columns=TABLE_COLUMNS) -> None:
     """The comparison table, machine-readable: the Markdown table's values in its units
     (accuracies in percent; the unit is in the column name) at full precision, each
     column's mean over seeds followed by its std over seeds (``*_seed_std``), and
@@ -330,10 +348,10 @@ def write_comparison_csv(path: str, rows: Mapping[str, Mapping[str, tuple[float,
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["algorithm", "family", "num_seeds"]
-                   + [c for _, _, name, _ in TABLE_COLUMNS for c in (name, f"{name}_seed_std")])
+                   + [c for _, _, name, _ in columns for c in (name, f"{name}_seed_std")])
         for name, agg in rows.items():
             w.writerow([name, families.get(name, ""), num_seeds]
-                       + [repr(v * scale) for key, _, _, scale in TABLE_COLUMNS
+                       + [repr(v * scale) for key, _, _, scale in columns
                           for v in agg[key]])
 
 

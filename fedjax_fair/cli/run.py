@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import jax
+import numpy as np
 
 from fedjax_fair.algorithms import REGISTRY, base_name
 from fedjax_fair.cli import config as C, lock, report, tracked
@@ -14,7 +16,8 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _other_process, _own, _preflight, _resumable_config,
                                     _STAGE, _STAGE_DIR, _write_client_history,
                                     build_algorithm, build_dataset, build_model, for_method,
-                                    participation_report, simulate_one, write_run_outputs)
+                                    participation_report, simulate_one, write_run_figures,
+                                    write_run_outputs, write_run_page)
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
@@ -194,6 +197,30 @@ def _unseen_line(block: dict, seen: dict) -> str:
     return (head + f"accuracy: average {final['accuracy_mean']:.4f} (seen "
             f"{seen['accuracy_mean']:.4f}), worst 10% {final['accuracy_worst_10%']:.4f} "
             f"(seen {seen['accuracy_worst_10%']:.4f})")
+
+
+def rebuild_run(out: str) -> int:
+    """``fedjax-fair report`` of a ``run`` folder: its figures and report.html drawn again
+    from summary.json, metrics.jsonl, clients.csv and rounds.jsonl (nothing computed)."""
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+        if summary.get("status") != "ok":
+            raise ValueError(f"its run did not finish (status {summary.get('status')!r})")
+        history = report.read_jsonl(os.path.join(out, "metrics.jsonl"), strict=True)
+        clients = report.read_client_csv(os.path.join(out, "clients.csv"))
+        rounds = report.read_jsonl(os.path.join(out, "rounds.jsonl"))
+    except (OSError, ValueError, KeyError) as e:
+        raise C.ConfigError("directory", f"{out!r} holds no finished run's outputs "
+                                         f"({e})") from None
+    if summary["config"].get("plots", True):
+        imp = [r["improved_fraction"] for r in rounds if "improved_fraction" in r]
+        acc = clients["accuracy"][clients["num_test_examples"] > 0]
+        write_run_figures(out, summary, history, acc, np.asarray(imp) if imp else None)
+    write_run_page(out, summary)
+    print(f"{summary['config'].get('algorithm')}: figures and report.html of {out} written "
+          f"again")
+    return 0
 
 
 COMPILATION_CACHE_ENV = "FEDJAX_FAIR_COMPILATION_CACHE"
