@@ -26,7 +26,9 @@ from reliability_common import ReachedCompute, _no_compute
 
 RESPLIT = ["--resplit", "0.6,0.2,0.2"]  # a validation split: the selection has one
 GRID = ["--algorithm", "qffl", "--grid", "q=0,1", "--grid", "client_lr=0.1"]
-SWEEP = ["sweep", *CLI_TINY, *RESPLIT, *GRID, "--seeds", "0,1", "--num-rounds", "3"]
+# calls of 2 runs (one seed's grid points) on every backend: the interrupt lands between two
+SWEEP = ["sweep", *CLI_TINY, *RESPLIT, *GRID, "--seeds", "0,1", "--num-rounds", "3",
+         "--tile-size", "2"]
 OUTPUTS = ("sweep.md", "sweep.csv", "runs.json")
 
 

@@ -178,8 +178,9 @@ def programs_line(cfg: C.SweepConfig, programs: list, calls: int, per_call: int)
     head = (f"{', '.join(static)} {'are' if len(static) > 1 else 'is'} static: "
             f"{len(programs)} program{'s' * (len(programs) > 1)} of {size}{vmapped}" if static
             else f"one program of {size}{vmapped}")
-    return (f"{head}; {calls} call{'s' * (calls > 1)} of {per_call} run"
-            f"{'s' * (per_call > 1)} each, saved as each ends")
+    runs = f"{per_call} run{'s' * (per_call > 1)}"
+    return (f"{head}; {calls} calls of {runs} each, saved as each ends" if calls > 1
+            else f"{head}; one call of {runs}, saved as it ends")
 
 
 # ------------------------------------------------------------------ checks before compute
