@@ -68,3 +68,16 @@ def test_a_tracker_that_is_not_installed_is_refused_before_compute(tmp_path, mon
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all(line.startswith("error: tracker:") for line in err)
     assert not out.exists()  # nothing written
+
+
+def test_sweep_logs_one_tracked_run_per_grid_point_and_seed(tmp_path):
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", *TINY, "--algorithm", "qffl", "--grid", "q=0,1",
+                     "--seeds", "0,1", "--num-rounds", "2", "--tracker", "tensorboard",
+                     "--no-plots", "-o", str(out)]) == 0
+    record = json.loads((out / "runs.json").read_text())
+    for p, q in enumerate((0, 1)):
+        for s, seed in enumerate((0, 1)):
+            values, histograms = _scalars(out / "tensorboard" / f"q={q}" / f"seed{seed}")
+            assert values == pytest.approx({2: record["summary"]["accuracy_mean"][p][s]})
+            assert histograms == ["clients/accuracy"]

@@ -26,7 +26,7 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; }
 th { background: #f2f2f2; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr:nth-child(even) td { background: #fafafa; }
 td b { color: #0a5; }
-figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+div.wide { overflow-x: auto; } figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #555; }
 pre, code { background: #f6f6f6; font-size: 0.85em; } pre { padding: 0.8em; overflow-x: auto; }
 p.note { font-size: 0.85em; color: #555; }
@@ -54,7 +54,8 @@ def _table(lines: Sequence[str]) -> str:
         rows.append("<tr>" + "".join(
             f'<td{" class=num" if r else ""}>{_inline(c)}</td>' for c, r in zip(cells, right))
             + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return (f'<div class="wide"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def markdown_html(text: str) -> str:

@@ -64,11 +64,12 @@ from typing import NamedTuple, Optional
 import jax
 import numpy as np
 
-from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair.cli import config as C, html, lock, report, tracked
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, _check_capacity, _check_recorded, _err,
                                     _ordered_config, _own, _preflight, _resumable_config,
                                     _STAGE, _STAGE_DIR, build_algorithm, build_dataset,
-                                    build_model, dataset_description, for_method)
+                                    build_model, command_line, dataset_description,
+                                    for_method)
 from fedjax_fair.core import sampling
 from fedjax_fair.core.evaluation import make_evaluator
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
@@ -462,11 +463,13 @@ def write_outputs(cfg: C.SweepConfig, cfg_dict: dict, p: Plan, results: list, ti
     _remove(os.path.join(out, SUMMARY))  # the commit of the outputs written below
     record = runs_record(cfg, p.ds, p.programs, results, p.keys, p.validation, p.evaluated)
     report.write_json(os.path.join(out, RUNS), record)
+    track(cfg, cfg_dict, record, results)
     selection, shown = _rebuild(out, plots=cfg.plots, echo=True)
     points, seeds = shown["diverged"].shape
     total_seconds = time.perf_counter() - t_start
     report.write_json(os.path.join(out, SUMMARY), {
-        "status": "ok", "config": cfg_dict, "dataset": dataset_description(p.ds),
+        "status": "ok", "config": cfg_dict, "command": command_line(),
+        "dataset": dataset_description(p.ds),
         "evaluated": p.evaluated, "grid": record["axes"], "seeds": cfg.seeds,
         "grid_points": points, "runs": points * seeds,
         "diverged_runs": int(shown["diverged"].sum()), **selection, "programs": timings,
@@ -487,22 +490,58 @@ def _remove(path: str) -> None:
         pass
 
 
+def locate(cfg: C.SweepConfig) -> list:
+    """``[(program, position)]`` of every grid point in C order of the grid's names:
+    the static program that ran it and its flat position in that program's vmapped
+    (continuous) grid."""
+    static, continuous = split_grid(cfg.algorithm, cfg.grid)
+    static_sizes = [len(cfg.grid[n]) for n in static]
+    cont_sizes = [len(cfg.grid[n]) for n in continuous]
+    out = []
+    for point in grid_points(cfg.grid):
+        at = dict(zip(cfg.grid, point))
+        out.append((int(np.ravel_multi_index([at[n] for n in static], static_sizes))
+                    if static else 0,
+                    int(np.ravel_multi_index([at[n] for n in continuous], cont_sizes))
+                    if continuous else 0))
+    return out
+
+
+def track(cfg: C.SweepConfig, cfg_dict: dict, record: dict, results: list) -> None:
+    """``--tracker``: one tracked run per grid point and seed, ``SETTING/seedS`` (e.g.
+    ``q=0.5,client_lr=0.1/seed0``), holding its final summaries at the last round and
+    the histogram of its clients' final test accuracy; the setting is its config's
+    hparams."""
+    if not cfg.tracker:
+        return
+    seeds = len(cfg.seeds)
+    for p, (k, c) in enumerate(locate(cfg)):
+        hp = _point_hparams(record, p)
+        setting = ",".join(f"{n}={_show(v)}" for n, v in hp.items())
+        has_test = np.asarray(results[k].num_examples["test"]) > 0
+        accuracy = np.asarray(results[k].test["accuracy"])
+        accuracy = accuracy.reshape((-1, seeds) + accuracy.shape[-1:])[c]
+        for s, seed in enumerate(cfg.seeds):
+            entry = {"round": cfg.num_rounds,
+                     **{key: rows[p][s] for key, rows in record["summary"].items()}}
+            tracked.log_run(cfg, cfg.resolved_output_dir(),
+                            f"{setting}/seed{seed}" if setting else f"seed{seed}",
+                            {**cfg_dict, "hparams": {**cfg_dict.get("hparams", {}), **hp},
+                             "seed": seed}, [entry],
+                            {"round": [cfg.num_rounds], "accuracy": [accuracy[s][has_test]]},
+                            resume=cfg.resume)
+
+
 def runs_record(cfg: C.SweepConfig, ds, programs: list, results: list, keys: list,
                 validation: bool, evaluated: Optional[str]) -> dict:
     """runs.json: the grid's axes, the seeds, every run's summaries ``{key: [point]
     [seed]}`` (points in C order of the grid's names) and the tables' context."""
     static, continuous = split_grid(cfg.algorithm, cfg.grid)
     names = list(cfg.grid)
-    static_sizes = [len(cfg.grid[n]) for n in static]
-    cont_sizes = [len(cfg.grid[n]) for n in continuous]
     flat = [{k: np.asarray(r.summary[k]).reshape(-1, len(cfg.seeds)) for k in keys}
             for r in results]
     summary = {k: [] for k in keys}
-    for point in grid_points(cfg.grid):
-        at = dict(zip(names, point))
-        k = int(np.ravel_multi_index([at[n] for n in static], static_sizes)) if static else 0
-        c = (int(np.ravel_multi_index([at[n] for n in continuous], cont_sizes))
-             if continuous else 0)
+    for k, c in locate(cfg):
         for key in keys:
             summary[key].append([float(v) for v in flat[k][key][c]])
     return {"algorithm": cfg.algorithm,
@@ -807,6 +846,7 @@ def _rebuild(out: str, plots: Optional[bool], echo: bool) -> tuple[dict, dict]:
         fig = plot_heatmap(record, selection)
         report.save_figure(fig, os.path.join(out, HEATMAP + ".tmp.png"))
         os.replace(os.path.join(out, HEATMAP + ".tmp.png"), os.path.join(out, HEATMAP))
+    write_page(out, text)
     if echo:
         print(title(record))
         print()
@@ -814,6 +854,26 @@ def _rebuild(out: str, plots: Optional[bool], echo: bool) -> tuple[dict, dict]:
         print()
         print("\n".join(lines))
     return selection, record
+
+
+def write_page(out: str, text: str) -> None:
+    """The sweep's report.html: sweep.md's ``text`` (its first line the title), the
+    heat-map, the command (summary.json's when the folder has one, else this one's) and
+    config.json."""
+    def read(name):
+        try:
+            with open(os.path.join(out, name)) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+    title, _, body = text.partition("\n\n")
+    previous = read(SUMMARY) or {}
+    report._replace_with(os.path.join(out, "report.html"), html.page(
+        title, body, figures=[(os.path.join(out, HEATMAP), "the chosen metric over the "
+                                                           "grid, mean over seeds")],
+        command=previous.get("command") or command_line(),
+        reproduce=f"fedjax-fair sweep --config {os.path.join(out, 'config.json')} -o NEW_DIR",
+        config=read("config.json")))
 
 
 # ------------------------------------------------------------------ heat-map
