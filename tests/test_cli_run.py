@@ -506,3 +506,31 @@ def test_full_disk_while_the_run_streams_its_metrics_is_one_line(tmp_path, capsy
                      "-o", str(out)])
     assert code == cli.EXIT_WRITE
     _one_line_error(capsys.readouterr().err, "output_dir")
+
+
+def test_a_signal_inside_a_gc_callback_is_delivered_again_not_lost():
+    """JAX registers a garbage-collector callback, and an exception raised inside one
+    is swallowed ("Exception ignored"): the command's handler sees that and sends the
+    signal again, so that a SIGTERM during the outputs' writing still stops it."""
+    import gc
+    import signal
+    import sys
+    import time
+    seen = []
+
+    def callback(phase, info):
+        if phase == "start":
+            seen.append(cli._in_gc_callback(sys._getframe()))
+            if len(seen) == 1:
+                signal.raise_signal(signal.SIGTERM)  # lands inside this callback
+
+    restore = cli._interrupt_on_sigterm()
+    gc.callbacks.append(callback)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gc.collect()  # the exception from inside the callback is lost ...
+            time.sleep(2)  # ... and the signal comes again 50 ms later
+    finally:
+        gc.callbacks.remove(callback)
+        restore()
+    assert seen[0] and not cli._in_gc_callback(sys._getframe())

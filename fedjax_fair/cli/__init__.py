@@ -1,4 +1,4 @@
-"""The ``fedjax-fair`` command line: ``run``, ``compare``, ``sweep`` and ``list``.
+"""The ``fedjax-fair`` command line: ``run``, ``compare``, ``sweep``, ``report`` and ``list``.
 
     fedjax-fair compare                       # every algorithm on Synthetic(1, 1), a few minutes
     fedjax-fair run --algorithm fedprox --hp mu=0.01 --dataset digits --num-clients 20 \\
@@ -8,9 +8,11 @@
     fedjax-fair run -o runs/prox --resume --branch --client-lr 0.01  # continue, changed (recorded)
     fedjax-fair sweep --algorithm qffl --grid q=0,0.5,1,2,5 --grid client_lr=0.01,0.03,0.1 \\
         --seeds 0-4                           # 15 grid points x 5 seeds, one program
+    fedjax-fair report runs/compare_synthetic # tables, figures, report.html again
     fedjax-fair list                          # algorithms (+ hyper-parameters), datasets, ...
 
-One module per command (``run``, ``compare``, ``sweep``, ``listing``), what they share in
+One module per command (``run``, ``compare``, ``sweep``, ``rebuild`` for ``report``,
+``listing``), the trackers in ``tracked``, the HTML page in ``html``, what they share in
 ``common``, the argument parser in ``parser``, the configuration dataclasses and their
 validation in ``config``, the output files and plots in ``report``, folder ownership in
 ``lock``; ``main`` (here) turns every failure into one line and an exit status.
@@ -32,7 +34,11 @@ algorithm and seed with that run's metrics. ``sweep`` writes ``config.json``,
 seeds), ``heatmap.png``, ``runs.json`` (every run's summaries, what
 ``cli.sweep.rebuild`` rewrites the tables from), ``parts/`` (each finished call's
 per-client metrics) and ``summary.json`` (the setting selected by validation
-accuracy, timings).
+accuracy, timings). Each of the three writes ``report.html`` too (its tables, figures,
+command and configuration in one self-contained page); ``--tracker`` adds
+``tensorboard/``, ``wandb/``, ``mlruns/`` and ``tracking/``. ``report DIR`` writes a
+finished folder's tables, figures and page again from its files, computing nothing.
+A comparison's table and figures are grouped by family (``algorithms.FAMILIES``).
 
 All three also write ``fingerprint.json`` (the configuration's fingerprint; ``run`` also puts
 it in the checkpoint directory and ``config.json``: ``--resume`` refuses an edited
@@ -97,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             parser.print_help(sys.stderr)
-            raise C.ConfigError("command", "choose one of run, compare, sweep, list")
+            raise C.ConfigError("command", "choose one of run, compare, sweep, report, list")
         if getattr(args, "distributed", False):  # before anything touches a device
             _initialize_distributed()
         return args.func(args)
@@ -124,17 +130,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del _STAGE[:], _STAGE_DIR[:]
 
 
+def _in_gc_callback(frame) -> bool:
+    """Whether ``frame`` runs inside a garbage-collector callback (JAX registers one):
+    an exception raised there is printed as "Exception ignored" and lost."""
+    import gc
+    codes = {getattr(c, "__code__", None) for c in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _interrupt_on_sigterm():
     """SIGTERM raises KeyboardInterrupt, as SIGINT does, while the command runs (the
     runner's ``stop_on_signals`` turns both into a stop request while rounds run), so
-    that it ends with one line instead of dying silently. Returns the restorer."""
+    that it ends with one line instead of dying silently. A signal that lands inside a
+    garbage-collector callback, where the exception would be swallowed and the command
+    would go on as if never interrupted, is delivered again 50 ms later. Returns the
+    restorer."""
+    import os
     import signal
     import threading
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum, frame):
+        if _in_gc_callback(frame):
+            threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+            return
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: [signal.signal(sig, old) for sig, old in previous.items()]

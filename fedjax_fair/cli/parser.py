@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "  fedjax-fair sweep --algorithm qffl --grid q=0,1,5 "
                             "--grid client_lr=0.01,0.1 --seeds 0-2\n"
                             "  fedjax-fair list algorithms")
-    sub = parser.add_subparsers(dest="command", metavar="{run,compare,sweep,list}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,compare,sweep,report,list}")
 
     p = sub.add_parser("run", help="one simulation; writes metrics, plots and a checkpoint",
                        description="Run one federated simulation and write metrics.jsonl, "
