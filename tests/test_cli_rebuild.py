@@ -13,7 +13,7 @@ import pytest
 from fedjax_fair import cli
 from helpers import CLI_TINY as TINY, png_ok
 
-METHODS = "fedavg,qffl,afl,fedprox,ditto"
+METHODS = "fedavg,qffl,afl,ditto"
 OUTPUTS = ("comparison.md", "comparison.csv", "report.html", "accuracy.png",
            "client_accuracy_hist.png", "client_accuracy_ecdf.png", "lorenz.png",
            "improved_clients.png")
@@ -54,8 +54,8 @@ def test_report_rewrites_every_table_and_figure_byte_for_byte(comparison, tmp_pa
 def test_report_groups_methods_by_family(comparison):
     md = (comparison / "comparison.md").read_text()
     headings = re.findall(r"^### (.+)$", md, flags=re.M)
-    assert headings == ["fair aggregation", "primal-dual and drift correction", "personalised"]
-    assert md.count("| fedavg (reference)") == 3
+    assert headings == ["fair aggregation", "personalised"]
+    assert md.count("| fedavg (reference)") == 2
 
 
 def test_report_refuses_a_folder_that_no_command_wrote(tmp_path, capsys):
@@ -95,7 +95,7 @@ def test_report_html_renders_tables_and_figures_in_a_headless_browser(comparison
                     probe.as_uri()).stdout
     images, rows = map(int, re.search(r"<title>(\d+) images (\d+) rows</title>", dom).groups())
     assert images == page.count("<img") >= 5
-    assert rows == 3 * 2 + 2 + 1 + 1  # three families: header and FedAvg, then members
+    assert rows == 2 * 2 + 2 + 1  # two families: header and FedAvg, then members
     shot = tmp_path / "shot.png"
     _chromium(browser, tmp_path / "p2", "--window-size=1400,3000", f"--screenshot={shot}",
               (comparison / "report.html").as_uri())

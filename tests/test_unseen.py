@@ -144,7 +144,9 @@ def _algorithm(name, model):
     return build(name, model)
 
 
-@pytest.mark.parametrize("name", PERSONALISED)
+@pytest.mark.parametrize("name", [n if n in ("ditto", "fedrep", "fedavg_ft", "superfed")
+                                  else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in PERSONALISED])  # the other four: -m slow
 def test_adaptation_changes_the_personal_model_and_lowers_the_train_loss(model, name):
     data = _federation()
     seen, unseen, ids = U.split_clients(data, 0.3, seed=2)
