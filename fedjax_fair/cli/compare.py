@@ -506,7 +506,9 @@ def _comparison_figures(out, cfg_dict, runs: Finished, label, families, finished
             os.remove(os.path.join(out, "accuracy_time.png"))
     all_seeds = " (all seeds)" if len(seeds) > 1 else ""
     final = {label[a]: np.concatenate(v) for a, v in runs.accuracies.items() if v}
-    save(report.plot_family_boxplots(final, groups, refs, context=ctx,
+    whole = [(t, [label[n] for n in names])  # boxes: one group per family, uncut
+             for t, names in report.family_groups(families, FAMILIES)]
+    save(report.plot_family_boxplots(final, whole, refs, context=ctx,
                                      title="Final per-client test accuracy" + all_seeds),
          "client_accuracy_hist.png")
     save(report.plot_by_family(report.plot_compare_ecdf, final, groups, refs, context=ctx,

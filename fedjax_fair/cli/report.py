@@ -847,9 +847,9 @@ def plot_family_boxplots(accuracies: Mapping[str, np.ndarray],
             order += names
     fig = plot_compare_boxplots({n: accuracies[n] for n in order}, title=title, context=context)
     ax = fig.axes[0]
-    for start, group in marks:
+    for start, group in marks:  # a rule above each group, its title beside the axes
         y = len(order) - start + 0.5
         ax.axhline(y, color="grey", linewidth=0.8)
-        ax.text(1.0, y - 0.05, group, transform=ax.get_yaxis_transform(), ha="right",
-                va="top", fontsize="small", color="dimgrey")
+        ax.text(1.01, y - 0.1, group, transform=ax.get_yaxis_transform(), ha="left",
+                va="top", fontsize="small", color="dimgrey", clip_on=False)
     return fig
