@@ -1,14 +1,18 @@
-"""Server-step cost: the fair rules alone (issue 4) and every registered method (issue 14).
+"""Server-step cost: the fair rules alone (issue 4), every registered method (issue 14)
+and the robust aggregators (core/robust.py).
 
-Run:   python benchmarks/server_step.py                   (both tables, K = 10, 100, 1000)
-       python benchmarks/server_step.py --quick           (both tables, K = 10, 100; the
-                                                           methods' rounds only, 3 trials)
+Run:   python benchmarks/server_step.py                   (the three tables, K = 10, 100,
+                                                           1000)
+       python benchmarks/server_step.py --quick           (the three tables, K = 10, 100;
+                                                           the methods' rounds only, 3 trials)
        python benchmarks/server_step.py --table rules     (issue 4's table only; d = 100k,
                                                            --quick: d = 10k; --params d)
        python benchmarks/server_step.py --methods fedavg,scaffold,dqn_fed [--quick]
                                                           (issue 14's table, chosen methods)
+       python benchmarks/server_step.py --table robust    (the robust aggregators beside
+                                                           weighted_mean; d as the rules)
 
-``--clients`` (a comma list of K) applies to both tables; ``--split`` / ``--no-split``
+``--clients`` (a comma list of K) applies to every table; ``--split`` / ``--no-split``
 turns the clients / server columns on or off (default: on, off with ``--quick``).
 
 **Rules table (issue 4).** One server step = the mixing rule's ``update`` (weights
@@ -18,6 +22,17 @@ so AAggFF-S's ONS matrix is K x K). Timed side by side in one process: the faste
 ``--reps`` calls after a warm-up. Memory: XLA's own accounting of the compiled step
 (``memory_analysis``: temporaries, and the persistent state such as the ONS matrix).
 Local training is not included; it dominates a round for any real model.
+
+**Robust table (core/robust.py).** The rules table's server step (``by_num_examples``
+weights + the aggregator, jitted, the same K x d stacked deltas, fastest of ``--reps``)
+for each robust aggregator, and weighted_mean's step timed at the same K just before
+it: "x mean" is their ratio. The coordinate-wise rules sort the K values of every
+coordinate (O(K d log K)), Krum forms the K x K Gram matrix (O(K^2 d), HIGHEST matmul
+precision), the geometric median makes 2 passes over the K x d deltas per Weiszfeld
+step, norm bounding one pass more than the mean. A cell is skipped when its ``--reps``
++ 1 steps, predicted quadratically in K from the previous K, exceed ``--max-seconds``
+(XLA's CPU sort takes ~200 ns per element: the coordinate-wise rules at K = 1000,
+d = 100k would take 15-20 s a step there).
 
 **Methods table (issue 14).** Every entry of ``fedjax_fair.algorithms.REGISTRY`` (or
 ``--methods``) with its registry defaults, on one fixed model: the MLP 64-512-128-10
@@ -170,6 +185,73 @@ def rules_table(ks, d: int, reps: int):
             sec = timeit(lambda: compiled(state, out), reps)
             print(f"| {name} | {k} | {1e3 * sec:.3f} | {tree_bytes(state) / 2 ** 20:.2f} | "
                   f"{temp:.1f} | {compile_s:.1f} |", flush=True)
+
+
+# -------------------------------------------------------------- robust aggregators
+
+
+def robust_aggregators():
+    from fedjax_fair.core import robust
+    return {
+        "coordinate_median": robust.coordinate_median,
+        "coordinate_median (weighted)": lambda: robust.coordinate_median(weighted=True),
+        "trimmed_mean (0.1)": lambda: robust.trimmed_mean(0.1),
+        "krum (f = 1)": lambda: robust.krum(1),
+        "multi_krum (f = 1, multi = K/2)": None,  # built per K
+        "geometric_median (8 steps)": lambda: robust.geometric_median(8),
+        "norm_bounded (1.0, mean)": lambda: robust.norm_bounded(1.0),
+    }
+
+
+def compiled_step(agg, k: int, d: int):
+    """(compiled server step, its arguments, compile s, temp MiB) for ``agg`` at K."""
+    mix = mixing.by_num_examples()
+    params = {"w": jnp.zeros((d,))}
+    ids, mask = jnp.arange(k, dtype=jnp.int32), jnp.ones((k,), bool)
+    ctx = ServerContext(params, jnp.zeros((), jnp.int32), jax.random.key(0), ids, mask)
+
+    def step(state, out):
+        w, _ = mix.update((), out, ctx)
+        direction, _, info = agg.aggregate(state, out, w, ctx)
+        return direction, info
+
+    state = agg.init(params, k)
+    t = time.perf_counter()
+    compiled = jax.jit(step).lower(state, outputs(k, d)).compile()
+    compile_s = time.perf_counter() - t
+    mem = compiled.memory_analysis()
+    return compiled, state, compile_s, (mem.temp_size_in_bytes if mem is not None else 0) / MiB
+
+
+def robust_table(ks, d: int, reps: int, max_seconds: float):
+    """Prints the robust aggregators' server steps beside weighted_mean's."""
+    from fedjax_fair.core import robust
+    print(f"# {platform.processor() or platform.machine()} | {os.cpu_count()} cores | jax "
+          f"{jax.__version__} | {jax.devices()[0]} | d = {d:,} parameters | full "
+          f"participation (K = N) | by_num_examples weights | load {loadavg()}")
+    print("| aggregator | K | ms / step | x mean | temp MiB | compile s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    previous = {}
+    for k in ks:
+        out = outputs(k, d)
+        builds = robust_aggregators()
+        builds["multi_krum (f = 1, multi = K/2)"] = lambda: robust.krum(1, multi=max(1, k // 2))
+        for name, build in builds.items():
+            prev = previous.get(name)
+            predicted = None if prev is None else prev[1] * (k / prev[0]) ** 2
+            if predicted is not None and (reps + 1) * predicted > max_seconds:
+                print(f"| {name} | {k} | skipped: {reps + 1} steps predicted "
+                      f"{(reps + 1) * predicted:.0f} s (quadratic from K = {prev[0]}) "
+                      f"> {max_seconds:g} s | | | |", flush=True)
+                continue
+            mean, mean_state, _, _ = compiled_step(aggregators.weighted_mean(), k, d)
+            step, state, compile_s, temp = compiled_step(build(), k, d)
+            ref = timeit(lambda: mean(mean_state, out), reps)
+            sec = timeit(lambda: step(state, out), reps)
+            previous[name] = (k, sec)
+            print(f"| {name} | {k} | {1e3 * sec:.3f} | {sec / ref:.1f} | {temp:.1f} | "
+                  f"{compile_s:.1f} |", flush=True)
+        print(f"| weighted_mean (reference) | {k} | {1e3 * ref:.3f} | 1.0 | | |", flush=True)
 
 
 # -------------------------------------------------------------- methods (issue 14)
@@ -446,13 +528,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="K = 10, 100 (rules: d = 10k; methods: 3 trials, no split)")
-    ap.add_argument("--table", choices=("all", "rules", "methods"), default=None,
+    ap.add_argument("--table", choices=("all", "rules", "methods", "robust"), default=None,
                     help="default: all, or methods when --methods is given")
     ap.add_argument("--methods", default=None,
                     help="comma list of registered methods (default: all of REGISTRY)")
     ap.add_argument("--clients", default=None, help="comma list of K")
-    ap.add_argument("--params", type=int, default=None, help="rules table: d")
-    ap.add_argument("--reps", type=int, default=5, help="rules table: timed calls")
+    ap.add_argument("--params", type=int, default=None, help="rules and robust tables: d")
+    ap.add_argument("--reps", type=int, default=5, help="rules and robust tables: timed calls")
     ap.add_argument("--trials", type=int, default=None,
                     help="methods table: least trials (default 5, --quick 3)")
     ap.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
@@ -462,7 +544,9 @@ def main():
                     help="methods table: cheap cells run more trials (up to "
                          f"{MAX_TRIALS}) within this many seconds (default 5, --quick 1)")
     ap.add_argument("--max-seconds", type=float, default=120.0,
-                    help="methods table: timing seconds per method and K")
+                    help="methods table: timing seconds per method and K; robust table: "
+                         "skip an aggregator whose reps + 1 steps are predicted (quadratically "
+                         "in K from the previous K) to take longer")
     ap.add_argument("--max-gib", type=float, default=8.0,
                     help="methods table: skip a round whose XLA memory exceeds this")
     args = ap.parse_args()
@@ -473,6 +557,11 @@ def main():
     if table in ("all", "rules"):
         rules_table(ks, args.params or (10_000 if args.quick else 100_000), args.reps)
         print(f"\n# rules table: {time.perf_counter() - t0:.0f} s\n", flush=True)
+    if table in ("all", "robust"):
+        t1 = time.perf_counter()
+        robust_table(ks, args.params or (10_000 if args.quick else 100_000), args.reps,
+                     args.max_seconds)
+        print(f"\n# robust table: {time.perf_counter() - t1:.0f} s\n", flush=True)
     if table in ("all", "methods"):
         from fedjax_fair.algorithms import REGISTRY
         names = args.methods.split(",") if args.methods else list(REGISTRY)
