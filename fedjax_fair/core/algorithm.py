@@ -71,6 +71,60 @@ from fedjax_fair.core.types import Broadcast, ClientUpdate, Cohort, ServerContex
 from fedjax_fair import hparams as H
 
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
+TRANSFORM_KEY_ID = 2 ** 31 - 2  # the round transforms' (attacks.ATTACK_KEY_ID)
+
+
+class RoundTransform(NamedTuple):
+    """A change to every round of the algorithms ``compose`` builds while it is active
+    (``transformed``), so that one line puts any method built over ``compose`` under
+    attack, under a robust aggregator or under differential privacy:
+
+    aggregator: ``Aggregator -> Aggregator``, replacing or wrapping the method's own
+      (``robust.trimmed_mean``, ``privacy.private_aggregator``).
+    data: ``(data, client_ids, mask, key) -> data``, the cohort's data before local
+      training (label flipping).
+    outputs: ``(outputs, client_ids, mask, key) -> (outputs, info)``, the stacked
+      client outputs after local training, before the mixing rule and the aggregator
+      see them (poisoned updates); ``info``'s entries join the round's metrics.
+
+    Each gets its own key, ``fold_in(fold_in(round_key, TRANSFORM_KEY_ID), i)``."""
+
+    aggregator: Optional[Callable] = None
+    data: Optional[Callable] = None
+    outputs: Optional[Callable] = None
+
+
+_ACTIVE: list = []  # the transforms of the enclosing ``transformed`` blocks
+
+
+class transformed:
+    """``with transformed(*transforms) as t: algorithm = build(...)``: every
+    ``compose`` call inside applies ``transforms`` (after any of an enclosing block) to
+    the rounds it builds; ``t.composed`` counts those calls, 0 for a method whose
+    rounds are not built by ``compose`` (which the transforms cannot reach). The
+    algorithm keeps them after the block: it is built, not run, inside."""
+
+    def __init__(self, *transforms: RoundTransform):
+        for t in transforms:
+            if not isinstance(t, RoundTransform):
+                raise H.FieldTypeError("transforms", f"must be RoundTransforms, got "
+                                                     f"{describe_object(t)}")
+        self.transforms = transforms
+        self.composed = 0
+
+    def __enter__(self):
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _ACTIVE.remove(self)
+        return False
+
+
+def _active_transforms() -> tuple:
+    for block in _ACTIVE:
+        block.composed += 1
+    return tuple(t for block in _ACTIVE for t in block.transforms)
 
 
 class ServerState(NamedTuple):
@@ -179,6 +233,12 @@ def compose(client_update: ClientUpdate, *,
                                                 f"{describe_object(round_metrics)}")
     mixing = mixing or by_num_examples()
     aggregator = aggregator or weighted_mean()
+    transforms = _active_transforms()
+    for t in transforms:
+        if t.aggregator is not None:
+            aggregator = t.aggregator(aggregator)
+    data_hooks = [(i, t.data) for i, t in enumerate(transforms) if t.data is not None]
+    output_hooks = [(i, t.outputs) for i, t in enumerate(transforms) if t.outputs is not None]
     server_optimizer = server_optimizer or optax.sgd(1.0)
     table = tables.get_table(client_table)
     stateful = client_state_init is not None
@@ -198,7 +258,8 @@ def compose(client_update: ClientUpdate, *,
                            client_states=cs, round=jnp.zeros((), jnp.int32))
 
     streamed = (getattr(mixing, "logit", None) is not None
-                and getattr(aggregator, "stream", None) is not None and drift is None)
+                and getattr(aggregator, "stream", None) is not None and drift is None
+                and not output_hooks)  # the hooks see the stacked outputs
 
     def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
         k = cohort.client_ids.shape[0]
@@ -209,7 +270,13 @@ def compose(client_update: ClientUpdate, *,
         ctx = ServerContext(params=state.params, round=state.round,
                             key=jax.random.fold_in(key, SERVER_KEY_ID),
                             client_ids=cohort.client_ids, client_mask=cohort.client_mask)
-        per_client = (cs, cohort.data, cohort.local_steps, keys)
+        transform_key = jax.random.fold_in(key, TRANSFORM_KEY_ID)
+        data = cohort.data
+        for i, hook in data_hooks:
+            data = hook(data, cohort.client_ids, cohort.client_mask,
+                        jax.random.fold_in(transform_key, i))
+        per_client = (cs, data, cohort.local_steps, keys)
+        transform_info = {}
         if streamed:
             (outputs, new_cs, logits, stats), (_, _, sums) = map_clients(
                 streamed_client, execution, k, reduce=STREAM_SUM)(
@@ -221,6 +288,10 @@ def compose(client_update: ClientUpdate, *,
         else:
             run_clients = map_clients(lambda b, xs: client_update(b, *xs), execution, k)
             outputs, new_cs = run_clients(payload, per_client, sizes=cohort.data.num_examples)
+            for i, hook in output_hooks:
+                outputs, info = hook(outputs, cohort.client_ids, cohort.client_mask,
+                                     jax.random.fold_in(transform_key, i))
+                transform_info.update(info)
             with on_mesh(as_execution(execution).mesh):  # the server's solvers run replicated
                 weights, mixing_state = mixing.update(state.mixing_state, outputs, ctx)
                 direction, agg_state, info = aggregator.aggregate(state.aggregator_state,
@@ -245,6 +316,7 @@ def compose(client_update: ClientUpdate, *,
             "train_loss": cohort_train_loss(outputs.loss_before, outputs.num_examples, mask),
             "update_norm": optax.tree.norm(direction),
             **{f"server/{name}": value for name, value in info.items()},
+            **transform_info,
         }
         if round_metrics is not None:
             own = round_metrics(outputs, weights, ctx)

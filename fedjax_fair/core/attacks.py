@@ -332,3 +332,29 @@ def split_summary(per_client: dict, is_malicious, split: str = "test") -> dict:
 
     return {"benign": summary(subset(~flags), split),
             "malicious": summary(subset(flags), split)}
+
+
+# ------------------------------------------------------------------------ the round
+
+
+def attack_transform(attack: Attack, is_malicious):
+    """The ``RoundTransform`` that puts the clients flagged in ``is_malicious`` [N]
+    under ``attack`` in every round of a method built over ``compose``: label flipping
+    on their data before local training (``poison_data``), the update attacks on their
+    uploads after it (``poison_outputs``, keyed per round and client), and the round
+    log's ``attack/malicious`` [K] (the cohort's attackers). ``with
+    algorithm.transformed(attack_transform(a, flags)): alg = build("qffl", model)``."""
+    from fedjax_fair.core.algorithm import RoundTransform
+    check_attack(attack)
+    flags = jnp.asarray(is_malicious, bool)
+
+    def data(d, client_ids, mask, key):
+        del mask, key
+        return poison_data(d, client_ids, flags, attack)
+
+    def outputs(o, client_ids, mask, key):
+        o, info = poison_outputs(o, client_ids, mask, flags, attack, key)
+        return o, {f"attack/{k}": v for k, v in info.items()}
+
+    return RoundTransform(data=data if attack.kind == "label_flip" else None,
+                          outputs=outputs)
