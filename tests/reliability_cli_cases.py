@@ -212,3 +212,13 @@ for flags, field, kw in (
 
 # ---- clients never trained on (docs/participation.md)
 _flags("run", ["--unseen-clients", "1.5"], "unseen_clients")
+# privacy and robustness (cli/transforms.py)
+_flags("run", ["--dp-noise", "-1"], "dp_noise")
+_flags("run", ["--dp-noise", "1", "--dp-clip", "0"], "dp_clip")
+_flags("run", ["--dp-noise", "1", "--dp-delta", "1"], "dp_delta")
+_flags("run", ["--dp-epsilon", "0"], "dp_epsilon")
+_flags("run", ["--robust", "trimmed_mean:0.5"], "robust")
+_flags("run", ["--robust", "median", "--dp-noise", "1"], "robust")
+_flags("run", ["--attack", "sign_flip", "--malicious-fraction", "1.5"], "malicious_fraction")
+_flags("run", ["--attack", "sign_flip", "--malicious-ids", "99"], "malicious_ids")
+_flags("run", ["--attack", "bitflip", "--malicious-fraction", "0.2"], "attack")

@@ -57,3 +57,12 @@ def test_list_shows_the_local_training_options_of_every_method_that_trains_local
         assert ("clip_mode: str = 'step'" in lines) == trains_locally, name
         objects = next((l for l in lines if l.startswith("Python API only:")), "")
         assert ("client_optimizer" in objects) == trains_locally, name
+
+
+def test_list_shows_the_privacy_and_robustness_options(capsys):
+    from fedjax_fair.cli import transforms
+    from fedjax_fair.core import robust
+    assert cli.main(["list", "robustness"]) == 0
+    out = capsys.readouterr().out
+    for name in (*transforms.ATTACKS, *robust.ROBUST, "--dp-noise", "--dp-epsilon"):
+        assert name in out

@@ -142,24 +142,28 @@ def _in_gc_callback(frame) -> bool:
     return False
 
 
+def _interrupt(signum, frame):
+    """The command's SIGINT / SIGTERM handler: ``KeyboardInterrupt``, or, inside a
+    garbage-collector callback (where it would be swallowed), the same signal again
+    50 ms later."""
+    import os
+    import threading
+    if _in_gc_callback(frame):
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        return
+    raise KeyboardInterrupt
+
+
 def _interrupt_on_sigterm():
     """SIGTERM raises KeyboardInterrupt, as SIGINT does, while the command runs (the
     runner's ``stop_on_signals`` turns both into a stop request while rounds run), so
     that it ends with one line instead of dying silently. A signal that lands inside a
     garbage-collector callback, where the exception would be swallowed and the command
-    would go on as if never interrupted, is delivered again 50 ms later. Returns the
-    restorer."""
-    import os
+    would go on as if never interrupted, is delivered again 50 ms later (``_interrupt``).
+    Returns the restorer."""
     import signal
     import threading
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-
-    def handler(signum, frame):
-        if _in_gc_callback(frame):
-            threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
-            return
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     return lambda: [signal.signal(sig, old) for sig, old in previous.items()]

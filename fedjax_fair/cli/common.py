@@ -22,7 +22,7 @@ from fedjax_fair.algorithms.families import generative as synthetic
 from fedjax_fair.cli import config as C, lock, report
 from fedjax_fair.core import memory, sampling
 from fedjax_fair.core.client import FIELDS
-from fedjax_fair.core.algorithm import with_improvement
+from fedjax_fair.core.algorithm import transformed, with_improvement
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
 from fedjax_fair.core.schedules import parse as parse_schedule
 from fedjax_fair.data import get_dataset
@@ -360,21 +360,57 @@ def build_algorithm(name: str, model, cfg, hparams: dict, ds=None):
         from fedjax_fair.core.schedules import compensated
         kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
                                    client_schedule(1.0))
+    hooks = round_transforms(cfg, ds)
     try:
-        algorithm = build(name, model, **kwargs)
+        with transformed(*hooks):
+            algorithm = build(name, model, **kwargs)
     except (TypeError, ValueError) as e:
         raise C.config_error(e, "hparams") from None
     return with_improvement(algorithm, model) if cfg.improvement else algorithm
 
 
-def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int):
+class _Guards(NamedTuple):
+    accountant: object  # privacy.Accountant, or None without DP
+    malicious: Optional[np.ndarray]  # bool [N], or None without an attack
+
+
+def _guarded(cfg_dict: dict, num_clients: int) -> _Guards:
+    """What a run's outputs need of its privacy and attack options (cli/transforms.py),
+    from its recorded configuration."""
+    import types
+    from fedjax_fair.cli import transforms
+    cfg = types.SimpleNamespace(**{**dict.fromkeys(("attack", "dp_noise", "dp_epsilon")),
+                                   **cfg_dict})
+    return _Guards(transforms.accountant_of(cfg, num_clients),
+                   transforms.malicious_flags(cfg, num_clients))
+
+
+def transforms_annotate(history: list, accountant) -> None:
+    from fedjax_fair.cli import transforms
+    transforms.annotate(history, accountant)
+
+
+def round_transforms(cfg, ds) -> list:
+    """The round transforms of ``--attack``, ``--robust`` and ``--dp-*`` (cli/transforms.py)
+    for dataset ``ds``; [] without them."""
+    from fedjax_fair.cli import transforms
+    if not any(getattr(cfg, f, None) is not None for f in ("attack", "robust", "dp_noise",
+                                                            "dp_epsilon")):
+        return []
+    if ds is None:
+        raise C.ConfigError("attack", "the privacy and robustness options need the dataset")
+    return transforms.transforms_of(cfg, ds.num_clients, ds.num_classes)
+
+
+def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int, ds=None):
     """``alg`` of a ``compare`` for one seed: a factory with a ``seed`` argument (the
     method's own initial state: FedEvg's synthetic set, FedCVAE's generator; ``run``
     sets it from ``--seed``) gets the run's seed in its ``init``. The round programs
     stay shared across seeds (the runner keys them without ``init``)."""
     if not C.accepts(name, "seed"):
         return alg
-    return alg._replace(init=build_algorithm(name, model, cfg, {**hparams, "seed": seed}).init)
+    return alg._replace(init=build_algorithm(name, model, cfg, {**hparams, "seed": seed},
+                                             ds).init)
 
 
 def execution_of(cfg, ds, model):
@@ -501,6 +537,8 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         os.remove(os.path.join(out, "summary.json"))
     except FileNotFoundError:
         pass
+    guarded = _guarded(cfg_dict, ds.num_clients)
+    transforms_annotate(result.history, guarded.accountant)  # dp_epsilon at every evaluation
     report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
     held = getattr(ds, "unseen", None)
     seen_names = ds.info.get("users")
@@ -533,6 +571,14 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         "command": command_line(),
         **extra,
     }
+    if guarded.malicious is not None:  # the fairness summary is the benign clients'
+        from fedjax_fair.core import attacks
+        split = attacks.split_summary(result.client_metrics, guarded.malicious)
+        summary["final"] = {**summary["final"], **split["benign"],
+                            "over": "benign clients (the malicious ones: summary.json's "
+                                    "malicious)"}
+        summary["malicious"] = {"client_ids": np.flatnonzero(guarded.malicious).tolist(),
+                                "attack": cfg_dict.get("attack"), "final": split["malicious"]}
     if plots:
         acc = np.asarray(result.client_metrics["accuracy"])[_has_test(result.client_metrics)]
         write_run_figures(out, summary, result.history, acc, imp)

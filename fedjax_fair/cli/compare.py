@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
-from fedjax_fair.cli import config as C, html, lock, report, tracked
+from fedjax_fair.cli import config as C, html, lock, report, tracked, transforms
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_recorded, _err, _has_test, _is_primary,
                                     _method_report, _ordered_config, _other_process, _own,
@@ -111,6 +111,14 @@ def cmd_compare(args) -> int:
             print(f"left out {a}: {e}")  # e.g. LG-FedAvg on a one-layer model
     cfg.algorithms = cfg_dict["algorithms"] = list(algs)
     print(_training_line(cfg))
+    guards = transforms.describe(cfg, "fedavg", ds.num_clients)
+    if guards:
+        print(f"rounds: {guards}")
+        uncovered = [a for a in algs if base_name(a) not in transforms.DP_COVERED]
+        if transforms.dp_of(cfg, ds.num_clients) is not None and uncovered:
+            print(f"dp: the servers of {', '.join(uncovered)} also read client losses or "
+                  f"state that DP-FedAvg does not privatise: their epsilon covers the "
+                  f"updates only (docs/privacy.md)")
     for alg in algs.values():
         _check_capacity(alg, ds.num_clients, cfg)
 
@@ -156,7 +164,7 @@ def cmd_compare(args) -> int:
                         if stop_requested():
                             raise Interrupted(0)
                         bar.set_postfix(algorithm=name, seed=seed)
-                        _compare_one(name, _seeded(name, alg, model, cfg, hparams[name], seed),
+                        _compare_one(name, _seeded(name, alg, model, cfg, hparams[name], seed, ds),
                                      seed, os.path.join(out, name, f"seed{seed}"), cfg,
                                      cfg_dict, hparams[name], model, ds, NonFiniteError,
                                      log=log_first, resume=started[seed] > 0)
@@ -332,7 +340,7 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
         sampler=sampling.get(cfg.sampler, ds.host_data.train.num_examples),
         execution=execution_of(cfg, ds, model),
         step_budgets=parse_budgets(cfg.step_budgets, cfg.batch_size),
-        inits=[_seeded(name, alg, model, cfg, hparams, s).init for s in seeds], log=log,
+        inits=[_seeded(name, alg, model, cfg, hparams, s, ds).init for s in seeds], log=log,
         checkpoint_dirs=[os.path.join(d, "checkpoint") for d in run_dirs], resume=resume,
         commit_seconds=cfg.commit_seconds, progress=cfg.progress,
         description=f"{name} seeds {','.join(map(str, seeds))}", system=system_of(cfg, ds))
@@ -421,7 +429,9 @@ def _write_comparison(out, cfg_dict, seconds, print_table=True, command=None) ->
     runs = load_runs(out, algorithms, seeds)
     families = families_of(algorithms)
     done = {a: s for a, s in runs.summaries.items() if s}
-    columns = report.table_columns(unseen=bool(cfg_dict.get("unseen_clients")))
+    columns = report.table_columns(unseen=bool(cfg_dict.get("unseen_clients")),
+                                   dp=cfg_dict.get("dp_noise") is not None
+                                   or cfg_dict.get("dp_epsilon") is not None)
     rows = {a: report.aggregate_runs(s, columns) for a, s in done.items()}
     tables = report.family_tables(rows, len(seeds), families, FAMILIES, runs.notes, columns)
     table = report.family_markdown(tables)

@@ -167,6 +167,30 @@ class _Common:
                            "training loss did not rise (improved_fraction; one more forward "
                            "pass over the cohort a round, two for personalised methods)",
                            flag=False)
+    robust: Optional[str] = _f(None, "str?", "a robust aggregator in place of the method's "
+                               "(docs/robustness.md): median, weighted_median, "
+                               "trimmed_mean[:TRIM], krum[:F], multi_krum[:F[:M]], "
+                               "geometric_median[:ITERS], norm_bound:MAX_NORM (wraps it)")
+    attack: Optional[str] = _f(None, "str?", "malicious clients' attack: label_flip, "
+                               "sign_flip[:SCALE], gaussian[:STD], scaled_replacement[:SCALE] "
+                               "(with --malicious-fraction or --malicious-ids)")
+    malicious_fraction: float = _f(0.0, "float", "fraction of the clients under --attack, "
+                                   "in [0, 1] (floor(F N) clients, drawn with "
+                                   "--malicious-seed)")
+    malicious_ids: list = _f([], "list[int]", "comma-separated clients under --attack")
+    malicious_seed: int = _f(0, "int", "the seed that draws the malicious clients (the same "
+                             "for every method and seed of a comparison)")
+    dp_noise: Optional[float] = _f(None, "float?", "client-level DP (DP-FedAvg): the noise "
+                                   "multiplier z; noise std z 2 C b on the weighted sum "
+                                   "(docs/privacy.md)")
+    dp_epsilon: Optional[float] = _f(None, "float?", "client-level DP: the epsilon to spend "
+                                     "over --num-rounds (sets the noise multiplier)")
+    dp_clip: float = _f(1.0, "float", "client-level DP: the L2 clip C of each update")
+    dp_delta: float = _f(1e-5, "float", "client-level DP: the delta epsilon is reported at")
+    dp_max_weight: Optional[float] = _f(None, "float?", "client-level DP: the largest mixing "
+                                        "weight b a client may get (default 1 / cohort: "
+                                        "uniform); larger lets fair rules reweight at more "
+                                        "noise")
     tracker: list = _f([], "list[str]", "comma-separated experiment trackers to log to, any "
                        "of tensorboard, wandb (offline), mlflow (file store): one tracked run "
                        "per algorithm and seed under OUTPUT_DIR (docs/tracking.md; pip "
@@ -791,6 +815,8 @@ def system_spec(cfg: _Common):
 
 def _validate_common(cfg: _Common) -> None:
     check_trackers(cfg)
+    from fedjax_fair.cli import transforms
+    transforms.check(cfg)
 
     for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
         value = getattr(cfg, name)

@@ -114,6 +114,20 @@ def _list_system() -> list[str]:
              "  --system-seed   seed of drawn speeds and device classes"])
 
 
+def _list_robustness() -> list[str]:
+    """Attacks, robust aggregators and client-level DP (docs/robustness.md,
+    docs/privacy.md)."""
+    return ["privacy and robustness (docs/privacy.md, docs/robustness.md):",
+            "  --attack              label_flip, sign_flip[:SCALE], gaussian[:STD], "
+            "scaled_replacement[:SCALE]",
+            "  --malicious-fraction  F in [0, 1] (floor(F N) clients), or --malicious-ids I,J;"
+            " --malicious-seed S",
+            "  --robust              median, weighted_median, trimmed_mean[:TRIM], krum[:F], "
+            "multi_krum[:F[:M]], geometric_median[:ITERS], norm_bound:MAX_NORM",
+            "  --dp-noise Z | --dp-epsilon E   client-level DP (DP-FedAvg), with --dp-clip C "
+            "(1), --dp-delta D (1e-5), --dp-max-weight B (1 / cohort)"]
+
+
 def _list_metrics() -> list[str]:
     return ["metrics:"] + [f"  {n:<18} {d}" for n, d in METRICS.items()]
 
@@ -122,7 +136,7 @@ LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
                  "partitions": _list_partitions,
                  "models": _list_models, "strategies": _list_strategies,
                  "samplers": _list_samplers, "system": _list_system,
-                 "metrics": _list_metrics}
+                 "robustness": _list_robustness, "metrics": _list_metrics}
 
 
 def cmd_list(args) -> int:

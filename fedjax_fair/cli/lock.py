@@ -181,10 +181,19 @@ def holds_results(path: str) -> bool:
 # ------------------------------------------------------------------------ fingerprint
 
 
+# Fields added after runs were recorded without them, left out of the fingerprint at
+# their default, so that a run recorded before a field existed still resumes.
+LATER_DEFAULTS = {"unseen_clients": 0.0, "robust": None, "attack": None,
+                  "malicious_fraction": 0.0, "malicious_ids": [], "malicious_seed": 0,
+                  "dp_noise": None, "dp_epsilon": None, "dp_clip": 1.0, "dp_delta": 1e-5,
+                  "dp_max_weight": None}
+
+
 def iterate_config(cfg_dict: dict) -> dict:
     """The fields of a saved or new config that change the run's iterates."""
     return {k: C._canonical(v) for k, v in sorted(cfg_dict.items())
-            if k not in NOT_ITERATES}
+            if k not in NOT_ITERATES
+            and not (k in LATER_DEFAULTS and C._canonical(v) == LATER_DEFAULTS[k])}
 
 
 def fingerprint(cfg_dict: dict) -> str:

@@ -39,10 +39,10 @@ UNSEEN_COLUMNS = (
     ("unseen_accuracy_worst_10%", "Unseen worst 10% (%)", "unseen_accuracy_worst_10%_percent",
      100.0),
 )
-DECIMALS = {"accuracy_gini": 4, "ece": 3, "run_seconds": 1, "compile_seconds": 1}
+DECIMALS = {"dp_epsilon": 2, "accuracy_gini": 4, "ece": 3, "run_seconds": 1, "compile_seconds": 1}
 # The better direction of each column, for marking the best value of a family.
 LOWER_IS_BETTER = frozenset({"accuracy_std", "accuracy_gini", "ece", "run_seconds",
-                             "compile_seconds"})
+                             "compile_seconds", "dp_epsilon"})
 REFERENCE = "reference"  # the family of the shared reference (FedAvg): in every group
 MAX_LINES = 7  # methods on one set of axes besides the reference
 TABLE_NOTE = ("Average/Std/Worst/Best: per-client final test accuracy in percent over all "
@@ -191,12 +191,15 @@ def read_client_csv(path: str) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- tables
 
 
-def table_columns(unseen: bool = False) -> tuple:
+DP_COLUMN = ("dp_epsilon", "ε", "dp_epsilon", 1.0)  # the privacy spent (--dp-*)
+
+
+def table_columns(unseen: bool = False, dp: bool = False) -> tuple:
     """The comparison table's columns: ``TABLE_COLUMNS``, with the clients never trained
-    on (``UNSEEN_COLUMNS``) after the seen ones' accuracies when ``unseen``."""
-    if not unseen:
-        return TABLE_COLUMNS
-    return TABLE_COLUMNS[:4] + UNSEEN_COLUMNS + TABLE_COLUMNS[4:]
+    on (``UNSEEN_COLUMNS``) after the seen ones' accuracies when ``unseen``, and the
+    privacy spent (``DP_COLUMN``) after the accuracies with ``dp``."""
+    columns = TABLE_COLUMNS[:4] + (UNSEEN_COLUMNS if unseen else ())
+    return columns + ((DP_COLUMN,) if dp else ()) + TABLE_COLUMNS[4:]
 
 
 def aggregate_runs(summaries: Sequence[Mapping[str, float]],

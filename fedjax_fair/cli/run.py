@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from fedjax_fair.algorithms import REGISTRY, base_name
-from fedjax_fair.cli import config as C, lock, report, tracked
+from fedjax_fair.cli import config as C, lock, report, tracked, transforms
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_checkpoint_owner, _check_recorded, _err,
                                     _is_primary, _method_report, _ordered_config,
@@ -51,6 +51,9 @@ def cmd_run(args) -> int:
     if system is not None:
         print(f"system: {system.describe()}")
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams, ds)
+    guards = transforms.describe(cfg, cfg.algorithm, ds.num_clients)
+    if guards:
+        print(f"rounds: {guards}")
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
         _verify_checkpoint(ckdir, alg, model, ds.num_clients)

@@ -1,0 +1,171 @@
+"""The command line's privacy and robustness options as round transforms
+(``core.algorithm.transformed``): ``--attack`` on ``--malicious-fraction`` /
+``--malicious-ids`` clients (core/attacks.py), ``--robust`` aggregators
+(core/robust.py) and client-level DP, ``--dp-noise`` or ``--dp-epsilon`` with
+``--dp-clip``, ``--dp-delta``, ``--dp-max-weight`` (core/privacy.py,
+docs/privacy.md, docs/robustness.md).
+
+Every option is checked when the config is (``check``), the ones that need the
+federation's size when the data is built (``transforms_of``); any registered method
+takes them, since each is built over ``compose``."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from fedjax_fair.cli import config as C
+from fedjax_fair.hparams import FieldError
+
+ATTACKS = ("label_flip", "sign_flip", "gaussian", "scaled_replacement")
+# Methods whose server step is a weighted mean of the updates with weights from each
+# client's own upload: DP-FedAvg's release covers everything the server reads.
+DP_COVERED = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedsam",
+              "term", "propfair", "fedsoftmax", "fedmax", "fedmax_k", "ditto", "fedavg_ft",
+              "fedcm")
+
+
+def parse_attack(text: str, num_classes: Optional[int] = None):
+    """``label_flip``, ``sign_flip[:SCALE]``, ``gaussian[:STD]``,
+    ``scaled_replacement[:SCALE]`` -> ``attacks.Attack``; ``FieldError("attack")``."""
+    from fedjax_fair.core import attacks
+    kind, _, arg = str(text).partition(":")
+    if kind not in ATTACKS or (arg and kind == "label_flip"):
+        raise FieldError("attack", f"{text!r}: one of label_flip, sign_flip[:SCALE], "
+                                   f"gaussian[:STD], scaled_replacement[:SCALE]")
+    try:
+        value = float(arg) if arg else None
+    except ValueError:
+        raise FieldError("attack", f"{text!r}: {arg!r} is not a number") from None
+    attack = attacks.Attack(kind, scale=value if kind in ("sign_flip", "scaled_replacement")
+                            else None, std=value if kind == "gaussian" else None,
+                            num_classes=num_classes if kind == "label_flip" else None)
+    try:
+        return attacks.check_attack(attack) if kind != "label_flip" or num_classes else attack
+    except FieldError as e:
+        raise FieldError("attack", f"{text!r}: {str(e).split(': ', 1)[-1]}") from None
+
+
+def check(cfg) -> None:
+    """The options' own values, before anything is built (``ConfigError`` naming the
+    field)."""
+    try:
+        if cfg.robust is not None:
+            from fedjax_fair.core import robust
+            robust.parse(cfg.robust)
+        if cfg.attack is not None:
+            parse_attack(cfg.attack)
+            if not cfg.malicious_fraction and not cfg.malicious_ids:
+                raise FieldError("malicious_fraction", "--attack needs malicious clients: "
+                                                       "--malicious-fraction F or "
+                                                       "--malicious-ids I,J")
+        if cfg.malicious_fraction or cfg.malicious_ids:
+            if cfg.attack is None:
+                raise FieldError("attack", "malicious clients need an --attack")
+            if not 0 <= float(cfg.malicious_fraction) <= 1:
+                raise FieldError("malicious_fraction", f"must lie in [0, 1], got "
+                                                       f"{cfg.malicious_fraction}")
+        if cfg.dp_noise is not None or cfg.dp_epsilon is not None:
+            from fedjax_fair.core import privacy
+            if cfg.robust is not None:
+                raise FieldError("robust", "not with --dp-noise / --dp-epsilon: the private "
+                                           "release is DP-FedAvg's clipped weighted mean, "
+                                           "whose sensitivity is bounded; a robust "
+                                           "aggregator's is not here")
+            fields = {"noise_multiplier": "dp_noise", "target_epsilon": "dp_epsilon",
+                      "clip": "dp_clip", "delta": "dp_delta", "max_weight": "dp_max_weight"}
+            try:
+                privacy.check_dp(cfg.dp_noise, cfg.dp_clip, cfg.dp_delta, cfg.dp_epsilon,
+                                 sampling="fixed", max_weight=cfg.dp_max_weight)
+            except FieldError as e:
+                raise FieldError(fields.get(e.field, e.field),
+                                 str(e)[len(e.field) + 2:]) from None
+    except (FieldError, ValueError, TypeError) as e:
+        raise C.config_error(e, "attack") from None
+
+
+def malicious_flags(cfg, num_clients: int) -> Optional[np.ndarray]:
+    """bool [N]: the clients under ``--attack`` (drawn with ``--malicious-seed``), or
+    None without an attack."""
+    if cfg.attack is None:
+        return None
+    from fedjax_fair.core import attacks
+    try:
+        return attacks.malicious_ids(num_clients, fraction=cfg.malicious_fraction or None,
+                                     ids=list(cfg.malicious_ids) or None,
+                                     seed=cfg.malicious_seed)
+    except (FieldError, ValueError) as e:
+        raise C.config_error(e, "malicious_ids") from None
+
+
+def dp_of(cfg, num_clients: int):
+    """The run's ``privacy.ClientDP`` (``--dp-epsilon``: the noise multiplier that spends
+    it over ``--num-rounds`` rounds of fixed-size cohorts), or None without DP."""
+    if cfg.dp_noise is None and cfg.dp_epsilon is None:
+        return None
+    from fedjax_fair.core import privacy
+    noise = cfg.dp_noise
+    if noise is None:
+        noise = privacy.noise_for_epsilon(cfg.dp_epsilon, cfg.cohort_size / num_clients,
+                                          cfg.num_rounds, cfg.dp_delta, sampling="fixed",
+                                          population=num_clients)
+    return privacy.ClientDP(noise_multiplier=float(noise), clip=cfg.dp_clip,
+                            sampling="fixed", max_weight=cfg.dp_max_weight)
+
+
+def accountant_of(cfg, num_clients: int):
+    """The ``privacy.Accountant`` of the run's DP (epsilon at ``--dp-delta`` after r
+    rounds of cohorts of ``--cohort-size`` drawn without replacement from N), or None."""
+    dp = dp_of(cfg, num_clients)
+    if dp is None:
+        return None
+    from fedjax_fair.core import privacy
+    return privacy.Accountant.for_dp(dp, cfg.cohort_size / num_clients, cfg.dp_delta,
+                                     population=num_clients)
+
+
+def transforms_of(cfg, num_clients: int, num_classes: Optional[int] = None) -> list:
+    """The ``RoundTransform``s of the options: the attack, then the robust aggregator,
+    then DP (which replaces the aggregator last: the release is DP-FedAvg's)."""
+    from fedjax_fair.core.algorithm import RoundTransform
+    out = []
+    flags = malicious_flags(cfg, num_clients)
+    if flags is not None:
+        from fedjax_fair.core import attacks
+        out.append(attacks.attack_transform(parse_attack(cfg.attack, num_classes), flags))
+    if cfg.robust is not None:
+        from fedjax_fair.core import robust
+        out.append(RoundTransform(aggregator=robust.parse(cfg.robust)))
+    dp = dp_of(cfg, num_clients)
+    if dp is not None:
+        from fedjax_fair.core import privacy
+        out.append(privacy.private_transform(dp))
+    return out
+
+
+def annotate(history: list, accountant) -> None:
+    """Every evaluation of ``history`` gets ``dp_epsilon``, the privacy spent by its
+    round (in place; nothing without DP)."""
+    if accountant is None:
+        return
+    for entry in history:
+        entry["dp_epsilon"] = accountant.epsilon(int(entry["round"])) if entry["round"] \
+            else 0.0
+
+
+def describe(cfg, name: str, num_clients: int) -> Optional[str]:
+    """One line of what the options do to ``name``'s rounds, or None."""
+    parts = []
+    flags = malicious_flags(cfg, num_clients)
+    if flags is not None:
+        parts.append(f"attack {cfg.attack} by {int(flags.sum())} of {num_clients} clients")
+    if cfg.robust is not None:
+        parts.append(f"robust aggregator {cfg.robust}")
+    dp = dp_of(cfg, num_clients)
+    if dp is not None:
+        covered = "" if name.partition("@")[0] in DP_COVERED else (
+            f"; {name}'s server also reads client losses or state that DP-FedAvg does not "
+            f"privatise: epsilon covers the updates only")
+        parts.append(f"client-level DP: noise multiplier {dp.noise_multiplier:.4g}, clip "
+                     f"{dp.clip:g}, delta {cfg.dp_delta:g}{covered}")
+    return "; ".join(parts) or None

@@ -1,0 +1,79 @@
+"""The privacy and robustness options of the command line (fedjax_fair/cli/transforms.py):
+``--attack`` with malicious clients, ``--robust``, ``--dp-noise`` / ``--dp-epsilon``,
+run in-process on tiny data; bad values refused before compute naming the field."""
+import csv
+import json
+
+import pytest
+
+from fedjax_fair import cli
+from fedjax_fair.core import privacy
+from helpers import CLI_TINY as TINY, one_line_error
+
+pytest.importorskip("dp_accounting")
+
+
+def _read(out, name):
+    return json.loads((out / name).read_text())
+
+
+def _history(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_an_attacked_run_logs_its_attackers_and_scores_the_benign_clients(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["run", *TINY, "--num-rounds", "3", "--eval-every", "3",
+                     "--attack", "sign_flip:3", "--malicious-ids", "1,4",
+                     "--robust", "trimmed_mean:0.2", "-o", str(out)]) == 0
+    summary = _read(out, "summary.json")
+    assert summary["malicious"]["client_ids"] == [1, 4]
+    assert summary["final"]["over"].startswith("benign")
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    for row in rounds:  # the attackers of each round, among its participants
+        assert [c in (1, 4) for c in row["client_ids"]] == row["attack/malicious"]
+        assert "server/trimmed" in row
+
+
+def test_a_private_run_reports_dp_accountings_epsilon_at_every_evaluation(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["run", *TINY, "--num-rounds", "4", "--eval-every", "2",
+                     "--dp-noise", "1.2", "--dp-clip", "0.5", "--dp-delta", "1e-4",
+                     "-o", str(out)]) == 0
+    history = _history(out)
+    assert [h["round"] for h in history] == [0, 2, 4]
+    for h in history[1:]:  # 3 of 6 clients a round, without replacement
+        assert h["dp_epsilon"] == pytest.approx(privacy.epsilon(
+            1.2, 3 / 6, h["round"], 1e-4, sampling="fixed", population=6), rel=1e-9)
+    assert history[0]["dp_epsilon"] == 0.0 and history[2]["dp_epsilon"] > history[1]["dp_epsilon"]
+
+
+def test_a_target_epsilon_sets_the_noise_and_compare_tables_it(tmp_path):
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", *TINY, "--algorithms", "fedavg,qffl", "--seeds", "0",
+                     "--num-rounds", "2", "--dp-epsilon", "8", "--no-plots",
+                     "-o", str(out)]) == 0
+    with open(out / "comparison.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:  # spent by the last round: at most the target
+        assert 7.9 < float(row["dp_epsilon"]) <= 8.0
+    assert "| ε" in (out / "comparison.md").read_text()
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--dp-noise", "-1"], "dp_noise"),
+    (["--dp-noise", "1", "--dp-clip", "0"], "dp_clip"),
+    (["--dp-noise", "1", "--dp-delta", "1"], "dp_delta"),
+    (["--dp-noise", "1", "--dp-epsilon", "3"], "dp_epsilon"),
+    (["--robust", "trimmed_mean:0.5"], "robust"),
+    (["--robust", "median", "--dp-noise", "1"], "robust"),
+    (["--attack", "sign_flip", "--malicious-fraction", "1.5"], "malicious_fraction"),
+    (["--attack", "sign_flip"], "malicious_fraction"),
+    (["--attack", "bitflip", "--malicious-fraction", "0.2"], "attack"),
+    (["--attack", "sign_flip", "--malicious-ids", "9"], "malicious_ids"),
+])
+def test_bad_values_are_refused_before_compute(tmp_path, capsys, args, field):
+    out = tmp_path / "out"
+    assert cli.main(["run", *TINY, *args, "-o", str(out)]) == cli.EXIT_CONFIG
+    one_line_error(capsys.readouterr().err, field)
+    assert not out.exists()
