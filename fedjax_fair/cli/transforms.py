@@ -10,6 +10,7 @@ federation's size when the data is built (``transforms_of``); any registered met
 takes them, since each is built over ``compose``."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import numpy as np
@@ -106,11 +107,22 @@ def dp_of(cfg, num_clients: int):
     from fedjax_fair.core import privacy
     noise = cfg.dp_noise
     if noise is None:
-        noise = privacy.noise_for_epsilon(cfg.dp_epsilon, cfg.cohort_size / num_clients,
-                                          cfg.num_rounds, cfg.dp_delta, sampling="fixed",
-                                          population=num_clients)
+        noise = _noise_for(float(cfg.dp_epsilon), int(cfg.cohort_size), int(num_clients),
+                           int(cfg.num_rounds), float(cfg.dp_delta))
     return privacy.ClientDP(noise_multiplier=float(noise), clip=cfg.dp_clip,
                             sampling="fixed", max_weight=cfg.dp_max_weight)
+
+
+@functools.lru_cache(maxsize=64)
+def _noise_for(epsilon: float, cohort_size: int, num_clients: int, rounds: int,
+               delta: float) -> float:
+    """``privacy.noise_for_epsilon`` of fixed-size cohorts (seconds: asked once a run)."""
+    from fedjax_fair.core import privacy
+    return privacy.noise_for_epsilon(epsilon, cohort_size / num_clients, rounds, delta,
+                                     sampling="fixed", population=num_clients)
+
+
+_ACCOUNTANTS: dict = {}
 
 
 def accountant_of(cfg, num_clients: int):
@@ -120,8 +132,11 @@ def accountant_of(cfg, num_clients: int):
     if dp is None:
         return None
     from fedjax_fair.core import privacy
-    return privacy.Accountant.for_dp(dp, cfg.cohort_size / num_clients, cfg.dp_delta,
-                                     population=num_clients)
+    key = (dp, cfg.cohort_size, num_clients, cfg.dp_delta)  # one per setting: its cache
+    if key not in _ACCOUNTANTS:
+        _ACCOUNTANTS[key] = privacy.Accountant.for_dp(dp, cfg.cohort_size / num_clients,
+                                                      cfg.dp_delta, population=num_clients)
+    return _ACCOUNTANTS[key]
 
 
 def transforms_of(cfg, num_clients: int, num_classes: Optional[int] = None) -> list:
