@@ -77,3 +77,14 @@ def test_bad_values_are_refused_before_compute(tmp_path, capsys, args, field):
     assert cli.main(["run", *TINY, *args, "-o", str(out)]) == cli.EXIT_CONFIG
     one_line_error(capsys.readouterr().err, field)
     assert not out.exists()
+
+
+def test_an_attacked_private_run_resumes_to_the_uninterrupted_result(tmp_path):
+    flags = ["--eval-every", "2", "--attack", "gaussian", "--malicious-ids", "0,3",
+             "--dp-noise", "0.8", "--dp-clip", "0.3"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert cli.main(["run", *TINY, *flags, "--num-rounds", "4", "-o", str(whole)]) == 0
+    assert cli.main(["run", *TINY, *flags, "--num-rounds", "2", "-o", str(part)]) == 0
+    assert cli.main(["run", "-o", str(part), "--resume", "--num-rounds", "4"]) == 0
+    drop = lambda h: {k: v for k, v in h.items() if k != "seconds"}
+    assert [drop(h) for h in _history(part)] == [drop(h) for h in _history(whole)]
