@@ -282,23 +282,23 @@ def test_vmap_over_the_std():
 
 
 def test_split_summary_keeps_malicious_clients_out_of_the_benign_summary():
-    from fedjax_fair.drivers.runner import split_summary
+    from fedjax_fair.drivers.runner import attacked_summary, split_summary
     rng = np.random.default_rng(0)
     per_client = {"accuracy": rng.uniform(0.6, 0.9, N), "loss": rng.uniform(0.2, 1.0, N),
                   "num_examples": rng.integers(1, 20, N)}
     per_client["accuracy"][IS_BAD] = 0.0  # the attackers' own test accuracy
-    out = A.split_summary(per_client, IS_BAD)
+    out = attacked_summary(per_client, IS_BAD)
     benign = {k: v[~IS_BAD] for k, v in per_client.items()}
     assert out["benign"] == split_summary(benign, "test")
     assert out["benign"]["accuracy_worst_10%"] >= 0.6  # no attacker among the worst
     assert out["malicious"]["accuracy_mean"] == 0.0
     full = split_summary(per_client, "test")
     assert full["accuracy_worst_10%"] == 0.0 < out["benign"]["accuracy_worst_10%"]
-    assert A.split_summary(per_client, np.zeros(N, bool))["malicious"] == {}
-    validation = A.split_summary(per_client, IS_BAD, "validation")
+    assert attacked_summary(per_client, np.zeros(N, bool))["malicious"] == {}
+    validation = attacked_summary(per_client, IS_BAD, "validation")
     assert validation["benign"] == split_summary(benign, "validation")
     with pytest.raises(H.FieldError, match="is_malicious"):
-        A.split_summary(per_client, IS_BAD[:5])
+        attacked_summary(per_client, IS_BAD[:5])
 
 
 # ------------------------------------------------------- hand-run FedAvg rounds

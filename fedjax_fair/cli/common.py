@@ -572,8 +572,7 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         **extra,
     }
     if guarded.malicious is not None:  # the fairness summary is the benign clients'
-        from fedjax_fair.core import attacks
-        split = attacks.split_summary(result.client_metrics, guarded.malicious)
+        split = runner.attacked_summary(result.client_metrics, guarded.malicious)
         summary["final"] = {**summary["final"], **split["benign"],
                             "over": "benign clients (the malicious ones: summary.json's "
                                     "malicious)"}

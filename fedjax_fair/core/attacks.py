@@ -29,12 +29,12 @@ Who is malicious is fixed for a run: ``malicious_ids`` draws a boolean [N] mask 
 the host (a seeded fraction or an explicit list). In a round, ``poison_data`` is
 applied to the cohort's data before local training and ``poison_outputs`` to the
 stacked client outputs after it; both change only the rows of malicious clients and
-are jittable. ``split_summary`` reports the fairness summary of the benign and of the
-malicious clients separately.
+are jittable. ``drivers.runner.attacked_summary`` reports the fairness summary of the
+benign and of the malicious clients separately.
 
-The round integration (a hook in ``core/algorithm.py``'s ``compose``), the pairing
-with robust aggregators and the command-line flags are in progress; these are the
-library pieces they call.
+``attack_transform`` puts an attack into every round of a method built over
+``compose`` (``core/algorithm.py``'s ``transformed``); the command line's ``--attack``
+uses it (fedjax_fair/cli/transforms.py).
 """
 from __future__ import annotations
 
@@ -306,32 +306,6 @@ def poison_outputs(outputs: ClientOutput, client_ids, mask, is_malicious, attack
     delta = jax.tree.map(lambda new, old: jnp.where(_expand(hit, old.ndim), new, old),
                          attacked, outputs.delta)
     return outputs._replace(delta=delta), info
-
-
-# ------------------------------------------------------------------------ reports
-
-
-def split_summary(per_client: dict, is_malicious, split: str = "test") -> dict:
-    """The fairness summaries of the benign and of the malicious clients:
-    ``{"benign": {...}, "malicious": {...}}``, each ``runner.split_summary`` of the
-    per-client metrics (``RunResult.client_metrics``: arrays [N] such as
-    ``accuracy``, ``loss``, ``num_examples``) restricted to those clients (so the
-    benign summary never sees a malicious client). A group without examples in the
-    split (e.g. no malicious client) gives {}. Host side (NumPy), not jittable."""
-    from fedjax_fair.drivers.runner import split_summary as summary
-
-    flags = np.asarray(is_malicious, bool)
-    n = flags.shape[0]
-    for name, values in per_client.items():
-        if np.ndim(values) < 1 or np.shape(values)[0] != n:
-            raise H.FieldError("is_malicious", f"has {n} clients, per-client metric "
-                                               f"{name!r} has shape {np.shape(values)}")
-
-    def subset(keep):
-        return {name: np.asarray(values)[keep] for name, values in per_client.items()}
-
-    return {"benign": summary(subset(~flags), split),
-            "malicious": summary(subset(flags), split)}
 
 
 # ------------------------------------------------------------------------ the round

@@ -1,6 +1,7 @@
 """Client-level differential privacy: clipping, calibrated Gaussian noise, adaptive
-clipping and accounting (docs/privacy.md). Library pieces only: the round's
-integration (core/algorithm.py) and the command-line options are in progress.
+clipping and accounting (docs/privacy.md). ``private_transform`` makes any method's
+rounds DP-FedAvg's (core/algorithm.py's ``transformed``); the command line's
+``--dp-noise`` / ``--dp-epsilon`` use it (fedjax_fair/cli/transforms.py).
 
 Mechanism (DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning Differentially
 Private Recurrent Language Models", arXiv:1710.06963, Algorithm 1): every
@@ -244,8 +245,8 @@ def privatize(delta_stack, weights, mask, key, dp: ClientDP,
         clip = jnp.asarray(dp.clip, jnp.float32)
     else:
         if clip_state is None:
-            raise ValueError("privatize: adaptive clipping needs a clip_state "
-                             "(init_clip_state(dp))")
+            raise FieldError("clip_state", "adaptive clipping needs one "
+                                           "(init_clip_state(dp))")
         clip = jnp.asarray(clip_state.clip, jnp.float32)
     clipped, norms = jax.vmap(clip_update, in_axes=(0, None))(delta_stack, clip)
     w = cap_weights(weights, mask, b)

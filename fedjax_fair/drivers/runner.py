@@ -989,6 +989,26 @@ def split_summary(per_client: dict, split: str) -> dict:
     return {f"{split}_{k}": v for k, v in out.items()}
 
 
+def attacked_summary(per_client: dict, is_malicious, split: str = "test") -> dict:
+    """The fairness summaries of the benign and of the malicious clients (``--attack``,
+    core/attacks.py): ``{"benign": {...}, "malicious": {...}}``, each ``split_summary``
+    of the per-client metrics (``RunResult.client_metrics``: arrays [N]) restricted to
+    those clients, so that the benign summary never sees a malicious client. A group
+    without examples in the split (e.g. no malicious client) gives {}."""
+    flags = np.asarray(is_malicious, bool)
+    n = flags.shape[0]
+    for name, values in per_client.items():
+        if np.ndim(values) < 1 or np.shape(values)[0] != n:
+            raise H.FieldError("is_malicious", f"has {n} clients, per-client metric "
+                                               f"{name!r} has shape {np.shape(values)}")
+
+    def subset(keep):
+        return {name: np.asarray(values)[keep] for name, values in per_client.items()}
+
+    return {"benign": split_summary(subset(~flags), split),
+            "malicious": split_summary(subset(flags), split)}
+
+
 def _load_client_history(directory: str, evaluations: int, num_clients: int) -> dict:
     """The per-client metrics of the ``evaluations`` evaluations saved with the newest
     checkpoint (one row each; anything else raises ``ValueError("checkpoint: ...")``)."""
