@@ -79,6 +79,7 @@ def test_bad_values_are_refused_before_compute(tmp_path, capsys, args, field):
     assert not out.exists()
 
 
+@pytest.mark.slow  # three runs, each compiled: -m slow
 def test_an_attacked_private_run_resumes_to_the_uninterrupted_result(tmp_path):
     flags = ["--eval-every", "2", "--attack", "gaussian", "--malicious-ids", "0,3",
              "--dp-noise", "0.8", "--dp-clip", "0.3"]
