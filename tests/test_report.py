@@ -269,3 +269,11 @@ def test_family_figures_keep_at_most_eight_lines_per_axes():
     fig = report.plot_family_boxplots(accs, groups, ["fedavg"], context=CONTEXT)
     ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert ticks[0] == "fedavg" and len(ticks) == len(names)
+
+
+def test_guard_context_names_the_privacy_spent_and_the_attack():
+    assert report.guard_context({"dp_noise": None, "attack": None}) == ""
+    text = report.guard_context({"dp_noise": 1.0, "dp_delta": 1e-5, "attack": "sign_flip:3",
+                                 "malicious_fraction": 0.2, "robust": "median"}, 4.0)
+    assert "ε = 4.00 at δ = 1e-05" in text and "sign_flip:3 by 0.2" in text
+    assert "robust median" in text

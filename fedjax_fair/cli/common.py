@@ -616,6 +616,8 @@ def write_run_figures(out: str, summary: dict, history: list, acc, imp) -> None:
         summary["dataset"]["name"], summary["model"]["name"], cfg_dict.get("algorithm"),
         f"{cfg_dict.get('num_rounds', history[-1]['round'])} rounds",
         f"seed {cfg_dict.get('seed')}") if x is not None)
+    guards = report.guard_context(cfg_dict, history[-1].get("dp_epsilon"))
+    ctx += f"\n{guards}" if guards else ""
     save = lambda fig, name: report.save_figure(fig, os.path.join(out, name))
     save(report.plot_accuracy(history, context=ctx, title=f"Per-client test accuracy ({which})"),
          "accuracy.png")

@@ -500,6 +500,10 @@ def _comparison_figures(out, cfg_dict, runs: Finished, label, families, finished
            f"{cfg_dict.get('num_rounds')} rounds, "
            f"seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}"
            + (f" ({finished} of {total_runs} runs finished)" if finished < total_runs else ""))
+    spent = [h[-1].get("dp_epsilon") for runs_ in runs.histories.values() for h in runs_ if h]
+    guards = report.guard_context(cfg_dict, max((e for e in spent if e is not None),
+                                                default=None))
+    ctx += f"\n{guards}" if guards else ""
     groups = [(t, [label[n] for n in names])
               for t, names in report.family_groups(families, FAMILIES, report.MAX_LINES)]
     refs = [label[n] for n in report.references(families)]

@@ -194,6 +194,26 @@ def read_client_csv(path: str) -> dict[str, np.ndarray]:
 DP_COLUMN = ("dp_epsilon", "ε", "dp_epsilon", 1.0)  # the privacy spent (--dp-*)
 
 
+def guard_context(cfg_dict: Mapping, epsilon: Optional[float] = None) -> str:
+    """The privacy and attack settings of a run or comparison, for its figures'
+    context line ("" without them): the epsilon spent at delta (``epsilon``: the final
+    evaluation's ``dp_epsilon``), the attack and how many clients run it, the robust
+    aggregator."""
+    parts = []
+    if cfg_dict.get("dp_noise") is not None or cfg_dict.get("dp_epsilon") is not None:
+        spent = epsilon if epsilon is not None else cfg_dict.get("dp_epsilon")
+        parts.append("client-level DP" + (f", ε = {spent:.2f}" if spent is not None else "")
+                     + f" at δ = {cfg_dict.get('dp_delta'):g}")
+    if cfg_dict.get("attack"):
+        who = (f"{cfg_dict['malicious_fraction']:g} of the clients"
+               if cfg_dict.get("malicious_fraction") else
+               f"clients {','.join(map(str, cfg_dict.get('malicious_ids') or []))}")
+        parts.append(f"attack {cfg_dict['attack']} by {who}")
+    if cfg_dict.get("robust"):
+        parts.append(f"robust {cfg_dict['robust']}")
+    return "; ".join(parts)
+
+
 def table_columns(unseen: bool = False, dp: bool = False) -> tuple:
     """The comparison table's columns: ``TABLE_COLUMNS``, with the clients never trained
     on (``UNSEEN_COLUMNS``) after the seen ones' accuracies when ``unseen``, and the
