@@ -385,11 +385,6 @@ def _guarded(cfg_dict: dict, num_clients: int) -> _Guards:
                    transforms.malicious_flags(cfg, num_clients))
 
 
-def transforms_annotate(history: list, accountant) -> None:
-    from fedjax_fair.cli import transforms
-    transforms.annotate(history, accountant)
-
-
 def round_transforms(cfg, ds) -> list:
     """The round transforms of ``--attack``, ``--robust`` and ``--dp-*`` (cli/transforms.py)
     for dataset ``ds``; [] without them."""
@@ -538,7 +533,8 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
     except FileNotFoundError:
         pass
     guarded = _guarded(cfg_dict, ds.num_clients)
-    transforms_annotate(result.history, guarded.accountant)  # dp_epsilon at every evaluation
+    from fedjax_fair.cli import transforms
+    transforms.annotate(result.history, guarded.accountant)  # dp_epsilon at every evaluation
     report.write_jsonl(os.path.join(out, "metrics.jsonl"), result.history)
     held = getattr(ds, "unseen", None)
     seen_names = ds.info.get("users")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-from fedjax_fair.cli import config as C, lock
+from fedjax_fair.cli import config as C, lock, report
 from fedjax_fair.cli.common import _COMMAND, _HELD, _STAGE, _STAGE_DIR
 
 
@@ -36,14 +36,6 @@ def folder_kind(out: str) -> str:
                                      f"comparison or sweep")
 
 
-def _read_json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def cmd_report(args) -> int:
     out = args.directory
     kind = folder_kind(out)
@@ -56,7 +48,7 @@ def cmd_report(args) -> int:
         from fedjax_fair.cli.compare import _write_comparison
         with open(os.path.join(out, "config.json")) as f:
             cfg_dict = json.load(f)
-        previous = _read_json(os.path.join(out, "summary.json")) or {}
+        previous = report.read_json(os.path.join(out, "summary.json")) or {}
         return _write_comparison(out, cfg_dict, previous.get("total_seconds") or 0.0,
                                  command=previous.get("command"))
     if kind == "sweep":

@@ -95,6 +95,15 @@ def _replace_with(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def read_json(path: str):
+    """The JSON value of ``path``, or None when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def write_json(path: str, obj) -> None:
     _replace_with(path, to_json(obj, indent=2) + "\n")
 

@@ -860,20 +860,14 @@ def write_page(out: str, text: str) -> None:
     """The sweep's report.html: sweep.md's ``text`` (its first line the title), the
     heat-map, the command (summary.json's when the folder has one, else this one's) and
     config.json."""
-    def read(name):
-        try:
-            with open(os.path.join(out, name)) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
     title, _, body = text.partition("\n\n")
-    previous = read(SUMMARY) or {}
+    previous = report.read_json(os.path.join(out, SUMMARY)) or {}
     report._replace_with(os.path.join(out, "report.html"), html.page(
         title, body, figures=[(os.path.join(out, HEATMAP), "the chosen metric over the "
                                                            "grid, mean over seeds")],
         command=previous.get("command") or command_line(),
         reproduce=f"fedjax-fair sweep --config {os.path.join(out, 'config.json')} -o NEW_DIR",
-        config=read("config.json")))
+        config=report.read_json(os.path.join(out, "config.json"))))
 
 
 # ------------------------------------------------------------------ heat-map
