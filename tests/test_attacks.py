@@ -299,6 +299,15 @@ def test_split_summary_keeps_malicious_clients_out_of_the_benign_summary():
     assert validation["benign"] == split_summary(benign, "validation")
     with pytest.raises(H.FieldError, match="is_malicious"):
         attacked_summary(per_client, IS_BAD[:5])
+    assert split_summary(per_client, "test", ~IS_BAD) == out["benign"]  # runner.run's
+
+
+@pytest.mark.parametrize("keep", [IS_BAD[:5], np.zeros(N, bool), IS_BAD.astype(int)])
+def test_summary_clients_must_be_a_bool_mask_of_every_client_keeping_some(keep):
+    from fedjax_fair.drivers.runner import check_summary_clients
+    with pytest.raises(H.FieldError, match="summary_clients"):
+        check_summary_clients(keep, N)
+    assert check_summary_clients(None, N) is None
 
 
 # ------------------------------------------------------- hand-run FedAvg rounds

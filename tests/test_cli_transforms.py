@@ -4,10 +4,12 @@ run in-process on tiny data; bad values refused before compute naming the field.
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from fedjax_fair import cli
 from fedjax_fair.core import privacy
+from fedjax_fair.drivers import runner
 from helpers import CLI_TINY as TINY, one_line_error
 
 pytest.importorskip("dp_accounting")
@@ -33,6 +35,18 @@ def test_an_attacked_run_logs_its_attackers_and_scores_the_benign_clients(tmp_pa
     for row in rounds:  # the attackers of each round, among its participants
         assert [c in (1, 4) for c in row["client_ids"]] == row["attack/malicious"]
         assert "server/trimmed" in row
+    # every evaluation's summary (here the last's) covers the benign clients only
+    with open(out / "clients.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    per_client = {"accuracy": np.array([float(r["accuracy"]) for r in rows]),
+                  "loss": np.array([float(r["loss"]) for r in rows]),
+                  "num_examples": np.array([int(r["num_test_examples"]) for r in rows])}
+    benign = ~np.isin(np.arange(len(rows)), [1, 4])
+    expected = runner.split_summary(per_client, "test", benign)
+    last = _history(out)[-1]
+    for name in ("accuracy_mean", "accuracy_worst_10%", "test_loss"):
+        assert last[name] == pytest.approx(expected[name], rel=1e-5)
+        assert summary["final"][name] == last[name]
 
 
 def test_a_private_run_reports_dp_accountings_epsilon_at_every_evaluation(tmp_path):

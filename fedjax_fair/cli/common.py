@@ -441,12 +441,20 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             placement=cfg.placement, log=log,
                             execution=execution_of(cfg, ds, model),
                             on_rounds=on_rounds, commit_seconds=commit_seconds,
-                            on_clients=on_clients,
+                            on_clients=on_clients, summary_clients=benign_clients(cfg, ds),
                             system=system_of(cfg, ds))  # checked by the preflight
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,
             raise C.config_error(e, "checkpoint") from None  # or no memory plan fits
         raise
+
+
+def benign_clients(cfg, ds) -> Optional[np.ndarray]:
+    """bool [N]: the clients not under ``--attack`` (every evaluation's fairness summary
+    covers them only), or None without an attack."""
+    from fedjax_fair.cli import transforms
+    flags = transforms.malicious_flags(cfg, ds.num_clients)
+    return None if flags is None else ~flags
 
 
 def system_of(cfg, ds, model=None):

@@ -22,10 +22,9 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     _method_report, _ordered_config, _other_process, _own,
                                     _preflight, _resumable_config, _seeded, _STAGE,
                                     _STAGE_DIR, _write_client_history, build_algorithm,
-                                    command_line,
-                                    build_dataset, build_model,
-                                    execution_of, for_method, simulate_one, system_of,
-                                    write_run_outputs)
+                                    benign_clients, build_dataset, build_model,
+                                    command_line, execution_of, for_method, simulate_one,
+                                    system_of, write_run_outputs)
 from fedjax_fair.core import sampling
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
 from fedjax_fair.drivers.runner import verify_resumable
@@ -343,7 +342,8 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
         inits=[_seeded(name, alg, model, cfg, hparams, s, ds).init for s in seeds], log=log,
         checkpoint_dirs=[os.path.join(d, "checkpoint") for d in run_dirs], resume=resume,
         commit_seconds=cfg.commit_seconds, progress=cfg.progress,
-        description=f"{name} seeds {','.join(map(str, seeds))}", system=system_of(cfg, ds))
+        description=f"{name} seeds {','.join(map(str, seeds))}", system=system_of(cfg, ds),
+        summary_clients=benign_clients(cfg, ds))
     if runs is None:
         return {}
     return {seed: _tracked(cfg, name, seed, run_dir, _write_compare_run(

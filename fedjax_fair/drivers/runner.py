@@ -444,7 +444,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         on_rounds: Optional[Callable[[int, dict], None]] = None,
         donate: Optional[bool] = None, stream_layout: str = "compact",
         commit_seconds: float = 0.0, system: Optional[System] = None,
-        on_clients: Optional[Callable[[dict, dict], None]] = None) -> RunResult:
+        on_clients: Optional[Callable[[dict, dict], None]] = None,
+        summary_clients=None) -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     After every chunk all clients are evaluated on their test split — the global
@@ -452,6 +453,9 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     fairness summary is appended to ``history`` (and passed to ``on_eval``;
     ``on_clients(entry, per_client)`` also receives the clients' test metrics, host
     arrays [N] per metric: what an experiment tracker's histograms need).
+    ``summary_clients`` (bool [N], default every client): the clients the summaries
+    cover, e.g. the benign ones of a run under attack (core/attacks.py); the
+    per-client metrics keep every client.
     ``on_rounds(first_round, metrics)`` receives every chunk's per-round metrics
     (host arrays with a leading round axis: weights, losses, the server pieces'
     ``server/...`` diagnostics). ``execution``: how rounds map their clients. With
@@ -514,6 +518,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     num_rounds = check_count(num_rounds, "num_rounds")
     eval_every = check_count(eval_every, "eval_every")
     cohort_size = check_cohort(cohort_size, num_clients)
+    summary_clients = check_summary_clients(summary_clients, num_clients)
     key = _check_key(key)
     step_budgets = _check_step_budgets(step_budgets, num_clients)
     _check_model_fits(model, params, data)
@@ -658,10 +663,11 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         def evaluate_now(state):
             """Per-client test metrics and the summary of test (and validation) accuracy."""
             per_client = evaluate_split(state, data.test, "test")
-            summary = split_summary(per_client, "test")
+            summary = split_summary(per_client, "test", summary_clients)
             if validate:  # a validation split without examples has nothing to summarise
                 summary.update(split_summary(evaluate_split(state, data.validation,
-                                                            "validation"), "validation"))
+                                                            "validation"), "validation",
+                                             summary_clients))
             return per_client, summary
 
         if donate:  # the program may consume only buffers the state alone owns
@@ -963,7 +969,20 @@ def load_round_log(directory: str, rounds: int) -> dict:
     return stored
 
 
-def split_summary(per_client: dict, split: str) -> dict:
+def check_summary_clients(keep, num_clients: int):
+    """``keep`` as bool [N] (None stays None); ``FieldError("summary_clients")``
+    otherwise, or when it keeps no client."""
+    if keep is None:
+        return None
+    keep = np.asarray(keep)
+    if keep.dtype != bool or keep.shape != (num_clients,) or not keep.any():
+        raise H.FieldError("summary_clients", f"must be a bool array [{num_clients}] with "
+                                              f"some client kept, got {keep.dtype} "
+                                              f"{keep.shape}")
+    return keep
+
+
+def split_summary(per_client: dict, split: str, keep=None) -> dict:
     """The fairness summary of one split's per-client accuracy, named for what it
     measures: ``accuracy_mean``, ``accuracy_worst_10%`` (weighted by test size),
     ``accuracy_worst_10%_unweighted``, ... (``metrics.fairness_summary``'s keys
@@ -972,8 +991,11 @@ def split_summary(per_client: dict, split: str) -> dict:
     over clients, unweighted, as SuPerFed's calibration study does, Hahn's PhD thesis
     Ch. II §4.3), over the clients that have examples in the split. Test keys are
     returned as they are (``loss`` as ``test_loss``); validation keys are prefixed ``validation_``. A split
-    in which no client has examples gives {}."""
+    in which no client has examples gives {}. ``keep`` (bool [N], default every
+    client): the clients the summary covers (an attacked run's benign ones)."""
     has = per_client["num_examples"] > 0
+    if keep is not None:
+        has = has & np.asarray(keep, bool)
     if not has.any():
         return {}
     n = per_client["num_examples"][has]
@@ -1002,11 +1024,8 @@ def attacked_summary(per_client: dict, is_malicious, split: str = "test") -> dic
             raise H.FieldError("is_malicious", f"has {n} clients, per-client metric "
                                                f"{name!r} has shape {np.shape(values)}")
 
-    def subset(keep):
-        return {name: np.asarray(values)[keep] for name, values in per_client.items()}
-
-    return {"benign": split_summary(subset(~flags), split),
-            "malicious": split_summary(subset(flags), split)}
+    return {"benign": split_summary(per_client, split, ~flags),
+            "malicious": split_summary(per_client, split, flags)}
 
 
 def _load_client_history(directory: str, evaluations: int, num_clients: int) -> dict:

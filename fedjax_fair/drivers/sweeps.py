@@ -59,7 +59,8 @@ from fedjax_fair.core import execution as _execution, sampling
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_state_evaluator
-from fedjax_fair.drivers.runner import check_cohort, check_count, check_system
+from fedjax_fair.drivers.runner import (check_cohort, check_count, check_summary_clients,
+                                       check_system)
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientData, FederatedData
 from fedjax_fair.hparams import FieldError, FieldTypeError
@@ -731,7 +732,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
               memory_limit: Optional[int] = None, log: Optional[Callable] = None,
               checkpoint_dirs: Optional[Sequence[str]] = None, resume: bool = False,
               commit_seconds: float = 0.0, progress: bool = False, description: str = "",
-              system=None) -> Optional[SeedRuns]:
+              system=None, summary_clients=None) -> Optional[SeedRuns]:
     """``runner.run`` of one algorithm for every seed, the seeds as ONE compiled program.
 
     Seed s initialises the model with ``jax.random.key(s)`` and keys the run with it
@@ -757,6 +758,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     exceed it returns None, and nothing has run (``runner.run`` streams cohorts from
     the host instead). The per-seed ``compile_seconds`` are the programs' for the
     first seed and 0 for the others; vmapped seeds split each chunk's seconds evenly.
+    ``summary_clients``: as ``runner.run``'s (the clients the summaries cover).
     A seed whose state becomes NaN/inf stops at its last good evaluation
     (``SeedRuns.non_finite``) while the others go on. ``system``: participation and
     system heterogeneity (core/system.py), as ``runner.run`` takes it.
@@ -766,6 +768,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
                                             has_clock, split_summary)
     data = as_federation(data)
     num_rounds = check_count(num_rounds, "num_rounds")
+    summary_clients = check_summary_clients(summary_clients, data.num_clients)
     cohort_size = check_cohort(cohort_size, data.num_clients)
     eval_every = check_count(eval_every, "eval_every")
     seed_values = check_seeds(seeds)
@@ -839,10 +842,11 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
         def evaluated(test, val) -> tuple:
             per_client = {**{k: np.asarray(v) for k, v in test.items()},
                           "num_examples": n_test}
-            summary = split_summary(per_client, "test")
+            summary = split_summary(per_client, "test", summary_clients)
             if validate:
                 summary.update(split_summary({**{k: np.asarray(v) for k, v in val.items()},
-                                              "num_examples": n_val}, "validation"))
+                                              "num_examples": n_val}, "validation",
+                                             summary_clients))
             return per_client, summary
 
         def clocked(per_client, summary):
