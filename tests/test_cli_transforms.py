@@ -85,12 +85,32 @@ def test_a_target_epsilon_sets_the_noise_and_compare_tables_it(tmp_path):
     (["--attack", "sign_flip"], "malicious_fraction"),
     (["--attack", "bitflip", "--malicious-fraction", "0.2"], "attack"),
     (["--attack", "sign_flip", "--malicious-ids", "9"], "malicious_ids"),
+    (["--dp-noise", "1", "--dp-adaptive-clip", "1"], "dp_adaptive_clip"),
+    (["--dp-epsilon", "1", "--dp-adaptive-clip", "0.5"], "dp_adaptive_clip"),  # count noise 0.15
+    (["--dp-noise", "1", "--availability", "independent:0.5"], "availability"),
+    (["--dp-noise", "1", "--sampler", "size"], "sampler"),
 ])
 def test_bad_values_are_refused_before_compute(tmp_path, capsys, args, field):
     out = tmp_path / "out"
     assert cli.main(["run", *TINY, *args, "-o", str(out)]) == cli.EXIT_CONFIG
     one_line_error(capsys.readouterr().err, field)
     assert not out.exists()
+
+
+def test_adaptive_clipping_moves_the_clip_and_is_accounted_with_its_count(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["run", *TINY, "--num-rounds", "4", "--eval-every", "4",
+                     "--dp-noise", "0.5", "--dp-clip", "5", "--dp-adaptive-clip", "0.5",
+                     "-o", str(out)]) == 0
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    clips = [row["server/dp_clip"] for row in rounds]
+    assert clips[0] == pytest.approx(5.0) and clips[-1] < clips[0]  # C = 5 clips nothing
+    assert all(-0.5 <= row["server/dp_unclipped_fraction"] <= 1.5 for row in rounds)
+    dp = privacy.ClientDP(0.5, 5.0, adaptive=privacy.AdaptiveClip(0.5, cohort_size=3.0))
+    z = privacy.effective_noise_multiplier(dp)  # sigma_b = 3 / 20 dominates
+    assert z < 0.5
+    assert _history(out)[-1]["dp_epsilon"] == pytest.approx(privacy.epsilon(
+        z, 3 / 6, 4, 1e-5, sampling="fixed", population=6), rel=1e-9)
 
 
 @pytest.mark.slow  # three runs, each compiled: -m slow

@@ -191,6 +191,10 @@ class _Common:
                                         "weight b a client may get (default 1 / cohort: "
                                         "uniform); larger lets fair rules reweight at more "
                                         "noise")
+    dp_adaptive_clip: Optional[float] = _f(None, "float?", "client-level DP: adaptive "
+                                           "clipping to this quantile of the update norms, "
+                                           "in (0, 1), from --dp-clip (Andrew et al.; its "
+                                           "noisy count is accounted for)")
     tracker: list = _f([], "list[str]", "comma-separated experiment trackers to log to, any "
                        "of tensorboard, wandb (offline), mlflow (file store): one tracked run "
                        "per algorithm and seed under OUTPUT_DIR (docs/tracking.md; pip "

@@ -125,7 +125,8 @@ def _list_robustness() -> list[str]:
             "  --robust              median, weighted_median, trimmed_mean[:TRIM], krum[:F], "
             "multi_krum[:F[:M]], geometric_median[:ITERS], norm_bound:MAX_NORM",
             "  --dp-noise Z | --dp-epsilon E   client-level DP (DP-FedAvg), with --dp-clip C "
-            "(1), --dp-delta D (1e-5), --dp-max-weight B (1 / cohort)"]
+            "(1), --dp-delta D (1e-5), --dp-max-weight B (1 / cohort), --dp-adaptive-clip "
+            "QUANTILE"]
 
 
 def _list_metrics() -> list[str]:

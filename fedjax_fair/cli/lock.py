@@ -186,7 +186,7 @@ def holds_results(path: str) -> bool:
 LATER_DEFAULTS = {"unseen_clients": 0.0, "robust": None, "attack": None,
                   "malicious_fraction": 0.0, "malicious_ids": [], "malicious_seed": 0,
                   "dp_noise": None, "dp_epsilon": None, "dp_clip": 1.0, "dp_delta": 1e-5,
-                  "dp_max_weight": None}
+                  "dp_max_weight": None, "dp_adaptive_clip": None}
 
 
 def iterate_config(cfg_dict: dict) -> dict:

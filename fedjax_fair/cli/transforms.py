@@ -73,11 +73,22 @@ def check(cfg) -> None:
                                            "release is DP-FedAvg's clipped weighted mean, "
                                            "whose sensitivity is bounded; a robust "
                                            "aggregator's is not here")
+            if (getattr(cfg, "availability", "always"), getattr(cfg, "dropout", "none")) \
+                    != ("always", "none"):
+                raise FieldError("availability", "client-level DP is accounted for cohorts of "
+                                                 "--cohort-size drawn uniformly from every "
+                                                 "client: not with --availability or "
+                                                 "--dropout")
+            if getattr(cfg, "sampler", "uniform") not in ("uniform", "full"):
+                raise FieldError("sampler", "client-level DP is accounted for uniform "
+                                            "cohorts (--sampler uniform or full)")
             fields = {"noise_multiplier": "dp_noise", "target_epsilon": "dp_epsilon",
-                      "clip": "dp_clip", "delta": "dp_delta", "max_weight": "dp_max_weight"}
+                      "clip": "dp_clip", "delta": "dp_delta", "max_weight": "dp_max_weight",
+                      "target_quantile": "dp_adaptive_clip"}
             try:
                 privacy.check_dp(cfg.dp_noise, cfg.dp_clip, cfg.dp_delta, cfg.dp_epsilon,
-                                 sampling="fixed", max_weight=cfg.dp_max_weight)
+                                 sampling="fixed", max_weight=cfg.dp_max_weight,
+                                 adaptive=_adaptive(cfg))
             except FieldError as e:
                 raise FieldError(fields.get(e.field, e.field),
                                  str(e)[len(e.field) + 2:]) from None
@@ -99,18 +110,42 @@ def malicious_flags(cfg, num_clients: int) -> Optional[np.ndarray]:
         raise C.config_error(e, "malicious_ids") from None
 
 
+def _adaptive(cfg):
+    """``--dp-adaptive-clip Q`` as ``privacy.AdaptiveClip`` (its count's noise: the
+    default cohort / 20), or None."""
+    quantile = getattr(cfg, "dp_adaptive_clip", None)
+    if quantile is None:
+        return None
+    from fedjax_fair.core import privacy
+    return privacy.AdaptiveClip(target_quantile=float(quantile),
+                                cohort_size=float(cfg.cohort_size))
+
+
 def dp_of(cfg, num_clients: int):
     """The run's ``privacy.ClientDP`` (``--dp-epsilon``: the noise multiplier that spends
-    it over ``--num-rounds`` rounds of fixed-size cohorts), or None without DP."""
+    it over ``--num-rounds`` rounds of fixed-size cohorts; with ``--dp-adaptive-clip``
+    the updates' share of it beside the clip count's), or None without DP."""
     if cfg.dp_noise is None and cfg.dp_epsilon is None:
         return None
     from fedjax_fair.core import privacy
+    adaptive = _adaptive(cfg)
     noise = cfg.dp_noise
     if noise is None:
         noise = _noise_for(float(cfg.dp_epsilon), int(cfg.cohort_size), int(num_clients),
                            int(cfg.num_rounds), float(cfg.dp_delta))
+        if adaptive is not None:  # the count's noise spends part of the budget
+            try:
+                noise = privacy.update_noise_multiplier(noise, cfg.cohort_size / 20.0)
+            except FieldError as e:
+                raise C.config_error(FieldError(
+                    "dp_adaptive_clip", f"the clip count's noise (cohort / 20 = "
+                                        f"{cfg.cohort_size / 20:g}) leaves no budget for the "
+                                        f"updates at --dp-epsilon {cfg.dp_epsilon:g}: "
+                                        f"{str(e).split(': ', 1)[-1]}; use a larger cohort, "
+                                        f"a larger epsilon or a fixed clip"), "dp_adaptive_clip") \
+                    from None
     return privacy.ClientDP(noise_multiplier=float(noise), clip=cfg.dp_clip,
-                            sampling="fixed", max_weight=cfg.dp_max_weight)
+                            sampling="fixed", max_weight=cfg.dp_max_weight, adaptive=adaptive)
 
 
 @functools.lru_cache(maxsize=64)
@@ -135,7 +170,8 @@ def accountant_of(cfg, num_clients: int):
     key = (dp, cfg.cohort_size, num_clients, cfg.dp_delta)  # one per setting: its cache
     if key not in _ACCOUNTANTS:
         _ACCOUNTANTS[key] = privacy.Accountant.for_dp(dp, cfg.cohort_size / num_clients,
-                                                      cfg.dp_delta, population=num_clients)
+                                                      cfg.dp_delta, population=num_clients,
+                                                      cohort_size=cfg.cohort_size)
     return _ACCOUNTANTS[key]
 
 
@@ -181,6 +217,8 @@ def describe(cfg, name: str, num_clients: int) -> Optional[str]:
         covered = "" if name.partition("@")[0] in DP_COVERED else (
             f"; {name}'s server also reads client losses or state that DP-FedAvg does not "
             f"privatise: epsilon covers the updates only")
-        parts.append(f"client-level DP: noise multiplier {dp.noise_multiplier:.4g}, clip "
-                     f"{dp.clip:g}, delta {cfg.dp_delta:g}{covered}")
+        clip = f"clip {dp.clip:g}" if dp.adaptive is None else (
+            f"clip from {dp.clip:g} adapted to the {dp.adaptive.target_quantile:g} quantile")
+        parts.append(f"client-level DP: noise multiplier {dp.noise_multiplier:.4g}, {clip}, "
+                     f"delta {cfg.dp_delta:g}{covered}")
     return "; ".join(parts) or None
