@@ -208,6 +208,58 @@ def test_resolve_rules():
         execution.resolve("chunked", 10, chunk_size=-2)
 
 
+# auto's choice for each model of the zoo, as built on an accelerator (XLA convolutions),
+# at cohorts 10 / 100 / 1,000 (docs/performance.md, "Choosing the strategy on a GPU")
+_LIGHT_CONV = ("vmap", "vmap", "chunked")
+ZOO_CHOICES = {
+    "logreg": ((784,), ("vmap",) * 3), "mlp": ((784,), ("vmap",) * 3),
+    "mlp2": ((3072,), ("vmap",) * 3), "twonn": ((784,), ("vmap",) * 3),
+    "char_lstm": ((80,), ("vmap",) * 3),
+    "cnn": ((28, 28, 1), _LIGHT_CONV), "femnist_cnn": ((28, 28, 1), _LIGHT_CONV),
+    "cnn_ch": ((28, 28, 1), _LIGHT_CONV), "twocnn": ((28, 28, 1), _LIGHT_CONV),
+    "lenet_fedpd": ((32, 32, 3), _LIGHT_CONV), "vgg9": ((32, 32, 3), _LIGHT_CONV),
+    "resnet9": ((32, 32, 3), _LIGHT_CONV), "mobilenet": ((64, 64, 3), _LIGHT_CONV),
+    "resnet18_gn": ((32, 32, 3), ("sequential",) * 3),
+    "resnet10_gn_sn": ((32, 32, 3), ("sequential",) * 3),
+}
+
+
+def test_every_zoo_model_has_its_choice_listed():
+    from fedjax_fair.models import MODELS
+    assert sorted(ZOO_CHOICES) == sorted(MODELS)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_CHOICES))
+def test_auto_chooses_by_model_and_backend(name):
+    import inspect
+    from fedjax_fair.models import MODELS, get_model
+    shape, expected = ZOO_CHOICES[name]
+    as_on_gpu = {"conv_impl": "xla"} if "conv_impl" in inspect.signature(
+        MODELS[name]).parameters else {}
+    model = get_model(name, shape, 10, **as_on_gpu)
+    dtype = jnp.int32 if name == "char_lstm" else jnp.float32
+    example = {"x": jax.ShapeDtypeStruct(shape, dtype), "y": jax.ShapeDtypeStruct((), jnp.int32)}
+    profile = execution.model_profile(model, example, backend="gpu")
+    for cohort, strategy in zip((10, 100, 1000), expected):
+        for backend in ("gpu", "tpu"):
+            chosen = execution.choose(backend, cohort, profile)
+            assert chosen[0] == strategy, (name, cohort, backend, profile)
+            assert (chosen[1] is not None) == (strategy == "chunked")
+        assert execution.choose("cpu", cohort, profile) == ("sequential", None)
+    assert execution.model_profile(model, example, backend="cpu").example_flops is None
+
+
+def test_auto_resolves_with_the_model_and_keeps_a_given_chunk():
+    light = execution.ModelProfile(True, 3e7)
+    assert execution.resolve("auto", 1000, backend="gpu", model=light) == \
+        ("chunked", execution.CONV_GROUP)
+    assert execution.resolve("auto", 1000, backend="gpu", model=light, chunk_size=50) == \
+        ("chunked", 50)
+    assert execution.resolve("auto", 1000, backend="gpu",
+                             model=execution.ModelProfile(True, 1e9)) == ("sequential", None)
+    assert execution.resolve("auto", 1000, backend="gpu") == ("vmap", None)  # no model: dense
+
+
 def test_auto_mesh_only_for_several_cpu_devices():
     """One device (the test process), accelerators, or a cohort of one: no mesh."""
     assert execution.auto_mesh(100, backend="gpu") is None

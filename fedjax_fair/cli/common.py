@@ -23,6 +23,7 @@ from fedjax_fair.cli import config as C, lock, report
 from fedjax_fair.core import memory, sampling
 from fedjax_fair.core.client import FIELDS
 from fedjax_fair.core.algorithm import transformed, with_improvement
+from fedjax_fair.core.execution import ModelProfile, model_profile
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
 from fedjax_fair.core.schedules import parse as parse_schedule
 from fedjax_fair.data import get_dataset
@@ -415,15 +416,18 @@ def execution_of(cfg, ds, model):
     (``execution.SPLIT_MAX_STEP_FLOPS``), or a round's local training (cohort x the
     federation's mean local steps x a step) too small to pay for the mesh
     (``execution.SPLIT_MIN_ROUND_FLOPS``)."""
-    step_flops = round_flops = None
-    if cfg.devices == "auto":  # the federation's arrays are [clients, rows, ...]
-        one = {k: jax.ShapeDtypeStruct(v.shape[2:], v.dtype)
-               for k, v in ds.host_data.train.examples.items()}
-        step_flops = 3 * cfg.batch_size * example_flops(model, one)
+    step_flops = round_flops = profile = None
+    one = runner.one_example(ds.host_data)
+    if cfg.devices == "auto":
+        flops = example_flops(model, one)
+        step_flops = 3 * cfg.batch_size * flops
         sizes = np.asarray(ds.host_data.train.num_examples)
         steps = cfg.num_epochs * float(np.mean(np.ceil(sizes / cfg.batch_size)))
         round_flops = cfg.cohort_size * steps * step_flops
-    return C.execution_of(cfg, ds.host_data.num_clients, step_flops, round_flops)
+        profile = ModelProfile(bool(model.uses_xla_conv), flops)
+    if cfg.execution == "auto" and profile is None:  # auto's choice reads the model
+        profile = model_profile(model, one)
+    return C.execution_of(cfg, ds.host_data.num_clients, step_flops, round_flops, profile)
 
 
 def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=False,

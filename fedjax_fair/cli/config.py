@@ -891,17 +891,19 @@ def check_devices(devices) -> None:
 
 
 def execution_of(cfg, num_clients: int, step_flops: Optional[float] = None,
-                 round_flops: Optional[float] = None):
+                 round_flops: Optional[float] = None, model=None):
     """The ``Execution`` of a config over a federation of ``num_clients`` whose local
     steps take ``step_flops`` and rounds' local training ``round_flops``: ``execution``
     and ``chunk_size`` over the mesh of ``devices`` (``mesh_of``). Without a mesh,
-    ``auto`` is fixed for one device even where JAX has several CPU devices (``auto`` alone would split the cohort over
-    them, ``execution.auto_mesh``)."""
+    ``auto`` is fixed for one device even where JAX has several CPU devices (``auto``
+    alone would split the cohort over them, ``execution.auto_mesh``), as
+    ``execution.choose`` picks for ``model`` (an ``execution.ModelProfile``)."""
     mesh = mesh_of(cfg.devices, cfg.cohort_size, num_clients, step_flops, round_flops)
-    strategy = cfg.execution
+    strategy, chunk_size = cfg.execution, cfg.chunk_size
     if mesh is None and strategy == "auto":
-        strategy = resolve("auto", cfg.cohort_size)[0]
-    return Execution(strategy, cfg.chunk_size, mesh)
+        strategy, chunk_size = resolve("auto", cfg.cohort_size, chunk_size=chunk_size,
+                                       model=model)
+    return Execution(strategy, chunk_size, mesh, model)
 
 
 def mesh_of(devices, cohort_size: int, num_clients: int,

@@ -20,8 +20,8 @@ with a real ``cond`` (an unbatched predicate), so a vmapped group runs only as m
 steps as its busiest client needs rather than the federation's padded maximum;
 past its own count a client keeps its carry through a select. Bucketing makes the
 groups homogeneous, so little work is spent on masked steps.
-* ``"auto"``: picks one of the above from the backend and the model; see
-  ``resolve``. Benchmarks (benchmarks/round_throughput.py, docs/performance.md)
+* ``"auto"``: picks one of the above from the backend and the model (``choose``, a
+  pure function of both; ``resolve`` without a model description). Benchmarks (benchmarks/round_throughput.py, docs/performance.md)
   justify the rule. On a CPU with several local devices (``jax.config.update(
   "jax_num_cpu_devices", os.cpu_count())`` or ``XLA_FLAGS=
   --xla_force_host_platform_device_count=N`` before JAX starts) ``auto`` also splits
@@ -78,6 +78,7 @@ class Execution(NamedTuple):
     strategy: str = "auto"
     chunk_size: Optional[int] = None
     mesh: Optional[jax.sharding.Mesh] = None
+    model: Optional["ModelProfile"] = None  # what ``auto`` knows of the model (``choose``)
 
 
 def as_execution(execution: Union[str, Execution, None]) -> Execution:
@@ -110,20 +111,71 @@ def group_max(value: jax.Array) -> Optional[jax.Array]:
         return None
 
 
-def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
-            chunk_size: Optional[int] = None) -> tuple[str, Optional[int]]:
-    """Returns the concrete (strategy, chunk_size) for ``strategy``.
+class ModelProfile(NamedTuple):
+    """What ``choose`` needs of a model: whether it runs XLA convolutions
+    (``Model.uses_xla_conv``) and the FLOPs of its forward pass on one example
+    (``models.base.example_flops``; None when unknown)."""
 
-    ``auto``: ``vmap`` on GPU/TPU, ``sequential`` on CPU. On CPU one client's
-    parameters stay in cache across its local steps and masked steps are skipped, so
-    the rolled loop over clients beats batching them (docs/performance.md).
-    """
+    convolutional: bool = False
+    example_flops: Optional[float] = None
+
+
+# auto on accelerators (docs/performance.md, "Choosing the strategy on a GPU"). vmap
+# turns the clients' convolutions into grouped convolutions, slower than one client's
+# after another once a client's work is large or the group is wide (H100: ResNet-18-GN,
+# 0.97 GFLOP an example, 10 clients: sequential 1.79 s vs vmap 4.30 s; LEAF CNN,
+# 0.03 GFLOP, vmap the fastest at 10 and 100 clients, 2.3x slower than sequential at
+# 1,000). Dense models batch into matmuls: vmap won at every cohort measured.
+HEAVY_CONV_EXAMPLE_FLOPS = 2e8  # at or above: one client after another
+CONV_GROUP = 100  # the widest vmapped group of a light convolutional model
+
+
+def model_profile(model, example, backend: Optional[str] = None) -> ModelProfile:
+    """The ``ModelProfile`` of ``model`` (a ``models.Model``) on examples shaped like
+    ``example`` (a dict of arrays or ``ShapeDtypeStruct``, one example, no batch axis).
+    Its FLOPs are counted (XLA's cost analysis of the lowered loss, nothing compiled)
+    only where ``choose`` reads them: a convolutional model off the CPU."""
+    from fedjax_fair.models.base import example_flops
+    backend = backend or jax.default_backend()
+    conv = bool(model.uses_xla_conv)
+    return ModelProfile(conv, example_flops(model, example) if conv and backend != "cpu"
+                        else None)
+
+
+def choose(backend: str, cohort_size: int,
+           model: Optional[ModelProfile] = None) -> tuple[str, Optional[int]]:
+    """``auto``'s (strategy, chunk_size) for a cohort of ``cohort_size`` on ``backend``
+    ("cpu", "gpu", "tpu", ...) for a model described by ``model`` (None: a dense one).
+
+    CPU: ``sequential`` (one client's parameters stay in cache across its local steps,
+    and masked steps are skipped). Accelerators: ``vmap`` for dense models;
+    convolutional ones with a forward pass of ``HEAVY_CONV_EXAMPLE_FLOPS`` or more an
+    example run ``sequential``; lighter convolutional ones ``vmap`` up to
+    ``CONV_GROUP`` clients and ``chunked`` in groups of ``CONV_GROUP`` above."""
+    if backend == "cpu":
+        return "sequential", None
+    if model is None or not model.convolutional:
+        return "vmap", None
+    if model.example_flops is not None and model.example_flops >= HEAVY_CONV_EXAMPLE_FLOPS:
+        return "sequential", None
+    return ("vmap", None) if cohort_size <= CONV_GROUP else ("chunked", CONV_GROUP)
+
+
+def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
+            chunk_size: Optional[int] = None,
+            model: Optional[ModelProfile] = None) -> tuple[str, Optional[int]]:
+    """Returns the concrete (strategy, chunk_size) for ``strategy``; ``auto`` is
+    ``choose(backend, cohort_size, model)`` (a ``chunk_size`` given wins over its
+    group)."""
     if strategy not in STRATEGIES:
         raise H.FieldError("execution", f"unknown strategy {strategy!r}; allowed: "
                                         f"{list(STRATEGIES)}")
     backend = backend or jax.default_backend()
     if strategy == "auto":
-        return ("vmap", None) if backend != "cpu" else ("sequential", None)
+        strategy, group = choose(backend, cohort_size, model)
+        if strategy != "chunked":
+            return strategy, None
+        chunk_size = chunk_size or group
     if strategy in ("chunked", "bucketed"):
         default = 8 if strategy == "chunked" else -(-cohort_size // NUM_BUCKETS)
         chunk_size = chunk_size or default
@@ -339,7 +391,7 @@ def _map_local(fn: Callable, execution: Execution, cohort_size: int,
                reduce: Optional[Reduction] = None) -> Callable:
     """``map_clients`` on one device: the strategy over ``cohort_size`` clients."""
     strategy, chunk_size = resolve(execution.strategy, cohort_size,
-                                   chunk_size=execution.chunk_size)
+                                   chunk_size=execution.chunk_size, model=execution.model)
     vmapped = jax.vmap(fn, in_axes=(None, 0), axis_name=CLIENT_AXIS)
 
     def mapped(shared, per_client, sizes=None):

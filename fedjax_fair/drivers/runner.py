@@ -37,7 +37,8 @@ from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import table_memory
 from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
-from fedjax_fair.core.execution import Execution, as_execution, auto_mesh, resolve
+from fedjax_fair.core.execution import (Execution, as_execution, auto_mesh, model_profile,
+                                        resolve)
 from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets
 from fedjax_fair.core.system import System
 from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, plan_rounds,
@@ -390,16 +391,32 @@ def _check_donate(donate, checkpoint_dir) -> bool:
     return donate
 
 
-def _resolved_execution(execution, cohort_size: int, num_clients: int) -> Execution:
+def one_example(data: FederatedData) -> dict:
+    """Shapes and dtypes of one training example of ``data`` (no client or row axis)."""
+    return {k: jax.ShapeDtypeStruct(np.shape(v)[2:], v.dtype)
+            for k, v in data.train.examples.items()}
+
+
+def _resolved_execution(execution, cohort_size: int, num_clients: int, model=None,
+                        data: Optional[FederatedData] = None) -> Execution:
     """``execution`` with "auto" fixed for this run: several CPU devices that split the
     federation get a mesh (the federation and the client tables are placed over them
-    too); else one device and the strategy chosen here, so that the round does not
-    split its cohort over devices its arguments are not on."""
+    too); else one device and the strategy ``execution.choose`` picks for ``model``
+    on ``data``'s examples, so that the round does not split its cohort over devices
+    its arguments are not on. A mesh keeps "auto" with the model's profile (each
+    device chooses for its share)."""
     execution = as_execution(execution)
-    if execution.mesh is None and execution.strategy == "auto":
+    if execution.strategy != "auto":
+        return execution
+    if execution.model is None and model is not None and data is not None:
+        execution = execution._replace(model=model_profile(model, one_example(data)))
+    if execution.mesh is None:
         mesh = auto_mesh(cohort_size, num_clients=num_clients)
-        execution = (execution._replace(mesh=mesh) if mesh is not None else
-                     execution._replace(strategy=resolve("auto", cohort_size)[0]))
+        if mesh is not None:
+            return execution._replace(mesh=mesh)
+        strategy, chunk = resolve("auto", cohort_size, chunk_size=execution.chunk_size,
+                                  model=execution.model)
+        execution = execution._replace(strategy=strategy, chunk_size=chunk)
     return execution
 
 
@@ -524,7 +541,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     _check_model_fits(model, params, data)
     validate = _check_splits(data)
     _check_choices(placement, stream_layout, commit_seconds)
-    execution = _resolved_execution(execution, cohort_size, num_clients)
+    execution = _resolved_execution(execution, cohort_size, num_clients, model, data)
     mesh = execution.mesh
     compact = stream_layout == "compact" and mesh is None  # a mesh streams padded cohorts
     check_capacity(algorithm, num_clients, cohort_size, num_rounds)
