@@ -2,6 +2,7 @@
 
     python benchmarks/short_run.py                 # 50 rounds, 3 alternating pairs
     python benchmarks/short_run.py --rounds 10 50 200 --repeats 3
+    python benchmarks/short_run.py --batch-size 20       # the issue-32 job at batch 20
 
 Expected runtime: about a minute per (rounds, repeat) pair on an idle 2-core CPU.
 
@@ -49,12 +50,13 @@ def load() -> str:
 
 
 def ours(root: str, rounds: int, eval_every: int, out: str, plots: bool,
-         extra=(), cache: str = "off") -> dict:
+         extra=(), cache: str = "off", batch_size: int = 10) -> dict:
     """``fedjax-fair run`` of the job; ``cache``: its persistent compilation cache
     directory (``FEDJAX_FAIR_COMPILATION_CACHE``), "off" for a cold start."""
     cmd = [sys.executable, "-m", "fedjax_fair.cli", "run", "--dataset", "femnist_like",
            "--model", "mlp", "--cohort-size", "50", "--num-rounds", str(rounds),
-           "--eval-every", str(eval_every), "-o", out, "--overwrite", "--no-progress"]
+           "--eval-every", str(eval_every), "--batch-size", str(batch_size), "-o", out,
+           "--overwrite", "--no-progress"]
     if not plots:
         cmd.append("--no-plots")
     cmd += list(extra)
@@ -73,9 +75,10 @@ def ours(root: str, rounds: int, eval_every: int, out: str, plots: bool,
             "run_seconds": timings["run_seconds"]}
 
 
-def theirs(python: str, rounds: int, eval_every: int) -> dict:
+def theirs(python: str, rounds: int, eval_every: int, batch_size: int = 10) -> dict:
     cmd = [python, os.path.join(HERE, "references", "fedjax_short_run.py"),
-           "--num-rounds", str(rounds), "--cohort-size", "50", "--eval-every", str(eval_every)]
+           "--num-rounds", str(rounds), "--cohort-size", "50", "--eval-every", str(eval_every),
+           "--batch-size", str(batch_size)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t
@@ -89,6 +92,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, nargs="+", default=[50])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=10, help="local batch of both")
     p.add_argument("--no-plots", action="store_true", help="run ours with --no-plots")
     p.add_argument("--fedjax-python", default=os.environ.get(
         "FEDJAX_PYTHON", os.path.join(ROOT, ".venv-fedjax", "bin", "python")))
@@ -108,30 +112,32 @@ def main(argv=None) -> None:
         for rounds in a.rounds:
             times = {"ours": [], "fedjax": [], "warm": [], "other": [], "variant": []}
             cache = os.path.join(tmp, f"cache{rounds}")
+            # fills the cache: the warm column's runs load from it
             ours(ROOT, rounds, a.eval_every, os.path.join(tmp, "warm"), not a.no_plots,
-                 cache=cache)  # fills the cache: the warm column's runs load from it
+                 cache=cache, batch_size=a.batch_size)
             compiles = []
             for rep in range(a.repeats):
-                r = ours(ROOT, rounds, a.eval_every, os.path.join(tmp, "ours"), not a.no_plots)
+                r = ours(ROOT, rounds, a.eval_every, os.path.join(tmp, "ours"), not a.no_plots,
+                         batch_size=a.batch_size)
                 times["ours"].append(r["seconds"])
                 compiles.append(r["compile_seconds"])
                 raw.append({"rounds": rounds, "who": "ours", **r, "load": load()})
                 if have_fedjax:
-                    r = theirs(a.fedjax_python, rounds, a.eval_every)
+                    r = theirs(a.fedjax_python, rounds, a.eval_every, a.batch_size)
                     times["fedjax"].append(r["seconds"])
                     raw.append({"rounds": rounds, "who": "fedjax", **r, "load": load()})
                 r = ours(ROOT, rounds, a.eval_every, os.path.join(tmp, "warm"),
-                         not a.no_plots, cache=cache)
+                         not a.no_plots, cache=cache, batch_size=a.batch_size)
                 times["warm"].append(r["seconds"])
                 raw.append({"rounds": rounds, "who": "warm", **r, "load": load()})
                 if a.variant:
                     r = ours(ROOT, rounds, a.eval_every, os.path.join(tmp, "variant"),
-                             not a.no_plots, a.variant.split())
+                             not a.no_plots, a.variant.split(), batch_size=a.batch_size)
                     times["variant"].append(r["seconds"])
                     raw.append({"rounds": rounds, "who": "variant", **r, "load": load()})
                 if a.ours_root:
                     r = ours(a.ours_root, rounds, a.eval_every, os.path.join(tmp, "other"),
-                             not a.no_plots)
+                             not a.no_plots, batch_size=a.batch_size)
                     times["other"].append(r["seconds"])
                     raw.append({"rounds": rounds, "who": "other", **r, "load": load()})
                 print(f"  rounds {rounds} repeat {rep + 1}: " + ", ".join(
