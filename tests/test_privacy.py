@@ -323,3 +323,9 @@ def test_docs_page_runs_and_links_inside_the_repository():
     for link in links:
         assert "://" not in link, link
         assert (page.parent / link.split("#")[0]).resolve().exists(), link
+
+
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_no_noise_spends_an_infinite_epsilon_without_failing(sampling):
+    assert P.epsilon(0.0, 0.5, 3, 1e-5, sampling=sampling, population=6) == float("inf")
+    assert P.epsilon(0.0, 0.5, 0, 1e-5, sampling=sampling, population=6) == 0.0

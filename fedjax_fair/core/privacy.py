@@ -381,6 +381,8 @@ def epsilon(noise_multiplier: float, sampling_probability: float, rounds: int, d
         _sample_size(sampling_probability, population)
     if rounds == 0:
         return 0.0
+    if float(noise_multiplier) == 0.0:  # no noise: no guarantee (dp-accounting divides by z)
+        return float("inf")
     acc = make_accountant(sampling, accountant)
     acc.compose(dp_event(noise_multiplier, sampling_probability, rounds, sampling, population))
     return float(acc.get_epsilon(delta))
