@@ -74,6 +74,18 @@ def test_a_target_epsilon_sets_the_noise_and_compare_tables_it(tmp_path):
     assert "| ε" in (out / "comparison.md").read_text()
 
 
+def test_a_run_clipped_without_noise_reports_an_infinite_epsilon(tmp_path):
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", *TINY, "--algorithms", "fedavg", "--seeds", "0",
+                     "--num-rounds", "2", "--dp-noise", "0", "--dp-clip", "0.1",
+                     "--no-plots", "-o", str(out)]) == 0
+    with open(out / "comparison.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert float(row["dp_epsilon"]) == float("inf")
+    assert "| inf" in (out / "comparison.md").read_text()
+    assert _history(out / "fedavg" / "seed0")[-1]["dp_epsilon"] is None  # JSON's inf
+
+
 @pytest.mark.parametrize("args,field", [
     (["--dp-noise", "-1"], "dp_noise"),
     (["--dp-noise", "1", "--dp-clip", "0"], "dp_clip"),

@@ -235,16 +235,22 @@ def aggregate_runs(summaries: Sequence[Mapping[str, float]],
                    columns=TABLE_COLUMNS) -> dict[str, tuple[float, float]]:
     """``{key: (mean, std)}`` over seeds of the table columns (population std; 0 for one run).
 
-    A run that diverged has NaN values and makes the aggregate NaN.
+    A run that diverged has NaN values and makes the aggregate NaN. JSON holds a
+    non-finite value as null: null is NaN, except the privacy spent, where it is the
+    infinite epsilon of a run without noise.
     """
     out = {}
     for key, *_ in columns:
-        vals = np.array([float(s.get(key, math.nan)) for s in summaries], np.float64)
+        missing = math.inf if key == DP_COLUMN[0] else math.nan
+        vals = np.array([missing if s.get(key, math.nan) is None else float(s.get(key, math.nan))
+                         for s in summaries], np.float64)
         out[key] = (float(np.mean(vals)), float(np.std(vals)) if len(vals) > 1 else 0.0)
     return out
 
 
 def _fmt(value: float, std: Optional[float], decimals: int) -> str:
+    if value == math.inf:
+        return "inf"
     if not math.isfinite(value):
         return "nan"
     text = f"{value:.{decimals}f}"
