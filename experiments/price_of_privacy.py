@@ -16,8 +16,9 @@ themselves). A folder that already holds a ``comparison.csv`` is not run again.
 Writes, under ``--out``: ``none/``, ``clip/`` and ``eps{E}/`` (comparison folders),
 ``price_of_privacy.csv`` (method, epsilon, mean and seed std of both accuracies) and
 ``price_of_privacy.png`` (two panels against epsilon; clipped without noise, and without DP, at the right).
-docs/reproducing.md, "The price of privacy for fairness", reports the result. About
-2 minutes per comparison on a 2-core CPU.
+docs/reproducing.md, "The price of privacy for fairness", reports the result (and one
+more comparison by hand: epsilon 4 with ``--dp-adaptive-clip 0.5``). About 2 minutes
+per comparison on a 2-core CPU.
 """
 from __future__ import annotations
 
