@@ -327,3 +327,25 @@ def test_auto_splits_the_cohort_over_several_cpu_devices():
     proc = subprocess.run([sys.executable, "-c", _AUTO_MESH_CHECK], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-4000:]
+
+
+def test_compile_options_by_program_and_backend(monkeypatch):
+    monkeypatch.delenv(execution.COMPILE_OPTIONS_ENV, raising=False)
+    once = execution.compiler_options("once", backend="cpu")
+    assert once["xla_backend_optimization_level"] == 0
+    assert execution.compiler_options("rounds", backend="cpu") is None
+    assert execution.compiler_options("once", backend="gpu") is None
+    monkeypatch.setenv(execution.COMPILE_OPTIONS_ENV, "default")
+    assert execution.compiler_options("once", backend="cpu") is None
+    monkeypatch.setenv(execution.COMPILE_OPTIONS_ENV, '{"rounds": {"xla_cpu_use_fusion_emitters": false}}')
+    assert execution.compiler_options("rounds", backend="cpu") == {
+        "xla_cpu_use_fusion_emitters": False}
+    assert execution.compiler_options("once", backend="cpu") == once
+
+
+def test_initial_params_are_the_models_init_within_an_ulp():
+    model = helpers.logreg()
+    key = jax.random.key(7)
+    fast, reference = execution.initial_params(model, key), jax.jit(model.init)(key)
+    chex.assert_trees_all_close(fast, reference, rtol=1e-6, atol=0)
+    chex.assert_trees_all_equal(fast, execution.initial_params(model, key))  # one program

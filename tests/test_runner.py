@@ -102,6 +102,10 @@ def test_compile_seconds_counts_every_compile_of_the_run():
     assert result.compile_seconds > 0.0
     assert result.compile_seconds >= _union(spans) - 1e-6
     assert result.compile_seconds <= t1 - t0
+    # per program: the fresh model's evaluator (compiled in the background) and the
+    # chunk program (this algorithm object is new: not in the process's program cache)
+    assert {"chunk_program", "evaluate_clients"} <= set(result.compile_programs)
+    assert all(v > 0.0 for v in result.compile_programs.values())
     # the clock merges nested and concurrent spans: it counts no second twice
     clock = CompileClock()
     for a, b in ((0.0, 2.0), (1.0, 3.0), (0.5, 1.0), (5.0, 6.0)):

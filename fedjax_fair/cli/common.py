@@ -23,7 +23,7 @@ from fedjax_fair.cli import config as C, lock, report
 from fedjax_fair.core import memory, sampling
 from fedjax_fair.core.client import FIELDS
 from fedjax_fair.core.algorithm import transformed, with_improvement
-from fedjax_fair.core.execution import ModelProfile, model_profile
+from fedjax_fair.core.execution import ModelProfile, initial_params, model_profile
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
 from fedjax_fair.core.schedules import parse as parse_schedule
 from fedjax_fair.data import get_dataset
@@ -434,7 +434,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                  progress=True, description="", on_eval=None, on_rounds=None, log=print,
                  commit_seconds=0.0, on_clients=None):
     """``runner.run`` with the CLI's seeding: init and run keys are ``key(seed)``."""
-    params = jax.jit(model.init)(jax.random.key(seed))  # one compile, not one per op
+    params = initial_params(model, jax.random.key(seed))  # one compile, not one per op
     try:
         return runner.run(alg, params, ds.host_data, jax.random.key(seed), model=model,
                             num_rounds=cfg.num_rounds, cohort_size=cfg.cohort_size,
@@ -572,6 +572,7 @@ def write_run_outputs(out: str, cfg_dict: dict, ds, model, result, *, plots: boo
         "selected": _selected(result.history),
         "improved_fraction_mean": None if imp is None or not len(imp) else float(np.mean(imp)),
         "timings": {"compile_seconds": result.compile_seconds,
+                    "compile_programs": result.compile_programs or {},
                     "run_seconds": result.run_seconds,
                     "run_seconds_cumulative": result.history[-1].get("seconds", 0.0)},
         "client_table": result.client_table,

@@ -18,6 +18,7 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     build_algorithm, build_dataset, build_model, for_method,
                                     participation_report, simulate_one, write_run_figures,
                                     write_run_outputs, write_run_page)
+from fedjax_fair.core.execution import initial_params
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
@@ -116,14 +117,18 @@ def cmd_run(args) -> int:
                                             stop_on_signals)
     _STAGE_DIR.append(out)
     try:
-        with CompileClock() as init_clock:  # simulate_one's jit(model.init) hits the cache
-            jax.jit(model.init).lower(jax.random.key(cfg.seed)).compile()
+        with CompileClock() as init_clock:  # simulate_one's initial_params hits the cache
+            initial_params(model, jax.random.key(cfg.seed))
         with stop_on_signals():
             result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                                   resume=cfg.resume, progress=cfg.progress,
                                   description=f"{cfg.algorithm}", on_eval=on_eval,
                                   on_rounds=on_rounds, on_clients=tracked.on_clients(trun))
         result.compile_seconds += init_clock.seconds  # the model's init counts too
+        programs = dict(result.compile_programs or {})
+        for name, seconds in init_clock.programs.items():
+            programs[name] = round(programs.get(name, 0.0) + seconds, 4)
+        result.compile_programs = dict(sorted(programs.items(), key=lambda kv: -kv[1]))
     except C.ConfigError:  # refused by the runner's memory plan before any round ran
         if not started:
             held.release(undo=True)  # the folders as they were

@@ -90,18 +90,24 @@ def make_state_evaluator(model: Model, personal: Optional[Callable] = None,
     if personal is not None:
         return make_personal_evaluator(model, personal)
     evaluate = make_evaluator(model) if mesh is None else make_sharded_evaluator(model, mesh)
-    if evaluated_params is not None:
-        return lambda state, split, client_ids: evaluate(evaluated_params(state), split)
-    return lambda state, split, client_ids: evaluate(state.params, split)
+
+    def evaluate_clients(state, split, client_ids):  # the name compile_programs reports
+        del client_ids
+        params = state.params if evaluated_params is None else evaluated_params(state)
+        return evaluate(params, split)
+
+    return evaluate_clients
 
 
 @functools.lru_cache(maxsize=32)
 def state_evaluator_program(model: Model, personal: Optional[Callable] = None,
-                            evaluated_params: Optional[Callable] = None) -> Callable:
-    """``make_state_evaluator`` (one device) as one jitted function of ``(state, split,
-    client_ids)``, which the runner compiles ahead of time (``.lower(...).compile()``)
-    in a background thread while the chunk program compiles. Cached per model."""
-    return jax.jit(make_state_evaluator(model, personal, evaluated_params))
+                            evaluated_params: Optional[Callable] = None,
+                            mesh=None) -> Callable:
+    """``make_state_evaluator`` (one device, or split by client over ``mesh``) as one
+    jitted function of ``(state, split, client_ids)``, which the runner compiles ahead
+    of time (``.lower(...).compile()``) in a background thread while the chunk program
+    compiles. Cached per model and mesh."""
+    return jax.jit(make_state_evaluator(model, personal, evaluated_params, mesh))
 
 
 def to_numpy(metrics: dict) -> dict:

@@ -50,6 +50,9 @@ uses XLA convolutions on CPU, ``local_step_unroll`` returns full unrolling.
 """
 from __future__ import annotations
 
+import functools
+import json
+import os
 from typing import Callable, NamedTuple, Optional, Union
 
 import jax
@@ -96,6 +99,49 @@ def as_execution(execution: Union[str, Execution, None]) -> Execution:
     if execution.mesh is not None:
         sharding.check_mesh(execution.mesh)
     return execution
+
+
+# --------------------------------------------------------------- compile options
+
+# XLA:CPU options per kind of program (docs/performance.md, "Compile time on a first
+# run"): "once", programs that run once or a few times on small arrays (the model's
+# init, the sweeps' summaries), compile with LLVM at level 0 and the classic fusion
+# emitters (a logistic regression's init: 1.76 s -> 0.13 s; values within an ulp);
+# "rounds" (the chunk programs) and "evaluate" (the evaluator) keep XLA's defaults
+# unless measurement shows otherwise.
+CPU_COMPILE_OPTIONS = {
+    "once": {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
+    "rounds": None,
+    "evaluate": None,
+}
+COMPILE_OPTIONS_ENV = "FEDJAX_FAIR_XLA_OPTIONS"
+
+
+def compiler_options(program: str, backend: Optional[str] = None) -> Optional[dict]:
+    """XLA compile options for a program of kind ``program`` ("once", "rounds",
+    "evaluate") on ``backend``: ``CPU_COMPILE_OPTIONS`` on a CPU, None (XLA's
+    defaults) elsewhere. ``$FEDJAX_FAIR_XLA_OPTIONS`` overrides: ``default`` for XLA's
+    defaults everywhere, or a JSON object ``{kind: options or null}``."""
+    if (backend or jax.default_backend()) != "cpu":
+        return None
+    override = os.environ.get(COMPILE_OPTIONS_ENV, "").strip()
+    if override.lower() == "default":
+        return None
+    table = {**CPU_COMPILE_OPTIONS, **(json.loads(override) if override else {})}
+    options = table.get(program)
+    return dict(options) if options else None
+
+
+@functools.lru_cache(maxsize=32)
+def _init_program(model) -> Callable:
+    return jax.jit(model.init, compiler_options=compiler_options("once"))
+
+
+def initial_params(model, key):
+    """``model.init(key)`` compiled once per model with the "once" options (the
+    command line's initial parameters: equal to ``jax.jit(model.init)(key)`` within an
+    ulp on a CPU, where LLVM's level 0 contracts no multiply-adds)."""
+    return _init_program(model)(key)
 
 
 def group_max(value: jax.Array) -> Optional[jax.Array]:

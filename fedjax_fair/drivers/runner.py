@@ -37,8 +37,8 @@ from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import table_memory
 from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
-from fedjax_fair.core.execution import (Execution, as_execution, auto_mesh, model_profile,
-                                        resolve)
+from fedjax_fair.core.execution import (Execution, as_execution, auto_mesh,
+                                        compiler_options, model_profile, resolve)
 from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets
 from fedjax_fair.core.system import System
 from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, plan_rounds,
@@ -99,16 +99,23 @@ class CompileClock:
     programs, the evaluator, one-off eager ops, ...), plus the spans added with
     ``add`` (a program's whole ``lower().compile()``), merged so that nested or
     concurrent compiles (a background thread) count once. Compiles of any thread of
-    the process count while the clock runs. ``start``/``stop``, or a context."""
+    the process count while the clock runs. ``start``/``stop``, or a context.
+    ``programs`` splits the jax spans by the program they compiled."""
 
     def __init__(self):
         self._spans: list = []
+        self._named: dict = {}  # program name -> its jax spans
         self._lock = threading.Lock()
         self._running = False
 
     def _listener(self, event, start, end, **kwargs):
         if event in _COMPILE_EVENTS:
             self.add(start, end)
+            name = str(kwargs.get("fun_name", "?"))
+            if name.startswith("jit(") and name.endswith(")"):  # lowering and XLA's spans
+                name = name[4:-1]
+            with self._lock:
+                self._named.setdefault(name, []).append((float(start), float(end)))
 
     def add(self, start: float, end: float) -> None:
         """A span in ``time.time()`` seconds."""
@@ -135,14 +142,30 @@ class CompileClock:
     @property
     def seconds(self) -> float:
         with self._lock:
-            spans = sorted(self._spans)
-        total, end = 0.0, -float("inf")
-        for a, b in spans:
-            if b <= end:
-                continue
-            total += b - max(a, end)
-            end = b
-        return total
+            spans = list(self._spans)
+        return _covered(spans)
+
+    @property
+    def programs(self) -> dict:
+        """``{program: seconds}``, largest first: each program's tracing, lowering and
+        XLA compile as jax names it (the function's name), its own spans merged. A
+        program traced inside another (a nested jit) also counts in its parent's
+        tracing, so the values may add up to more than ``seconds``."""
+        with self._lock:
+            named = {k: list(v) for k, v in self._named.items()}
+        out = {k: round(_covered(v), 4) for k, v in named.items()}
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _covered(spans) -> float:
+    """Seconds covered by the union of ``spans`` [(start, end)]."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 class Interrupted(Exception):
@@ -215,6 +238,8 @@ class RunResult:
     client_history: Optional[dict] = None
     # every round's metrics, as on_rounds receives them: {name: [R, ...]}
     rounds: Optional[dict] = None
+    # this process's compile seconds per program (CompileClock.programs)
+    compile_programs: Optional[dict] = None
 
 
 def _replicated(mesh):
@@ -238,27 +263,37 @@ _COMPILER = None  # one background thread compiling evaluators for every run
 
 
 def _compile_evaluators(model, algorithm, state, data: FederatedData, num_clients: int,
-                        placement: str, validate: bool) -> dict:
+                        placement: str, validate: bool, mesh=None, data_layout=None) -> dict:
     """Futures of the compiled evaluators ``{(split, placement): Compiled}``, compiled in
     a background thread: the placement asked for ("auto": the device) and the test and
     validation splits. The arguments are the state's avals (weak types included: the
-    chunk program's carry) and the split's shapes."""
+    chunk program's carry; under ``mesh``, its layout) and the split's shapes (under
+    ``mesh``, laid out as ``data_layout``: split by client, the only layout the mesh's
+    evaluator is compiled for here)."""
     import concurrent.futures
     global _COMPILER
     if _COMPILER is None:
         _COMPILER = concurrent.futures.ThreadPoolExecutor(1, "fedjax-fair-compile")
-    fn = state_evaluator_program(model, algorithm.personal, algorithm.evaluated_params)
+    fn = state_evaluator_program(model, algorithm.personal, algorithm.evaluated_params, mesh)
     splits = [("test", data.test)] + ([("validation", data.validation)] if validate else [])
-    state = jax.tree.map(_aval, state)  # the state may be donated before this runs
+    # the state may be donated before this runs
+    state = jax.tree.map(_aval if mesh is None else _sharded_aval, state)
     where = "host" if placement == "host" else "device"  # "auto" mostly stays
     out = {}
     n = num_clients if where == "device" else _EVAL_CLIENTS
+    if mesh is not None and (where == "host" or algorithm.personal is not None
+                             or n % sharding.num_shards(mesh)):
+        return out  # left to the jitted evaluator
     for name, split in splits:
         shapes = jax.tree.map(lambda v: jax.ShapeDtypeStruct((n, *np.shape(v)[1:]), v.dtype),
                               split)
         ids = jax.ShapeDtypeStruct((n,), np.int32)
+        if mesh is not None:
+            shapes = sharding.abstract(shapes, getattr(data_layout, name))
+            ids = jax.ShapeDtypeStruct((n,), np.int32, sharding=sharding.replicated(mesh))
         out[(name, where)] = _COMPILER.submit(
-            lambda s=shapes, i=ids: fn.lower(state, s, i).compile())
+            lambda s=shapes, i=ids: fn.lower(state, s, i).compile(
+                compiler_options("evaluate")))
     return out
 
 
@@ -297,6 +332,15 @@ def _aval(x):
         return x
     weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
     return jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=weak)
+
+
+def _sharded_aval(x):
+    """``_aval`` with the array's sharding (a placed state's leaf)."""
+    aval = _aval(x)
+    if not isinstance(x, jax.Array):
+        return aval
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+                                sharding=x.sharding)
 
 
 def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: int,
@@ -592,10 +636,10 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                     """``f`` whose returned state keeps the state's layout on a mesh
                     (the next chunk's program takes it as compiled; XLA may otherwise
                     give a per-client aggregator table, FedLF's, another layout)."""
-                    def g(*args):
+                    def chunk_program(*args):  # the name compile_programs reports
                         new_state, metrics = f(*args)
                         return sharding.constrain_state(new_state, mesh), metrics
-                    return g
+                    return chunk_program
 
                 if padded_size is None:
                     fn = jax.jit(pinned(lambda s, d, k, b, n: simulate(
@@ -625,16 +669,16 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                              _signature(args))
                 compiled[name] = _PROGRAMS.get(signature)
                 if compiled[name] is None:  # not compiled by an earlier run of this process
-                    compiled[name] = fn.lower(*args).compile()
+                    compiled[name] = fn.lower(*args).compile(compiler_options("rounds"))
                     _PROGRAMS.put(signature, compiled[name])
                 clock.add(t, time.time())  # the whole lower + compile, Python included
                 bar.set_postfix_str("")
             return compiled[name]
 
         # ---- the evaluator, compiled ahead of time in a background thread while the
-        # first chunk program compiles below (one device; XLA releases the GIL)
+        # first chunk program compiles below (XLA releases the GIL)
         eval_programs = _compile_evaluators(model, algorithm, state, data, num_clients,
-                                            placement, validate) if mesh is None else {}
+                                            placement, validate, mesh, data_layout)
 
         # ---- memory plan, before any data moves to the device
         try:
@@ -885,6 +929,8 @@ class Record:
 
     def result(self, algorithm: FederatedAlgorithm, plan, clock: "CompileClock",
                compile_seconds: Optional[float] = None) -> RunResult:
+        """The run's result; ``compile_seconds`` given (runs sharing programs) replaces
+        the clock's, and 0 means this run compiled nothing of its own."""
         rounds = {k: np.concatenate(v) for k, v in self.rounds.items()}
         table = (table_memory(algorithm.client_table, self.state.client_states)
                  if algorithm.client_table is not None else None)
@@ -897,7 +943,7 @@ class Record:
             client_table=table,
             client_history={"round": np.asarray([h["round"] for h in self.history]),
                             **{k: np.stack(v) for k, v in self.clients.items()}},
-            rounds=rounds)
+            rounds=rounds, compile_programs={} if compile_seconds == 0.0 else clock.programs)
 
 
 def drive(records: list, advance: Callable, initial: Callable, *, num_rounds: int,

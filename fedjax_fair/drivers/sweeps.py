@@ -314,11 +314,11 @@ def _run_fn(build: Callable, model, data_has_validation: bool, *, num_rounds, co
 
 def initial_params(model, seeds: np.ndarray):
     """``model.init(jax.random.key(s))`` of every seed, stacked [S, ...]: one compiled
-    init (as the command line's ``jax.jit(model.init)``), called once per seed, outside
-    the sweep's program (a vmapped flax init inside it doubled its compile time)."""
-    init = jax.jit(model.init)
-    return jax.tree.map(lambda *xs: jnp.stack(xs),
-                        *[init(jax.random.key(int(s))) for s in seeds])
+    init (the command line's ``execution.initial_params``), called once per seed,
+    outside the sweep's program (a vmapped flax init inside it doubled its compile
+    time)."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *[
+        _execution.initial_params(model, jax.random.key(int(s))) for s in seeds])
 
 
 # ------------------------------------------------------------------ summaries
@@ -345,9 +345,8 @@ def _summary_fn(fractions: tuple) -> Callable:
         return out
 
     # tiny arrays: XLA:CPU's cheaper pipeline halves the compile, the run is negligible
-    cheap = ({"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-             if jax.default_backend() == "cpu" else None)
-    return jax.jit(jax.vmap(one, in_axes=(0, None)), compiler_options=cheap)
+    return jax.jit(jax.vmap(one, in_axes=(0, None)),
+                   compiler_options=_execution.compiler_options("once"))
 
 
 def summarise(per_client: dict, num_examples, split: str = "test",
@@ -788,9 +787,9 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
         check_system(system, data, model, sampler)
     clock = CompileClock().start()
     try:
-        init = jax.jit(model.init)
         states = [(algorithm.init if inits is None else inits[i])(
-            init(jax.random.key(int(s))), num_clients) for i, s in enumerate(seed_values)]
+            _execution.initial_params(model, jax.random.key(int(s))), num_clients)
+            for i, s in enumerate(seed_values)]
         records = [Record(None if checkpoint_dirs is None else checkpoint_dirs[i],
                           commit_seconds=commit_seconds) for i in range(len(seed_values))]
         if resume:
@@ -824,7 +823,8 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
                 fn = evaluate if length is None else chunk(length)
                 args += (jax.ShapeDtypeStruct((), jnp.int32)
                          if one_program and length is not None else None,)
-                programs[length] = jit(fn).lower(*args).compile()
+                programs[length] = jit(fn).lower(*args).compile(
+                    _execution.compiler_options("evaluate" if length is None else "rounds"))
             return programs[length]
 
         start = int(states[0].round)
