@@ -95,6 +95,20 @@ def test_sweep_table_equals_separate_runs(reference, tmp_path):
                                    100 * np.std(worst), rtol=1e-5, atol=1e-4)
 
 
+def test_a_private_sweep_states_the_epsilon_it_spent(tmp_path, capsys):
+    pytest.importorskip("dp_accounting")
+    from fedjax_fair.core import privacy
+    out = tmp_path / "dp"
+    assert cli.main(["sweep", *CLI_TINY, "--grid", "client_lr=0.01,0.1", "--seeds", "0",
+                     "--num-rounds", "2", "--dp-noise", "1.5", "--dp-clip", "0.5",
+                     "--no-plots", "-o", str(out)]) == 0
+    spent = privacy.epsilon(1.5, 3 / 6, 2, 1e-5, sampling="fixed", population=6)
+    record = json.loads((out / "runs.json").read_text())
+    assert record["context"]["dp_epsilon"] == pytest.approx(spent, rel=1e-9)
+    assert f"epsilon {spent:.3g}" in (out / "sweep.md").read_text().splitlines()[0]
+    assert "client-level DP" in capsys.readouterr().out
+
+
 def test_selection_is_by_validation_accuracy(reference):
     out, _ = reference
     record = json.loads((out / "runs.json").read_text())

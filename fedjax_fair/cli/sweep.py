@@ -373,6 +373,10 @@ def cmd_sweep(args) -> int:
     cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
     p = plan(cfg, hparams)
     print(programs_line(cfg, p.programs, p.tiles.count, p.tiles.g * p.tiles.s))
+    from fedjax_fair.cli import transforms
+    guards = transforms.describe(cfg, cfg.algorithm, p.ds.num_clients)
+    if guards:
+        print(f"rounds: {guards}")
 
     _own(cfg, True, check_fresh=True)
     if not cfg.resume:  # a fresh sweep: nothing of an earlier one stays (--overwrite)
@@ -544,10 +548,14 @@ def runs_record(cfg: C.SweepConfig, ds, programs: list, results: list, keys: lis
     for k, c in locate(cfg):
         for key in keys:
             summary[key].append([float(v) for v in flat[k][key][c]])
+    from fedjax_fair.cli import transforms
+    accountant = transforms.accountant_of(cfg, ds.num_clients)  # one for every grid point
+    private = {} if accountant is None else {
+        "dp_epsilon": accountant.epsilon(cfg.num_rounds), "dp_delta": cfg.dp_delta}
     return {"algorithm": cfg.algorithm,
             "context": {"dataset": ds.name, "num_clients": int(ds.num_clients),
                         "model": cfg.model, "num_rounds": cfg.num_rounds,
-                        "cohort_size": cfg.cohort_size, "evaluated": evaluated},
+                        "cohort_size": cfg.cohort_size, "evaluated": evaluated, **private},
             "axes": [{"name": n, "values": cfg.grid[n], "static": n in static}
                      for n in names],
             "seeds": list(cfg.seeds), "metric": cfg.metric, "validation": validation,
@@ -803,9 +811,13 @@ def title(record: dict) -> str:
     what = (f"final per-client test accuracy (mean ± std over {len(seeds)} seeds)"
             if len(seeds) > 1 else "final per-client test accuracy")
     model = report.EVALUATED.get(c.get("evaluated"), "")
+    private = "" if "dp_epsilon" not in c else (
+        f", client-level DP epsilon {c['dp_epsilon']:.3g} at delta {c['dp_delta']:g}"
+        if c["dp_epsilon"] is not None else ", client-level DP without noise (epsilon inf)")
     return (f"{record['algorithm']} on {c['dataset']} ({c['num_clients']} clients), "
             f"{c['model']}{', ' + model if model else ''}, {c['num_rounds']} rounds, cohort "
-            f"{c['cohort_size']}, seed{'s' * (len(seeds) > 1)} {_seeds_text(seeds)}: {what}")
+            f"{c['cohort_size']}{private}, seed{'s' * (len(seeds) > 1)} "
+            f"{_seeds_text(seeds)}: {what}")
 
 
 def rebuild(out_dir: str, *, plots: Optional[bool] = None, echo: bool = True) -> None:
