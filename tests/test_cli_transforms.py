@@ -135,3 +135,11 @@ def test_an_attacked_private_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert cli.main(["run", "-o", str(part), "--resume", "--num-rounds", "4"]) == 0
     drop = lambda h: {k: v for k, v in h.items() if k != "seconds"}
     assert [drop(h) for h in _history(part)] == [drop(h) for h in _history(whole)]
+
+
+def test_qffl_mixing_mode_is_covered_by_the_private_release_its_faithful_step_is_not():
+    from fedjax_fair.cli import transforms
+    assert transforms.dp_covered("qffl", {"mode": "mixing", "q": 5.0})
+    assert not transforms.dp_covered("qffl", {})
+    assert not transforms.dp_covered("aaggff_d", {"mode": "mixing"})
+    assert transforms.dp_covered("fedavg@1", None)

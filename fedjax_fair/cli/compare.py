@@ -113,7 +113,7 @@ def cmd_compare(args) -> int:
     guards = transforms.describe(cfg, "fedavg", ds.num_clients)
     if guards:
         print(f"rounds: {guards}")
-        uncovered = [a for a in algs if base_name(a) not in transforms.DP_COVERED]
+        uncovered = [a for a in algs if not transforms.dp_covered(base_name(a), hparams[a])]
         if transforms.dp_of(cfg, ds.num_clients) is not None and uncovered:
             print(f"dp: the servers of {', '.join(uncovered)} also read client losses or "
                   f"state that DP-FedAvg does not privatise: their epsilon covers the "

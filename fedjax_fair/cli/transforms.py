@@ -26,6 +26,14 @@ DP_COVERED = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad"
               "fedcm")
 
 
+def dp_covered(name: str, hparams: Optional[dict] = None) -> bool:
+    """Whether DP-FedAvg's release covers everything ``name``'s server reads: the
+    methods of ``DP_COVERED``, and q-FFL in its ``mixing`` mode (each client's weight
+    a function of its own loss, docs/privacy.md's rule)."""
+    base = name.partition("@")[0]
+    return base in DP_COVERED or (base == "qffl" and (hparams or {}).get("mode") == "mixing")
+
+
 def parse_attack(text: str, num_classes: Optional[int] = None):
     """``label_flip``, ``sign_flip[:SCALE]``, ``gaussian[:STD]``,
     ``scaled_replacement[:SCALE]`` -> ``attacks.Attack``; ``FieldError("attack")``."""
@@ -214,7 +222,7 @@ def describe(cfg, name: str, num_clients: int) -> Optional[str]:
         parts.append(f"robust aggregator {cfg.robust}")
     dp = dp_of(cfg, num_clients)
     if dp is not None:
-        covered = "" if name.partition("@")[0] in DP_COVERED else (
+        covered = "" if dp_covered(name, getattr(cfg, "hparams", None)) else (
             f"; {name}'s server also reads client losses or state that DP-FedAvg does not "
             f"privatise: epsilon covers the updates only")
         clip = f"clip {dp.clip:g}" if dp.adaptive is None else (
