@@ -84,7 +84,6 @@ def build_model(job):
 
 def setup(job):
     import torch
-    import torch.nn.functional as F
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if job.get("torch_threads"):
@@ -97,26 +96,11 @@ def setup(job):
     local = build_model(job).to(device)
     sizes = job["sizes"]
     base, lr, B, S = job["base_clients"], job["lr"], job["batch"], job["steps"]
-    total = float(sum(sizes))
     rng = np.random.default_rng(0)
 
     def one_round():
-        global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        avg = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        for k, n in enumerate(sizes):
-            local.load_state_dict(global_state)
-            opt = torch.optim.SGD(local.parameters(), lr=lr)
-            rows = torch.from_numpy(J.epoch_rows(rng, n, B, S)).to(device)
-            xk, yk = x[k % base][rows], y[k % base][rows]
-            for s in range(S):
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(local(xk[s * B:(s + 1) * B]), yk[s * B:(s + 1) * B])
-                loss.backward()
-                opt.step()
-            with torch.no_grad():
-                for name, v in local.state_dict().items():
-                    avg[name].add_(v, alpha=n / total)
-        model.load_state_dict(avg)
+        torch_round.fedavg_round(model, local, x, y, sizes, base, lr, B, S, rng,
+                                 device=device)
         if cuda:
             torch.cuda.synchronize()
 

@@ -74,9 +74,38 @@ def load_params(model, job) -> None:
             m.bias.copy_(torch.from_numpy(p[name + "/bias"]))
 
 
-def setup(job):
+def fedavg_round(model, local, x, y, sizes, base, lr, B, S, rng, clients=None, device=None):
+    """One FedAvg round as PyTorch simulators write it: each client in turn (all, or
+    ``clients``) loads the global model into ``local``, takes ``S`` SGD steps of batch
+    ``B`` on its rows (client k's data is ``x[k % base]``), and its weights join the
+    average with weight n_k / n; ``model`` then holds the average. ``device``: where
+    the row indices go (the data's device)."""
     import torch
     import torch.nn.functional as F
+    total = float(sum(sizes))
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    avg = {k: torch.zeros_like(v) for k, v in global_state.items()}
+    for k in (range(len(sizes)) if clients is None else clients):
+        n = sizes[k]
+        local.load_state_dict(global_state)
+        opt = torch.optim.SGD(local.parameters(), lr=lr)
+        rows = torch.from_numpy(J.epoch_rows(rng, n, B, S))
+        if device is not None:
+            rows = rows.to(device)
+        xk, yk = x[k % base][rows], y[k % base][rows]
+        for s in range(S):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(local(xk[s * B:(s + 1) * B]), yk[s * B:(s + 1) * B])
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            for name, v in local.state_dict().items():
+                avg[name].add_(v, alpha=n / total)
+    model.load_state_dict(avg)
+
+
+def setup(job):
+    import torch
     import time
     threads = job.get("torch_threads") or os.cpu_count()
     torch.set_num_threads(threads)
@@ -89,27 +118,10 @@ def setup(job):
     local = build_model(job)
     sizes = job["sizes"]
     base, lr, B, S = job["base_clients"], job["lr"], job["batch"], job["steps"]
-    total = float(sum(sizes))
     rng = np.random.default_rng(0)
 
     def one_round(clients=None):
-        global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        avg = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        for k in (range(len(sizes)) if clients is None else clients):
-            n = sizes[k]
-            local.load_state_dict(global_state)
-            opt = torch.optim.SGD(local.parameters(), lr=lr)
-            rows = torch.from_numpy(J.epoch_rows(rng, n, B, S))
-            xk, yk = x[k % base][rows], y[k % base][rows]
-            for s in range(S):
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(local(xk[s * B:(s + 1) * B]), yk[s * B:(s + 1) * B])
-                loss.backward()
-                opt.step()
-            with torch.no_grad():
-                for name, v in local.state_dict().items():
-                    avg[name].add_(v, alpha=n / total)
-        model.load_state_dict(avg)
+        fedavg_round(model, local, x, y, sizes, base, lr, B, S, rng, clients)
 
     warm = range(min(4, len(sizes)))
     one_round(clients=warm)  # warm-up (allocator, thread pool)
