@@ -669,16 +669,26 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
                              _signature(args))
                 compiled[name] = _PROGRAMS.get(signature)
                 if compiled[name] is None:  # not compiled by an earlier run of this process
-                    compiled[name] = fn.lower(*args).compile(compiler_options("rounds"))
+                    lowered = fn.lower(*args)
+                    start_evaluators()  # their tracing no longer contends for the GIL
+                    compiled[name] = lowered.compile(compiler_options("rounds"))
                     _PROGRAMS.put(signature, compiled[name])
                 clock.add(t, time.time())  # the whole lower + compile, Python included
                 bar.set_postfix_str("")
             return compiled[name]
 
-        # ---- the evaluator, compiled ahead of time in a background thread while the
-        # first chunk program compiles below (XLA releases the GIL)
-        eval_programs = _compile_evaluators(model, algorithm, state, data, num_clients,
-                                            placement, validate, mesh, data_layout)
+        # ---- the evaluator, compiled ahead of time in a background thread while XLA
+        # compiles the first chunk program (once that program is lowered: the two
+        # tracings would contend for the GIL; XLA's compile releases it)
+        eval_programs: dict = {}
+        started: list = []
+
+        def start_evaluators() -> None:
+            if not started:  # once; from the initial state and the data's shapes
+                started.append(True)
+                eval_programs.update(_compile_evaluators(
+                    model, algorithm, state, data, num_clients, placement, validate, mesh,
+                    data_layout))
 
         # ---- memory plan, before any data moves to the device
         try:
@@ -686,6 +696,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         except mem.MemoryBudgetError:
             bar.close()
             raise
+        start_evaluators()  # (the chunk program came from this process's cache)
         if log:
             log(plan.describe())
 
