@@ -100,6 +100,7 @@ def test_a_run_clipped_without_noise_reports_an_infinite_epsilon(tmp_path):
     (["--dp-noise", "1", "--dp-adaptive-clip", "1"], "dp_adaptive_clip"),
     (["--dp-epsilon", "1", "--dp-adaptive-clip", "0.5"], "dp_adaptive_clip"),  # count noise 0.15
     (["--dp-noise", "1", "--availability", "independent:0.5"], "availability"),
+    (["--dp-noise", "1", "--dropout", "0.2"], "dropout"),
     (["--dp-noise", "1", "--sampler", "size"], "sampler"),
 ])
 def test_bad_values_are_refused_before_compute(tmp_path, capsys, args, field):

@@ -81,12 +81,11 @@ def check(cfg) -> None:
                                            "release is DP-FedAvg's clipped weighted mean, "
                                            "whose sensitivity is bounded; a robust "
                                            "aggregator's is not here")
-            if (getattr(cfg, "availability", "always"), getattr(cfg, "dropout", "none")) \
-                    != ("always", "none"):
-                raise FieldError("availability", "client-level DP is accounted for cohorts of "
-                                                 "--cohort-size drawn uniformly from every "
-                                                 "client: not with --availability or "
-                                                 "--dropout")
+            for option, plain in (("availability", "always"), ("dropout", "none")):
+                if getattr(cfg, option, plain) != plain:
+                    raise FieldError(option, f"client-level DP is accounted for cohorts of "
+                                             f"--cohort-size drawn uniformly from every "
+                                             f"client: not with --{option}")
             if getattr(cfg, "sampler", "uniform") not in ("uniform", "full"):
                 raise FieldError("sampler", "client-level DP is accounted for uniform "
                                             "cohorts (--sampler uniform or full)")
@@ -139,21 +138,37 @@ def dp_of(cfg, num_clients: int):
     adaptive = _adaptive(cfg)
     noise = cfg.dp_noise
     if noise is None:
-        noise = _noise_for(float(cfg.dp_epsilon), int(cfg.cohort_size), int(num_clients),
-                           int(cfg.num_rounds), float(cfg.dp_delta))
+        run = (int(cfg.cohort_size), int(num_clients), int(cfg.num_rounds), float(cfg.dp_delta))
+        count_noise = cfg.cohort_size / 20.0
+        # the count's noise alone spending more than the budget leaves the updates none:
+        # known from one accounting instead of a calibration
+        if adaptive is not None and _spent(count_noise, *run) > cfg.dp_epsilon:
+            raise _no_budget(cfg, f"at noise multiplier {count_noise:g} it alone spends more")
+        noise = _noise_for(float(cfg.dp_epsilon), *run)
         if adaptive is not None:  # the count's noise spends part of the budget
             try:
-                noise = privacy.update_noise_multiplier(noise, cfg.cohort_size / 20.0)
+                noise = privacy.update_noise_multiplier(noise, count_noise)
             except FieldError as e:
-                raise C.config_error(FieldError(
-                    "dp_adaptive_clip", f"the clip count's noise (cohort / 20 = "
-                                        f"{cfg.cohort_size / 20:g}) leaves no budget for the "
-                                        f"updates at --dp-epsilon {cfg.dp_epsilon:g}: "
-                                        f"{str(e).split(': ', 1)[-1]}; use a larger cohort, "
-                                        f"a larger epsilon or a fixed clip"), "dp_adaptive_clip") \
-                    from None
+                raise _no_budget(cfg, str(e).split(": ", 1)[-1]) from None
     return privacy.ClientDP(noise_multiplier=float(noise), clip=cfg.dp_clip,
                             sampling="fixed", max_weight=cfg.dp_max_weight, adaptive=adaptive)
+
+
+def _no_budget(cfg, why: str):
+    return C.config_error(FieldError(
+        "dp_adaptive_clip", f"the clip count's noise (cohort / 20 = {cfg.cohort_size / 20:g}) "
+                            f"leaves no budget for the updates at --dp-epsilon "
+                            f"{cfg.dp_epsilon:g}: {why}; use a larger cohort, a larger "
+                            f"epsilon or a fixed clip"), "dp_adaptive_clip")
+
+
+@functools.lru_cache(maxsize=64)
+def _spent(noise: float, cohort_size: int, num_clients: int, rounds: int,
+           delta: float) -> float:
+    """epsilon of ``rounds`` fixed-size cohorts at noise multiplier ``noise``."""
+    from fedjax_fair.core import privacy
+    return privacy.epsilon(noise, cohort_size / num_clients, rounds, delta, sampling="fixed",
+                           population=num_clients)
 
 
 @functools.lru_cache(maxsize=64)
