@@ -329,3 +329,24 @@ def test_docs_page_runs_and_links_inside_the_repository():
 def test_no_noise_spends_an_infinite_epsilon_without_failing(sampling):
     assert P.epsilon(0.0, 0.5, 3, 1e-5, sampling=sampling, population=6) == float("inf")
     assert P.epsilon(0.0, 0.5, 0, 1e-5, sampling=sampling, population=6) == 0.0
+
+
+def test_vmap_and_grad_through_the_target_quantile():
+    """--dp-adaptive-clip's quantile is continuous: a grid of quantiles is one vmapped
+    call, and the next clip's derivative in it is C eta exp(-eta (b - gamma)) (no count
+    noise here)."""
+    k = 8
+    deltas = {"w": jax.random.normal(jax.random.key(0), (k, 5, 3))}
+
+    def next_clip(q):
+        dp = P.ClientDP(1.0, 1.0, adaptive=P.AdaptiveClip(
+            target_quantile=q, learning_rate=0.2, count_noise_multiplier=0.0))
+        _, state, _ = P.privatize(deltas, jnp.ones(k) / k, jnp.ones(k, bool),
+                                  jax.random.key(1), dp, P.ClipState(jnp.asarray(2.0)))
+        return state.clip
+
+    qs = jnp.array([0.1, 0.5, 0.9])
+    grid = jax.vmap(next_clip)(qs)
+    np.testing.assert_allclose(grid, [next_clip(q) for q in qs], rtol=1e-6)
+    assert bool(jnp.all(jnp.diff(grid) > 0))  # a higher quantile keeps a larger clip
+    np.testing.assert_allclose(jax.grad(next_clip)(0.5), 0.2 * next_clip(0.5), rtol=1e-5)
