@@ -21,11 +21,12 @@ steps as its busiest client needs rather than the federation's padded maximum;
 past its own count a client keeps its carry through a select. Bucketing makes the
 groups homogeneous, so little work is spent on masked steps.
 * ``"auto"``: picks one of the above from the backend and the model (``choose``, a
-  pure function of both; ``resolve`` without a model description). Benchmarks (benchmarks/round_throughput.py, docs/performance.md)
-  justify the rule. On a CPU with several local devices (``jax.config.update(
-  "jax_num_cpu_devices", os.cpu_count())`` or ``XLA_FLAGS=
-  --xla_force_host_platform_device_count=N`` before JAX starts) ``auto`` also splits
-  the cohort over them (``auto_mesh``): one chain of clients per core.
+  pure function of both; ``resolve`` without a model description). Benchmarks
+  (benchmarks/round_throughput.py, docs/performance.md) justify the rule. On a CPU
+  with several local devices (``jax.config.update("jax_num_cpu_devices",
+  os.cpu_count())`` or ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before
+  JAX starts) ``auto`` also splits the cohort over them (``auto_mesh``): one chain of
+  clients per core.
 
 XLA:CPU parallelises only inside an operation (its intra-op thread pool), and a
 client's step is a chain of small matmuls (20-row batches): a second core shortens
@@ -139,8 +140,8 @@ def _init_program(model) -> Callable:
 
 def initial_params(model, key):
     """``model.init(key)`` compiled once per model with the "once" options (the
-    command line's initial parameters: equal to ``jax.jit(model.init)(key)`` within an
-    ulp on a CPU, where LLVM's level 0 contracts no multiply-adds)."""
+    command line's initial parameters: equal to ``jax.jit(model.init)(key)`` up to an
+    ulp on a CPU, where level 0 generates other machine code)."""
     return _init_program(model)(key)
 
 
