@@ -279,6 +279,14 @@ def _gini_kernel(a: Array) -> Array:
     return jnp.where(zero, jnp.ones_like(g), g)
 
 
+def _np_gini_sorted(s: np.ndarray, total: float) -> float:
+    """:func:`gini` in NumPy of the ascending float64 values ``s`` summing to ``total``
+    (host summaries: nothing compiled)."""
+    n = s.shape[0]
+    coef = 2.0 * np.arange(1, n + 1) - n - 1
+    return 1.0 if total == 0 else float(np.dot(coef, s) / (n * total))
+
+
 def angle_to_uniform(a) -> Array:
     """Angle in degrees between ``a`` and the all-ones vector (DQN-Fed "Angle").
 
@@ -499,8 +507,7 @@ def fairness_summary(
             out[f"best_{tag}_unweighted"] = group(descending, k, False)
     s = x[ascending]
     total = float(s.sum())
-    coef = 2.0 * np.arange(1, n + 1) - n - 1
-    out["gini"] = 1.0 if total == 0 else float(np.dot(coef, s) / (n * total))
+    out["gini"] = _np_gini_sorted(s, total)
     all_equal = bool(x.max() == x.min())
     perp = math.sqrt(float(np.sum((x - m) ** 2)))
     out["angle"] = 0.0 if all_equal else math.degrees(math.atan2(perp, m * math.sqrt(n)))
@@ -616,7 +623,8 @@ def participation_summary(counts, num_rounds: int, accuracy=None, has_test=None)
     share = c / max(int(num_rounds), 1)
     out = {"rounds": int(num_rounds), "share_mean": float(share.mean()),
            "share_min": float(share.min()), "share_max": float(share.max()),
-           "never": int(np.sum(c == 0)), "gini": float(gini(c)) if c.sum() > 0 else 0.0}
+           "never": int(np.sum(c == 0)),
+           "gini": _np_gini_sorted(np.sort(c), float(c.sum())) if c.sum() > 0 else 0.0}
     if accuracy is not None:
         keep = np.ones(c.shape, bool) if has_test is None else np.asarray(has_test, bool)
         a, p = np.asarray(accuracy, np.float64)[keep], c[keep]

@@ -139,6 +139,20 @@ def test_non_finite_inputs_are_a_data_error_naming_the_client():
         fd.from_client_arrays(xs, ys, bad, ys, name="toy", num_classes=3)
 
 
+def test_finite_inputs_whose_row_sums_overflow_are_accepted():
+    """The check looks element by element only at rows whose sum is not finite: large
+    finite values whose sum overflows float32 pass, and a NaN among them is still found
+    (the row and example named)."""
+    xs, ys = _toy([1, 2, 7])
+    big = [np.full(x.shape, 3e38, np.float32) for x in xs]
+    ds = fd.from_client_arrays(big, ys, xs, ys, name="toy", num_classes=3)
+    assert np.isfinite(ds.host_data.train.examples["x"]).all()
+    big[1][1, 0] = np.nan
+    with pytest.raises(ValueError, match="^train_xs: client 1 ") as info:
+        fd.from_client_arrays(big, ys, xs, ys, name="toy", num_classes=3)
+    assert "example 1" in str(info.value)
+
+
 def test_a_split_in_which_every_client_is_empty_is_refused_by_name():
     """Some clients may be empty, not all: no training rows (nothing to train on) is
     refused naming train_xs, no test rows (run evaluates every client on its test

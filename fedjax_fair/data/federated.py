@@ -113,7 +113,15 @@ def _check_finite_inputs(x: np.ndarray, mask: np.ndarray, field: str) -> None:
     error naming the client, not a divergence found rounds later."""
     if not np.issubdtype(x.dtype, np.floating):
         return
-    bad = mask & ~np.isfinite(x.reshape(*x.shape[:2], int(np.prod(x.shape[2:])))).all(axis=-1)
+    rows = x.reshape(*x.shape[:2], int(np.prod(x.shape[2:])))
+    # A NaN or inf makes its row's sum non-finite, so only rows whose sum is not finite
+    # (those, or finite values whose sum overflows) are looked at element by element:
+    # no [N, M, ...] temporary the size of the inputs, which a federation's first
+    # touch of fresh memory makes slow (0.4 s for FEMNIST-shaped data).
+    with np.errstate(over="ignore", invalid="ignore"):
+        suspect = mask & ~np.isfinite(rows.sum(axis=-1))
+    bad = np.zeros_like(suspect)
+    bad[suspect] = ~np.isfinite(rows[suspect]).all(axis=-1)
     if bad.any():
         k, i = (int(v[0]) for v in np.nonzero(bad))
         raise FieldError(field, f"client {k} has NaN or inf in its inputs (example {i} "
