@@ -48,12 +48,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from primal_dual import gib, header, loadavg, proc_status  # noqa: E402
 from timing import alternate_rounds, compile_rounds  # noqa: E402
 
+from fedjax_fair.core.client import ClientTraining  # noqa: E402
+
 NUM_CLIENTS, COHORT, EXAMPLES = 1000, 100, 60
 
 
 def federation(num_clients: int = NUM_CLIENTS):
     from fedjax_fair.data import from_client_arrays
-    from fedjax_fair.core.client import ClientTraining
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(EXAMPLES, 28, 28, 1)).astype(np.float32) for _ in range(num_clients)]
     ys = [rng.integers(0, 10, EXAMPLES).astype(np.int32) for _ in range(num_clients)]

@@ -405,7 +405,6 @@ def test_compose_broadcast_drift_and_personal_wiring(table):
 
 
 def _factories_taking(argument: str) -> list:
-    import inspect
     from fedjax_fair.algorithms import REGISTRY
     return [name for name in REGISTRY if argument in method_hparams(name)]
 

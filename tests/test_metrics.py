@@ -1,5 +1,4 @@
 """Tests of fedjax_fair.metrics against hand-computed values (dqn_fed spec property 12)."""
-import functools
 import json
 import math
 

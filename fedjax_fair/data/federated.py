@@ -302,7 +302,7 @@ def from_padded(train: ClientData, test: ClientData, *, name: str, num_classes: 
             raise FieldError(field, f"x {x.shape}, y {y.shape} and mask "
                                     f"{split.mask.shape} disagree on [N, M]")
         if not np.array_equal(split.mask.sum(axis=1), split.num_examples):
-            raise FieldError(field, f"num_examples differs from the mask's row counts")
+            raise FieldError(field, "num_examples differs from the mask's row counts")
         _check_label_range(np.asarray(y), np.asarray(split.mask), num_classes, f"{field}_ys")
         _check_finite_inputs(np.asarray(x), np.asarray(split.mask), f"{field}_xs")
     for field in ("train", "test"):  # a validation split may be empty
