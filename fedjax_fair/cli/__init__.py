@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from fedjax_fair.cli import config as C
 from fedjax_fair.cli.common import (DISK_ERRORS, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_WRITE,
@@ -128,6 +128,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         while _HELD:
             _HELD.pop().release()
         del _STAGE[:], _STAGE_DIR[:]
+
+
+def console(argv: Optional[Sequence[str]] = None) -> NoReturn:
+    """The console script ``fedjax-fair`` and ``python -m fedjax_fair.cli``: exits with
+    ``main``'s status. What the command leaves in memory is frozen out of the garbage
+    collector first (``gc.freeze``): the interpreter's collections at exit otherwise
+    walk every jaxpr, tracer cache and compiled program the command made, 0.45 s of a
+    0.6 s exit after a femnist_like run. Everything is still released when the
+    process ends; the command's files are closed by then."""
+    import gc
+    status = main(argv)
+    gc.freeze()
+    sys.exit(status)
 
 
 def _in_gc_callback(frame) -> bool:

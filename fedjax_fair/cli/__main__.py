@@ -1,6 +1,4 @@
 """``python -m fedjax_fair.cli`` = ``fedjax-fair``."""
-import sys
+from fedjax_fair.cli import console
 
-from fedjax_fair.cli import main
-
-sys.exit(main())
+console()
