@@ -153,6 +153,20 @@ def test_finite_inputs_whose_row_sums_overflow_are_accepted():
     assert "example 1" in str(info.value)
 
 
+@pytest.mark.parametrize("shape,dtype", [((3, 5), np.float32), ((2, 700, 200), np.float32),
+                                         ((600, 600), np.int32)])
+def test_zeros_block_is_an_independent_writable_zero_array(shape, dtype):
+    """Large blocks live in their own mapping, small ones are np.zeros: either way
+    zeros of the shape and dtype, writable, not shared with another block, and read
+    by JAX as they are."""
+    a, b = fd.zeros_block(shape, dtype), fd.zeros_block(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and not a.any()
+    last = (-1,) * len(shape)
+    a[last] = 7
+    assert a[last] == 7 and a.sum() == 7 and not b.any()
+    np.testing.assert_array_equal(np.asarray(jax.device_put(a)), a)
+
+
 def test_a_split_in_which_every_client_is_empty_is_refused_by_name():
     """Some clients may be empty, not all: no training rows (nothing to train on) is
     refused naming train_xs, no test rows (run evaluates every client on its test

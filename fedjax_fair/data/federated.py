@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import mmap
 from typing import Sequence
 
 import jax
@@ -132,6 +133,28 @@ def _check_finite_inputs(x: np.ndarray, mask: np.ndarray, field: str) -> None:
 # --------------------------------------------------------------------------- stacking
 
 
+_FRESH_MIN_BYTES = 1 << 20
+
+
+def zeros_block(shape, dtype) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` for a federation's padded block, in its own private
+    anonymous mapping (blocks under 1 MiB: ``np.zeros``).
+
+    Pages a builder never writes (the padding rows) are never materialised, and the
+    ones it writes are faulted in as ordinary pages: NumPy asks for transparent huge
+    pages for large arrays, which the kernel may stall to assemble (compaction) when it
+    has none free. FEMNIST-shaped data (627 MB, 36% padding) was written in 0.7-1.9 s
+    that way on a 2-core VM, 0.57-0.74 s in its own mapping, with 220 MB fewer pages
+    resident. Anywhere without ``mmap.MAP_PRIVATE``: ``np.zeros``."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64))
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    if size * dtype.itemsize < _FRESH_MIN_BYTES or flags is None:
+        return np.zeros(shape, dtype)
+    buffer = mmap.mmap(-1, size * dtype.itemsize, flags=flags)  # zero-filled by the kernel
+    return np.frombuffer(buffer, dtype, count=size).reshape(shape)
+
+
 def _stack_host(xs: Sequence, ys: Sequence, pad_to: int | None,
                 fields: tuple[str, str] = ("xs", "ys")) -> ClientData:
     """stack_clients on the host: the same ClientData with NumPy leaves.
@@ -172,7 +195,7 @@ def _stack_host(xs: Sequence, ys: Sequence, pad_to: int | None,
             if x.size and (x.min() < info.min or x.max() > info.max):
                 raise FieldError(field, f"client {k} has integer inputs outside the "
                                         f"int32 range")
-    x_pad = np.zeros((n, m, *feature_shape), x_dtype)
+    x_pad = zeros_block((n, m, *feature_shape), x_dtype)
     y_pad = np.zeros((n, m), np.int32)
     for k, (x, y) in enumerate(zip(xs, ys)):
         x_pad[k, :len(y)] = x

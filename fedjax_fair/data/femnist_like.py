@@ -18,7 +18,8 @@ about 57%), so the task is learnable but not trivial.
 
 Writer k holds n_k ~ U{min_examples..max_examples} training examples and
 ``test_examples`` test examples from the same distribution. Inputs are written straight
-into the padded float32 block (no per-client copies), and the noise is drawn as bytes,
+into the padded float32 block (no per-client copies; its padding pages are never
+touched: ``federated.zeros_block``), and the noise is drawn as bytes,
 which is several times cheaper than Gaussian draws. The padded train block alone takes
 N * max_examples * 784 * 4 bytes (627 MB at the defaults).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_fair.data.federated import Dataset, _check_seed, from_padded
+from fedjax_fair.data.federated import Dataset, _check_seed, from_padded, zeros_block
 from fedjax_fair.hparams import FieldError, count
 from fedjax_fair.core.types import ClientData
 
@@ -88,7 +89,7 @@ def femnist_like(num_clients: int = 1000, min_examples: int = 50, max_examples: 
 
     def fill(sizes: np.ndarray) -> ClientData:
         m = int(sizes.max())
-        x = np.zeros((num_clients, m, SIDE, SIDE, 1), np.float32)
+        x = zeros_block((num_clients, m, SIDE, SIDE, 1), np.float32)
         y = np.zeros((num_clients, m), np.int32)
         # one scratch block for every client's template rows: a fresh [n, 28, 28]
         # temporary per client is a fresh allocation the kernel zeroes page by page,
