@@ -65,7 +65,7 @@ from fedjax_fair.core import client_states as tables
 from fedjax_fair.core.sharding import on_mesh
 from fedjax_fair.core.aggregators import STREAM_SUM, Aggregator, weighted_mean
 from fedjax_fair.core.client import check_optimizer, data_loss, describe_object
-from fedjax_fair.core.execution import as_execution, map_clients
+from fedjax_fair.core.execution import as_execution, loss_chunk_size_here, map_clients
 from fedjax_fair.core.mixing import MixingRule, by_num_examples, tiered_softmax
 from fedjax_fair.core.types import Broadcast, ClientUpdate, Cohort, ServerContext
 from fedjax_fair import hparams as H
@@ -383,12 +383,16 @@ def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm
         new_state, metrics = algorithm.apply(state, cohort, key, execution)
         k = cohort.client_ids.shape[0]
         sizes = cohort.data.num_examples
+
+        def loss(params, data):  # in the chunks loss_before uses (padding skipped alone)
+            return data_loss(model, params, data, loss_chunk_size_here())
+
         if personal is None:
             before = metrics["loss_before"]
-            loss_after = map_clients(lambda p, d: data_loss(model, p, d), execution, k)(
-                new_state.params, cohort.data, sizes=sizes)
+            loss_after = map_clients(loss, execution, k)(new_state.params, cohort.data,
+                                                         sizes=sizes)
         else:
-            own_loss = map_clients(lambda _, xs: data_loss(model, *xs), execution, k)
+            own_loss = map_clients(lambda _, xs: loss(*xs), execution, k)
             before = own_loss((), (personal(state, cohort.client_ids), cohort.data),
                               sizes=sizes)
             loss_after = own_loss((), (personal(new_state, cohort.client_ids), cohort.data),

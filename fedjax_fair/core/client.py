@@ -570,7 +570,7 @@ def local_training(model: Model, training: ClientTraining = ClientTraining(), *,
         ``execution.local_step_unroll`` (full unroll for XLA convolutions on CPU).
       track_loss: compute ``loss_before`` = F_k(broadcast params) on all train rows
         (one forward pass; needed by loss-driven fair mixing rules).
-      loss_chunk_size: rows per forward pass of that evaluation. None: 64 when the
+      loss_chunk_size: rows per forward pass of that evaluation. None: 32 when the
         client runs alone on CPU (chunks of pure padding are skipped), else 256.
       batch_loss: optional ``(per_example_losses [B], batch_mask [B]) -> scalar``, the
         minibatch objective (default: the masked mean; see ``local_sgd``).
