@@ -133,7 +133,7 @@ def _check_finite_inputs(x: np.ndarray, mask: np.ndarray, field: str) -> None:
 # --------------------------------------------------------------------------- stacking
 
 
-_FRESH_MIN_BYTES = 1 << 20
+_BLOCK_MIN_BYTES = 1 << 20
 
 
 def zeros_block(shape, dtype) -> np.ndarray:
@@ -149,7 +149,7 @@ def zeros_block(shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     size = int(np.prod(shape, dtype=np.int64))
     flags = getattr(mmap, "MAP_PRIVATE", None)
-    if size * dtype.itemsize < _FRESH_MIN_BYTES or flags is None:
+    if size * dtype.itemsize < _BLOCK_MIN_BYTES or flags is None:
         return np.zeros(shape, dtype)
     buffer = mmap.mmap(-1, size * dtype.itemsize, flags=flags)  # zero-filled by the kernel
     return np.frombuffer(buffer, dtype, count=size).reshape(shape)
