@@ -25,6 +25,7 @@ from helpers import (ENGINE_PARAMS as PARAMS, ENGINE_TRAIN as TRAIN, ENGINE_N as
                      engine_fedavg as _fedavg, vmap_apply as _vmap_apply,
                      vmap_apply_on as _vmap_apply_on, vmap_round as _vmap_round,
                      single_client as _single_client)
+from fedjax_fair import hparams as H
 from fedjax_fair.core import client as client_lib
 from fedjax_fair.core import execution
 from fedjax_fair.core.client import max_local_steps
@@ -341,6 +342,18 @@ def test_compile_options_by_program_and_backend(monkeypatch):
     assert execution.compiler_options("rounds", backend="cpu") == {
         "xla_cpu_use_fusion_emitters": False}
     assert execution.compiler_options("once", backend="cpu") == once
+
+
+@pytest.mark.parametrize("value", ["{bad", "[1]", '{"rounds": 3}', '{"nope": null}'])
+def test_bad_compile_options_are_refused_naming_the_variable(monkeypatch, value):
+    """A malformed $FEDJAX_FAIR_XLA_OPTIONS is a FieldError naming it, and the command
+    line refuses it as a configuration error before any work."""
+    from fedjax_fair import cli
+    monkeypatch.setenv(execution.COMPILE_OPTIONS_ENV, value)
+    with pytest.raises(H.FieldError) as info:
+        execution.compiler_options("rounds", backend="cpu")
+    assert info.value.field == execution.COMPILE_OPTIONS_ENV
+    assert cli.main(["list"]) == cli.EXIT_CONFIG
 
 
 def test_initial_params_are_the_models_init_within_an_ulp():

@@ -67,6 +67,8 @@ from fedjax_fair.cli import config as C
 from fedjax_fair.cli.common import (DISK_ERRORS, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_WRITE,
                                     _COMMAND, _Exit, _HELD, _STAGE, _STAGE_DIR, _err)
 from fedjax_fair.cli.parser import build_parser
+from fedjax_fair.core.execution import compile_options_override
+from fedjax_fair.hparams import FieldError
 # what programs and tests call by its command-line name
 from fedjax_fair.cli import report
 from fedjax_fair.cli.common import (EXIT_NONFINITE, build_algorithm, build_dataset,
@@ -104,6 +106,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not getattr(args, "command", None):
             parser.print_help(sys.stderr)
             raise C.ConfigError("command", "choose one of run, compare, sweep, report, list")
+        try:  # an experiment's XLA options, checked before any work
+            compile_options_override()
+        except FieldError as e:
+            raise C.ConfigError(e.field, str(e).split(": ", 1)[1]) from None
         if getattr(args, "distributed", False):  # before anything touches a device
             _initialize_distributed()
         return args.func(args)

@@ -127,12 +127,31 @@ def compiler_options(program: str, backend: Optional[str] = None) -> Optional[di
     defaults everywhere, or a JSON object ``{kind: options or null}``."""
     if (backend or jax.default_backend()) != "cpu":
         return None
-    override = os.environ.get(COMPILE_OPTIONS_ENV, "").strip()
-    if override.lower() == "default":
+    table = compile_options_override()
+    if table is None:
         return None
-    table = {**CPU_COMPILE_OPTIONS, **(json.loads(override) if override else {})}
-    options = table.get(program)
+    options = {**CPU_COMPILE_OPTIONS, **table}.get(program)
     return dict(options) if options else None
+
+
+def compile_options_override() -> Optional[dict]:
+    """``$FEDJAX_FAIR_XLA_OPTIONS`` read and checked: ``{}`` when unset, None for
+    ``default``, else its ``{kind: options or null}`` object; anything else is a
+    ``FieldError`` naming the variable (the command line checks it before any work)."""
+    text = os.environ.get(COMPILE_OPTIONS_ENV, "").strip()
+    if text.lower() == "default":
+        return None
+    try:
+        table = json.loads(text) if text else {}
+    except ValueError as e:
+        raise H.FieldError(COMPILE_OPTIONS_ENV, f"must be 'default' or a JSON object, "
+                                                f"got {text!r} ({e})") from None
+    if not isinstance(table, dict) or any(k not in CPU_COMPILE_OPTIONS for k in table) \
+            or any(v is not None and not isinstance(v, dict) for v in table.values()):
+        raise H.FieldError(COMPILE_OPTIONS_ENV, f"must map program kinds "
+                                                f"{sorted(CPU_COMPILE_OPTIONS)} to an object "
+                                                f"of XLA options or null, got {text!r}")
+    return table
 
 
 @functools.lru_cache(maxsize=32)
