@@ -381,6 +381,8 @@ def _wandb_records(path) -> list:
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
         payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if len(payload) < length:  # a record still being written when the file was read
+            break
         if kind == 0:
             pos += block - pos % block
             continue
