@@ -381,8 +381,7 @@ def _wandb_records(path) -> list:
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
         payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        if len(payload) < length:  # a record still being written when the file was read
-            break
+        assert len(payload) == length, "a truncated record: the log is incomplete"
         if kind == 0:
             pos += block - pos % block
             continue
@@ -438,6 +437,9 @@ def test_wandb_offline_run_holds_config_scalars_and_histograms(tmp_path, wandb):
     with T.open_run(["wandb"], str(tmp_path), group=GROUP, name=NAME, config=CONFIG) as run:
         T.log_history(run, history(), CLIENTS)
         run_id = run.ids["wandb"]["id"]
+    # W&B's service writes the log in 32 KiB blocks and closes it after finish()
+    # returns: the file is complete once the service is torn down
+    assert _torn_down(wandb)
     (folder,) = (tmp_path / "wandb").glob("offline-run-*")
     assert folder.name.endswith(run_id)
     records = _wandb_records(folder / f"run-{run_id}.wandb")
@@ -459,7 +461,6 @@ def test_wandb_offline_run_holds_config_scalars_and_histograms(tmp_path, wandb):
     kinds = {r.WhichOneof("record_type") for r in records}
     assert "stats" not in kinds and "output_raw" not in kinds
     assert not list((folder / "files").glob("*"))
-    assert _torn_down(wandb)
 
 
 def test_wandb_resume_keeps_the_run_id(tmp_path, wandb):
@@ -471,12 +472,12 @@ def test_wandb_resume_keeps_the_run_id(tmp_path, wandb):
                     resume=True) as run:
         T.log_history(run, history(), CLIENTS)
         assert run.ids["wandb"]["id"] == run_id
+    assert _torn_down(wandb)  # the logs are complete
     # W&B cannot resume an offline run in place: the continuation is a second
     # offline folder under the same run id, holding the new rounds only
     logs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 2 and {p.name for p in logs} == {f"run-{run_id}.wandb"}
     assert sorted(sorted(_wandb_history(_wandb_records(p))) for p in logs) == [[0, 2], [4, 6]]
-    assert _torn_down(wandb)
 
 
 # ----------------------------------------------------------------- all three, offline

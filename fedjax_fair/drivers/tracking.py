@@ -18,7 +18,9 @@ Where the files go, all under ``directory`` (the run's output folder):
   metrics from the run's scalars).
 - Weights & Biases (``wandb``), offline: ``directory/wandb/offline-run-*``, project
   ``fedjax-fair``, with ``group``, ``name`` and ``config``; no console capture, code,
-  git state, requirements or system statistics. ``wandb sync`` uploads it later.
+  git state, requirements or system statistics. ``wandb sync`` uploads it later. W&B's
+  service writes the log and completes it after ``finish`` returns: it is whole once
+  the process exits or ``wandb.teardown()`` returns.
 - MLflow (``mlflow-skinny``): the file store ``directory/mlruns`` (experiment =
   ``group``, run name = ``name``, params = the flattened config). Histograms, which
   MLflow has no type for, are JSON artifacts ``histograms/<name>/round_<step>.json``.
