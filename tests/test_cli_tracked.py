@@ -81,3 +81,29 @@ def test_sweep_logs_one_tracked_run_per_grid_point_and_seed(tmp_path):
             values, histograms = _scalars(out / "tensorboard" / f"q={q}" / f"seed{seed}")
             assert values == pytest.approx({2: record["summary"]["accuracy_mean"][p][s]})
             assert histograms == ["clients/accuracy"]
+
+
+def test_overwrite_replaces_the_folders_tracked_runs(tmp_path):
+    out = tmp_path / "run"
+    args = ["run", *TINY, "--num-rounds", "2", "--tracker", "tensorboard", "-o", str(out)]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--algorithm", "qffl", "--overwrite"]) == 0
+    # the dashboards hold the new run only, as the folder's other results do
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == ["qffl"]
+    assert sorted(p.name for p in (out / "tracking").iterdir()) == ["qffl"]
+    values, _ = _scalars(out / "tensorboard" / "qffl" / "seed0")
+    assert values == pytest.approx({h["round"]: h["accuracy_mean"] for h in _history(out)})
+
+
+def test_a_run_refused_before_its_first_write_leaves_the_tracked_runs(tmp_path, monkeypatch):
+    from fedjax_fair.cli import config as C, run as run_command
+    out = tmp_path / "run"
+    args = ["run", *TINY, "--num-rounds", "2", "--tracker", "tensorboard", "-o", str(out)]
+    assert cli.main(args) == 0
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+    def refused(*a, **k):  # as the runner's memory plan refuses, before any round
+        raise C.ConfigError("batch_size", "too large for this test")
+    monkeypatch.setattr(run_command, "simulate_one", refused)
+    assert cli.main([*args, "--algorithm", "qffl", "--overwrite"]) == cli.EXIT_CONFIG
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before

@@ -531,3 +531,16 @@ def test_all_trackers_together_stay_offline_by_themselves(tmp_path):
            {r: {"accuracy_mean": 0.1 * r, "accuracy_worst_10pct": 0.05 * r} for r in range(3)})
     (wb,) = glob.glob(str(tmp_path / "out" / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert sorted(_wandb_history(_wandb_records(wb))) == [0, 1, 2]
+
+
+def test_discard_runs_removes_the_trackers_folders_only(tmp_path):
+    with T.open_run(["tensorboard"], str(tmp_path), group=GROUP, name=NAME,
+                    config=CONFIG) as run:
+        T.log_history(run, history())
+    for folder in ("wandb/offline-run-x", "mlruns/0", "results"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    assert sorted(T.discard_runs(str(tmp_path))) == ["mlruns", "tensorboard", "tracking",
+                                                     "wandb"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "results"]
+    assert T.discard_runs(str(tmp_path)) == []  # nothing left to remove

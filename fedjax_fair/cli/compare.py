@@ -129,6 +129,7 @@ def cmd_compare(args) -> int:
         cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
         report.write_json(os.path.join(out, "config.json"), cfg_dict)
         lock.record(out, cfg_dict)
+        tracked.discard(out)  # --overwrite: the earlier runs' dashboards go too
     t_start = time.perf_counter()
     total_runs = len(algs) * len(cfg.seeds)
     bar = tqdm(total=total_runs, desc="compare", unit="run", dynamic_ncols=True,

@@ -92,14 +92,16 @@ def cmd_run(args) -> int:
         if not cfg.resume:
             open(metrics_path, "w").close()
             open(rounds_path, "w").close()
+            tracked.discard(out)  # --overwrite: the earlier runs' dashboards go too
         else:  # each by one rename (report.write_jsonl)
             report.write_jsonl(metrics_path, kept_metrics)
             report.write_jsonl(rounds_path, kept_rounds)
+        # --tracker: each evaluation as it happens, in a tracked run opened only now
+        trun.append(tracked.start(cfg, out, f"{cfg.algorithm}/seed{cfg.seed}", cfg_dict,
+                                  resume=cfg.resume))
 
     new_entries: list = []
-
-    trun = tracked.start(cfg, out, f"{cfg.algorithm}/seed{cfg.seed}", cfg_dict,
-                         resume=cfg.resume)  # --tracker: each evaluation as it happens
+    trun: list = []
 
     def on_eval(entry):  # stream while running; rewritten from the full history at the end
         begin()
@@ -123,7 +125,7 @@ def cmd_run(args) -> int:
             result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                                   resume=cfg.resume, progress=cfg.progress,
                                   description=f"{cfg.algorithm}", on_eval=on_eval,
-                                  on_rounds=on_rounds, on_clients=tracked.on_clients(trun))
+                                  on_rounds=on_rounds, on_clients=tracked.on_clients(cfg, lambda: trun[0]))
         result.compile_seconds += init_clock.seconds  # the model's init counts too
         programs = dict(result.compile_programs or {})
         for name, seconds in init_clock.programs.items():

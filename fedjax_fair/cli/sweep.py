@@ -385,6 +385,7 @@ def cmd_sweep(args) -> int:
             _remove(os.path.join(out, name))
         report.write_json(os.path.join(out, "config.json"), cfg_dict)
         lock.record(out, cfg_dict)
+        tracked.discard(out)  # the earlier runs' dashboards go too
     t_start = time.perf_counter()
     seconds = [dict() for _ in p.programs]  # per program: {call: its seconds}
     from fedjax_fair.drivers.runner import Interrupted

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 
 def group(out: str) -> str:
@@ -28,6 +28,15 @@ def open_run(cfg, out: str, name: str, config: Mapping, resume: bool = False):
     from fedjax_fair.drivers import tracking
     return tracking.open_run(cfg.tracker, out, group=group(out), name=name, config=config,
                              resume=resume)
+
+
+def discard(out: str) -> None:
+    """A fresh run replaces the results in ``out`` (``--overwrite``): the folder's
+    earlier tracked runs go too, so its dashboards show the new runs only. Called at
+    the command's first write, so a command refused before it leaves them as they
+    were."""
+    from fedjax_fair.drivers import tracking
+    tracking.discard_runs(out)
 
 
 class _Ending:
@@ -51,14 +60,16 @@ def start(cfg, out: str, name: str, config: Mapping, resume: bool = False):
     return run
 
 
-def on_clients(run) -> Optional[callable]:
+def on_clients(cfg, opened: Callable[[], Any]) -> Optional[Callable]:
     """``runner.run``'s ``on_clients``: each evaluation's scalars and per-client accuracy
-    histogram, logged as it happens; None without a tracked run."""
-    if run is None:
+    histogram, logged as it happens to the tracked run ``opened()`` returns (opened
+    with the command's first write); None without trackers."""
+    if not cfg.tracker:
         return None
     from fedjax_fair.drivers import tracking
 
     def log(entry: dict, per_client: dict) -> None:
+        run = opened()
         history = [entry]
         clients = None
         if "accuracy" in per_client and "num_examples" in per_client:

@@ -47,6 +47,7 @@ import numbers
 import os
 import pathlib
 import re
+import shutil
 import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
@@ -369,6 +370,31 @@ _WRITERS = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow}
 
 
 # ---------------------------------------------------------------- the run
+
+FOLDERS = (_STATE_DIR, "tensorboard", "wandb", "mlruns")  # the records first
+
+
+def discard_runs(directory: str) -> list[str]:
+    """Removes every tracked run under ``directory``: the run records
+    (``tracking/``), then the TensorBoard, W&B and MLflow folders the backends wrote
+    there. The command line calls it when a fresh run replaces a folder's results
+    (``--overwrite``), so the dashboards do not mix the old runs with the new. Returns
+    the folders removed. Nothing is imported and nothing outside these folders is
+    touched."""
+    removed = []
+    for folder in FOLDERS:
+        path = os.path.join(directory, folder)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, onerror=_gone_is_fine)
+            removed.append(folder)
+    return removed
+
+
+def _gone_is_fine(function, path, exc_info) -> None:
+    """``rmtree``'s error handler: what another process removed first is fine."""
+    if not issubclass(exc_info[0], FileNotFoundError):
+        raise exc_info[1]
+
 
 def state_path(directory: str, name: str) -> str:
     """The file in which a tracked run keeps its backends' run ids and steps."""
