@@ -127,7 +127,8 @@ def cmd_run(args) -> int:
             result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                                   resume=cfg.resume, progress=cfg.progress,
                                   description=f"{cfg.algorithm}", on_eval=on_eval,
-                                  on_rounds=on_rounds, on_clients=tracked.on_clients(cfg, lambda: trun[0]))
+                                  on_rounds=on_rounds,
+                                  on_clients=tracked.on_clients(cfg, lambda: trun[0]))
         result.compile_seconds += init_clock.seconds  # the model's init counts too
         programs = dict(result.compile_programs or {})
         for name, seconds in init_clock.programs.items():

@@ -385,15 +385,9 @@ def discard_runs(directory: str) -> list[str]:
     for folder in FOLDERS:
         path = os.path.join(directory, folder)
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, onerror=_gone_is_fine)
+            shutil.rmtree(path)
             removed.append(folder)
     return removed
-
-
-def _gone_is_fine(function, path, exc_info) -> None:
-    """``rmtree``'s error handler: what another process removed first is fine."""
-    if not issubclass(exc_info[0], FileNotFoundError):
-        raise exc_info[1]
 
 
 def state_path(directory: str, name: str) -> str:
