@@ -77,6 +77,7 @@ def cmd_run(args) -> int:
     metrics_path = os.path.join(out, "metrics.jsonl")
     rounds_path = os.path.join(out, "rounds.jsonl")
     started: list = []
+    trun: list = []  # the tracked run (--tracker), opened by begin()
 
     def begin():  # the run's first writes, once it is past every refusal
         if started:
@@ -103,7 +104,6 @@ def cmd_run(args) -> int:
                                   resume=cfg.resume))
 
     new_entries: list = []
-    trun: list = []
 
     def on_eval(entry):  # stream while running; rewritten from the full history at the end
         begin()
