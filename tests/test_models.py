@@ -82,6 +82,41 @@ def test_example_flops_counts_the_forward_products():
     assert example_flops(logistic_regression((28, 28, 1), 62), one) < flops / 4
 
 
+def test_example_flops_where_lowered_programs_report_no_cost(monkeypatch):
+    """The GPU and TPU plugins have no cost analysis before compiling
+    (``Lowered.cost_analysis`` is None): the count then comes from the compiled loss,
+    about the same FLOPs (the optimised program may fold a few), not 0, which would
+    class every convolutional network as light in ``execution.choose``."""
+    from fedjax_fair.models import mlp
+    from fedjax_fair.models.base import example_flops
+    one = {"x": jax.ShapeDtypeStruct((28, 28, 1), jnp.float32),
+           "y": jax.ShapeDtypeStruct((), jnp.int32)}
+    model = mlp((28, 28, 1), 62)
+    lowered_count = example_flops(model, one)
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
+    compiled_count = example_flops(model, one)
+    assert 0.9 * lowered_count <= compiled_count <= 1.1 * lowered_count
+
+
+def test_example_flops_without_a_cpu_backend(monkeypatch):
+    """With no CPU backend in the process the loss is lowered for the default one."""
+    from fedjax_fair.models import mlp
+    from fedjax_fair.models.base import example_flops
+    one = {"x": jax.ShapeDtypeStruct((28, 28, 1), jnp.float32),
+           "y": jax.ShapeDtypeStruct((), jnp.int32)}
+    model = mlp((28, 28, 1), 62)
+    count = example_flops(model, one)
+    devices = jax.devices
+
+    def no_cpu(backend=None):
+        if backend == "cpu":
+            raise RuntimeError("Unknown backend cpu")
+        return devices(backend)
+
+    monkeypatch.setattr(jax, "devices", no_cpu)
+    assert example_flops(model, one) == count
+
+
 def test_logistic_regression_matches_numpy():
     model = logistic_regression((10,), 3)
     batch = _batch((10,), 3, size=7)

@@ -47,13 +47,27 @@ class Model(NamedTuple):
 def example_flops(model: Model, example) -> float:
     """FLOPs of the loss's forward pass on one example of ``example``'s shapes (a dict
     of arrays or ``ShapeDtypeStruct``, one example, no batch axis): XLA's cost
-    analysis of the lowered program, nothing compiled or run. 0 where the backend
-    reports none."""
+    analysis of the program lowered for the CPU, nothing compiled or run, so the
+    count is the un-optimised program's and the same on every backend. The CPU
+    lowering is used because the GPU and TPU plugins have no cost analysis before
+    compiling (``Lowered.cost_analysis`` is None there). Where none is reported (no
+    CPU backend in the process: ``JAX_PLATFORMS`` without ``cpu``) the loss is
+    compiled once and its compiled cost analysis read. 0 where neither reports."""
     one = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in example.items()}
     params = jax.eval_shape(model.init, jax.random.key(0))
+    try:
+        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+        one, params = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=cpu), (one, params))
+    except RuntimeError:  # no CPU backend: lowered for the default one
+        pass
     lowered = jax.jit(lambda p, b: model.per_example_loss(p, b, jax.random.key(0))).lower(
         params, one)
-    cost = lowered.cost_analysis() or {}
+    cost = lowered.cost_analysis()
+    if cost is None:
+        cost = lowered.compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per computation
+        cost = cost[0] if cost else None
     return float(cost.get("flops", 0.0)) if isinstance(cost, dict) else 0.0
 
 
