@@ -67,12 +67,19 @@ Memory: a round is skipped ("skipped: out of memory", with a note) without compi
 when one client's step working set times the clients it runs together exceeds twice
 the free device memory, after compiling when XLA's memory analysis of the round
 exceeds it, and when running it raises RESOURCE_EXHAUSTED. Any other error of a row
-is noted and the run goes on (``--quick`` raises it instead).
+is noted and the run goes on (``--quick`` raises it instead). Off the CPU, a heavy
+convolutional model (``execution.HEAVY_CONV_EXAMPLE_FLOPS`` or more an example) is not
+run with more than ``execution.CONV_GROUP`` clients at once ("skipped: crashes XLA"):
+ResNet-10-GN-SN vmapped over 1,000 clients hit a CUDA illegal address in XLA's
+autotuner on an H200 (jax 0.11.2), and every later row of that process failed with it.
 
 Budget (``--budget-s``): before each contender the run estimates its cost (its
-compile and rounds as last measured at another cohort, scaled linearly with K; 30 s
-before anything like it ran) and skips it ("skipped: budget") when the run would pass
-the budget; the budget counts from the start of the process.
+compile and rounds as last measured at another cohort, the rounds scaled linearly with
+K; 30 s before anything like it ran) and skips it ("skipped: budget") when the run
+would pass the budget; the budget counts from the start of the process. The compile is
+not scaled, and vmapped convolutional rounds compile several times longer at 1,000
+clients than at 100 (VGG-9 on an H200: 29 s against 5 s), so leave the command's
+timeout a minute past the budget; every finished row is in the JSON either way.
 """
 from __future__ import annotations
 
@@ -105,7 +112,8 @@ from round_throughput import available_bytes, save_params, sgd_step_fn  # noqa: 
 
 from fedjax_fair.core.algorithm import compose  # noqa: E402
 from fedjax_fair.core.client import ClientTraining, local_training  # noqa: E402
-from fedjax_fair.core.execution import Execution, model_profile, resolve  # noqa: E402
+from fedjax_fair.core.execution import (  # noqa: E402
+    CONV_GROUP, HEAVY_CONV_EXAMPLE_FLOPS, Execution, model_profile, resolve)
 from fedjax_fair.core.types import ClientData, Cohort  # noqa: E402
 from fedjax_fair.models import MODELS, cnn, get_model, mlp  # noqa: E402
 from fedjax_fair.models.base import example_flops  # noqa: E402
@@ -428,6 +436,13 @@ def time_contender(run: Run, prep: Prepared, name: str, label: str, k: int, reps
     runs out of memory; then the reason, a string. Records its cost for the budget."""
     if not run.fits(run.estimate(prep.name, name, k, reps)):
         return "skipped: budget"
+    if (jax.default_backend() != "cpu" and prep.fwd >= HEAVY_CONV_EXAMPLE_FLOPS
+            and group > CONV_GROUP):
+        # ResNet-10-GN-SN vmapped over 1,000 clients hit a CUDA illegal address in XLA's
+        # autotuner on an H200 (jax 0.11.2), which broke every later row of the process
+        run.note(f"{prep.name} K={k} {label}: skipped: {group} clients of a heavy "
+                 f"convolutional model at once crashed XLA's GPU autotuner")
+        return "skipped: crashes XLA"
     need = prep.step_ws * group
     if need > 2 * free_bytes():  # clearly too large: no compile spent on it
         run.note(f"{prep.name} K={k} {label}: skipped: out of memory (about "
@@ -590,15 +605,25 @@ def evaluate_targets(run: Run) -> list:
     out.append(result(target) if auto is None else result(
         target, f"{fmt_s(auto['s_per_round'])} s, {auto['contender']}",
         auto["s_per_round"] < 1, auto["s_per_round"]))
-    peaks = [f"{r['model']} {r['contender']}: {fmt_peak(r)}" + (
-        "" if r.get("peak_bytes") is None else " GiB") for r in run.rows
-             if r.get("show_peak") and isinstance(r["s_per_round"], float)
-             and r["contender"] != "floor" and r["model"] != "resnet18_gn"]
-    reported = any(r.get("show_peak") and r.get("peak_bytes") is not None for r in run.rows)
+    big = [r for r in run.rows if r.get("show_peak") and isinstance(r["s_per_round"], float)
+           and r["contender"] != "floor" and r["model"] != "resnet18_gn"]
+    peaks = [memory_text(r) for r in big]
+    reported = any(r.get("peak_bytes") is not None for r in big)
     out.append({"target": "GPU memory of a 1,000-client round reported",
                 "measured": "; ".join(peaks) or "no row",
-                "status": "reported" if reported else "n/a (no memory statistics here)"})
+                "status": "reported" if reported else "not measured" if not big
+                else "n/a (no memory statistics here)"})
     return out
+
+
+def memory_text(row) -> str:
+    """A largest-cohort row's device memory: the process's peak after it, and XLA's
+    memory analysis of the compiled round (arguments, outputs and temporaries)."""
+    text = f"{row['model']} {row['contender']}: {fmt_peak(row)}"
+    text += "" if row.get("peak_bytes") is None else " GiB"
+    if row.get("xla_bytes"):
+        text += f" (XLA's memory analysis of the round: {row['xla_bytes'] / GiB:.2f} GiB)"
+    return text
 
 
 def print_targets(run: Run) -> None:

@@ -39,6 +39,10 @@ def test_targets_from_rows():
                    "GPU memory of a 1,000-client round reported": "reported"}
     run.rows = run.rows[1:]  # no torch loop at K = 1,000: not measured, not missed
     assert G.evaluate_targets(run)[0]["status"] == "not measured"
+    # a ResNet-only run (its 10 clients are its largest cohort) reports no 1,000-client memory
+    run.rows = [dict(_row("resnet18_gn", 10, "auto -> sequential", 1.49), show_peak=True,
+                     peak_bytes=G.GiB, xla_bytes=G.GiB)]
+    assert G.evaluate_targets(run)[-1]["status"] == "not measured"
 
 
 @pytest.mark.slow

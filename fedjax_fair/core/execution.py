@@ -201,8 +201,9 @@ CONV_GROUP = 100  # the widest vmapped group of a light convolutional model
 def model_profile(model, example, backend: Optional[str] = None) -> ModelProfile:
     """The ``ModelProfile`` of ``model`` (a ``models.Model``) on examples shaped like
     ``example`` (a dict of arrays or ``ShapeDtypeStruct``, one example, no batch axis).
-    Its FLOPs are counted (XLA's cost analysis of the lowered loss, nothing compiled)
-    only where ``choose`` reads them: a convolutional model off the CPU."""
+    Its FLOPs are counted (``models.base.example_flops``: XLA's cost analysis of the
+    loss lowered for the CPU, the same count on every backend, nothing compiled) only
+    where ``choose`` reads them: a convolutional model off the CPU."""
     from fedjax_fair.models.base import example_flops
     backend = backend or jax.default_backend()
     conv = bool(model.uses_xla_conv)
