@@ -242,14 +242,17 @@ def test_sigterm_stops_compare_cleanly_with_finished_runs_on_disk(tmp_path):
     out = str(tmp_path / "cmp")
     proc = subprocess.Popen([sys.executable, "-m", "fedjax_fair.cli", "compare", *TINY,
                              "--algorithms", "fedavg,fedprox", "--seeds", "0",
-                             "--num-rounds", "200", "--eval-every", "1", "--no-plots",
+                             "--num-rounds", "3000", "--eval-every", "1", "--no-plots",
                              "-o", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     first = os.path.join(out, "fedavg", "seed0", "summary.json")
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None and not os.path.isfile(first):
-        time.sleep(0.1)
-    time.sleep(1.0)  # into the second run
+        time.sleep(0.01)
+    # into the second run, which writes nothing before it ends: its 3,000 rounds take
+    # 1.5 s or more here even when its program comes from the compilation cache (with
+    # 200 rounds, a cached second run once ended within the 1 s this test waited)
+    time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == cli.EXIT_INTERRUPTED
