@@ -250,6 +250,21 @@ def test_auto_chooses_by_model_and_backend(name):
     assert execution.model_profile(model, example, backend="cpu").example_flops is None
 
 
+def test_auto_sees_a_heavy_model_where_lowered_programs_report_no_cost(monkeypatch):
+    """On a GPU the CUDA plugin has no cost analysis before compiling
+    (``Lowered.cost_analysis`` is None): ResNet-18-GN's forward FLOPs must still be
+    counted, or ``auto`` runs it vmap (3.80 s a round on an H200 against 1.49 s
+    sequential, docs/performance.md)."""
+    from fedjax_fair.models import get_model
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
+    model = get_model("resnet18_gn", (32, 32, 3), 10)
+    example = {"x": jax.ShapeDtypeStruct((32, 32, 3), jnp.float32),
+               "y": jax.ShapeDtypeStruct((), jnp.int32)}
+    profile = execution.model_profile(model, example, backend="gpu")
+    assert profile.example_flops >= execution.HEAVY_CONV_EXAMPLE_FLOPS
+    assert execution.choose("gpu", 10, profile) == ("sequential", None)
+
+
 def test_auto_resolves_with_the_model_and_keeps_a_given_chunk():
     light = execution.ModelProfile(True, 3e7)
     assert execution.resolve("auto", 1000, backend="gpu", model=light) == \
