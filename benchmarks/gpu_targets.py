@@ -75,11 +75,12 @@ autotuner on an H200 (jax 0.11.2), and every later row of that process failed wi
 
 Budget (``--budget-s``): before each contender the run estimates its cost (its
 compile and rounds as last measured at another cohort, the rounds scaled linearly with
-K; 30 s before anything like it ran) and skips it ("skipped: budget") when the run
-would pass the budget; the budget counts from the start of the process. The compile is
-not scaled, and vmapped convolutional rounds compile several times longer at 1,000
-clients than at 100 (VGG-9 on an H200: 29 s against 5 s), so leave the command's
-timeout a minute past the budget; every finished row is in the JSON either way.
+K and the compile with the clients run at once to the power 0.7, as a vmapped VGG-9's
+on an H200 grew from 5.4 s at 100 clients to 29 s at 1,000; 30 s before anything like
+it ran) and skips it ("skipped: budget") when the run would pass the budget; the budget
+counts from the start of the process. Compile times vary more than that between
+models, so leave the command's timeout a minute past the budget; every finished row is
+in the JSON either way.
 """
 from __future__ import annotations
 
@@ -123,6 +124,9 @@ LR = 0.05
 AFEDPD_S = 15.9  # the A-FedPD author's ResNet-18-GN round (10 clients x 50 steps, V100)
 GiB = 2 ** 30
 FIRST_COST_S = 30.0  # budget: the cost of a contender before anything like it ran
+# budget: a vmapped round's compile grows about as (clients at once) ** 0.7 (H200, jax
+# 0.11.2: VGG-9 5.4 s at 100 clients, 29 s at 1,000; 10 ** 0.7 = 5.0)
+COMPILE_GROWTH = 0.7
 STRATEGIES = ("vmap", "chunked", "sequential")
 # the input shapes of tests/test_execution.py's ZOO_CHOICES (char_lstm: token ids), in
 # the zoo's order: the convolutional models first (the part of auto's rule drawn from
@@ -268,7 +272,8 @@ class Run:
     def __init__(self, args):
         self.args = args
         self.budget = args.budget_s
-        self.history = {}  # (model, contender) -> (K, setup s, s/round) last measured
+        # (model, contender) -> (K, clients at once, setup s, s/round) last measured
+        self.history = {}
         self.rows, self.zoo, self.targets, self.notes = [], [], [], []
         self.rates = None
         self.torch = None
@@ -278,11 +283,16 @@ class Run:
     def elapsed(self) -> float:
         return time.perf_counter() - START
 
-    def estimate(self, model: str, contender: str, k: int, reps: int) -> float:
+    def estimate(self, model: str, contender: str, k: int, reps: int,
+                 group: int = 1) -> float:
+        """Seconds of a contender at cohort ``k`` running ``group`` clients at once:
+        its rounds scale with ``k``; its compile with ``group`` to the power
+        ``COMPILE_GROWTH`` (a vmapped round compiles longer the more clients it holds)."""
         if (model, contender) not in self.history:
             return FIRST_COST_S
-        k0, setup_s, round_s = self.history[(model, contender)]
-        return setup_s + (reps + 1) * round_s * k / k0
+        k0, group0, setup_s, round_s = self.history[(model, contender)]
+        grown = max(1.0, group / group0) ** COMPILE_GROWTH
+        return setup_s * grown + (reps + 1) * round_s * k / k0
 
     def fits(self, seconds: float) -> bool:
         return self.budget is None or self.elapsed() + seconds <= self.budget
@@ -434,7 +444,7 @@ def time_contender(run: Run, prep: Prepared, name: str, label: str, k: int, reps
                    fn, group: int = 1):
     """``fn()`` (a result dict) unless the budget or the memory rules it out, or it
     runs out of memory; then the reason, a string. Records its cost for the budget."""
-    if not run.fits(run.estimate(prep.name, name, k, reps)):
+    if not run.fits(run.estimate(prep.name, name, k, reps, group)):
         return "skipped: budget"
     if (jax.default_backend() != "cpu" and prep.fwd >= HEAVY_CONV_EXAMPLE_FLOPS
             and group > CONV_GROUP):
@@ -450,8 +460,8 @@ def time_contender(run: Run, prep: Prepared, name: str, label: str, k: int, reps
         return "skipped: out of memory"
     res = run.attempt(f"{prep.name} K={k} {label}", fn)
     if isinstance(res, dict):
-        run.history[(prep.name, name)] = (k, res.pop("setup_s", res.get("compile_s", 0.0)),
-                                          res["s_per_round"])
+        run.history[(prep.name, name)] = (k, group, res.pop("setup_s", res.get(
+            "compile_s", 0.0)), res["s_per_round"])
     return res
 
 

@@ -45,6 +45,19 @@ def test_targets_from_rows():
     assert G.evaluate_targets(run)[-1]["status"] == "not measured"
 
 
+def test_budget_estimate_grows_the_compile_with_the_clients_at_once():
+    """A vmapped round compiles longer the more clients it holds (VGG-9 on an H200:
+    5.4 s at 100 clients, 29 s at 1,000); the rounds scale with the cohort."""
+    run = G.Run(G.parse_args(["--budget-s", "100"]))
+    assert run.estimate("vgg9", "vmap", 1000, 3, 1000) == G.FIRST_COST_S
+    run.history[("vgg9", "vmap")] = (100, 100, 5.4, 0.025)
+    vmapped = run.estimate("vgg9", "vmap", 1000, 3, 1000)
+    assert vmapped == pytest.approx(5.4 * 10 ** G.COMPILE_GROWTH + 4 * 0.25)
+    assert 25 < vmapped < 35
+    run.history[("vgg9", "chunked")] = (100, 8, 6.4, 0.05)  # the same 8 at once: not grown
+    assert run.estimate("vgg9", "chunked", 1000, 3, 8) == pytest.approx(6.4 + 4 * 0.5)
+
+
 @pytest.mark.slow
 def test_quick_run_writes_every_row(tmp_path):
     out = tmp_path / "gpu.json"
