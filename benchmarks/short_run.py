@@ -25,8 +25,11 @@ the last commit) as another column, for before/after figures.
 program compiled, as in a user's first run) and warm (the cache filled by one run of
 the same job beforehand, as in every later run of a job of the same shapes).
 
-Prints a table (median and min seconds of each, the ratio of medians) and the load
-average before and after; ``--json PATH`` writes the raw times.
+Prints a table (median and min seconds of each, the ratio of medians), where each
+column's seconds went (ours: compiling, the rounds with their evaluations, the rest;
+fedjax: its set-up, rounds, evaluations, and the rest: its interpreter's start and
+exit, outside the times its script reports) and the load average before and after;
+``--json PATH`` writes the raw times.
 """
 from __future__ import annotations
 
@@ -85,7 +88,28 @@ def theirs(python: str, rounds: int, eval_every: int, batch_size: int = 10) -> d
     seconds = time.perf_counter() - t
     if proc.returncode:
         raise RuntimeError(f"fedjax reference failed:\n{proc.stderr[-3000:]}")
-    return {"seconds": seconds, **json.loads(proc.stdout.strip().splitlines()[-1])}
+    reported = json.loads(proc.stdout.strip().splitlines()[-1])
+    # its own "seconds" start after the interpreter and end before the exit: kept as
+    # script_seconds, the wall clock (launch to exit, as for ours) is the column's
+    return {**reported, "script_seconds": reported["seconds"], "seconds": seconds}
+
+
+def split(runs: list) -> dict:
+    """Medians of where a column's seconds went: ours cold and warm, compiling
+    (``compile_seconds``), the rounds with their evaluations (``run_seconds``) and the
+    rest (imports, data, tracing left out of the compile spans, outputs, exit);
+    fedjax its set-up, rounds, evaluations and the rest (its process start)."""
+    keys = {"ours": ("compile_seconds", "run_seconds"), "warm": ("compile_seconds", "run_seconds"),
+            "fedjax": ("setup_seconds", "rounds_seconds", "eval_seconds")}
+    out = {}
+    for who, names in keys.items():
+        mine = [r for r in runs if r["who"] == who]
+        if not mine:
+            continue
+        med = lambda f: statistics.median(f(r) for r in mine)
+        out[who] = {n.replace("_seconds", ""): med(lambda r: r[n]) for n in names}
+        out[who]["rest"] = med(lambda r: r["seconds"] - sum(r[n] for n in names))
+    return out
 
 
 def main(argv=None) -> None:
@@ -107,7 +131,7 @@ def main(argv=None) -> None:
     have_fedjax = os.path.exists(a.fedjax_python)
     if not have_fedjax:
         print(f"fedjax 0.0.17 not found at {a.fedjax_python}: its column is skipped")
-    rows, raw = [], []
+    rows, raw, parts = [], [], []
     print(f"load average before: {load()}")
     with tempfile.TemporaryDirectory() as tmp:
         for rounds in a.rounds:
@@ -145,6 +169,7 @@ def main(argv=None) -> None:
                     f"{k} {v[-1]:.2f}s" for k, v in times.items() if v) + f" (load {load()})",
                       flush=True)
             rows.append((rounds, times, statistics.median(compiles)))
+            parts.append((rounds, split([r for r in raw if r["rounds"] == rounds])))
     print(f"load average after: {load()}")
     head = f"{'rounds':>6} | {'fedjax-fair run':>18} | {'compile':>7}"
     if have_fedjax:
@@ -176,6 +201,10 @@ def main(argv=None) -> None:
           f"{a.repeats}, alternating); compile: the cold run's compile_seconds (median); "
           "fedjax-fair run cold (persistent compilation cache off) and warm (the cache "
           "filled by an earlier run of the same job)")
+    print("\nwhere the seconds go (medians):")
+    for rounds, part in parts:
+        for who, d in part.items():
+            print(f"  {rounds} rounds, {who}: " + ", ".join(f"{k} {v:.2f}" for k, v in d.items()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(raw, f, indent=1)
