@@ -98,7 +98,8 @@ def split(runs: list) -> dict:
     """Medians of where a column's seconds went: ours cold and warm, compiling
     (``compile_seconds``), the rounds with their evaluations (``run_seconds``) and the
     rest (imports, data, tracing left out of the compile spans, outputs, exit);
-    fedjax its set-up, rounds, evaluations and the rest (its process start)."""
+    fedjax its set-up, rounds, evaluations and the rest (its interpreter's start and
+    exit)."""
     keys = {"ours": ("compile_seconds", "run_seconds"), "warm": ("compile_seconds", "run_seconds"),
             "fedjax": ("setup_seconds", "rounds_seconds", "eval_seconds")}
     out = {}
