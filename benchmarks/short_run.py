@@ -97,7 +97,7 @@ def theirs(python: str, rounds: int, eval_every: int, batch_size: int = 10) -> d
 def split(runs: list) -> dict:
     """Medians of where a column's seconds went: ours cold and warm, compiling
     (``compile_seconds``), the rounds with their evaluations (``run_seconds``) and the
-    rest (imports, data, tracing left out of the compile spans, outputs, exit);
+    rest (imports, the data, the set-up, the outputs, the exit);
     fedjax its set-up, rounds, evaluations and the rest (its interpreter's start and
     exit)."""
     keys = {"ours": ("compile_seconds", "run_seconds"), "warm": ("compile_seconds", "run_seconds"),
