@@ -503,7 +503,8 @@ def dqn_aggregator(*, ridge=1e-6, step_cap: str = "none", max_step_norm=None,
         direction = jax.tree.map(lambda x: factor.astype(x.dtype) * x, comb.v)
         return direction, DQNState(previous=ctx.params), info
 
-    return Aggregator(init, aggregate)
+    # G (g_k, solved into signed coefficients) and d~_k, gamma0_k: the extra uploads
+    return Aggregator(init, aggregate, reads=("extra",))
 
 
 def gram_schmidt(G_flat, dtilde):

@@ -55,8 +55,8 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.core.aggregators import Aggregator
-from fedjax_fair.core.algorithm import FederatedAlgorithm
+from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine
+from fedjax_fair.core.algorithm import FederatedAlgorithm, derive
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.memory import tree_bytes
 from fedjax_fair.core.system import client_seconds
@@ -95,7 +95,7 @@ def buffered_aggregator(concurrency: int = 10, staleness_exponent=0.5,
         del num_clients
         return _empty_pool(params, concurrency)
 
-    def aggregate(pool: Pool, outputs, weights, ctx):
+    def aggregate(pool: Pool, outputs, weights, ctx, combine=plain_combine):
         del weights
         k = ctx.client_ids.shape[0]
         c = pool.finish.shape[0]
@@ -130,13 +130,11 @@ def buffered_aggregator(concurrency: int = 10, staleness_exponent=0.5,
         s = jnp.where(arrived, staleness_weight(tau, staleness_exponent), 0.0)
         count = jnp.maximum(jnp.sum(arrived), 1)
         rows = jax.tree.map(lambda t: t[first], pool.payload)
-        if mode == "buffer":
-            direction = jax.tree.map(
-                lambda r: jnp.tensordot(s.astype(r.dtype), r, axes=1) / count, rows)
+        if mode == "buffer":  # (1 / n) sum s(tau) Delta
+            direction = combine(UPDATE, rows, s / count)
         else:  # w - x_k, mixed in with alpha s(tau)
-            direction = jax.tree.map(
-                lambda p, r: jnp.tensordot((alpha * s).astype(r.dtype), p[None] - r, axes=1)
-                / count, ctx.params, rows)
+            direction = combine(UPDATE, jax.tree.map(lambda p, r: p[None] - r, ctx.params, rows),
+                                alpha * s / count)
         arrival = jnp.max(jnp.where(arrived, pool.finish[first], pool.now))
         busy = pool.busy.at[jnp.where(arrived, first, c)].set(False, mode="drop")
         applied = jnp.sum(arrived).astype(jnp.int32)
@@ -147,7 +145,8 @@ def buffered_aggregator(concurrency: int = 10, staleness_exponent=0.5,
                              version=pool.version + step.astype(jnp.int32))
         return direction, pool, info
 
-    return Aggregator(init, aggregate)
+    # the virtual clock orders the arrivals by each client's local steps
+    return Aggregator(init, aggregate, combines=(UPDATE,), reads=("num_steps",))
 
 
 def _empty_pool(params, c: int) -> Pool:
@@ -161,7 +160,7 @@ def _empty_pool(params, c: int) -> Pool:
 def _asynchronous(model, training, aggregator, server_lr) -> FederatedAlgorithm:
     alg = fedavg(model, training=training, aggregator=aggregator,
                  server_optimizer=optax.sgd(server_lr), weight_by_size=False)
-    return alg._replace(clock=True)
+    return derive(alg, lambda a: a._replace(clock=True))
 
 
 def fedbuff(model, *, training: ClientTraining = ClientTraining(), concurrency: int = 10,

@@ -279,6 +279,7 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
                 "generator_loss": cohort_train_loss(elbo, outputs.num_examples,
                                                     ctx.client_mask)}
 
-    return compose(client, aggregator=Aggregator(init_server, aggregate),
+    server = Aggregator(init_server, aggregate, reads=("delta", "extra", "num_examples"))
+    return compose(client, aggregator=server,
                    broadcast=lambda state: state.aggregator_state.generator,
                    round_metrics=round_metrics)

@@ -563,7 +563,8 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
                                                        outputs.num_examples, ctx.client_mask),
                 **{f"client/{name}": value for name, value in outputs.extra.items()}}
 
-    return compose(client, aggregator=Aggregator(init_server, aggregate),
+    server = Aggregator(init_server, aggregate, reads=("delta", "extra", "num_examples"))
+    return compose(client, aggregator=server,
                    broadcast=lambda state: state.aggregator_state,
                    client_state_init=((lambda params: ClientModel(params, jnp.zeros((), bool)))
                                       if persistent_client_model else None),

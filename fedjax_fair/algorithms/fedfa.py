@@ -63,7 +63,7 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core import execution
-from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.core.client import (ClientTraining, check_rate, data_metrics,
                                      local_training, round_value)
@@ -179,15 +179,15 @@ def fedfa_aggregator(server_momentum=0.9, momentum_lr=0.02) -> Aggregator:
         del num_clients
         return FedFaState(jax.tree.map(jnp.zeros_like, params))
 
-    def aggregate(state: FedFaState, outputs, weights, ctx):
-        mean = weighted_sum(outputs.delta, weights)
+    def aggregate(state: FedFaState, outputs, weights, ctx, combine=plain_combine):
+        mean = combine(UPDATE, outputs.delta, weights)
         eta = round_value(momentum_lr, ctx.round)
         momentum = jax.tree.map(lambda m, d: (server_momentum * m + (1.0 - server_momentum) * d)
                                 .astype(m.dtype), state.momentum, mean)
         direction = jax.tree.map(lambda d, m: d + (eta * m).astype(d.dtype), mean, momentum)
         return direction, FedFaState(momentum), {"momentum_norm": optax.tree.norm(momentum)}
 
-    return Aggregator(init, aggregate)
+    return Aggregator(init, aggregate, combines=(UPDATE,))
 
 
 def momentum_sgd(gamma):

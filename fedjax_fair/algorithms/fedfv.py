@@ -240,7 +240,7 @@ def fedfv_aggregator(alpha: float = 0.1, tau: int = 1) -> Aggregator:
         info = {"projections": projections, "external_projections": external}
         return direction, FedFVState(history), info
 
-    return Aggregator(init, aggregate)
+    return Aggregator(init, aggregate, reads=("delta", "loss_before"))
 
 
 def fedfv(model, *, alpha: float = 0.1, tau: int = 1, weight_by_size: bool = False,

@@ -270,7 +270,8 @@ def masked_mean_aggregator() -> Aggregator:
         size = sum(m[0].size for m in leaves)
         return masked_mean(outputs.delta, masks, weights), {"kept": kept / size}
 
-    return stateless(direction)
+    # a mean per coordinate over the clients whose masks (extra) keep it
+    return stateless(direction, reads=("delta", "extra"))
 
 
 def _check_distance(distance: str) -> None:

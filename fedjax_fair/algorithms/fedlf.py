@@ -352,7 +352,7 @@ def fedlf_aggregator(*, history: bool = True, qp_iters: int = 200,
             state = FedLFState(grads, last)
         return direction, state, info
 
-    return Aggregator(init, aggregate)
+    return Aggregator(init, aggregate, reads=("delta", "loss_before"))
 
 
 def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_every: int = 1,

@@ -173,7 +173,8 @@ def fedmgda_plus_aggregator(epsilon: float = 0.1, *, qp_iters: int = 200,
                                                     qp_iters=qp_iters, method=method)
         return direction, state, {"lambdas": lambdas}
 
-    return Aggregator(init, aggregate)
+    # the weights solve a QP over every normalised update
+    return Aggregator(init, aggregate, reads=("delta",))
 
 
 def server_schedule(server_lr, server_lr_decay=1.0, decay_every: int = 1):

@@ -59,8 +59,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.aggregators import Aggregator, weighted_sum
-from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
+from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine
+from fedjax_fair.core.algorithm import FederatedAlgorithm, compose, derive
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.algorithms.fednl import reporting
@@ -103,21 +103,25 @@ def fednew_aggregator() -> Aggregator:
         del num_clients
         return FedNewState(jax.tree.map(jnp.zeros_like, params))
 
-    def aggregate(state, outputs, weights, ctx):
+    def aggregate(state, outputs, weights, ctx, combine=plain_combine):
         del weights
         c = reporting(outputs, ctx)
         total = jnp.sum(c)
-        mean = weighted_sum(outputs.delta, c / jnp.maximum(total, 1.0))
+        mean = combine(UPDATE, outputs.delta, c / jnp.maximum(total, 1.0))
         y = jax.tree.map(lambda new, old: jnp.where(total > 0, new, old), mean, state.y)
         direction = jax.tree.map(lambda v: jnp.where(total > 0, v, 0.0), mean)
         return direction, FedNewState(y), {}
 
-    return Aggregator(init, aggregate)
+    return Aggregator(init, aggregate, combines=(UPDATE,))
 
 
 def with_dual_update(algorithm: FederatedAlgorithm, rho) -> FederatedAlgorithm:
     """``algorithm`` whose rounds finish lambda_k <- (lambda_k + rho y_k) - rho y^t
-    on the cohort's rows (clients with data, unmasked)."""
+    on the cohort's rows (clients with data, unmasked); kept under scenarios."""
+    return derive(algorithm, lambda alg: _dual_update(alg, rho))
+
+
+def _dual_update(algorithm: FederatedAlgorithm, rho) -> FederatedAlgorithm:
     table = algorithm.client_table
 
     def apply(state, cohort, key, execution="auto"):
@@ -147,9 +151,9 @@ def fednew(model, *, server_lr: Rate = 1.0, rho: float = 1.0, alpha: float = 1.0
         HPARAMS["server_lr"].check("server_lr", server_lr)
     H.check(HPARAMS, rho=rho, alpha=alpha, num_probes=num_probes,
             curvature_rows=curvature_rows)
-    derive = client_derivatives(model, curvature=curvature, num_probes=num_probes,
+    derivatives = client_derivatives(model, curvature=curvature, num_probes=num_probes,
                                 curvature_rows=curvature_rows, mode=mode, training=training)
-    algorithm = compose(fednew_client(derive, rho=rho, alpha=alpha), mixing=uniform(),
+    algorithm = compose(fednew_client(derivatives, rho=rho, alpha=alpha), mixing=uniform(),
                         aggregator=fednew_aggregator(), server_optimizer=optax.sgd(server_lr),
                         client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),
                         client_table=client_table,

@@ -204,7 +204,7 @@ def fednl_aggregator(*, mu, option: str = "projection") -> Aggregator:
         info = {"hessian_error": error, "floored_fraction": floored / size}
         return direction, FedNLState(h_sum, count), info
 
-    return Aggregator(init, aggregate)
+    return Aggregator(init, aggregate, reads=("delta", "extra"))
 
 
 # ---------------------------------------------------------------------- FedNL-PP
@@ -269,7 +269,7 @@ def fednl_pp_aggregator() -> Aggregator:
         error = jnp.sum(c * outputs.extra["l"]) / jnp.maximum(jnp.sum(c), 1.0)
         return direction, FedNLPPState(a_sum, u_sum), {"hessian_error": error}
 
-    return Aggregator(init, aggregate)
+    return Aggregator(init, aggregate, reads=("delta", "extra"))
 
 
 # --------------------------------------------------------------------- factories

@@ -77,7 +77,8 @@ def mifa_aggregator(table="dense") -> Aggregator:
                 / jnp.maximum(jnp.sum(seen), 1)}
         return direction, MifaState(table, total, state.num_clients), info
 
-    return Aggregator(init, aggregate)
+    # the server keeps every client's latest update
+    return Aggregator(init, aggregate, reads=("delta",))
 
 
 def mifa(model, *, training: ClientTraining = ClientTraining(),

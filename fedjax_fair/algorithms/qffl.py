@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.aggregators import (Aggregator, ratio, stateless, stateless_stream,
+from fedjax_fair.core.aggregators import (UPDATE, Aggregator, ratio, stateless, stateless_stream,
                                           weighted_sum)
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.training import Transform
@@ -171,14 +171,14 @@ def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
     if not callable(lipschitz):
         H.check(HPARAMS, lipschitz=lipschitz)
 
-    def direction(outputs, weights, ctx):
+    def direction(outputs, weights, ctx, combine):
         keep = weights > 0
         sq = _per_client_sq_norms(outputs.delta, keep)
         coef = qffl_coefficients(outputs.loss_before, sq, weights, q,
                                  round_value(lipschitz, ctx.round))
         # One dot product, like weighted_sum (a NaN-safe select would copy all K
         # deltas: 10x slower at K = 1000, benchmarks/server_step.py).
-        return weighted_sum(outputs.delta, coef), {"coefficients": coef}
+        return combine(UPDATE, outputs.delta, coef), {"coefficients": coef}
 
     def term(out, z, ctx):
         # client k's share of both sums carries pi_k F_k^q = exp(z_k + q log F_k);
@@ -195,7 +195,9 @@ def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
                                  q, round_value(lipschitz, ctx.round))
         return ratio(*sums), {"coefficients": coef}
 
-    return stateless(direction, stream=stateless_stream(term, finish))
+    # the coefficients read every client's loss and update norm (h_k)
+    return stateless(direction, stream=stateless_stream(term, finish), combines=(UPDATE,),
+                     reads=("loss_before", "delta"))
 
 
 def qffl(model, *, q: float = 0.1, mode: str = "faithful",

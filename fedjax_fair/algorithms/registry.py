@@ -89,6 +89,7 @@ from fedjax_fair.algorithms.qffl import qffl
 from fedjax_fair.algorithms.scaffold import scaffold
 from fedjax_fair.algorithms.superfed import superfed
 from fedjax_fair.algorithms.term import term
+from fedjax_fair.core.algorithm import derive
 from fedjax_fair.core.client import FIELDS, TRAINING_RANGES, ClientTraining
 from fedjax_fair.hparams import FieldError, Range
 from fedjax_fair.algorithms.families.generative import downstream_line, downstream_report
@@ -276,7 +277,7 @@ def build(name: str, model, **values):
     local-training ones (``client_lr=0.02, batch_size=10``) replace those fields of
     the factory's default ``training`` (the others keep the method's own defaults),
     the rest are passed as they are. A name the method does not take is a TypeError,
-    as a call would give."""
+    as a call would give. The method carries ``name`` (``FederatedAlgorithm.name``)."""
     method = get_method(name)
     flat = {k: values.pop(k) for k in list(values) if k in FIELDS}
     unknown = sorted(set(flat) - set(method.training_fields))
@@ -285,7 +286,7 @@ def build(name: str, model, **values):
                         f"(its local training honours {list(method.training_fields)})")
     if flat:
         values["training"] = values.get("training", default_training(name)).with_flat(**flat)
-    return method.factory(model, **values)
+    return derive(method.factory(model, **values), lambda alg: alg._replace(name=name))
 
 
 __all__ = ["ALGORITHMS", "FAMILIES", "HParam", "Method", "REGISTRY", "base_name", "build", "default_training", "get_method", "aaggff_d", "aaggff_s", "afedpd",

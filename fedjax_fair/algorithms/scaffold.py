@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.aggregators import EXTRA, UPDATE, Aggregator, plain_combine
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.core.client import ClientTraining, check_rate_optimizer, local_training
@@ -81,14 +81,13 @@ def scaffold_aggregator() -> Aggregator:
         return ScaffoldState(jax.tree.map(jnp.zeros_like, params),
                              jnp.asarray(1.0 / num_clients, jnp.float32))
 
-    def aggregate(state, outputs, weights, ctx):
+    def aggregate(state, outputs, weights, ctx, combine=plain_combine):
         reported = ctx.client_mask.astype(jnp.float32) * state.inv_num_clients
-        control = jax.tree.map(jnp.add, state.control,
-                               weighted_sum(outputs.extra, reported))
-        return weighted_sum(outputs.delta, weights), ScaffoldState(control,
-                                                                   state.inv_num_clients), {}
+        direction = combine(UPDATE, outputs.delta, weights)
+        control = jax.tree.map(jnp.add, state.control, combine(EXTRA, outputs.extra, reported))
+        return direction, ScaffoldState(control, state.inv_num_clients), {}
 
-    return Aggregator(init, aggregate)
+    return Aggregator(init, aggregate, combines=(UPDATE, EXTRA))
 
 
 def scaffold(model, *, server_lr: Rate = 1.0, training: ClientTraining = ClientTraining(),

@@ -22,7 +22,7 @@ from fedjax_fair.algorithms.families import generative as synthetic
 from fedjax_fair.cli import config as C, lock, report
 from fedjax_fair.core import memory, sampling
 from fedjax_fair.core.client import FIELDS
-from fedjax_fair.core.algorithm import transformed, with_improvement
+from fedjax_fair.core.algorithm import with_improvement
 from fedjax_fair.core.execution import ModelProfile, initial_params, model_profile
 from fedjax_fair.core.heterogeneity import parse as parse_budgets
 from fedjax_fair.core.schedules import parse as parse_schedule
@@ -361,12 +361,11 @@ def build_algorithm(name: str, model, cfg, hparams: dict, ds=None):
         from fedjax_fair.core.schedules import compensated
         kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
                                    client_schedule(1.0))
-    hooks = round_transforms(cfg, ds)
     try:
-        with transformed(*hooks):
-            algorithm = build(name, model, **kwargs)
+        algorithm = build(name, model, **kwargs)
     except (TypeError, ValueError) as e:
         raise C.config_error(e, "hparams") from None
+    algorithm = with_scenarios(algorithm, cfg, ds)
     return with_improvement(algorithm, model) if cfg.improvement else algorithm
 
 
@@ -386,16 +385,16 @@ def _guarded(cfg_dict: dict, num_clients: int) -> _Guards:
                    transforms.malicious_flags(cfg, num_clients))
 
 
-def round_transforms(cfg, ds) -> list:
-    """The round transforms of ``--attack``, ``--robust`` and ``--dp-*`` (cli/transforms.py)
-    for dataset ``ds``; [] without them."""
+def with_scenarios(algorithm, cfg, ds):
+    """``algorithm`` under the scenarios of ``--attack``, ``--robust`` and ``--dp-*``
+    (cli/transforms.py) on dataset ``ds``, in that order; as it is without them."""
     from fedjax_fair.cli import transforms
     if not any(getattr(cfg, f, None) is not None for f in ("attack", "robust", "dp_noise",
                                                             "dp_epsilon")):
-        return []
+        return algorithm
     if ds is None:
         raise C.ConfigError("attack", "the privacy and robustness options need the dataset")
-    return transforms.transforms_of(cfg, ds.num_clients, ds.num_classes)
+    return transforms.apply(algorithm, cfg, ds.num_clients, ds.num_classes)
 
 
 def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int, ds=None):

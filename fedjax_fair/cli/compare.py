@@ -110,14 +110,13 @@ def cmd_compare(args) -> int:
             print(f"left out {a}: {e}")  # e.g. LG-FedAvg on a one-layer model
     cfg.algorithms = cfg_dict["algorithms"] = list(algs)
     print(_training_line(cfg))
-    guards = transforms.describe(cfg, "fedavg", ds.num_clients)
-    if guards:
-        print(f"rounds: {guards}")
-        uncovered = [a for a in algs if not transforms.dp_covered(base_name(a), hparams[a])]
-        if transforms.dp_of(cfg, ds.num_clients) is not None and uncovered:
-            print(f"dp: the servers of {', '.join(uncovered)} also read client losses or "
-                  f"state that DP-FedAvg does not privatise: their epsilon covers the "
-                  f"updates only (docs/privacy.md)")
+    from fedjax_fair.core.scenarios import names as scenario_names
+    cfg_dict["scenarios"] = {a: scenario_names(alg) for a, alg in algs.items()}
+    first = transforms.describe(next(iter(algs.values()))) if algs else None
+    if first:  # the same options on every method: the first one's names say them
+        print(f"scenarios: {first}")
+        if transforms.dp_line(cfg):
+            print(transforms.dp_line(cfg))
     for alg in algs.values():
         _check_capacity(alg, ds.num_clients, cfg)
 

@@ -328,6 +328,7 @@ class Plan(NamedTuple):
     validation: bool
     evaluated: Optional[str]
     tiles: sweeps.Tiles  # the calls of each program
+    scenarios: list  # the scenarios' names, in the order they were applied
 
 
 def plan(cfg: C.SweepConfig, hparams: dict) -> Plan:
@@ -342,19 +343,19 @@ def plan(cfg: C.SweepConfig, hparams: dict) -> Plan:
         _preflight(dataclasses.replace(cfg, batch_size=batch), ds, model)
     _, continuous = split_grid(cfg.algorithm, cfg.grid)
     first = {n: cfg.grid[n][0] for n in continuous}
-    evaluated = None
+    evaluated, scenarios = None, []
     for program in programs:
         with _as_grid_error(program.static):
             alg = build_algorithm(cfg.algorithm, model, program.cfg,
                                   {**program.hparams, **first}, ds)
         _check_capacity(alg, ds.num_clients, program.cfg)
         check_traceable(program, model, ds, continuous)
-        evaluated = alg.evaluates
+        evaluated, scenarios = alg.evaluates, [s.name for s in alg.scenarios]
     validation = sweeps.has_examples(ds.host_data.validation)
     keys = summary_keys(metric_names(model, ds), validation)
     check_metric(cfg.metric, keys)
     return Plan(ds, model, programs, continuous, keys, validation, evaluated,
-                tiles_of(cfg, continuous))
+                tiles_of(cfg, continuous), scenarios)
 
 
 def cmd_sweep(args) -> int:
@@ -374,9 +375,11 @@ def cmd_sweep(args) -> int:
     p = plan(cfg, hparams)
     print(programs_line(cfg, p.programs, p.tiles.count, p.tiles.g * p.tiles.s))
     from fedjax_fair.cli import transforms
-    guards = transforms.describe(cfg, cfg.algorithm, p.ds.num_clients)
-    if guards:
-        print(f"rounds: {guards}")
+    cfg_dict["scenarios"] = p.scenarios
+    if p.scenarios:
+        print(f"scenarios: {'; then '.join(p.scenarios)}")
+        if transforms.dp_line(cfg):
+            print(transforms.dp_line(cfg))
 
     _own(cfg, True, check_fresh=True)
     if not cfg.resume:  # a fresh sweep: nothing of an earlier one stays (--overwrite)

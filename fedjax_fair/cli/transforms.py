@@ -1,13 +1,15 @@
-"""The command line's privacy and robustness options as round transforms
-(``core.algorithm.transformed``): ``--attack`` on ``--malicious-fraction`` /
-``--malicious-ids`` clients (core/attacks.py), ``--robust`` aggregators
-(core/robust.py) and client-level DP, ``--dp-noise`` or ``--dp-epsilon`` with
-``--dp-clip``, ``--dp-delta``, ``--dp-max-weight`` (core/privacy.py,
+"""The command line's privacy and robustness options as scenarios applied to the
+built method (core/scenarios.py): ``--attack`` on ``--malicious-fraction`` /
+``--malicious-ids`` clients (core/attacks.py), ``--robust`` rules (core/robust.py)
+and client-level DP, ``--dp-noise`` or ``--dp-epsilon`` with ``--dp-clip``,
+``--dp-delta``, ``--dp-max-weight`` (core/privacy.py, docs/scenarios.md,
 docs/privacy.md, docs/robustness.md).
 
 Every option is checked when the config is (``check``), the ones that need the
-federation's size when the data is built (``transforms_of``); any registered method
-takes them, since each is built over ``compose``."""
+federation's size when the data is built (``apply``), in the order attack, robust
+rule, privacy; a method with which one has no sound meaning is refused there, before
+anything runs, with one line naming the method, the scenario and why.
+"""
 from __future__ import annotations
 
 import functools
@@ -19,19 +21,8 @@ from fedjax_fair.cli import config as C
 from fedjax_fair.hparams import FieldError
 
 ATTACKS = ("label_flip", "sign_flip", "gaussian", "scaled_replacement")
-# Methods whose server step is a weighted mean of the updates with weights from each
-# client's own upload: DP-FedAvg's release covers everything the server reads.
-DP_COVERED = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedsam",
-              "term", "propfair", "fedsoftmax", "fedmax", "fedmax_k", "ditto", "fedavg_ft",
-              "fedcm")
-
-
-def dp_covered(name: str, hparams: Optional[dict] = None) -> bool:
-    """Whether DP-FedAvg's release covers everything ``name``'s server reads: the
-    methods of ``DP_COVERED``, and q-FFL in its ``mixing`` mode (each client's weight
-    a function of its own loss, docs/privacy.md's rule)."""
-    base = name.partition("@")[0]
-    return base in DP_COVERED or (base == "qffl" and (hparams or {}).get("mode") == "mixing")
+# the command-line option a refusal of each scenario kind names
+OPTION_OF = {"attack": "attack", "robust": "robust", "privacy": "dp_noise"}
 
 
 def parse_attack(text: str, num_classes: Optional[int] = None):
@@ -198,23 +189,25 @@ def accountant_of(cfg, num_clients: int):
     return _ACCOUNTANTS[key]
 
 
-def transforms_of(cfg, num_clients: int, num_classes: Optional[int] = None) -> list:
-    """The ``RoundTransform``s of the options: the attack, then the robust aggregator,
-    then DP (which replaces the aggregator last: the release is DP-FedAvg's)."""
-    from fedjax_fair.core.algorithm import RoundTransform
-    out = []
-    flags = malicious_flags(cfg, num_clients)
-    if flags is not None:
-        from fedjax_fair.core import attacks
-        out.append(attacks.attack_transform(parse_attack(cfg.attack, num_classes), flags))
-    if cfg.robust is not None:
-        from fedjax_fair.core import robust
-        out.append(RoundTransform(aggregator=robust.parse(cfg.robust)))
-    dp = dp_of(cfg, num_clients)
-    if dp is not None:
-        from fedjax_fair.core import privacy
-        out.append(privacy.private_transform(dp))
-    return out
+def apply(algorithm, cfg, num_clients: int, num_classes: Optional[int] = None):
+    """``algorithm`` under the options' scenarios, in the order attack, robust rule,
+    privacy (``scenarios.with_attack`` / ``with_robust`` / ``with_privacy``); a
+    refused pairing is a ``ConfigError`` naming the option."""
+    from fedjax_fair.core import scenarios
+    try:
+        flags = malicious_flags(cfg, num_clients)
+        if flags is not None:
+            algorithm = scenarios.with_attack(algorithm, parse_attack(cfg.attack, num_classes),
+                                              flags)
+        if cfg.robust is not None:
+            from fedjax_fair.core import robust
+            algorithm = scenarios.with_robust(algorithm, robust.parse(cfg.robust), cfg.robust)
+        dp = dp_of(cfg, num_clients)
+        if dp is not None:
+            algorithm = scenarios.with_privacy(algorithm, dp)
+    except scenarios.Refused as e:
+        raise C.ConfigError(OPTION_OF[e.field], str(e)[len(e.field) + 2:]) from None
+    return algorithm
 
 
 def annotate(history: list, accountant) -> None:
@@ -227,21 +220,16 @@ def annotate(history: list, accountant) -> None:
             else 0.0
 
 
-def describe(cfg, name: str, num_clients: int) -> Optional[str]:
-    """One line of what the options do to ``name``'s rounds, or None."""
-    parts = []
-    flags = malicious_flags(cfg, num_clients)
-    if flags is not None:
-        parts.append(f"attack {cfg.attack} by {int(flags.sum())} of {num_clients} clients")
-    if cfg.robust is not None:
-        parts.append(f"robust aggregator {cfg.robust}")
-    dp = dp_of(cfg, num_clients)
-    if dp is not None:
-        covered = "" if dp_covered(name, getattr(cfg, "hparams", None)) else (
-            f"; {name}'s server also reads client losses or state that DP-FedAvg does not "
-            f"privatise: epsilon covers the updates only")
-        clip = f"clip {dp.clip:g}" if dp.adaptive is None else (
-            f"clip from {dp.clip:g} adapted to the {dp.adaptive.target_quantile:g} quantile")
-        parts.append(f"client-level DP: noise multiplier {dp.noise_multiplier:.4g}, {clip}, "
-                     f"delta {cfg.dp_delta:g}{covered}")
-    return "; ".join(parts) or None
+def describe(algorithm) -> Optional[str]:
+    """One line of the scenarios applied to ``algorithm``, in order, or None."""
+    from fedjax_fair.core import scenarios
+    return "; then ".join(scenarios.names(algorithm)) or None
+
+
+def dp_line(cfg) -> Optional[str]:
+    """What the run's epsilon covers, or None without DP."""
+    if cfg.dp_noise is None and cfg.dp_epsilon is None:
+        return None
+    return (f"privacy: epsilon (delta {cfg.dp_delta:g}) covers every combination each "
+            f"method's server takes of its clients' uploads (the updates, and control "
+            f"variates or duals where it combines them), each clipped and noised")

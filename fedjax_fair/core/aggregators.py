@@ -48,9 +48,39 @@ class Stream(NamedTuple):
 
 
 class Aggregator(NamedTuple):
+    """``init``, ``aggregate`` and what the step declares of itself (docs/scenarios.md).
+
+    combines: the cohort combinations ``aggregate`` takes through its ``combine``
+      argument, one kind per call in call order: ``UPDATE`` (the uploaded updates or
+      what the server derives from them alone, e.g. FedNova's Delta_k / tau_k) or
+      ``EXTRA`` (the method's other uploads: SCAFFOLD's control variates, the
+      primal-dual duals). Such an aggregator's signature is ``aggregate(state,
+      outputs, weights, ctx, combine=plain_combine)``, with ``combine(kind, tree,
+      coefficients) -> tree`` = sum_k c_k tree_k for c_k >= 0: the one piece a
+      scenario replaces (a robust rule, a private release). None: the step is not a
+      sum of non-negative multiples of its uploads (DQN-Fed's solve, MGDA's QP), its
+      ``aggregate`` takes no ``combine`` and scenarios that replace the combination
+      refuse it.
+    reads: what else of the clients' uploads the step reads (``ClientOutput`` field
+      names: "delta", "loss_before", "num_steps", "num_examples", "extra"), beyond
+      the combinations' trees and the mixing weights; () when nothing.
+    """
+
     init: Callable
     aggregate: Callable
     stream: Optional[Stream] = None  # set when the direction can be streamed
+    combines: Optional[tuple] = None
+    reads: tuple = ()
+
+
+UPDATE = "update"  # a combination of the uploaded updates (or what derives from them alone)
+EXTRA = "extra"  # a combination of the method's other uploads (control variates, duals)
+
+
+def plain_combine(kind: str, tree, coefficients):
+    """sum_k c_k tree_k: a step's combination when no scenario replaces it."""
+    del kind
+    return weighted_sum(tree, coefficients)
 
 
 def _fold_scaled(batch):
@@ -88,19 +118,27 @@ def weighted_sum(tree, weights):
     return jax.tree.map(lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), tree)
 
 
-def stateless(direction_fn: Callable, stream: Optional[Stream] = None) -> Aggregator:
+def stateless(direction_fn: Callable, stream: Optional[Stream] = None,
+              combines: Optional[tuple] = None, reads: tuple = ()) -> Aggregator:
     """An ``Aggregator`` from ``direction_fn(outputs, weights, ctx) -> (direction,
-    info)`` that keeps no state (``stream``: its streamed form, if any)."""
+    info)`` that keeps no state (``stream``: its streamed form, if any). With
+    ``combines`` (``Aggregator.combines``) ``direction_fn`` takes ``combine`` as a
+    fourth argument."""
 
     def init(params, num_clients):
         del params, num_clients
         return ()
 
-    def aggregate(state, outputs, weights, ctx):
-        direction, info = direction_fn(outputs, weights, ctx)
-        return direction, state, info
+    if combines is None:
+        def aggregate(state, outputs, weights, ctx):
+            direction, info = direction_fn(outputs, weights, ctx)
+            return direction, state, info
+    else:
+        def aggregate(state, outputs, weights, ctx, combine=plain_combine):
+            direction, info = direction_fn(outputs, weights, ctx, combine)
+            return direction, state, info
 
-    return Aggregator(init, aggregate, stream)
+    return Aggregator(init, aggregate, stream, combines, tuple(reads))
 
 
 def stateless_stream(term: Callable, finish: Callable) -> Stream:
@@ -117,9 +155,10 @@ def stateless_stream(term: Callable, finish: Callable) -> Stream:
 def weighted_mean() -> Aggregator:
     """Delta = sum_k p_k Delta_k (FedAvg, McMahan et al. 2017; p from a MixingRule)."""
     return stateless(
-        lambda outputs, weights, ctx: (weighted_sum(outputs.delta, weights), {}),
+        lambda outputs, weights, ctx, combine: (combine(UPDATE, outputs.delta, weights), {}),
         stream=stateless_stream(lambda out, z, ctx: (z, (out.delta, jnp.ones((), z.dtype)), ()),
-                                lambda sums, outputs, stats, weights, ctx: (ratio(*sums), {})))
+                                lambda sums, outputs, stats, weights, ctx: (ratio(*sums), {})),
+        combines=(UPDATE,))
 
 
 def step_normalized() -> Aggregator:
@@ -139,10 +178,12 @@ def step_normalized() -> Aggregator:
     def scaled(tau_eff, tree):
         return jax.tree.map(lambda d: tau_eff * d, tree), {"tau_eff": tau_eff}
 
-    def direction(outputs, weights, ctx):
+    def direction(outputs, weights, ctx, combine):
         tau = steps(outputs)
-        return scaled(jnp.sum(weights * tau),
-                      weighted_sum(outputs.delta, weights / jnp.maximum(tau, 1.0)))
+        per_step = jax.tree.map(
+            lambda d: d / jnp.maximum(tau, 1.0).reshape((-1,) + (1,) * (d.ndim - 1))
+            .astype(d.dtype), outputs.delta)
+        return scaled(jnp.sum(weights * tau), combine(UPDATE, per_step, weights))
 
     def term(out, z, ctx):
         per_step = 1.0 / jnp.maximum(steps(out), 1.0)
@@ -152,4 +193,5 @@ def step_normalized() -> Aggregator:
     def finish(sums, outputs, stats, weights, ctx):
         return scaled(jnp.sum(weights * steps(outputs)), ratio(*sums))
 
-    return stateless(direction, stream=stateless_stream(term, finish))
+    return stateless(direction, stream=stateless_stream(term, finish), combines=(UPDATE,),
+                     reads=("num_steps",))

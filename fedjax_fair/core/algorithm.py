@@ -71,60 +71,55 @@ from fedjax_fair.core.types import Broadcast, ClientUpdate, Cohort, ServerContex
 from fedjax_fair import hparams as H
 
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
-TRANSFORM_KEY_ID = 2 ** 31 - 2  # the round transforms' (attacks.ATTACK_KEY_ID)
+SCENARIO_KEY_ID = 2 ** 31 - 2  # the scenarios' (attacks.ATTACK_KEY_ID)
 
 
-class RoundTransform(NamedTuple):
-    """A change to every round of the algorithms ``compose`` builds while it is active
-    (``transformed``), so that one line puts any method built over ``compose`` under
-    attack, under a robust aggregator or under differential privacy:
+class Combiner(NamedTuple):
+    """What a scenario puts in place of a step's combinations (``Aggregator.combines``):
+    ``init(params, num_clients) -> state`` and ``combine(state, index, kind, tree,
+    coefficients, ctx, key) -> (tree, state, info)`` for the round's ``index``-th
+    combination of ``kind`` (aggregators.UPDATE / EXTRA), ``tree`` [K, ...] with
+    coefficients c [K] >= 0; ``key`` is the scenario's for the round."""
 
-    aggregator: ``Aggregator -> Aggregator``, replacing or wrapping the method's own
-      (``robust.trimmed_mean``, ``privacy.private_aggregator``).
+    init: Callable
+    combine: Callable
+
+
+class Scenario(NamedTuple):
+    """A change to every round of a method (core/scenarios.py builds them:
+    ``with_attack``, ``with_robust``, ``with_privacy``), applied by ``compose`` around
+    the method's own pieces:
+
+    name: what it is, in one line (recorded in config.json, shown when a run starts).
     data: ``(data, client_ids, mask, key) -> data``, the cohort's data before local
       training (label flipping).
     outputs: ``(outputs, client_ids, mask, key) -> (outputs, info)``, the stacked
-      client outputs after local training, before the mixing rule and the aggregator
-      see them (poisoned updates); ``info``'s entries join the round's metrics.
+      uploads after local training, before the mixing rule and the aggregator read
+      them (poisoned updates); ``info``'s entries join the round's metrics.
+    combiner: a ``Combiner`` in place of the step's combinations (robust rules, the
+      private release); its state is ``ServerState.scenario_state``.
 
-    Each gets its own key, ``fold_in(fold_in(round_key, TRANSFORM_KEY_ID), i)``."""
+    Scenario i's keys derive from ``fold_in(fold_in(round_key, SCENARIO_KEY_ID), i)``."""
 
-    aggregator: Optional[Callable] = None
+    name: str
     data: Optional[Callable] = None
     outputs: Optional[Callable] = None
+    combiner: Optional[Combiner] = None
 
 
-_ACTIVE: list = []  # the transforms of the enclosing ``transformed`` blocks
+class ServerReads(NamedTuple):
+    """What a composed method's server reads of its clients, as its pieces declare it
+    (core/scenarios.py decides from it which scenarios a method accepts).
 
+    combines: ``Aggregator.combines`` (None: no replaceable combination).
+    reads: ``Aggregator.reads``: the uploads read outside the combinations.
+    separable: the mixing rule gives each client a weight from its own upload alone
+      (``MixingRule.logit``), keeping no state.
+    """
 
-class transformed:
-    """``with transformed(*transforms) as t: algorithm = build(...)``: every
-    ``compose`` call inside applies ``transforms`` (after any of an enclosing block) to
-    the rounds it builds; ``t.composed`` counts those calls, 0 for a method whose
-    rounds are not built by ``compose`` (which the transforms cannot reach). The
-    algorithm keeps them after the block: it is built, not run, inside."""
-
-    def __init__(self, *transforms: RoundTransform):
-        for t in transforms:
-            if not isinstance(t, RoundTransform):
-                raise H.FieldTypeError("transforms", f"must be RoundTransforms, got "
-                                                     f"{describe_object(t)}")
-        self.transforms = transforms
-        self.composed = 0
-
-    def __enter__(self):
-        _ACTIVE.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        _ACTIVE.remove(self)
-        return False
-
-
-def _active_transforms() -> tuple:
-    for block in _ACTIVE:
-        block.composed += 1
-    return tuple(t for block in _ACTIVE for t in block.transforms)
+    combines: Optional[tuple]
+    reads: tuple
+    separable: bool
 
 
 class ServerState(NamedTuple):
@@ -134,6 +129,7 @@ class ServerState(NamedTuple):
     aggregator_state: Any
     client_states: Any  # a client table (client_states.py) or ()
     round: jax.Array  # int32 [], rounds completed
+    scenario_state: Any = ()  # the combiner's of a scenario that has one (privacy's clip)
 
 
 class FederatedAlgorithm(NamedTuple):
@@ -149,6 +145,13 @@ class FederatedAlgorithm(NamedTuple):
     # True when a round reports its own simulated duration (``server/round_seconds``):
     # asynchronous methods on a virtual clock (algorithms/fedbuff.py)
     clock: bool = False
+    # what the server reads of its clients (None: not built by ``compose``, which no
+    # scenario can reach)
+    server: Optional[ServerReads] = None
+    scenarios: tuple = ()  # the Scenarios applied, in order
+    # scenarios -> the same method with those scenarios (None: not built by compose)
+    rebuild: Optional[Callable] = None
+    name: str = "the method"  # the registry's name, for messages (registry.build)
 
     @property
     def evaluates(self) -> str:
@@ -195,7 +198,8 @@ def compose(client_update: ClientUpdate, *,
             personal_params: Optional[Callable] = None,
             evaluated_params: Optional[Callable] = None,
             client_state_fresh: Optional[Callable] = None,
-            round_metrics: Optional[Callable] = None) -> FederatedAlgorithm:
+            round_metrics: Optional[Callable] = None,
+            scenarios: tuple = ()) -> FederatedAlgorithm:
     """Builds a FederatedAlgorithm from pieces.
 
     Args:
@@ -208,9 +212,11 @@ def compose(client_update: ClientUpdate, *,
         table has one row per client. None: stateless clients.
       client_table: "dense", "lazy", "lazy:CAPACITY" or a ``client_states.ClientTable``.
       broadcast: ``state -> extra``, the payload sent with theta^t; default ().
-      drift: ``(state, new_params, outputs, weights, ctx) -> delta`` added to every
-        client's row before the cohort's new rows are written (A-FedPD's virtual
-        update); None: rows outside the cohort never change.
+      drift: ``(state, new_state) -> delta`` added to every client's row before the
+        cohort's new rows are written, from the server's state before and after the
+        round (A-FedPD's virtual update); it reads no upload, so a scenario's
+        combination reaches it through the aggregator's state. None: rows outside
+        the cohort never change.
       personal_params: ``(server_params, row) -> params``, a client's own model from
         its row (Ditto: the row; FedRep: global body + personal head). Given, the
         algorithm is evaluated personally.
@@ -226,6 +232,8 @@ def compose(client_update: ClientUpdate, *,
         round's own (``client_ids`` ... ``update_norm``) and the aggregator's
         ``server/...`` ones, whose names they may not take (in a streamed round
         ``outputs.delta`` is None).
+      scenarios: ``Scenario`` values, applied in order (core/scenarios.py applies them
+        to a built method: ``with_robust(algorithm, rule)``, ...).
     """
     _check_pieces(client_update, mixing, aggregator, server_optimizer)
     if round_metrics is not None and not callable(round_metrics):
@@ -233,12 +241,14 @@ def compose(client_update: ClientUpdate, *,
                                                 f"{describe_object(round_metrics)}")
     mixing = mixing or by_num_examples()
     aggregator = aggregator or weighted_mean()
-    transforms = _active_transforms()
-    for t in transforms:
-        if t.aggregator is not None:
-            aggregator = t.aggregator(aggregator)
-    data_hooks = [(i, t.data) for i, t in enumerate(transforms) if t.data is not None]
-    output_hooks = [(i, t.outputs) for i, t in enumerate(transforms) if t.outputs is not None]
+    scenarios = tuple(scenarios)
+    data_hooks = [(i, t.data) for i, t in enumerate(scenarios) if t.data is not None]
+    output_hooks = [(i, t.outputs) for i, t in enumerate(scenarios) if t.outputs is not None]
+    combiners = [(i, t.combiner) for i, t in enumerate(scenarios) if t.combiner is not None]
+    if len(combiners) > 1 or (combiners and aggregator.combines is None):
+        raise H.FieldError("scenarios", "at most one scenario replaces the combination, of "
+                                        "an aggregator that declares one")
+    combiner = combiners[0] if combiners else None
     server_optimizer = server_optimizer or optax.sgd(1.0)
     table = tables.get_table(client_table)
     stateful = client_state_init is not None
@@ -255,11 +265,13 @@ def compose(client_update: ClientUpdate, *,
         return ServerState(params=params, opt_state=server_optimizer.init(params),
                            mixing_state=mixing.init(num_clients),
                            aggregator_state=aggregator.init(params, num_clients),
-                           client_states=cs, round=jnp.zeros((), jnp.int32))
+                           client_states=cs, round=jnp.zeros((), jnp.int32),
+                           scenario_state=(combiner[1].init(params, num_clients)
+                                           if combiner else ()))
 
     streamed = (getattr(mixing, "logit", None) is not None
                 and getattr(aggregator, "stream", None) is not None and drift is None
-                and not output_hooks)  # the hooks see the stacked outputs
+                and not output_hooks and combiner is None)  # scenarios see the stack
 
     def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
         k = cohort.client_ids.shape[0]
@@ -270,13 +282,13 @@ def compose(client_update: ClientUpdate, *,
         ctx = ServerContext(params=state.params, round=state.round,
                             key=jax.random.fold_in(key, SERVER_KEY_ID),
                             client_ids=cohort.client_ids, client_mask=cohort.client_mask)
-        transform_key = jax.random.fold_in(key, TRANSFORM_KEY_ID)
+        scenario_key = jax.random.fold_in(key, SCENARIO_KEY_ID)
         data = cohort.data
         for i, hook in data_hooks:
             data = hook(data, cohort.client_ids, cohort.client_mask,
-                        jax.random.fold_in(transform_key, i))
+                        jax.random.fold_in(scenario_key, i))
         per_client = (cs, data, cohort.local_steps, keys)
-        transform_info = {}
+        scenario_info, scenario_state = {}, state.scenario_state
         if streamed:
             (outputs, new_cs, logits, stats), (_, _, sums) = map_clients(
                 streamed_client, execution, k, reduce=STREAM_SUM)(
@@ -290,19 +302,28 @@ def compose(client_update: ClientUpdate, *,
             outputs, new_cs = run_clients(payload, per_client, sizes=cohort.data.num_examples)
             for i, hook in output_hooks:
                 outputs, info = hook(outputs, cohort.client_ids, cohort.client_mask,
-                                     jax.random.fold_in(transform_key, i))
-                transform_info.update(info)
+                                     jax.random.fold_in(scenario_key, i))
+                scenario_info.update(info)
             with on_mesh(as_execution(execution).mesh):  # the server's solvers run replicated
                 weights, mixing_state = mixing.update(state.mixing_state, outputs, ctx)
-                direction, agg_state, info = aggregator.aggregate(state.aggregator_state,
-                                                                  outputs, weights, ctx)
+                if combiner is None:
+                    direction, agg_state, info = aggregator.aggregate(
+                        state.aggregator_state, outputs, weights, ctx)
+                else:
+                    combine, combined = _threaded(combiner[1], state.scenario_state, ctx,
+                                                  jax.random.fold_in(scenario_key, combiner[0]))
+                    direction, agg_state, info = aggregator.aggregate(
+                        state.aggregator_state, outputs, weights, ctx, combine)
+                    scenario_state, combine_info = combined()
+                    scenario_info.update(combine_info)
         updates, opt_state = server_optimizer.update(direction, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        new_state = ServerState(params, opt_state, mixing_state, agg_state,
+                                state.client_states, state.round + 1, scenario_state)
         client_table = state.client_states
         if stateful:
             if drift is not None:
-                client_table = table.drift(client_table,
-                                           drift(state, params, outputs, weights, ctx))
+                client_table = table.drift(client_table, drift(state, new_state))
             client_table = table.scatter(client_table, cohort.client_ids, new_cs,
                                          cohort.client_mask, state.round)
 
@@ -316,7 +337,7 @@ def compose(client_update: ClientUpdate, *,
             "train_loss": cohort_train_loss(outputs.loss_before, outputs.num_examples, mask),
             "update_norm": optax.tree.norm(direction),
             **{f"server/{name}": value for name, value in info.items()},
-            **transform_info,
+            **scenario_info,
         }
         if round_metrics is not None:
             own = round_metrics(outputs, weights, ctx)
@@ -324,9 +345,7 @@ def compose(client_update: ClientUpdate, *,
             if clash:  # static names, known when the round is traced
                 raise H.FieldError("round_metrics", f"names {clash} are the round's own")
             metrics.update(own)
-        new_state = ServerState(params, opt_state, mixing_state, agg_state, client_table,
-                                state.round + 1)
-        return new_state, metrics
+        return new_state._replace(client_states=client_table), metrics
 
     def streamed_client(shared, xs):
         """One client's update, split into what is stacked over the cohort (its
@@ -358,10 +377,50 @@ def compose(client_update: ClientUpdate, *,
         return jax.vmap(personal_params, in_axes=(None, 0))(state.params,
                                                             rows(state.client_states, client_ids))
 
+    def rebuild(new_scenarios):
+        return compose(client_update, mixing=mixing, aggregator=aggregator,
+                       server_optimizer=server_optimizer, client_state_init=client_state_init,
+                       client_table=client_table, broadcast=broadcast, drift=drift,
+                       personal_params=personal_params, evaluated_params=evaluated_params,
+                       client_state_fresh=client_state_fresh, round_metrics=round_metrics,
+                       scenarios=new_scenarios)
+
     return FederatedAlgorithm(init, apply, personal if personal_params is not None else None,
                               table if stateful else None, evaluated_params,
                               (lambda state, ids: rows(state.client_states, ids)) if stateful
-                              else None, streamed)
+                              else None, streamed,
+                              server=ServerReads(aggregator.combines, aggregator.reads,
+                                                 mixing.logit is not None),
+                              scenarios=scenarios, rebuild=rebuild)
+
+
+def _threaded(combiner: Combiner, state, ctx, key):
+    """(combine, combined): ``combine(kind, tree, coefficients)`` for an aggregator,
+    calling ``combiner`` with the round's i-th call and threading its state through
+    the calls; ``combined()`` -> (the state after them, their info: the first call's
+    names as the combiner gives them, the i-th's with a ``_i`` suffix)."""
+    calls = {"state": state, "info": {}, "count": 0}
+
+    def combine(kind, tree, coefficients):
+        i = calls["count"]
+        out, calls["state"], info = combiner.combine(calls["state"], i, kind, tree,
+                                                     coefficients, ctx, key)
+        calls["info"].update({k + (f"_{i}" if i else ""): v
+                              for k, v in info.items()})
+        calls["count"] = i + 1
+        return out
+
+    return combine, lambda: (calls["state"], calls["info"])
+
+
+def derive(algorithm: FederatedAlgorithm, change: Callable) -> FederatedAlgorithm:
+    """``change(algorithm)``, a method made from another (a wrapped ``apply``, a flag),
+    that stays made so when scenarios rebuild it (``FederatedAlgorithm.rebuild``)."""
+    out = change(algorithm)
+    rebuild = algorithm.rebuild
+    if rebuild is None:
+        return out
+    return out._replace(rebuild=lambda scenarios: derive(rebuild(scenarios), change))
 
 
 def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:
@@ -376,7 +435,11 @@ def with_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm
     forward pass over the cohort); for a personalised one (``algorithm.personal``:
     Ditto, FedRep, SuPerFed, ...) the participant's own model before and after the
     round (two forward passes), so a partial-model method's kept layers count on both
-    sides."""
+    sides. Kept when scenarios are applied afterwards (``derive``)."""
+    return derive(algorithm, lambda alg: _logging_improvement(alg, model))
+
+
+def _logging_improvement(algorithm: FederatedAlgorithm, model) -> FederatedAlgorithm:
     personal = algorithm.personal
 
     def apply(state, cohort: Cohort, key, execution="auto"):

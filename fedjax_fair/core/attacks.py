@@ -32,9 +32,9 @@ stacked client outputs after it; both change only the rows of malicious clients 
 are jittable. ``drivers.runner.attacked_summary`` reports the fairness summary of the
 benign and of the malicious clients separately.
 
-``attack_transform`` puts an attack into every round of a method built over
-``compose`` (``core/algorithm.py``'s ``transformed``); the command line's ``--attack``
-uses it (fedjax_fair/cli/transforms.py).
+``scenarios.with_attack(algorithm, attack, is_malicious)`` puts an attack into every
+round of a method (core/scenarios.py); the command line's ``--attack`` uses it
+(fedjax_fair/cli/transforms.py).
 """
 from __future__ import annotations
 
@@ -306,29 +306,3 @@ def poison_outputs(outputs: ClientOutput, client_ids, mask, is_malicious, attack
     delta = jax.tree.map(lambda new, old: jnp.where(_expand(hit, old.ndim), new, old),
                          attacked, outputs.delta)
     return outputs._replace(delta=delta), info
-
-
-# ------------------------------------------------------------------------ the round
-
-
-def attack_transform(attack: Attack, is_malicious):
-    """The ``RoundTransform`` that puts the clients flagged in ``is_malicious`` [N]
-    under ``attack`` in every round of a method built over ``compose``: label flipping
-    on their data before local training (``poison_data``), the update attacks on their
-    uploads after it (``poison_outputs``, keyed per round and client), and the round
-    log's ``attack/malicious`` [K] (the cohort's attackers). ``with
-    algorithm.transformed(attack_transform(a, flags)): alg = build("qffl", model)``."""
-    from fedjax_fair.core.algorithm import RoundTransform
-    check_attack(attack)
-    flags = jnp.asarray(is_malicious, bool)
-
-    def data(d, client_ids, mask, key):
-        del mask, key
-        return poison_data(d, client_ids, flags, attack)
-
-    def outputs(o, client_ids, mask, key):
-        o, info = poison_outputs(o, client_ids, mask, flags, attack, key)
-        return o, {f"attack/{k}": v for k, v in info.items()}
-
-    return RoundTransform(data=data if attack.kind == "label_flip" else None,
-                          outputs=outputs)

@@ -1,7 +1,8 @@
 """Client-level differential privacy: clipping, calibrated Gaussian noise, adaptive
-clipping and accounting (docs/privacy.md). ``private_transform`` makes any method's
-rounds DP-FedAvg's (core/algorithm.py's ``transformed``); the command line's
-``--dp-noise`` / ``--dp-epsilon`` use it (fedjax_fair/cli/transforms.py).
+clipping and accounting (docs/privacy.md). ``scenarios.with_privacy(algorithm, dp)``
+releases every combination a method's server takes of its clients' uploads this way
+(core/scenarios.py); the command line's ``--dp-noise`` / ``--dp-epsilon`` use it
+(fedjax_fair/cli/transforms.py).
 
 Mechanism (DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning Differentially
 Private Recurrent Language Models", arXiv:1710.06963, Algorithm 1): every
@@ -45,8 +46,6 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_fair.core.aggregators import Aggregator
-from fedjax_fair.core.algorithm import RoundTransform
 from fedjax_fair.hparams import FieldError, Range
 
 SAMPLINGS = ("fixed", "poisson")
@@ -498,40 +497,3 @@ __all__ = [
     "make_accountant", "epsilon", "noise_for_epsilon", "Accountant", "check_dp",
     "HPARAMS", "SAMPLINGS", "ACCOUNTANTS",
 ]
-
-
-# ------------------------------------------------------------------------ the round
-
-DP_KEY_ID = 2 ** 31 - 3  # the noise's fold_in id from the server key (ServerContext.key)
-
-
-def private_aggregator(dp: ClientDP) -> Aggregator:
-    """DP-FedAvg's server step as an ``Aggregator``: ``privatize`` of the cohort's
-    updates with the mixing weights (capped to ``dp.max_weight``), the noise drawn from
-    ``fold_in(ctx.key, DP_KEY_ID)``; its state is the clip norm (``ClipState``, adapted
-    each round with ``dp.adaptive``). It replaces the method's own aggregator, so it is
-    private only for methods whose server step is a weighted mean of the updates
-    (docs/privacy.md lists them); the server optimizer then post-processes the noisy
-    direction. Round metrics: ``server/dp_clip``, ``server/dp_noise_std``,
-    ``server/dp_clipped_fraction`` (simulation-only: it reads raw norms) and, adaptive,
-    ``server/dp_unclipped_fraction``."""
-
-    def init(params, num_clients):
-        del params, num_clients
-        return init_clip_state(dp)
-
-    def aggregate(state, outputs, weights, ctx):
-        direction, state, info = privatize(outputs.delta, weights, ctx.client_mask,
-                                           jax.random.fold_in(ctx.key, DP_KEY_ID), dp, state)
-        return direction, state, {f"dp_{k}": v for k, v in info.items()
-                                  if k in ("clip", "noise_std", "clipped_fraction",
-                                           "unclipped_fraction")}
-
-    return Aggregator(init, aggregate)
-
-
-def private_transform(dp: ClientDP) -> RoundTransform:
-    """The ``RoundTransform`` that makes a method's rounds DP-FedAvg's
-    (``private_aggregator`` in place of its aggregator): ``with
-    algorithm.transformed(private_transform(dp)): alg = build("fedavg", model)``."""
-    return RoundTransform(aggregator=lambda inner: private_aggregator(dp))

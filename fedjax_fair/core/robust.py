@@ -343,12 +343,14 @@ ROBUST = ("median", "weighted_median", "trimmed_mean", "krum", "multi_krum",
           "geometric_median", "norm_bound")
 
 
-def parse(text: str):
-    """``Aggregator -> Aggregator`` from the command line's ``--robust`` text:
-    ``median``, ``weighted_median``, ``trimmed_mean[:TRIM]`` (0.1), ``krum[:F]`` (1),
+def parse(text: str) -> Aggregator:
+    """The robust rule of the command line's ``--robust`` text: ``median``,
+    ``weighted_median``, ``trimmed_mean[:TRIM]`` (0.1), ``krum[:F]`` (1),
     ``multi_krum[:F[:M]]`` (1, half the cohort is not known here: M defaults to 5),
-    ``geometric_median[:ITERS]`` (16), ``norm_bound:MAX_NORM`` (wraps the method's own
-    aggregator; the others replace it). A bad text raises ``FieldError("robust")``."""
+    ``geometric_median[:ITERS]`` (16), ``norm_bound:MAX_NORM`` (each update clipped,
+    then the method's own weighted combination). ``scenarios.with_robust`` puts it in
+    place of a method's combination of the updates. A bad text raises
+    ``FieldError("robust")``."""
     name, *args = str(text).split(":")
     try:
         values = [float(a) for a in args]
@@ -358,27 +360,23 @@ def parse(text: str):
     count = lambda v, what: _whole(v, what, text)
     try:
         if name == "median" and not values:
-            return lambda inner: coordinate_median()
+            return coordinate_median()
         if name == "weighted_median" and not values:
-            return lambda inner: coordinate_median(weighted=True)
+            return coordinate_median(weighted=True)
         if name == "trimmed_mean" and len(values) <= 1:
-            agg = trimmed_mean(*values)
-            return lambda inner: agg
+            return trimmed_mean(*values)
         if name == "krum" and len(values) <= 1:
-            agg = krum(*(count(v, "F") for v in values))
-            return lambda inner: agg
+            return krum(*(count(v, "F") for v in values))
         if name == "multi_krum" and len(values) <= 2:
             f = count(values[0], "F") if values else 1
             m = count(values[1], "M") if len(values) > 1 else 5
-            agg = krum(f, multi=m)
-            return lambda inner: agg
+            return krum(f, multi=m)
         if name == "geometric_median" and len(values) <= 1:
-            agg = geometric_median(*(count(v, "ITERS") for v in values)) if values \
+            return geometric_median(*(count(v, "ITERS") for v in values)) if values \
                 else geometric_median(16)
-            return lambda inner: agg
         if name == "norm_bound" and len(values) == 1:
             _concrete_in(values[0], "robust", 0.0, float("inf"), low_open=True)
-            return lambda inner: norm_bounded(values[0], inner)
+            return norm_bounded(values[0])
     except H.FieldError as e:
         raise H.FieldError("robust", f"{text!r}: {str(e).split(': ', 1)[-1]}") from None
     raise H.FieldError("robust", f"{text!r}: one of median, weighted_median, "

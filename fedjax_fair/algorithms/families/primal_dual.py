@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.aggregators import Aggregator, weighted_sum
+from fedjax_fair.core.aggregators import EXTRA, UPDATE, Aggregator, plain_combine
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.core.client import ClientTraining, inner, local_training, sq_distance
 from fedjax_fair.core.mixing import prior
@@ -104,15 +104,13 @@ def dual_ascent(rho, report: bool = False) -> Callable:
     return finish
 
 
-def virtual_dual_drift(rho) -> Callable:
+def virtual_dual_drift(state, new_state):
     """A-FedPD's virtual update of every client outside the cohort, as ``compose``'s
-    ``drift``: rho (theta-bar^{t+1} - theta^t) = -rho sum_i p_i Delta_i."""
-
-    def drift(state, new_params, outputs, weights, ctx):
-        del state, new_params, ctx
-        return jax.tree.map(lambda d: -rho * d, weighted_sum(outputs.delta, weights))
-
-    return drift
+    ``drift``: rho (theta-bar^{t+1} - theta^t) = -rho sum_i p_i Delta_i, the change
+    of the mean dual lambda-bar over the round under the "virtual" rule (so a
+    scenario's combination of the Delta_i reaches it)."""
+    return jax.tree.map(jnp.subtract, new_state.aggregator_state.mean_dual,
+                        state.aggregator_state.mean_dual)
 
 
 def primal_dual_aggregator(rho, rule: str) -> Aggregator:
@@ -125,23 +123,25 @@ def primal_dual_aggregator(rho, rule: str) -> Aggregator:
         return PrimalDualState(zero_dual(params), params,
                                jnp.asarray(1.0 / num_clients, jnp.result_type(float)))
 
-    def aggregate(state: PrimalDualState, outputs, weights, ctx):
-        mean_delta = weighted_sum(outputs.delta, weights)  # theta^t - theta-bar^{t+1}
+    def aggregate(state: PrimalDualState, outputs, weights, ctx, combine=plain_combine):
+        mean_delta = combine(UPDATE, outputs.delta, weights)  # theta^t - theta-bar^{t+1}
         average = jax.tree.map(jnp.subtract, ctx.params, mean_delta)
         if rule == "virtual":
             moved = mean_delta
         else:  # the participants' duals moved, the others' did not
             share = ctx.client_mask.astype(state.inv_num_clients.dtype) * state.inv_num_clients
-            moved = weighted_sum(outputs.delta, share)
+            moved = combine(UPDATE, outputs.delta, share)
         mean_dual = jax.tree.map(lambda lam, m: lam - rho * m, state.mean_dual, moved)
         # theta^{t+1} = theta-bar^{t+1} + (dual term) / rho: the mean dual, or the
         # weighted mean of the cohort's new duals.
-        dual_term = (weighted_sum(outputs.extra, weights) if rule == "cohort"
+        dual_term = (combine(EXTRA, outputs.extra, weights) if rule == "cohort"
                      else mean_dual)
         direction = jax.tree.map(lambda m, lam: m - lam / rho, mean_delta, dual_term)
         return direction, PrimalDualState(mean_dual, average, state.inv_num_clients), {}
 
-    return Aggregator(init, aggregate)
+    combines = ((UPDATE,) if rule == "virtual" else (UPDATE, UPDATE)) + (
+        (EXTRA,) if rule == "cohort" else ())
+    return Aggregator(init, aggregate, combines=combines)
 
 
 def evaluated_model(evaluate: str):
@@ -171,5 +171,5 @@ def primal_dual(model, *, rho, rule: str, training: ClientTraining, client_table
                             sam_radius=sam_radius, sam_eps=sam_eps)
     return compose(client, mixing=prior(weight_by_size), aggregator=aggregator,
                    client_state_init=zero_dual, client_table=client_table,
-                   drift=virtual_dual_drift(rho) if rule == "virtual" else None,
+                   drift=virtual_dual_drift if rule == "virtual" else None,
                    evaluated_params=evaluated)
