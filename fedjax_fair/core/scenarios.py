@@ -41,6 +41,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core import attacks as A
@@ -140,7 +141,7 @@ def with_attack(algorithm: FederatedAlgorithm, attack: A.Attack,
         o, info = A.poison_outputs(o, client_ids, mask, flags, attack, key)
         return o, {f"attack/{k}": v for k, v in info.items()}
 
-    count = int(jnp.sum(flags)) if H.is_concrete(flags) else None
+    count = None if isinstance(is_malicious, jax.core.Tracer) else int(np.sum(is_malicious))
     arg = attack.scale if attack.kind != A.GAUSSIAN else attack.std
     name = attack.kind + (f":{_number(arg)}" if arg is not None else "") + (
         f" by {count} of {flags.shape[0]} clients" if count is not None else "")
