@@ -34,7 +34,7 @@ def test_an_attacked_run_logs_its_attackers_and_scores_the_benign_clients(tmp_pa
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     for row in rounds:  # the attackers of each round, among its participants
         assert [c in (1, 4) for c in row["client_ids"]] == row["attack/malicious"]
-        assert "server/trimmed" in row
+        assert "robust/trimmed" in row
     # every evaluation's summary (here the last's) covers the benign clients only
     with open(out / "clients.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -64,7 +64,8 @@ def test_a_private_run_reports_dp_accountings_epsilon_at_every_evaluation(tmp_pa
 
 def test_a_target_epsilon_sets_the_noise_and_compare_tables_it(tmp_path):
     out = tmp_path / "cmp"
-    assert cli.main(["compare", *TINY, "--algorithms", "fedavg,qffl", "--seeds", "0",
+    # SCAFFOLD releases two sums a round: each noised at z sqrt(2), the same epsilon
+    assert cli.main(["compare", *TINY, "--algorithms", "fedavg,scaffold", "--seeds", "0",
                      "--num-rounds", "2", "--dp-epsilon", "8", "--no-plots",
                      "-o", str(out)]) == 0
     with open(out / "comparison.csv", newline="") as f:
@@ -116,9 +117,9 @@ def test_adaptive_clipping_moves_the_clip_and_is_accounted_with_its_count(tmp_pa
                      "--dp-noise", "0.5", "--dp-clip", "5", "--dp-adaptive-clip", "0.5",
                      "-o", str(out)]) == 0
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-    clips = [row["server/dp_clip"] for row in rounds]
+    clips = [row["dp/clip"] for row in rounds]
     assert clips[0] == pytest.approx(5.0) and clips[-1] < clips[0]  # C = 5 clips nothing
-    assert all(-0.5 <= row["server/dp_unclipped_fraction"] <= 1.5 for row in rounds)
+    assert all(-0.5 <= row["dp/unclipped_fraction"] <= 1.5 for row in rounds)
     dp = privacy.ClientDP(0.5, 5.0, adaptive=privacy.AdaptiveClip(0.5, cohort_size=3.0))
     z = privacy.effective_noise_multiplier(dp)  # sigma_b = 3 / 20 dominates
     assert z < 0.5
@@ -138,9 +139,41 @@ def test_an_attacked_private_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert [drop(h) for h in _history(part)] == [drop(h) for h in _history(whole)]
 
 
-def test_qffl_mixing_mode_is_covered_by_the_private_release_its_faithful_step_is_not():
-    from fedjax_fair.cli import transforms
-    assert transforms.dp_covered("qffl", {"mode": "mixing", "q": 5.0})
-    assert not transforms.dp_covered("qffl", {})
-    assert not transforms.dp_covered("aaggff_d", {"mode": "mixing"})
-    assert transforms.dp_covered("fedavg@1", None)
+@pytest.mark.parametrize("algorithm,args,field", [
+    ("dqn_fed", ["--robust", "median"], "robust"),  # a solve, not a weighted combination
+    ("qffl", ["--dp-noise", "1"], "dp_noise"),  # its step reads losses and norms
+    ("afl", ["--dp-noise", "1"], "dp_noise"),  # its weights: state from every loss
+    ("dqn_fed", ["--attack", "sign_flip", "--malicious-ids", "1"], "attack"),
+    ("scaffold", ["--robust", "median", "--dp-noise", "1"], "robust"),  # one replacement
+])
+def test_a_pairing_without_sound_meaning_is_refused_in_one_line(tmp_path, capsys, algorithm,
+                                                                  args, field):
+    out = tmp_path / "out"
+    assert cli.main(["run", *TINY, "--algorithm", algorithm, *args,
+                     "-o", str(out)]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    one_line_error(err, field)
+    assert not out.exists()
+
+
+def test_qffl_mixing_mode_runs_private_and_scaffold_runs_robust_as_themselves(tmp_path, capsys):
+    """q-FFL's separable mode is covered by the release; SCAFFOLD under a median keeps
+    its control variates and differs from FedAvg under the same rule; the order of the
+    scenarios is recorded and printed."""
+    out = tmp_path / "q"
+    assert cli.main(["run", *TINY, "--algorithm", "qffl", "--hp", "mode=mixing",
+                     "--num-rounds", "2", "--eval-every", "2", "--dp-noise", "1",
+                     "-o", str(out)]) == 0
+    assert _read(out, "config.json")["scenarios"][0].startswith("client-level DP")
+    finals = {}
+    for algorithm in ("scaffold", "fedavg"):
+        out = tmp_path / algorithm
+        assert cli.main(["run", *TINY, "--algorithm", algorithm, "--num-rounds", "2",
+                         "--eval-every", "2", "--attack", "sign_flip", "--malicious-ids", "1",
+                         "--robust", "median", "-o", str(out)]) == 0
+        scenarios = _read(out, "config.json")["scenarios"]
+        assert [s.split()[0] for s in scenarios] == ["attack", "robust"]
+        finals[algorithm] = _history(out)[-1]["test_loss"]
+    assert "scenarios: attack sign_flip by 1 of 6 clients; then robust" in \
+        capsys.readouterr().out
+    assert finals["scaffold"] != finals["fedavg"]

@@ -333,7 +333,7 @@ def test_rounds_of_simulate_with_every_robust_aggregator():
             assert selected.shape == (2, 4) and np.all(selected.sum(1) >= 3)
 
 
-@pytest.mark.slow  # the round-level checks of tests/test_round_transforms.py run by default
+@pytest.mark.slow  # the round-level checks of tests/test_scenarios.py run by default
 def test_fedavg_with_trimmed_mean_and_norm_bounding():
     trimmed, metrics = simulated(fedavg(MODEL, aggregator=robust.trimmed_mean(0.2), **KW),
                                  cohort_size=N)

@@ -366,3 +366,38 @@ def test_the_issue_commands_run_as_the_named_method_or_are_refused():
     assert helpers.tree_norm(state.aggregator_state.momentum) > 0
     with pytest.raises(S.Refused, match="^robust: dqn_fed"):
         _robust("median")(build("dqn_fed", model))
+
+
+# ----------------------------------------------------------------------- the docs
+
+DOCS = __import__("pathlib").Path(__file__).resolve().parents[1] / "docs"
+
+
+def _python_blocks(page):
+    import re
+    return re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text("utf-8"),
+                      flags=re.M | re.S)
+
+
+@pytest.mark.parametrize("page", ["scenarios.md", "robustness.md"])
+def test_the_pages_python_blocks_run(page, capsys):
+    blocks = _python_blocks(page)
+    assert blocks
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/{page}[python {i}]", "exec"), namespace)
+    if page == "scenarios.md":
+        out = capsys.readouterr().out
+        assert "attack sign_flip:5 by 4 of 20 clients" in out and "\n2\n" in out
+        assert "robust: dqn_fed with" in out
+
+
+def test_the_scenario_table_is_generated_from_the_declarations():
+    """docs/scenarios.md's table is ``fedjax-fair list scenarios``'s (regenerate it with
+    ``python -c "from fedjax_fair.cli.listing import registry_scenario_table as t;
+    print(t())"``)."""
+    from fedjax_fair.cli.listing import registry_scenario_table
+    text = (DOCS / "scenarios.md").read_text("utf-8")
+    begin, end = "<!-- scenario-table: begin -->\n", "\n<!-- scenario-table: end -->"
+    shown = text[text.index(begin) + len(begin):text.index(end)]
+    assert shown == registry_scenario_table()

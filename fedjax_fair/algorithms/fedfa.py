@@ -63,7 +63,7 @@ import optax
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core import execution
-from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine, weighted_sum
+from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.core.client import (ClientTraining, check_rate, data_metrics,
                                      local_training, round_value)

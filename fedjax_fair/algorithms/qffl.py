@@ -55,8 +55,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.aggregators import (UPDATE, Aggregator, ratio, stateless, stateless_stream,
-                                          weighted_sum)
+from fedjax_fair.core.aggregators import (UPDATE, Aggregator, ratio, stateless,
+                                          stateless_stream)
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.training import Transform
 from fedjax_fair.algorithms.fedavg import fedavg

@@ -115,8 +115,8 @@ def cmd_compare(args) -> int:
     first = transforms.describe(next(iter(algs.values()))) if algs else None
     if first:  # the same options on every method: the first one's names say them
         print(f"scenarios: {first}")
-        if transforms.dp_line(cfg):
-            print(transforms.dp_line(cfg))
+        if transforms.dp_line(cfg, algs):
+            print(transforms.dp_line(cfg, algs))
     for alg in algs.values():
         _check_capacity(alg, ds.num_clients, cfg)
 

@@ -129,6 +129,26 @@ def _list_robustness() -> list[str]:
             "QUANTILE"]
 
 
+def _list_scenarios() -> list[str]:
+    """What each scenario replaces and keeps of each registered method, from their
+    declarations (core/scenarios.py, docs/scenarios.md)."""
+    return ["scenarios per method (docs/scenarios.md):", registry_scenario_table()]
+
+
+def registry_scenario_table() -> str:
+    """``scenarios.scenario_table`` of every registered method, built on a small
+    logistic-regression model (two layers for LG-FedAvg, which keeps its last local):
+    the declarations do not depend on the model."""
+    import jax
+    from fedjax_fair.algorithms import build
+    from fedjax_fair.core.scenarios import scenario_table
+    from fedjax_fair.models import get_model
+    one, two = (get_model("mlp", (4,), 3, hidden=h) for h in ((), (4,)))
+    del jax
+    return scenario_table({name: build(name, two if name == "lg_fedavg" else one)
+                           for name in REGISTRY})
+
+
 def _list_metrics() -> list[str]:
     return ["metrics:"] + [f"  {n:<18} {d}" for n, d in METRICS.items()]
 
@@ -137,7 +157,8 @@ LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
                  "partitions": _list_partitions,
                  "models": _list_models, "strategies": _list_strategies,
                  "samplers": _list_samplers, "system": _list_system,
-                 "robustness": _list_robustness, "metrics": _list_metrics}
+                 "robustness": _list_robustness, "scenarios": _list_scenarios,
+                 "metrics": _list_metrics}
 
 
 def cmd_list(args) -> int:

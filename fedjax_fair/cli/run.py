@@ -55,8 +55,8 @@ def cmd_run(args) -> int:
     guards = transforms.describe(alg)
     if guards:
         print(f"scenarios: {guards}")
-        if transforms.dp_line(cfg):
-            print(transforms.dp_line(cfg))
+        if transforms.dp_line(cfg, {cfg.algorithm: alg}):
+            print(transforms.dp_line(cfg, {cfg.algorithm: alg}))
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
         _verify_checkpoint(ckdir, alg, model, ds.num_clients)

@@ -328,7 +328,7 @@ class Plan(NamedTuple):
     validation: bool
     evaluated: Optional[str]
     tiles: sweeps.Tiles  # the calls of each program
-    scenarios: list  # the scenarios' names, in the order they were applied
+    algorithm: object  # a program's method under its scenarios (what they are)
 
 
 def plan(cfg: C.SweepConfig, hparams: dict) -> Plan:
@@ -343,19 +343,19 @@ def plan(cfg: C.SweepConfig, hparams: dict) -> Plan:
         _preflight(dataclasses.replace(cfg, batch_size=batch), ds, model)
     _, continuous = split_grid(cfg.algorithm, cfg.grid)
     first = {n: cfg.grid[n][0] for n in continuous}
-    evaluated, scenarios = None, []
+    evaluated = alg = None
     for program in programs:
         with _as_grid_error(program.static):
             alg = build_algorithm(cfg.algorithm, model, program.cfg,
                                   {**program.hparams, **first}, ds)
         _check_capacity(alg, ds.num_clients, program.cfg)
         check_traceable(program, model, ds, continuous)
-        evaluated, scenarios = alg.evaluates, [s.name for s in alg.scenarios]
+        evaluated = alg.evaluates
     validation = sweeps.has_examples(ds.host_data.validation)
     keys = summary_keys(metric_names(model, ds), validation)
     check_metric(cfg.metric, keys)
     return Plan(ds, model, programs, continuous, keys, validation, evaluated,
-                tiles_of(cfg, continuous), scenarios)
+                tiles_of(cfg, continuous), alg)
 
 
 def cmd_sweep(args) -> int:
@@ -375,11 +375,11 @@ def cmd_sweep(args) -> int:
     p = plan(cfg, hparams)
     print(programs_line(cfg, p.programs, p.tiles.count, p.tiles.g * p.tiles.s))
     from fedjax_fair.cli import transforms
-    cfg_dict["scenarios"] = p.scenarios
-    if p.scenarios:
-        print(f"scenarios: {'; then '.join(p.scenarios)}")
-        if transforms.dp_line(cfg):
-            print(transforms.dp_line(cfg))
+    cfg_dict["scenarios"] = [s.name for s in p.algorithm.scenarios]
+    if transforms.describe(p.algorithm):
+        print(f"scenarios: {transforms.describe(p.algorithm)}")
+        if transforms.dp_line(cfg, {cfg.algorithm: p.algorithm}):
+            print(transforms.dp_line(cfg, {cfg.algorithm: p.algorithm}))
 
     _own(cfg, True, check_fresh=True)
     if not cfg.resume:  # a fresh sweep: nothing of an earlier one stays (--overwrite)

@@ -68,10 +68,10 @@ def check(cfg) -> None:
         if cfg.dp_noise is not None or cfg.dp_epsilon is not None:
             from fedjax_fair.core import privacy
             if cfg.robust is not None:
-                raise FieldError("robust", "not with --dp-noise / --dp-epsilon: the private "
-                                           "release is DP-FedAvg's clipped weighted mean, "
-                                           "whose sensitivity is bounded; a robust "
-                                           "aggregator's is not here")
+                raise FieldError("robust", "not with --dp-noise / --dp-epsilon: both replace "
+                                           "the method's combination of the updates, and "
+                                           "the release's sensitivity bound holds for its "
+                                           "clipped weighted sum only")
             for option, plain in (("availability", "always"), ("dropout", "none")):
                 if getattr(cfg, option, plain) != plain:
                     raise FieldError(option, f"client-level DP is accounted for cohorts of "
@@ -206,7 +206,9 @@ def apply(algorithm, cfg, num_clients: int, num_classes: Optional[int] = None):
         if dp is not None:
             algorithm = scenarios.with_privacy(algorithm, dp)
     except scenarios.Refused as e:
-        raise C.ConfigError(OPTION_OF[e.field], str(e)[len(e.field) + 2:]) from None
+        option = ("dp_epsilon" if e.field == "privacy" and cfg.dp_epsilon is not None
+                  else OPTION_OF[e.field])
+        raise C.ConfigError(option, str(e)[len(e.field) + 2:]) from None
     return algorithm
 
 
@@ -226,10 +228,13 @@ def describe(algorithm) -> Optional[str]:
     return "; then ".join(scenarios.names(algorithm)) or None
 
 
-def dp_line(cfg) -> Optional[str]:
-    """What the run's epsilon covers, or None without DP."""
+def dp_line(cfg, algorithms: dict) -> Optional[str]:
+    """What the run's epsilon covers for each of ``algorithms`` (name -> the method
+    under its scenarios), or None without DP."""
     if cfg.dp_noise is None and cfg.dp_epsilon is None:
         return None
-    return (f"privacy: epsilon (delta {cfg.dp_delta:g}) covers every combination each "
-            f"method's server takes of its clients' uploads (the updates, and control "
-            f"variates or duals where it combines them), each clipped and noised")
+    from fedjax_fair.core import scenarios
+    each = ", ".join(f"{name} {scenarios.releases(alg)}" for name, alg in algorithms.items())
+    return (f"privacy: epsilon (delta {cfg.dp_delta:g}) covers every combination the "
+            f"server takes of its clients' uploads, each clipped and noised; releases a "
+            f"round: {each}")

@@ -233,10 +233,10 @@ def with_privacy(algorithm: FederatedAlgorithm, dp: P.ClientDP) -> FederatedAlgo
     reads more than its combinations cover (module docstring)."""
     if not isinstance(dp, P.ClientDP):
         raise H.FieldTypeError("dp", f"must be a privacy.ClientDP, got {type(dp).__name__}")
-    why = refusal(algorithm, "privacy")
-    j = releases(algorithm) if why is None else 1
-    name = (f"client-level DP (noise multiplier {_number(dp.noise_multiplier)} over "
-            f"{j} release{'s' if j > 1 else ''} a round, clip {_number(dp.clip)})")
+    j = releases(algorithm)
+    name = "client-level DP" if refusal(algorithm, "privacy") is not None else (
+        f"client-level DP (noise multiplier {_number(dp.noise_multiplier)} over {j} "
+        f"release{'s' if j > 1 else ''} a round, clip {_number(dp.clip)})")
     return _applied(algorithm, "privacy", Scenario(name=name, combiner=private_combiner(dp, j)))
 
 
@@ -250,4 +250,31 @@ def names(algorithm: FederatedAlgorithm) -> list:
 
 
 __all__ = ["KINDS", "Refused", "names", "private_combiner", "refusal", "releases",
-           "robust_combiner", "with_attack", "with_privacy", "with_robust"]
+           "robust_combiner", "scenario_table", "with_attack", "with_privacy", "with_robust"]
+
+
+def _cell(why: Optional[str], accepted: str) -> str:
+    return accepted if why is None else "refused"
+
+
+def scenario_table(algorithms: dict) -> str:
+    """The markdown table of what each scenario does to each method of ``algorithms``
+    (name -> ``FederatedAlgorithm``), from their declarations (``algorithm.server``):
+    its combinations, its other reads, whether its weights are separable, and per
+    scenario "combination" / "J releases" / "uploads" / "data" or "refused"."""
+    rows = ["| method | combinations | other reads | separable weights | update attacks "
+            "| label flipping | robust rule replaces | private release |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, alg in algorithms.items():
+        server = alg.server
+        combines = ", ".join(server.combines) if server.combines is not None else "none"
+        update = _cell(refusal(alg, "attack", A.Attack(A.SIGN_FLIP)), "its uploads")
+        flip = _cell(refusal(alg, "attack", A.Attack(A.LABEL_FLIP)), "its data")
+        n_updates = sum(kind == UPDATE for kind in server.combines or ())
+        rob = _cell(refusal(alg, "robust"), f"{n_updates} update combination"
+                    + ("s" if n_updates > 1 else ""))
+        j = releases(alg)
+        dp = _cell(refusal(alg, "privacy"), f"{j} release" + ("s" if j > 1 else ""))
+        rows.append(f"| {name} | {combines} | {_words(server.reads) or '-'} | "
+                    f"{'yes' if server.separable else 'no'} | {update} | {flip} | {rob} | {dp} |")
+    return "\n".join(rows)
