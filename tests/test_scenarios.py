@@ -227,7 +227,7 @@ def test_derived_methods_stay_derived_under_scenarios():
 
 def _model_for(name):
     from fedjax_fair.models import get_model
-    if name == "lg_fedavg":  # keeps its last layer local: needs two
+    if name in ("lg_fedavg", "fedper", "fedrep"):  # keep a layer local: need two
         model = get_model("mlp", (helpers.NUM_FEATURES,), helpers.NUM_CLASSES, hidden=(4,))
         return model, model.init(jax.random.key(0))
     return helpers.ENGINE_MODEL, helpers.ENGINE_PARAMS
