@@ -12,7 +12,8 @@ The layers, bottom up (each imports only those beneath it; docs/architecture.md)
   rule, an aggregator and an optax server optimizer as one ``FederatedAlgorithm``),
   ``execution`` (vmap / sequential / chunked / a device mesh), ``client_states``,
   ``evaluation``, ``memory``,
-  ``sharding``, ``sampling``, ``schedules``, ``heterogeneity``.
+  ``sharding``, ``sampling``, ``schedules``, ``heterogeneity``; ``scenarios``
+  (attacks, robust rules and client-level DP applied to a built method).
 * ``solvers``: simplex, QP and online solvers.
 * ``data``: federations (synthetic, shipped and TFDS / LEAF loaders).
 * ``algorithms``: one module per paper, family pieces in ``algorithms.families``,
@@ -29,7 +30,8 @@ The names most programs need are exported here: ``compose``, ``run``, ``sweep``,
 """
 from fedjax_fair import algorithms, core, data, drivers, hparams, metrics, models, solvers
 from fedjax_fair.core import (aggregators, client, client_states, execution, heterogeneity,
-                              memory, mixing, sampling, schedules, sharding, system)
+                              memory, mixing, sampling, scenarios, schedules, sharding,
+                              system)
 from fedjax_fair.core.algorithm import (FederatedAlgorithm, ServerState, compose,
                                         with_improvement)
 from fedjax_fair.core.client import ClientTraining, local_training, proximal_term
@@ -51,6 +53,7 @@ __all__ = [
     "SweepResult", "aggregators", "algorithms", "client", "client_states", "compose", "core",
     "data", "drivers", "execution", "heterogeneity", "hparams", "local_training",
     "make_cohort", "make_evaluator", "make_objective", "memory", "meta", "meta_optimize",
-    "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling", "schedules",
+    "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling", "scenarios",
+    "schedules",
     "sharding", "simulate", "solvers", "sweep", "sweeps", "system", "with_improvement",
 ]

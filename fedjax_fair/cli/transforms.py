@@ -202,9 +202,10 @@ def apply(algorithm, cfg, num_clients: int, num_classes: Optional[int] = None):
         if cfg.robust is not None:
             from fedjax_fair.core import robust
             algorithm = scenarios.with_robust(algorithm, robust.parse(cfg.robust), cfg.robust)
-        dp = dp_of(cfg, num_clients)
-        if dp is not None:
-            algorithm = scenarios.with_privacy(algorithm, dp)
+        if cfg.dp_noise is not None or cfg.dp_epsilon is not None:
+            # refused before the noise is calibrated (seconds with --dp-epsilon)
+            scenarios.check(algorithm, "privacy", "client-level DP")
+            algorithm = scenarios.with_privacy(algorithm, dp_of(cfg, num_clients))
     except scenarios.Refused as e:
         option = ("dp_epsilon" if e.field == "privacy" and cfg.dp_epsilon is not None
                   else OPTION_OF[e.field])

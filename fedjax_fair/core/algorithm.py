@@ -50,8 +50,20 @@ stacked, to be written to the table); rules that read every update or keep
 per-client server tables (MGDA, DQN-Fed, AFL, AAggFF, FedMax, SCAFFOLD, the
 primal-dual family) stack them. Both forms give the same round up to float rounding (tested).
 
+Scenarios (core/scenarios.py: attacks, robust rules, client-level DP) are values
+applied to a built method: ``scenarios.with_robust(algorithm, rule)`` calls
+``algorithm.rebuild(algorithm.scenarios + (scenario,))``, which is ``compose`` again
+with the same pieces and one more ``Scenario``. A scenario may change the cohort's data
+before local training, the stacked uploads after it, and, through a ``Combiner``, the
+combinations the aggregator declares (``Aggregator.combines``: it takes each weighted
+sum of uploads through a ``combine`` argument); everything else stays the method's.
+``FederatedAlgorithm.server`` records what the pieces declare they read, from which
+core/scenarios.py decides what each scenario may do. A method made from a composed one
+(a wrapped ``apply``, a flag) stays so under scenarios when made with ``derive``.
+
 Randomness: client k trains with ``fold_in(key, k)`` (cohort order never matters);
-the server pieces get ``fold_in(key, SERVER_KEY_ID)``.
+the server pieces get ``fold_in(key, SERVER_KEY_ID)``; scenario i gets
+``fold_in(fold_in(key, SCENARIO_KEY_ID), i)``.
 """
 from __future__ import annotations
 

@@ -111,11 +111,19 @@ def refusal(algorithm: FederatedAlgorithm, kind: str,
     return None
 
 
-def _applied(algorithm: FederatedAlgorithm, kind: str, scenario: Scenario,
-             attack: Optional[A.Attack] = None) -> FederatedAlgorithm:
+def check(algorithm: FederatedAlgorithm, kind: str, name: str,
+          attack: Optional[A.Attack] = None) -> None:
+    """Raises ``Refused`` (one line: the method, the scenario ``name``, why) when
+    ``refusal`` has a reason; for a caller that checks before building the scenario
+    (the command line, before calibrating DP noise)."""
     why = refusal(algorithm, kind, attack)
     if why is not None:
-        raise Refused(kind, f"{algorithm.name} with {scenario.name}: {why}")
+        raise Refused(kind, f"{algorithm.name} with {name}: {why}")
+
+
+def _applied(algorithm: FederatedAlgorithm, kind: str, scenario: Scenario,
+             attack: Optional[A.Attack] = None) -> FederatedAlgorithm:
+    check(algorithm, kind, scenario.name, attack)
     return algorithm.rebuild(algorithm.scenarios + (scenario,))
 
 
@@ -249,7 +257,7 @@ def names(algorithm: FederatedAlgorithm) -> list:
     return [s.name for s in algorithm.scenarios]
 
 
-__all__ = ["KINDS", "Refused", "names", "private_combiner", "refusal", "releases",
+__all__ = ["KINDS", "Refused", "check", "names", "private_combiner", "refusal", "releases",
            "robust_combiner", "scenario_table", "with_attack", "with_privacy", "with_robust"]
 
 

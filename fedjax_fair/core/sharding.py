@@ -322,7 +322,8 @@ def state_shardings(mesh: Mesh, state):
                           mixing_state=rep(state.mixing_state),
                           aggregator_state=rep(state.aggregator_state),
                           client_states=table_shardings(mesh, state.client_states),
-                          round=replicated(mesh))
+                          round=replicated(mesh),
+                          scenario_state=rep(state.scenario_state))
 
 
 def on_mesh(mesh: Optional[Mesh]):

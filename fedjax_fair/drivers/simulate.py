@@ -54,12 +54,12 @@ def make_cohort(data: FederatedData, client_ids, step_budgets=None, mesh=None) -
 
 def server_state_finite(state: ServerState) -> jax.Array:
     """Whether every float of the server's own state is finite: the parameters, the
-    optimizer, mixing and aggregator states (FedEvg's synthetic set, FedCVAE's
-    generator, DQN-Fed's history). The per-client table is left out: a pass over N
+    optimizer, mixing, aggregator and scenario states (FedEvg's synthetic set, FedCVAE's
+    generator, DQN-Fed's history, an adaptive DP clip). The per-client table is left out: a pass over N
     rows every round would cost as much as the round for the table-bound methods, and
     a non-finite row reaches the parameters the next time its client trains."""
     leaves = [x for x in jax.tree.leaves((state.params, state.opt_state, state.mixing_state,
-                                          state.aggregator_state))
+                                          state.aggregator_state, state.scenario_state))
               if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
     if not leaves:
         return jnp.asarray(True)
