@@ -188,7 +188,9 @@ def cmd_run(args) -> int:
           f"accuracy: average {fin['accuracy_mean']:.4f}, worst 10% "
           f"{fin['accuracy_worst_10%']:.4f}, best 10% {fin['accuracy_best_10%']:.4f}, "
           f"gini {fin['accuracy_gini']:.4f}; "
-          f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
+          + (f"epsilon {fin['dp_epsilon']:.4g} (delta {cfg.dp_delta:g}, every release); "
+             if fin.get("dp_epsilon") is not None else "")
+          + f"compile {result.compile_seconds:.1f}s, run {result.run_seconds:.1f}s -> {out}")
     if summary.get("unseen"):
         print(_unseen_line(summary["unseen"], fin))
     method = REGISTRY.get(base_name(cfg.algorithm))
