@@ -288,6 +288,7 @@ _AUTO_MESH_CHECK = """
 import jax, jax.numpy as jnp, numpy as np, optax
 import helpers
 from fedjax_fair.algorithms import ClientTraining, fedavg
+from fedjax_fair.core import execution
 from fedjax_fair.core.execution import Execution
 model, data = helpers.logreg(), helpers.tiny_federation()
 params = helpers.init_params(model, 0)

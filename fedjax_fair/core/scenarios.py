@@ -185,7 +185,7 @@ def robust_combiner(rule: Aggregator) -> Combiner:
 
 
 def with_robust(algorithm: FederatedAlgorithm, rule: Aggregator,
-                name: str = "a robust rule") -> FederatedAlgorithm:
+                name: Optional[str] = None) -> FederatedAlgorithm:
     """``algorithm`` with ``rule`` (a core/robust.py aggregator: ``coordinate_median()``,
     ``trimmed_mean(0.1)``, ``krum(1)``, ``geometric_median()``, ``norm_bounded(M)``)
     in place of its combination of the cohort's updates (``robust_combiner``); its
@@ -196,7 +196,8 @@ def with_robust(algorithm: FederatedAlgorithm, rule: Aggregator,
         raise H.FieldTypeError("rule", f"must be an Aggregator (core/robust.py), got "
                                        f"{type(rule).__name__}")
     return _applied(algorithm, "robust",
-                    Scenario(name=f"robust aggregation {name}", combiner=robust_combiner(rule)))
+                    Scenario(name="robust aggregation" + (f" {name}" if name else ""),
+                             combiner=robust_combiner(rule)))
 
 
 # ----------------------------------------------------------------------------- privacy
