@@ -364,6 +364,8 @@ def test_the_issue_commands_run_as_the_named_method_or_are_refused():
     fedcm = _dp(0.5, 1.0)(build("fedcm", model))
     state, _ = _run_two_rounds(fedcm, params)
     assert helpers.tree_norm(state.aggregator_state.momentum) > 0
+    fedavg, _ = _run_two_rounds(_dp(0.5, 1.0)(build("fedavg", model)), params)
+    assert _states_differ(state.params, fedavg.params)  # the same noise, FedCM's steps
     with pytest.raises(S.Refused, match="^robust: dqn_fed"):
         _robust("median")(build("dqn_fed", model))
 
