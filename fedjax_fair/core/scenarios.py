@@ -64,7 +64,9 @@ _WORDS = {"delta": "updates", "loss_before": "losses", "num_steps": "local step 
 
 
 def _words(fields) -> str:
-    return ", ".join(_WORDS.get(f, f) for f in fields)
+    """``("loss_before", "delta")`` -> "losses and updates"."""
+    words = [_WORDS.get(f, f) for f in fields]
+    return " and ".join(filter(None, (", ".join(words[:-1]), words[-1]))) if words else ""
 
 
 def _reads_update(server) -> bool:
