@@ -114,13 +114,12 @@ def test_a_robust_rule_keeps_the_methods_weights_and_state():
 def test_robust_rules_scale_back_unnormalised_coefficients():
     """sum_k c_k U_k with c summing to s becomes s Rule(U, c / s): with identical
     uploads every rule gives s U."""
-    from fedjax_fair.core.types import ClientOutput, ServerContext
+    from fedjax_fair.core.types import ServerContext
     u = {"w": jnp.tile(jnp.arange(3.0)[None], (4, 1))}
     c = jnp.array([0.1, 0.2, 0.0, 0.3])
     ctx = ServerContext(params={"w": jnp.zeros(3)}, round=jnp.zeros((), jnp.int32),
                         key=jax.random.key(0), client_ids=jnp.arange(4),
                         client_mask=jnp.ones(4, bool))
-    del ClientOutput
     for text in ("median", "weighted_median", "trimmed_mean:0.25", "krum", "geometric_median",
                  "norm_bound:100"):
         combiner = S.robust_combiner(robust.parse(text))
