@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine
+from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine, scale_rows
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.core.client import ClientTraining, check_rate_optimizer, local_training
@@ -68,20 +68,14 @@ def momentum_aggregator(client_lr: Rate) -> Aggregator:
         steps = outputs.num_steps
         rate = round_value(client_lr, ctx.round)
         # each client's Delta_k / K_k, the update per local step (0 without a step)
-        per_step = jax.tree.map(
-            lambda d: jnp.where(_rows(steps > 0, d), d / _rows(jnp.maximum(steps, 1), d)
-                                .astype(d.dtype), 0.0), outputs.delta)
+        per_step = scale_rows(outputs.delta, jnp.where(steps > 0, 1.0 / jnp.maximum(steps, 1),
+                                                       0.0))
         direction = combine(UPDATE, outputs.delta, weights)
         momentum = jax.tree.map(lambda m: m / jnp.asarray(rate).astype(m.dtype),
                                 combine(UPDATE, per_step, weights))
         return direction, FedCMState(momentum), {}
 
     return Aggregator(init, aggregate, combines=(UPDATE, UPDATE))
-
-
-def _rows(values, leaf):
-    """[K] values shaped to broadcast against a stacked leaf [K, ...]."""
-    return values.reshape((-1,) + (1,) * (leaf.ndim - 1))
 
 
 def fedcm(model, *, alpha: float = 0.1, training: ClientTraining = ClientTraining(),

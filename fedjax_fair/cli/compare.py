@@ -110,13 +110,7 @@ def cmd_compare(args) -> int:
             print(f"left out {a}: {e}")  # e.g. LG-FedAvg on a one-layer model
     cfg.algorithms = cfg_dict["algorithms"] = list(algs)
     print(_training_line(cfg))
-    from fedjax_fair.core.scenarios import names as scenario_names
-    cfg_dict["scenarios"] = {a: scenario_names(alg) for a, alg in algs.items()}
-    first = transforms.describe(next(iter(algs.values()))) if algs else None
-    if first:  # the same options on every method: the first one's names say them
-        print(f"scenarios: {first}")
-        if transforms.dp_line(cfg, algs):
-            print(transforms.dp_line(cfg, algs))
+    cfg_dict["scenarios"] = transforms.announce(cfg, algs)
     for alg in algs.values():
         _check_capacity(alg, ds.num_clients, cfg)
 

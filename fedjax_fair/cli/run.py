@@ -19,7 +19,6 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     participation_report, simulate_one, write_run_figures,
                                     write_run_outputs, write_run_page)
 from fedjax_fair.core.execution import initial_params
-from fedjax_fair.core.scenarios import names as scenario_names
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
@@ -51,12 +50,7 @@ def cmd_run(args) -> int:
     if system is not None:
         print(f"system: {system.describe()}")
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams, ds)
-    cfg_dict["scenarios"] = scenario_names(alg)  # in the order they were applied
-    guards = transforms.describe(alg)
-    if guards:
-        print(f"scenarios: {guards}")
-        if transforms.dp_line(cfg, {cfg.algorithm: alg}):
-            print(transforms.dp_line(cfg, {cfg.algorithm: alg}))
+    cfg_dict["scenarios"] = transforms.announce(cfg, {cfg.algorithm: alg})[cfg.algorithm]
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
         _verify_checkpoint(ckdir, alg, model, ds.num_clients)

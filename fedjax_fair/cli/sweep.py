@@ -375,11 +375,8 @@ def cmd_sweep(args) -> int:
     p = plan(cfg, hparams)
     print(programs_line(cfg, p.programs, p.tiles.count, p.tiles.g * p.tiles.s))
     from fedjax_fair.cli import transforms
-    cfg_dict["scenarios"] = [s.name for s in p.algorithm.scenarios]
-    if transforms.describe(p.algorithm):
-        print(f"scenarios: {transforms.describe(p.algorithm)}")
-        if transforms.dp_line(cfg, {cfg.algorithm: p.algorithm}):
-            print(transforms.dp_line(cfg, {cfg.algorithm: p.algorithm}))
+    cfg_dict["scenarios"] = transforms.announce(cfg, {cfg.algorithm: p.algorithm})[
+        cfg.algorithm]
 
     _own(cfg, True, check_fresh=True)
     if not cfg.resume:  # a fresh sweep: nothing of an earlier one stays (--overwrite)

@@ -223,19 +223,20 @@ def annotate(history: list, accountant) -> None:
             else 0.0
 
 
-def describe(algorithm) -> Optional[str]:
-    """One line of the scenarios applied to ``algorithm``, in order, or None."""
+def announce(cfg, algorithms: dict) -> dict:
+    """Prints the scenarios applied, in order (the options are the same for every
+    method: the first one's names say them), and with DP what its epsilon covers;
+    returns name -> the scenarios' names, for config.json. ``algorithms``: name -> the
+    method under its scenarios."""
     from fedjax_fair.core import scenarios
-    return "; then ".join(scenarios.names(algorithm)) or None
-
-
-def dp_line(cfg, algorithms: dict) -> Optional[str]:
-    """What the run's epsilon covers for each of ``algorithms`` (name -> the method
-    under its scenarios), or None without DP."""
-    if cfg.dp_noise is None and cfg.dp_epsilon is None:
-        return None
-    from fedjax_fair.core import scenarios
-    each = ", ".join(f"{name} {scenarios.releases(alg)}" for name, alg in algorithms.items())
-    return (f"privacy: epsilon (delta {cfg.dp_delta:g}) covers every combination the "
-            f"server takes of its clients' uploads, each clipped and noised; releases a "
-            f"round: {each}")
+    names = {name: scenarios.names(alg) for name, alg in algorithms.items()}
+    first = next(iter(names.values()), [])
+    if first:
+        print("scenarios: " + "; then ".join(first))
+    if first and (cfg.dp_noise is not None or cfg.dp_epsilon is not None):
+        each = ", ".join(f"{name} {scenarios.releases(alg)}"
+                         for name, alg in algorithms.items())
+        print(f"privacy: epsilon (delta {cfg.dp_delta:g}) covers every combination the "
+              f"server takes of its clients' uploads, each clipped and noised; releases "
+              f"a round: {each}")
+    return names

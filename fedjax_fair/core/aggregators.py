@@ -118,6 +118,13 @@ def weighted_sum(tree, weights):
     return jax.tree.map(lambda x: jnp.tensordot(weights.astype(x.dtype), x, axes=1), tree)
 
 
+def scale_rows(tree, scale):
+    """Leaf [K, ...] times scale [K] (or a single delta times a scalar scale)."""
+    return jax.tree.map(
+        lambda x: x * scale.reshape(scale.shape + (1,) * (x.ndim - scale.ndim)).astype(x.dtype),
+        tree)
+
+
 def stateless(direction_fn: Callable, stream: Optional[Stream] = None,
               combines: Optional[tuple] = None, reads: tuple = ()) -> Aggregator:
     """An ``Aggregator`` from ``direction_fn(outputs, weights, ctx) -> (direction,
@@ -180,9 +187,7 @@ def step_normalized() -> Aggregator:
 
     def direction(outputs, weights, ctx, combine):
         tau = steps(outputs)
-        per_step = jax.tree.map(
-            lambda d: d / jnp.maximum(tau, 1.0).reshape((-1,) + (1,) * (d.ndim - 1))
-            .astype(d.dtype), outputs.delta)
+        per_step = scale_rows(outputs.delta, 1.0 / jnp.maximum(tau, 1.0))
         return scaled(jnp.sum(weights * tau), combine(UPDATE, per_step, weights))
 
     def term(out, z, ctx):

@@ -63,8 +63,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core.aggregators import (Aggregator, Stream, stateless, weighted_mean,
-                                          weighted_sum)
+from fedjax_fair.core.aggregators import (Aggregator, Stream, scale_rows, stateless,
+                                          weighted_mean, weighted_sum)
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -295,13 +295,6 @@ def clip_scale(sq_norm, max_norm):
     return jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
 
 
-def _scaled(tree, scale):
-    """Leaf [K, ...] times scale [K] (or a single delta times a scalar scale)."""
-    return jax.tree.map(
-        lambda x: x * scale.reshape(scale.shape + (1,) * (x.ndim - scale.ndim)).astype(x.dtype),
-        tree)
-
-
 def norm_bounded(max_norm: float, inner: Aggregator = weighted_mean()) -> Aggregator:
     """Norm thresholding (Sun et al., arXiv:1911.07963): every client's delta clipped
     to L2 norm ``max_norm`` (over the whole pytree), then ``inner``. ``max_norm`` may
@@ -314,7 +307,7 @@ def norm_bounded(max_norm: float, inner: Aggregator = weighted_mean()) -> Aggreg
     def aggregate(state, outputs, weights, ctx):
         scale = clip_scale(client_sq_norms(outputs.delta), max_norm)
         direction, state, info = inner.aggregate(
-            state, outputs._replace(delta=_scaled(outputs.delta, scale)), weights, ctx)
+            state, outputs._replace(delta=scale_rows(outputs.delta, scale)), weights, ctx)
         return direction, state, {**info, "clip_scale": scale}
 
     stream = None
@@ -323,7 +316,7 @@ def norm_bounded(max_norm: float, inner: Aggregator = weighted_mean()) -> Aggreg
             scale = clip_scale(client_sq_norms(jax.tree.map(lambda x: x[None], out.delta)),
                                max_norm)[0]
             z2, summands, stats = inner.stream.term(
-                out._replace(delta=_scaled(out.delta, scale)), z, ctx)
+                out._replace(delta=scale_rows(out.delta, scale)), z, ctx)
             return z2, summands, (stats, scale)
 
         def finish(state, sums, outputs, stats, weights, ctx):

@@ -244,14 +244,15 @@ def with_privacy(algorithm: FederatedAlgorithm, dp: P.ClientDP) -> FederatedAlgo
     reads more than its combinations cover (module docstring)."""
     if not isinstance(dp, P.ClientDP):
         raise H.FieldTypeError("dp", f"must be a privacy.ClientDP, got {type(dp).__name__}")
+    check(algorithm, "privacy", "client-level DP")
     j = releases(algorithm)
     clip = f"clip {_number(dp.clip)}" + (
         f" adapted to the {_number(dp.adaptive.target_quantile)} quantile of the update "
         f"norms" if dp.adaptive is not None else "")
-    name = "client-level DP" if refusal(algorithm, "privacy") is not None else (
-        f"client-level DP (noise multiplier {_number(dp.noise_multiplier)} over {j} "
-        f"release{'s' if j > 1 else ''} a round, {clip})")
-    return _applied(algorithm, "privacy", Scenario(name=name, combiner=private_combiner(dp, j)))
+    name = (f"client-level DP (noise multiplier {_number(dp.noise_multiplier)} over {j} "
+            f"release{'s' if j > 1 else ''} a round, {clip})")
+    return algorithm.rebuild(algorithm.scenarios + (Scenario(name=name,
+                                                             combiner=private_combiner(dp, j)),))
 
 
 def _number(x) -> str:
