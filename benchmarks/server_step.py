@@ -1,5 +1,5 @@
 """Server-step cost: the fair rules alone (issue 4), every registered method (issue 14)
-and the robust aggregators (core/robust.py).
+and the robust aggregators (scenarios/robust.py).
 
 Run:   python benchmarks/server_step.py                   (the three tables, K = 10, 100,
                                                            1000)
@@ -23,7 +23,7 @@ so AAggFF-S's ONS matrix is K x K). Timed side by side in one process: the faste
 (``memory_analysis``: temporaries, and the persistent state such as the ONS matrix).
 Local training is not included; it dominates a round for any real model.
 
-**Robust table (core/robust.py).** The rules table's server step (``by_num_examples``
+**Robust table (scenarios/robust.py).** The rules table's server step (``by_num_examples``
 weights + the aggregator, jitted, the same K x d stacked deltas, fastest of ``--reps``)
 for each robust aggregator, and weighted_mean's step timed at the same K just before
 it: "x mean" is their ratio. The coordinate-wise rules sort the K values of every
@@ -191,7 +191,7 @@ def rules_table(ks, d: int, reps: int):
 
 
 def robust_aggregators():
-    from fedjax_fair.core import robust
+    from fedjax_fair.scenarios import robust
     return {
         "coordinate_median": robust.coordinate_median,
         "coordinate_median (weighted)": lambda: robust.coordinate_median(weighted=True),
@@ -225,7 +225,7 @@ def compiled_step(agg, k: int, d: int):
 
 def robust_table(ks, d: int, reps: int, max_seconds: float):
     """Prints the robust aggregators' server steps beside weighted_mean's."""
-    from fedjax_fair.core import robust
+    from fedjax_fair.scenarios import robust
     print(f"# {platform.processor() or platform.machine()} | {os.cpu_count()} cores | jax "
           f"{jax.__version__} | {jax.devices()[0]} | d = {d:,} parameters | full "
           f"participation (K = N) | by_num_examples weights | load {loadavg()}")

@@ -52,7 +52,7 @@ from fedjax_fair.algorithms import fedavg, qffl
 from fedjax_fair.data import get_dataset
 from fedjax_fair.models import logistic_regression
 from fedjax_fair.drivers.sweeps import evaluate_state, final_state, sweep
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.client import ClientTraining
 
 COHORT, BATCH = 10, 10

@@ -1,4 +1,4 @@
-"""Participation and the virtual clock (core/system.py, algorithms/fedbuff.py): what they
+"""Participation and the virtual clock (scenarios/system.py, algorithms/fedbuff.py): what they
 cost, as ratios measured side by side in one run.
 
     python benchmarks/system.py                       # both tables
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair.algorithms import fedavg, fedbuff
-from fedjax_fair.core import system as S
+from fedjax_fair.scenarios import system as S
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.data import get_dataset
 from fedjax_fair.drivers.simulate import simulate

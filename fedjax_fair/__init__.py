@@ -11,11 +11,13 @@ The layers, bottom up (each imports only those beneath it; docs/architecture.md)
   weights and how deltas combine), ``algorithm.compose`` (a client update, a mixing
   rule, an aggregator and an optax server optimizer as one ``FederatedAlgorithm``),
   ``execution`` (vmap / sequential / chunked / a device mesh), ``client_states``,
-  ``evaluation``, ``memory``,
-  ``sharding``, ``sampling``, ``schedules``, ``heterogeneity``; ``scenarios``
-  (attacks, robust rules and client-level DP applied to a built method).
+  ``evaluation``, ``memory``, ``sharding``.
 * ``solvers``: simplex, QP and online solvers.
 * ``data``: federations (synthetic, shipped and TFDS / LEAF loaders).
+* ``scenarios``: the conditions a method runs under: ``sampling``, ``system``
+  (availability, dropouts, a virtual clock), ``heterogeneity`` (step budgets),
+  ``schedules``, and what wraps a built method (``with_attack``, ``with_robust``,
+  ``with_privacy``: ``attacks``, ``robust``, ``privacy``).
 * ``algorithms``: one module per paper, family pieces in ``algorithms.families``,
   the registry in ``algorithms.registry``.
 * ``drivers``: ``simulate`` (one ``lax.scan`` over rounds, pure), ``runner``
@@ -28,10 +30,11 @@ The names most programs need are exported here: ``compose``, ``run``, ``sweep``,
 ``make_objective``, ... and the core modules used most (``mixing``, ``aggregators``,
 ``sampling``, ...), as ``fedjax_fair.mixing`` etc.
 """
-from fedjax_fair import algorithms, core, data, drivers, hparams, metrics, models, solvers
-from fedjax_fair.core import (aggregators, client, client_states, execution, heterogeneity,
-                              memory, mixing, sampling, scenarios, schedules, sharding,
-                              system)
+from fedjax_fair import (algorithms, core, data, drivers, hparams, metrics, models, scenarios,
+                         solvers)
+from fedjax_fair.core import (aggregators, client, client_states, execution, memory, mixing,
+                              sharding)
+from fedjax_fair.scenarios import heterogeneity, sampling, schedules, system
 from fedjax_fair.core.algorithm import (FederatedAlgorithm, ServerState, compose,
                                         with_improvement)
 from fedjax_fair.core.client import ClientTraining, local_training, proximal_term

@@ -236,11 +236,11 @@ for shown, fn, field, xfail in (
          None),
         ("client_states.get_table('lazy:x')",
          lambda: _ff().client_states.get_table("lazy:x"), "client_table", None),
-        ("schedules.parse('exponential:2')",
-         lambda: __import__("fedjax_fair.core.schedules", fromlist=["parse"]).parse(
+        ("parse_schedule('exponential:2')",
+         lambda: __import__("fedjax_fair.cli.parsing", fromlist=["parse"]).parse_schedule(
              "exponential:2", "client_lr_schedule"), "client_lr_schedule", None),
-        ("heterogeneity.parse('uniform:3:1')",
-         lambda: __import__("fedjax_fair.core.heterogeneity", fromlist=["parse"]).parse(
+        ("parse_budgets('uniform:3:1')",
+         lambda: __import__("fedjax_fair.cli.parsing", fromlist=["parse"]).parse_budgets(
              "uniform:3:1"), "step_budgets", None),
         ("get_dataset('synthetic', num_clients=0)",
          lambda: __import__("fedjax_fair.data", fromlist=["get_dataset"]).get_dataset(

@@ -13,7 +13,7 @@ import pytest
 
 import helpers
 from fedjax_fair.core import mixing as mixing_lib
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.solvers import online
 from fedjax_fair.algorithms import REGISTRY, method_hparams
 from fedjax_fair.algorithms import aaggff as ag
@@ -286,7 +286,7 @@ def test_server_lr_scales_the_step_and_accepts_a_compensating_schedule():
     ``schedules.compensated`` grows it as the client rate decays (the reference code's choice)."""
     from fedjax_fair.data import get_dataset
     from fedjax_fair.models import logistic_regression
-    from fedjax_fair.core.schedules import compensated, exponential
+    from fedjax_fair.scenarios.schedules import compensated, exponential
     from fedjax_fair.drivers.simulate import simulate
     ds = get_dataset("synthetic", num_clients=6, max_examples=40)
     model = logistic_regression(ds.input_shape, ds.num_classes)

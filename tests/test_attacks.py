@@ -1,4 +1,4 @@
-"""Malicious clients (core/attacks.py): who is malicious, what each attack changes
+"""Malicious clients (scenarios/attacks.py): who is malicious, what each attack changes
 (exactly the malicious unmasked clients, exactly the quantity it should), literal NumPy
 references, determinism of the random updates, vmap over keys and over the scale, the
 benign / malicious summaries, and a few hand-run FedAvg rounds with sign flippers."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core import attacks as A
+from fedjax_fair.scenarios import attacks as A
 from fedjax_fair.core.types import ClientOutput
 
 from helpers import NUM_CLASSES, cohort, tiny_federation

@@ -6,7 +6,7 @@ from fedjax_fair.data import DATASETS
 from fedjax_fair.core.execution import STRATEGIES
 from fedjax_fair.metrics import METRICS
 from fedjax_fair.models import MODELS
-from fedjax_fair.core.sampling import SAMPLERS
+from fedjax_fair.scenarios.sampling import SAMPLERS
 
 
 def test_list_prints_every_registry_entry(capsys):
@@ -61,8 +61,8 @@ def test_list_shows_the_local_training_options_of_every_method_that_trains_local
 
 def test_list_shows_the_privacy_and_robustness_options(capsys):
     from fedjax_fair.cli import transforms
-    from fedjax_fair.core import robust
+    from fedjax_fair.cli import parsing
     assert cli.main(["list", "robustness"]) == 0
     out = capsys.readouterr().out
-    for name in (*transforms.ATTACKS, *robust.ROBUST, "--dp-noise", "--dp-epsilon"):
+    for name in (*transforms.ATTACKS, *parsing.ROBUST, "--dp-noise", "--dp-epsilon"):
         assert name in out

@@ -97,7 +97,7 @@ def test_sweep_table_equals_separate_runs(reference, tmp_path):
 
 def test_a_private_sweep_states_the_epsilon_it_spent(tmp_path, capsys):
     pytest.importorskip("dp_accounting")
-    from fedjax_fair.core import privacy
+    from fedjax_fair.scenarios import privacy
     out = tmp_path / "dp"
     assert cli.main(["sweep", *CLI_TINY, "--grid", "client_lr=0.01,0.1", "--seeds", "0",
                      "--num-rounds", "2", "--dp-noise", "1.5", "--dp-clip", "0.5",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_fair import cli
-from fedjax_fair.core import privacy
+from fedjax_fair.scenarios import privacy
 from fedjax_fair.drivers import runner
 from helpers import CLI_TINY as TINY, one_line_error
 

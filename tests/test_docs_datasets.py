@@ -418,7 +418,7 @@ def test_snippet_run_dataset_wiring(snippets, monkeypatch):
     ds = _berka(snippets)
     assert _berka_run(snippets, ds) == "ran"
     (algorithm, params, data, _), kw = calls[0]
-    assert data is ds.host_data and kw["sampler"] is fedjax_fair.core.sampling.full
+    assert data is ds.host_data and kw["sampler"] is fedjax_fair.scenarios.sampling.full
     assert (kw["num_rounds"], kw["cohort_size"], kw["eval_every"]) == (2, 7, 2)
     assert kw["model"].name == "logreg"
     expected = jax.eval_shape(get_model("logreg", (15,), 2).init, jax.random.key(0))

@@ -16,7 +16,7 @@ import pytest
 import helpers
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.algorithms.fedbuff import fedasync, fedbuff, staleness_weight
-from fedjax_fair.core import system as S
+from fedjax_fair.scenarios import system as S
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.drivers.simulate import simulate
 

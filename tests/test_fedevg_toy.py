@@ -14,7 +14,7 @@ import pytest
 import helpers
 from fedevg_common import TOY_MODEL
 from fedjax_fair.algorithms.families import generative as S
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.types import FederatedData
 from fedjax_fair.drivers.runner import run

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair.core import heterogeneity as het
+from fedjax_fair.scenarios import heterogeneity as het
 from fedjax_fair.core.aggregators import step_normalized, weighted_mean
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.drivers.runner import run
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.core.types import ClientOutput, ServerContext
 from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.cli.parsing import parse_budgets
 
 SIZES = jnp.array([7, 12, 0, 3, 9, 5])
 
@@ -112,13 +113,13 @@ def test_step_normalized_is_fednova_averaging():
 
 
 def test_parse_reads_the_cli_forms():
-    assert het.parse("none") is None
+    assert parse_budgets("none") is None
     key, n = jax.random.key(0), jnp.array([7, 12, 0])
-    np.testing.assert_array_equal(het.parse("fixed:3").draw(key, n), [3, 3, 3])
-    np.testing.assert_array_equal(het.parse("fixed:1:epochs", batch_size=4).draw(key, n),
+    np.testing.assert_array_equal(parse_budgets("fixed:3").draw(key, n), [3, 3, 3])
+    np.testing.assert_array_equal(parse_budgets("fixed:1:epochs", batch_size=4).draw(key, n),
                                   [2, 3, 0])
-    assert het.parse("uniform:1:5").name == "uniform(1..5 steps)"
-    assert het.parse("stragglers:0.25:1:epochs", batch_size=4).name.startswith("stragglers")
+    assert parse_budgets("uniform:1:5").name == "uniform(1..5 steps)"
+    assert parse_budgets("stragglers:0.25:1:epochs", batch_size=4).name.startswith("stragglers")
     for bad in ("uniform:5", "often:1", "fixed:x", "stragglers:2:1"):
         with pytest.raises(ValueError, match="^step_budgets: "):
-            het.parse(bad, batch_size=4)
+            parse_budgets(bad, batch_size=4)

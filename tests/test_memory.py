@@ -82,7 +82,7 @@ def test_sampled_ids_are_the_cohorts_simulate_draws():
     key = jax.random.key(3)
     ids = sample_client_ids(key, 5, 3, 8, 4)
     from fedjax_fair.drivers.simulate import round_keys
-    from fedjax_fair.core.sampling import uniform
+    from fedjax_fair.scenarios.sampling import uniform
     for r in range(3):
         np.testing.assert_array_equal(ids[r], uniform(round_keys(key, 5 + r)[0], 8, 4))
 

@@ -10,7 +10,7 @@ import pytest
 import helpers
 from fedjax_fair.algorithms import fedavg
 from fedjax_fair.algorithms.mifa import mifa
-from fedjax_fair.core import system as S
+from fedjax_fair.scenarios import system as S
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.drivers.simulate import simulate
 

@@ -1,11 +1,11 @@
-"""Client-level DP (fedjax_fair/core/privacy.py): clipping, weight capping, noise
+"""Client-level DP (fedjax_fair/scenarios/privacy.py): clipping, weight capping, noise
 calibration, adaptive clipping, accounting against dp-accounting, validation."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_fair.core import privacy as P
+from fedjax_fair.scenarios import privacy as P
 from fedjax_fair.hparams import FieldError
 
 dp_accounting = pytest.importorskip("dp_accounting")

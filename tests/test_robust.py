@@ -1,4 +1,4 @@
-"""Robust aggregators (``core/robust.py``) against literal NumPy references on random
+"""Robust aggregators (``scenarios/robust.py``) against literal NumPy references on random
 pytrees with masked slots (holding garbage that must not matter): the coordinate-wise
 (weighted) median, the trimmed mean, Krum / Multi-Krum's loop-computed scores, RFA's
 smoothed Weiszfeld iterations and their fixed point, norm bounding; robustness to two
@@ -19,7 +19,7 @@ from helpers import (ALG_MODEL as MODEL, ALG_PARAMS as PARAMS, ALG_DATA as DATA,
                      ALG_LR as LR, ALG_KEY as KEY)
 from fedjax_fair import hparams as H
 from fedjax_fair.algorithms import fedavg
-from fedjax_fair.core import robust
+from fedjax_fair.scenarios import robust
 from fedjax_fair.core.aggregators import weighted_mean
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.types import ClientOutput

@@ -1,10 +1,10 @@
-"""Cohort samplers (fedjax_fair/core/sampling.py) and the plain-average prior they pair with."""
+"""Cohort samplers (fedjax_fair/scenarios/sampling.py) and the plain-average prior they pair with."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.mixing import prior
 from fedjax_fair.core.types import ClientOutput, ServerContext
 

@@ -1,4 +1,4 @@
-"""core/scenarios.py: attacks, robust rules and client-level DP applied to a method
+"""scenarios/wrap.py: attacks, robust rules and client-level DP applied to a method
 (``with_attack``, ``with_robust``, ``with_privacy``), checked on whole rounds against
 what each scenario means, and across the registry: every method under every scenario
 runs or is refused with one line, and each scenario's limit is the method itself."""
@@ -11,11 +11,12 @@ import pytest
 
 import helpers
 from fedjax_fair.algorithms import REGISTRY, FAMILIES, build, get_method
-from fedjax_fair.core import attacks, privacy, robust
-from fedjax_fair.core import scenarios as S
-from fedjax_fair.core import system as SY
+from fedjax_fair.scenarios import attacks, privacy, robust
+from fedjax_fair import scenarios as S
+from fedjax_fair.scenarios import system as SY
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.cli.parsing import parse_robust
 from helpers import assert_trees_close, cohort, init_params, logreg, tiny_federation, tree_sub
 
 TRAINING = ClientTraining(lr=0.1, batch_size=4)
@@ -49,7 +50,7 @@ def _dp(noise=1.0, clip=0.5, **kw):
 
 
 def _robust(text):
-    return lambda alg: S.with_robust(alg, robust.parse(text), text)
+    return lambda alg: S.with_robust(alg, parse_robust(text), text)
 
 
 # ------------------------------------------------------------------------- attacks
@@ -97,7 +98,7 @@ def test_a_robust_rule_replaces_fedavgs_combination():
     _, metrics, _ = _round("fedavg", _robust("norm_bound:0.01"))
     assert "robust/clip_scale" in metrics
     with pytest.raises(ValueError, match="^robust"):
-        robust.parse("trimmed_mean:0.7")
+        parse_robust("trimmed_mean:0.7")
 
 
 def test_a_robust_rule_keeps_the_methods_weights_and_state():
@@ -122,7 +123,7 @@ def test_robust_rules_scale_back_unnormalised_coefficients():
                         client_mask=jnp.ones(4, bool))
     for text in ("median", "weighted_median", "trimmed_mean:0.25", "krum", "geometric_median",
                  "norm_bound:100"):
-        combiner = S.robust_combiner(robust.parse(text))
+        combiner = S.robust_combiner(parse_robust(text))
         out, _, _ = combiner.combine(combiner.init(ctx.params, 4), 0, "update", u, c, ctx,
                                      jax.random.key(1))
         np.testing.assert_allclose(out["w"], 0.6 * np.arange(3.0), rtol=1e-5, err_msg=text)

@@ -4,11 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_fair.core import schedules
+from fedjax_fair.cli.parsing import parse_schedule
 
 
 def _values(text, rate, rounds):
-    schedule = schedules.parse(text)(rate)
+    schedule = parse_schedule(text)(rate)
     return np.asarray([float(schedule(jnp.int32(t))) for t in range(rounds)])
 
 
@@ -25,16 +25,16 @@ def test_step_multiplies_at_each_listed_round():
 
 
 def test_none_is_constant_and_bad_text_names_the_field():
-    assert schedules.parse("none") is None
+    assert parse_schedule("none") is None
     for bad in ("exponential:0", "exponential:1.5", "exponential:0.9@0", "step:0.1",
                 "step:-1@3", "step:0.1@0", "cosine:1", "exponential:x"):
         with pytest.raises(ValueError, match="^client_lr_schedule: "):
-            schedules.parse(bad, "client_lr_schedule")
+            parse_schedule(bad, "client_lr_schedule")
 
 
 def test_base_rate_may_be_traced():
     def final_rate(rate):
-        return schedules.parse("exponential:0.9@2")(rate)(jnp.int32(5))
+        return parse_schedule("exponential:0.9@2")(rate)(jnp.int32(5))
 
     np.testing.assert_allclose(jax.jit(jax.vmap(final_rate))(jnp.array([1.0, 2.0])),
                                [0.81, 1.62], rtol=1e-6)
@@ -42,7 +42,7 @@ def test_base_rate_may_be_traced():
 
 
 def test_compensated_server_rate_keeps_the_product_constant():
-    from fedjax_fair.core.schedules import compensated, exponential
+    from fedjax_fair.scenarios.schedules import compensated, exponential
     client = exponential(0.1, 0.5, every=2)
     server = compensated(2.0, client)
     for t in range(7):

@@ -27,7 +27,8 @@ import pytest
 
 import fedjax_fair as ff
 import helpers
-from fedjax_fair.core import client, sampling
+from fedjax_fair.core import client
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.drivers import simulate as sim
 from fedjax_fair.algorithms import ditto, fedavg, feddyn, scaffold
 from fedjax_fair.models.base import Model

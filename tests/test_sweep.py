@@ -21,7 +21,7 @@ import pytest
 import helpers
 from fedjax_fair import algorithms
 from fedjax_fair.drivers import runner
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.drivers.sweeps import (SEED, Tiles, evaluate_state, final_state,
                                         summarise, sweep)
 from fedjax_fair.core.types import FederatedData

@@ -1,4 +1,4 @@
-"""Participation and system heterogeneity (core/system.py): availability models, the
+"""Participation and system heterogeneity (scenarios/system.py): availability models, the
 sampler among available clients, dropouts, the virtual clock and its deadline, and
 their use in ``simulate`` and ``runner.run``."""
 from __future__ import annotations
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import helpers
-from fedjax_fair.core import sampling
-from fedjax_fair.core import system as S
+from fedjax_fair.scenarios import sampling
+from fedjax_fair.scenarios import system as S
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.drivers.simulate import plan_rounds, simulate
+from fedjax_fair.cli.parsing import parse_system
 
 KEY = jax.random.key(3)
 
@@ -100,13 +101,13 @@ def test_from_property_and_label_share():
 def test_texts_build_the_documented_models():
     train = helpers.tiny_federation().train
     sizes = np.asarray(train.num_examples, float)
-    build = lambda **kw: S.parse(**kw).build(train)
+    build = lambda **kw: parse_system(**kw).build(train)
     assert build() is None  # nothing changes: no system at all
     np.testing.assert_allclose(build(availability="size:0.1:0.9").availability.p,
                                S.from_property(sizes, 0.1, 0.9))
     np.testing.assert_allclose(build(availability="labels:0+2:0.9:0.1").availability.p,
                                S.from_property(S.label_share(train, [0, 2]), 0.9, 0.1))
-    c = S.parse(availability="classes:0.5@0.9+0.5@0.2", seed=3).build(train)
+    c = parse_system(availability="classes:0.5@0.9+0.5@0.2", seed=3).build(train)
     assert set(c.availability.p) <= {0.9, 0.2}
     assert build(availability="markov:0.1:0.3").availability == S.markov(0.1, 0.3)
     assert build(availability="periodic:24:0.25").availability == S.periodic(24, 0.25)

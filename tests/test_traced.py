@@ -29,7 +29,7 @@ import pytest
 
 import helpers
 from fedjax_fair import algorithms
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import data_loss
 from fedjax_fair.drivers.simulate import simulate

@@ -398,7 +398,7 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
     """AAggFF-S mixing rule (Online Newton Step over all N clients; eq. 3.7).
 
     Needs full participation: the cohort must hold every client (sampler
-    ``fedjax_fair.core.sampling.full``); a cohort smaller than the federation raises.
+    ``fedjax_fair.scenarios.sampling.full``); a cohort smaller than the federation raises.
     Clients masked out of a round (padding) get the mean observed response, write
     nothing else and get weight 0; a round with no participant leaves the state as is.
 

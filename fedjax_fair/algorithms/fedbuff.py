@@ -31,7 +31,7 @@ The first rounds fill the pool: no server step is taken until C clients are in f
 (too few available, dropped) pops the in-flight clients it has, up to K. A masked
 cohort client (unavailable, dropped) is not dispatched.
 
-Client k's time is its clock time (``core/system.py``'s ``Clock``:
+Client k's time is its clock time (``scenarios/system.py``'s ``Clock``:
 latency_k + 2 * model_bytes / bandwidth_k + steps_k / speed_k, with the steps it
 actually took); without a clock, one second per local step. Each round logs
 ``server/round_seconds`` (the clock's advance; the runner's ``clock_seconds`` sums
@@ -59,7 +59,7 @@ from fedjax_fair.core.aggregators import UPDATE, Aggregator, plain_combine
 from fedjax_fair.core.algorithm import FederatedAlgorithm, derive
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.memory import tree_bytes
-from fedjax_fair.core.system import client_seconds
+from fedjax_fair.scenarios.system import client_seconds
 
 HPARAMS = {"staleness_exponent": H.NONNEGATIVE, "server_lr": H.POSITIVE,
            "alpha": H.Range(0.0, 1.0, low_open=True),

@@ -20,12 +20,13 @@ import numpy as np
 from fedjax_fair.algorithms import REGISTRY, base_name, build, default_training, method_hparams
 from fedjax_fair.algorithms.families import generative as synthetic
 from fedjax_fair.cli import config as C, lock, report
-from fedjax_fair.core import memory, sampling
+from fedjax_fair.core import memory
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.client import FIELDS
 from fedjax_fair.core.algorithm import with_improvement
 from fedjax_fair.core.execution import ModelProfile, initial_params, model_profile
-from fedjax_fair.core.heterogeneity import parse as parse_budgets
-from fedjax_fair.core.schedules import parse as parse_schedule
+from fedjax_fair.cli.parsing import parse_budgets
+from fedjax_fair.cli.parsing import parse_schedule
 from fedjax_fair.data import get_dataset
 from fedjax_fair.data.augment import standard_augmentation, with_augmentation
 from fedjax_fair.drivers import runner
@@ -358,7 +359,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict, ds=None):
     if server_schedule is not None:
         kwargs[rate] = server_schedule(kwargs.get(rate, accepted[rate].default))
     if cfg.compensate_server_lr:
-        from fedjax_fair.core.schedules import compensated
+        from fedjax_fair.scenarios.schedules import compensated
         kwargs[rate] = compensated(kwargs.get(rate, accepted[rate].default),
                                    client_schedule(1.0))
     try:

@@ -25,8 +25,8 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     benign_clients, build_dataset, build_model,
                                     command_line, execution_of, for_method, simulate_one,
                                     system_of, write_run_outputs)
-from fedjax_fair.core import sampling
-from fedjax_fair.core.heterogeneity import parse as parse_budgets
+from fedjax_fair.scenarios import sampling
+from fedjax_fair.cli.parsing import parse_budgets
 from fedjax_fair.drivers.runner import verify_resumable
 from fedjax_fair.drivers import sweeps
 

@@ -39,12 +39,12 @@ import numpy as np
 
 from fedjax_fair.algorithms import ALGORITHMS, base_name, get_method, method_hparams
 from fedjax_fair.cli import lock
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.execution import Execution, STRATEGIES, resolve
-from fedjax_fair.core.heterogeneity import parse as parse_budgets
+from fedjax_fair.cli.parsing import parse_budgets
 from fedjax_fair.core.memory import PLACEMENTS
-from fedjax_fair.core.sampling import SAMPLERS
-from fedjax_fair.core.schedules import parse as parse_schedule
+from fedjax_fair.scenarios.sampling import SAMPLERS
+from fedjax_fair.cli.parsing import parse_schedule
 from fedjax_fair.core.sharding import make_mesh, provide_cpu_devices
 from fedjax_fair.data.augment import STANDARD_AUGMENTATIONS
 from fedjax_fair.data.federated import _check_fractions
@@ -807,11 +807,11 @@ def _choice(field: str, value: str, allowed) -> None:
 
 
 def system_spec(cfg: _Common):
-    """The participation and clock options as a ``system.Spec`` (their syntax and
+    """The participation and clock options as a ``parsing.Spec`` (their syntax and
     values checked; a trace file read), or ``ConfigError`` naming the option."""
-    from fedjax_fair.core import system
+    from fedjax_fair.cli import parsing
     try:
-        return system.parse(cfg.availability, cfg.dropout, cfg.speeds, cfg.bandwidth,
+        return parsing.parse_system(cfg.availability, cfg.dropout, cfg.speeds, cfg.bandwidth,
                             cfg.latency, cfg.deadline, cfg.system_seed)
     except ValueError as e:
         raise config_error(e, "availability") from None

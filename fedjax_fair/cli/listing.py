@@ -9,7 +9,7 @@ import sys
 from fedjax_fair.algorithms import FAMILIES, REGISTRY, method_hparams
 from fedjax_fair.cli import config as C
 from fedjax_fair.core.execution import STRATEGIES
-from fedjax_fair.core.sampling import SAMPLERS
+from fedjax_fair.scenarios.sampling import SAMPLERS
 from fedjax_fair.data import PARTITIONERS
 from fedjax_fair.metrics import METRICS
 from fedjax_fair.models import MODELS
@@ -103,11 +103,11 @@ def _list_samplers() -> list[str]:
 
 def _list_system() -> list[str]:
     """Participation and the virtual clock (docs/participation.md)."""
-    from fedjax_fair.core import system
+    from fedjax_fair.cli import parsing
     return (["participation and system heterogeneity (docs/participation.md):",
-             "  --availability  " + ", ".join(system.AVAILABILITY_SPECS),
+             "  --availability  " + ", ".join(parsing.AVAILABILITY_SPECS),
              "  --dropout       none, P, speed:SLOWEST:FASTEST",
-             "  --speeds        " + ", ".join(system.SPEED_SPECS) + " (local steps per second)",
+             "  --speeds        " + ", ".join(parsing.SPEED_SPECS) + " (local steps per second)",
              "  --bandwidth     none or BYTES_PER_SECOND (each way);  --latency SECONDS",
              "  --deadline      none, SECONDS (late clients dropped), SECONDS:partial (late "
              "clients send the steps finished in time)",
@@ -131,7 +131,7 @@ def _list_robustness() -> list[str]:
 
 def _list_scenarios() -> list[str]:
     """What each scenario replaces and keeps of each registered method, from their
-    declarations (core/scenarios.py, docs/scenarios.md)."""
+    declarations (scenarios/wrap.py, docs/scenarios.md)."""
     return ["scenarios per method (docs/scenarios.md):", registry_scenario_table()]
 
 
@@ -141,7 +141,7 @@ def registry_scenario_table() -> str:
     the declarations do not depend on the model."""
     import jax
     from fedjax_fair.algorithms import build
-    from fedjax_fair.core.scenarios import scenario_table
+    from fedjax_fair.scenarios import scenario_table
     from fedjax_fair.models import get_model
     one, two = (get_model("mlp", (4,), 3, hidden=h) for h in ((), (4,)))
     del jax

@@ -486,7 +486,7 @@ def _seed_lines(runs: Sequence[Sequence[Mapping]], key: str, x: str = "round"):
             np.stack([v[:n] for _, v in series]))
 
 
-CLOCK = "clock_seconds"  # an evaluation's cumulative simulated time (core/system.py)
+CLOCK = "clock_seconds"  # an evaluation's cumulative simulated time (scenarios/system.py)
 
 
 def _x_axis(ax, x: str) -> None:

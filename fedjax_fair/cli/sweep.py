@@ -70,9 +70,9 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, _check_capacity, _check_re
                                     _STAGE, _STAGE_DIR, build_algorithm, build_dataset,
                                     build_model, command_line, dataset_description,
                                     for_method)
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.evaluation import make_evaluator
-from fedjax_fair.core.heterogeneity import parse as parse_budgets
+from fedjax_fair.cli.parsing import parse_budgets
 from fedjax_fair.drivers import sweeps
 
 PARTS = "parts"

@@ -1,8 +1,8 @@
 """The command line's privacy and robustness options as scenarios applied to the
-built method (core/scenarios.py): ``--attack`` on ``--malicious-fraction`` /
-``--malicious-ids`` clients (core/attacks.py), ``--robust`` rules (core/robust.py)
+built method (scenarios/wrap.py): ``--attack`` on ``--malicious-fraction`` /
+``--malicious-ids`` clients (scenarios/attacks.py), ``--robust`` rules (scenarios/robust.py)
 and client-level DP, ``--dp-noise`` or ``--dp-epsilon`` with ``--dp-clip``,
-``--dp-delta``, ``--dp-max-weight`` (core/privacy.py, docs/scenarios.md,
+``--dp-delta``, ``--dp-max-weight`` (scenarios/privacy.py, docs/scenarios.md,
 docs/privacy.md, docs/robustness.md).
 
 Every option is checked when the config is (``check``), the ones that need the
@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from fedjax_fair.cli import config as C
+from fedjax_fair.cli.parsing import parse_robust
 from fedjax_fair.hparams import FieldError
 
 ATTACKS = ("label_flip", "sign_flip", "gaussian", "scaled_replacement")
@@ -28,7 +29,7 @@ OPTION_OF = {"attack": "attack", "robust": "robust", "privacy": "dp_noise"}
 def parse_attack(text: str, num_classes: Optional[int] = None):
     """``label_flip``, ``sign_flip[:SCALE]``, ``gaussian[:STD]``,
     ``scaled_replacement[:SCALE]`` -> ``attacks.Attack``; ``FieldError("attack")``."""
-    from fedjax_fair.core import attacks
+    from fedjax_fair.scenarios import attacks
     kind, _, arg = str(text).partition(":")
     if kind not in ATTACKS or (arg and kind == "label_flip"):
         raise FieldError("attack", f"{text!r}: one of label_flip, sign_flip[:SCALE], "
@@ -51,8 +52,7 @@ def check(cfg) -> None:
     field)."""
     try:
         if cfg.robust is not None:
-            from fedjax_fair.core import robust
-            robust.parse(cfg.robust)
+            parse_robust(cfg.robust)
         if cfg.attack is not None:
             parse_attack(cfg.attack)
             if not cfg.malicious_fraction and not cfg.malicious_ids:
@@ -66,7 +66,7 @@ def check(cfg) -> None:
                 raise FieldError("malicious_fraction", f"must lie in [0, 1], got "
                                                        f"{cfg.malicious_fraction}")
         if cfg.dp_noise is not None or cfg.dp_epsilon is not None:
-            from fedjax_fair.core import privacy
+            from fedjax_fair.scenarios import privacy
             if cfg.robust is not None:
                 raise FieldError("robust", "not with --dp-noise / --dp-epsilon: both replace "
                                            "the method's combination of the updates, and "
@@ -99,7 +99,7 @@ def malicious_flags(cfg, num_clients: int) -> Optional[np.ndarray]:
     None without an attack."""
     if cfg.attack is None:
         return None
-    from fedjax_fair.core import attacks
+    from fedjax_fair.scenarios import attacks
     try:
         return attacks.malicious_ids(num_clients, fraction=cfg.malicious_fraction or None,
                                      ids=list(cfg.malicious_ids) or None,
@@ -114,7 +114,7 @@ def _adaptive(cfg):
     quantile = getattr(cfg, "dp_adaptive_clip", None)
     if quantile is None:
         return None
-    from fedjax_fair.core import privacy
+    from fedjax_fair.scenarios import privacy
     return privacy.AdaptiveClip(target_quantile=float(quantile),
                                 cohort_size=float(cfg.cohort_size))
 
@@ -125,7 +125,7 @@ def dp_of(cfg, num_clients: int):
     the updates' share of it beside the clip count's), or None without DP."""
     if cfg.dp_noise is None and cfg.dp_epsilon is None:
         return None
-    from fedjax_fair.core import privacy
+    from fedjax_fair.scenarios import privacy
     adaptive = _adaptive(cfg)
     noise = cfg.dp_noise
     if noise is None:
@@ -157,7 +157,7 @@ def _no_budget(cfg, why: str):
 def _spent(noise: float, cohort_size: int, num_clients: int, rounds: int,
            delta: float) -> float:
     """epsilon of ``rounds`` fixed-size cohorts at noise multiplier ``noise``."""
-    from fedjax_fair.core import privacy
+    from fedjax_fair.scenarios import privacy
     return privacy.epsilon(noise, cohort_size / num_clients, rounds, delta, sampling="fixed",
                            population=num_clients)
 
@@ -166,7 +166,7 @@ def _spent(noise: float, cohort_size: int, num_clients: int, rounds: int,
 def _noise_for(epsilon: float, cohort_size: int, num_clients: int, rounds: int,
                delta: float) -> float:
     """``privacy.noise_for_epsilon`` of fixed-size cohorts (seconds: asked once a run)."""
-    from fedjax_fair.core import privacy
+    from fedjax_fair.scenarios import privacy
     return privacy.noise_for_epsilon(epsilon, cohort_size / num_clients, rounds, delta,
                                      sampling="fixed", population=num_clients)
 
@@ -180,7 +180,7 @@ def accountant_of(cfg, num_clients: int):
     dp = dp_of(cfg, num_clients)
     if dp is None:
         return None
-    from fedjax_fair.core import privacy
+    from fedjax_fair.scenarios import privacy
     key = (dp, cfg.cohort_size, num_clients, cfg.dp_delta)  # one per setting: its cache
     if key not in _ACCOUNTANTS:
         _ACCOUNTANTS[key] = privacy.Accountant.for_dp(dp, cfg.cohort_size / num_clients,
@@ -193,15 +193,14 @@ def apply(algorithm, cfg, num_clients: int, num_classes: Optional[int] = None):
     """``algorithm`` under the options' scenarios, in the order attack, robust rule,
     privacy (``scenarios.with_attack`` / ``with_robust`` / ``with_privacy``); a
     refused pairing is a ``ConfigError`` naming the option."""
-    from fedjax_fair.core import scenarios
+    from fedjax_fair import scenarios
     try:
         flags = malicious_flags(cfg, num_clients)
         if flags is not None:
             algorithm = scenarios.with_attack(algorithm, parse_attack(cfg.attack, num_classes),
                                               flags)
         if cfg.robust is not None:
-            from fedjax_fair.core import robust
-            algorithm = scenarios.with_robust(algorithm, robust.parse(cfg.robust), cfg.robust)
+            algorithm = scenarios.with_robust(algorithm, parse_robust(cfg.robust), cfg.robust)
         if cfg.dp_noise is not None or cfg.dp_epsilon is not None:
             # refused before the noise is calibrated (seconds with --dp-epsilon)
             scenarios.check(algorithm, "privacy", "client-level DP")
@@ -228,7 +227,7 @@ def announce(cfg, algorithms: dict) -> dict:
     method: the first one's names say them), and with DP what its epsilon covers;
     returns name -> the scenarios' names, for config.json. ``algorithms``: name -> the
     method under its scenarios."""
-    from fedjax_fair.core import scenarios
+    from fedjax_fair import scenarios
     names = {name: scenarios.names(alg) for name, alg in algorithms.items()}
     first = next(iter(names.values()), [])
     if first:

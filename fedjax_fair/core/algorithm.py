@@ -50,7 +50,7 @@ stacked, to be written to the table); rules that read every update or keep
 per-client server tables (MGDA, DQN-Fed, AFL, AAggFF, FedMax, SCAFFOLD, the
 primal-dual family) stack them. Both forms give the same round up to float rounding (tested).
 
-Scenarios (core/scenarios.py: attacks, robust rules, client-level DP) are values
+Scenarios (scenarios/wrap.py: attacks, robust rules, client-level DP) are values
 applied to a built method: ``scenarios.with_robust(algorithm, rule)`` calls
 ``algorithm.rebuild(algorithm.scenarios + (scenario,))``, which is ``compose`` again
 with the same pieces and one more ``Scenario``. A scenario may change the cohort's data
@@ -58,7 +58,7 @@ before local training, the stacked uploads after it, and, through a ``Combiner``
 combinations the aggregator declares (``Aggregator.combines``: it takes each weighted
 sum of uploads through a ``combine`` argument); everything else stays the method's.
 ``FederatedAlgorithm.server`` records what the pieces declare they read, from which
-core/scenarios.py decides what each scenario may do. A method made from a composed one
+scenarios/wrap.py decides what each scenario may do. A method made from a composed one
 (a wrapped ``apply``, a flag) stays so under scenarios when made with ``derive``.
 
 Randomness: client k trains with ``fold_in(key, k)`` (cohort order never matters);
@@ -98,7 +98,7 @@ class Combiner(NamedTuple):
 
 
 class Scenario(NamedTuple):
-    """A change to every round of a method (core/scenarios.py builds them:
+    """A change to every round of a method (scenarios/wrap.py builds them:
     ``with_attack``, ``with_robust``, ``with_privacy``), applied by ``compose`` around
     the method's own pieces:
 
@@ -121,7 +121,7 @@ class Scenario(NamedTuple):
 
 class ServerReads(NamedTuple):
     """What a composed method's server reads of its clients, as its pieces declare it
-    (core/scenarios.py decides from it which scenarios a method accepts).
+    (scenarios/wrap.py decides from it which scenarios a method accepts).
 
     combines: ``Aggregator.combines`` (None: no replaceable combination).
     reads: ``Aggregator.reads``: the uploads read outside the combinations.
@@ -244,7 +244,7 @@ def compose(client_update: ClientUpdate, *,
         round's own (``client_ids`` ... ``update_norm``) and the aggregator's
         ``server/...`` ones, whose names they may not take (in a streamed round
         ``outputs.delta`` is None).
-      scenarios: ``Scenario`` values, applied in order (core/scenarios.py applies them
+      scenarios: ``Scenario`` values, applied in order (scenarios/wrap.py applies them
         to a built method: ``with_robust(algorithm, rule)``, ...).
     """
     _check_pieces(client_update, mixing, aggregator, server_optimizer)

@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_fair.core import execution as _execution, sampling
+from fedjax_fair.core import execution as _execution
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import masked_mean
 from fedjax_fair.drivers.sweeps import (as_federation, check_cohort, check_count, check_seeds,

@@ -31,7 +31,7 @@ import numpy as np
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core import memory as mem
 from fedjax_fair import metrics as fairness
-from fedjax_fair.core import sampling
+from fedjax_fair.scenarios import sampling
 from fedjax_fair import hparams as H
 from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
@@ -39,8 +39,8 @@ from fedjax_fair.core.client_states import table_memory
 from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
 from fedjax_fair.core.execution import (Execution, as_execution, auto_mesh,
                                         compiler_options, model_profile, resolve)
-from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets
-from fedjax_fair.core.system import System
+from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS, StepBudgets
+from fedjax_fair.scenarios.system import System
 from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, plan_rounds,
                                           sample_client_ids, simulate,
                                           simulate_cohorts)
@@ -515,7 +515,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     ``on_clients(entry, per_client)`` also receives the clients' test metrics, host
     arrays [N] per metric: what an experiment tracker's histograms need).
     ``summary_clients`` (bool [N], default every client): the clients the summaries
-    cover, e.g. the benign ones of a run under attack (core/attacks.py); the
+    cover, e.g. the benign ones of a run under attack (scenarios/attacks.py); the
     per-client metrics keep every client.
     ``on_rounds(first_round, metrics)`` receives every chunk's per-round metrics
     (host arrays with a leading round axis: weights, losses, the server pieces'
@@ -557,7 +557,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     rounding. In a multi-host job (``sharding.initialize_distributed``) only
     process 0 writes checkpoints.
 
-    ``system`` (core/system.py): availability, dropouts and a virtual clock; its round
+    ``system`` (scenarios/system.py): availability, dropouts and a virtual clock; its round
     metrics (``system/...``) are logged with the others, and every evaluation records
     the cumulative simulated time ``clock_seconds`` when it has a clock.
 
@@ -1013,7 +1013,7 @@ def drive(records: list, advance: Callable, initial: Callable, *, num_rounds: in
 
 
 # a round's simulated duration: an asynchronous method's own (algorithms/fedbuff.py),
-# else the synchronous round's on the system's clock (core/system.py)
+# else the synchronous round's on the system's clock (scenarios/system.py)
 CLOCK_METRICS = ("server/round_seconds", "system/round_seconds")
 
 
@@ -1087,7 +1087,7 @@ def split_summary(per_client: dict, split: str, keep=None) -> dict:
 
 def attacked_summary(per_client: dict, is_malicious, split: str = "test") -> dict:
     """The fairness summaries of the benign and of the malicious clients (``--attack``,
-    core/attacks.py): ``{"benign": {...}, "malicious": {...}}``, each ``split_summary``
+    scenarios/attacks.py): ``{"benign": {...}, "malicious": {...}}``, each ``split_summary``
     of the per-client metrics (``RunResult.client_metrics``: arrays [N]) restricted to
     those clients, so that the benign summary never sees a malicious client. A group
     without examples in the split (e.g. no malicious client) gives {}."""
@@ -1184,7 +1184,7 @@ def _check_step_budgets(step_budgets, num_clients: int):
     if step_budgets is None or isinstance(step_budgets, StepBudgets):
         return step_budgets
     expected = ("must be None, an integer array [N] of local-step budgets or a "
-                "heterogeneity.StepBudgets (heterogeneity.parse turns text such as "
+                "heterogeneity.StepBudgets (cli.parsing.parse_budgets turns text such as "
                 "'fixed:2' into one)")
     if isinstance(step_budgets, (list, tuple)):
         step_budgets = np.asarray(step_budgets)

@@ -25,13 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair.core import sampling, sharding
+from fedjax_fair.core import sharding
+from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.memory import tree_bytes
-from fedjax_fair.core.system import System, plan_round
+from fedjax_fair.scenarios.system import System, plan_round
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import gather
 from fedjax_fair.core.execution import as_execution
-from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
+from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 from fedjax_fair import hparams as H
 
@@ -109,7 +110,7 @@ def make_round_cohort(data: FederatedData, key, round_, *, sampler: Callable,
                       cohort_size: int, step_budgets=None, system: Optional[System] = None,
                       params=None, mesh=None):
     """(this round's cohort, the system's round metrics): the sampled clients with their
-    budgets; under a ``system`` (core/system.py) sampled among the available clients,
+    budgets; under a ``system`` (scenarios/system.py) sampled among the available clients,
     masked where they did not report, their budgets cut by the clock's deadline."""
     num_clients = data.train.mask.shape[0]
     if system is None:
@@ -138,7 +139,7 @@ def simulate(algorithm: FederatedAlgorithm, state: ServerState, data: FederatedD
     ``active_rounds``: None, or an int32 scalar (traced: one program serves every
     value) n <= ``num_rounds``: only the first n rounds run, the others leave the
     state as it is and log zeros (the runner's one chunk program for chunks of any
-    length). ``system``: participation and system heterogeneity (core/system.py:
+    length). ``system``: participation and system heterogeneity (scenarios/system.py:
     availability, dropouts, a virtual clock), checked by the caller
     (``System.check``); its round metrics (``system/...``) join the round's.
     """

@@ -55,7 +55,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair import algorithms
-from fedjax_fair.core import execution as _execution, sampling
+from fedjax_fair.core import execution as _execution
+from fedjax_fair.scenarios import sampling
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_state_evaluator
@@ -760,7 +761,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     ``summary_clients``: as ``runner.run``'s (the clients the summaries cover).
     A seed whose state becomes NaN/inf stops at its last good evaluation
     (``SeedRuns.non_finite``) while the others go on. ``system``: participation and
-    system heterogeneity (core/system.py), as ``runner.run`` takes it.
+    system heterogeneity (scenarios/system.py), as ``runner.run`` takes it.
     """
     from fedjax_fair.core import memory as mem
     from fedjax_fair.drivers.runner import (Chunk, CompileClock, Record, _progress, drive,

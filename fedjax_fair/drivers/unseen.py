@@ -112,7 +112,7 @@ from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_personal_evaluator, state_evaluator_program
 from fedjax_fair.core.execution import Execution, resolve
-from fedjax_fair.core.heterogeneity import UNLIMITED_STEPS
+from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 from fedjax_fair.data.federated import Dataset, from_padded
 from fedjax_fair.drivers.simulate import round_keys

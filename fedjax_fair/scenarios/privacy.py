@@ -1,7 +1,7 @@
 """Client-level differential privacy: clipping, calibrated Gaussian noise, adaptive
 clipping and accounting (docs/privacy.md). ``scenarios.with_privacy(algorithm, dp)``
 releases every combination a method's server takes of its clients' uploads this way
-(core/scenarios.py); the command line's ``--dp-noise`` / ``--dp-epsilon`` use it
+(scenarios/wrap.py); the command line's ``--dp-noise`` / ``--dp-epsilon`` use it
 (fedjax_fair/cli/transforms.py).
 
 Mechanism (DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning Differentially

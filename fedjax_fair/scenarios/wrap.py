@@ -3,10 +3,10 @@ returns the same method under the scenario (docs/scenarios.md).
 
 * ``with_attack(algorithm, attack, is_malicious)``: the flagged clients poison their
   data before local training (label flipping) or their uploaded updates after it
-  (core/attacks.py).
-* ``with_robust(algorithm, rule)``: a Byzantine-robust rule (core/robust.py) in place
+  (scenarios/attacks.py).
+* ``with_robust(algorithm, rule)``: a Byzantine-robust rule (scenarios/robust.py) in place
   of the method's combination of the cohort's updates.
-* ``with_privacy(algorithm, dp)``: client-level DP (core/privacy.py): every
+* ``with_privacy(algorithm, dp)``: client-level DP (scenarios/privacy.py): every
   combination the server takes of its clients' uploads is clipped and noised.
 
 A scenario replaces one piece and keeps the rest. A method's server step
@@ -44,8 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair import hparams as H
-from fedjax_fair.core import attacks as A
-from fedjax_fair.core import privacy as P
+from fedjax_fair.scenarios import attacks as A
+from fedjax_fair.scenarios import privacy as P
 from fedjax_fair.core.aggregators import UPDATE, Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import Combiner, FederatedAlgorithm, Scenario
 from fedjax_fair.core.types import ClientOutput
@@ -188,14 +188,14 @@ def robust_combiner(rule: Aggregator) -> Combiner:
 
 def with_robust(algorithm: FederatedAlgorithm, rule: Aggregator,
                 name: Optional[str] = None) -> FederatedAlgorithm:
-    """``algorithm`` with ``rule`` (a core/robust.py aggregator: ``coordinate_median()``,
+    """``algorithm`` with ``rule`` (a scenarios/robust.py aggregator: ``coordinate_median()``,
     ``trimmed_mean(0.1)``, ``krum(1)``, ``geometric_median()``, ``norm_bounded(M)``)
     in place of its combination of the cohort's updates (``robust_combiner``); its
     mixing weights, other combinations and state stay its own. ``name`` describes the
     rule (the command line passes its ``--robust`` text). Refused for a method whose
     step is no such combination (DQN-Fed, FedMGDA+, ...)."""
     if not isinstance(rule, Aggregator):
-        raise H.FieldTypeError("rule", f"must be an Aggregator (core/robust.py), got "
+        raise H.FieldTypeError("rule", f"must be an Aggregator (scenarios/robust.py), got "
                                        f"{type(rule).__name__}")
     return _applied(algorithm, "robust",
                     Scenario(name="robust aggregation" + (f" {name}" if name else ""),

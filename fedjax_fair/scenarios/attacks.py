@@ -33,7 +33,7 @@ are jittable. ``drivers.runner.attacked_summary`` reports the fairness summary o
 benign and of the malicious clients separately.
 
 ``scenarios.with_attack(algorithm, attack, is_malicious)`` puts an attack into every
-round of a method (core/scenarios.py); the command line's ``--attack`` uses it
+round of a method (scenarios/wrap.py); the command line's ``--attack`` uses it
 (fedjax_fair/cli/transforms.py).
 """
 from __future__ import annotations

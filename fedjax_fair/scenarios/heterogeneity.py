@@ -109,29 +109,3 @@ def budget_table(step_budgets, key, num_examples):
     if isinstance(step_budgets, StepBudgets):
         return step_budgets.draw(key, num_examples)
     return step_budgets
-
-
-def parse(spec: str, batch_size: Optional[int] = None) -> Optional[StepBudgets]:
-    """A ``StepBudgets`` from text (the CLI's ``--step-budgets``): ``"none"``,
-    ``"fixed:B"``, ``"uniform:LOW:HIGH"`` or ``"stragglers:FRACTION:B"``, each with an
-    optional last field ``steps`` (default) or ``epochs`` (which uses ``batch_size``),
-    e.g. ``"uniform:1:5:epochs"``."""
-    parts = [p.strip() for p in str(spec).split(":")]
-    if parts == ["none"]:
-        return None
-    kind, args = parts[0], parts[1:]
-    unit = args.pop() if args and args[-1] in UNITS else "steps"
-    arity = {"fixed": 1, "uniform": 2, "stragglers": 2}
-    if kind not in arity or len(args) != arity[kind]:
-        raise FieldError("step_budgets", f"expected none, fixed:B, uniform:LOW:HIGH or "
-                                         f"stragglers:FRACTION:B (optionally :steps or :epochs), "
-                                         f"got {spec!r}")
-    try:
-        values = [float(a) if kind == "stragglers" and i == 0 else int(a)
-                  for i, a in enumerate(args)]
-    except ValueError:
-        raise FieldError("step_budgets", f"cannot read the numbers of {spec!r}") from None
-    try:
-        return BUDGETS[kind](*values, unit=unit, batch_size=batch_size)
-    except ValueError as e:
-        raise FieldError("step_budgets", f"{e}") from None
