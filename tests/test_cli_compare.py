@@ -15,7 +15,7 @@ import pytest
 
 from fedjax_fair import cli
 from fedjax_fair.cli import compare as cli_compare
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 from fedjax_fair.cli import config as C
 from fedjax_fair.algorithms import ALGORITHMS
 from helpers import (CLI_TINY as TINY, CLI_DIGITS as DIGITS, png_ok as _png_ok,

@@ -1,8 +1,9 @@
-"""``fedjax_fair.cli.html``: the Markdown this package writes rendered as HTML, and the
+"""``fedjax_fair.reports.html``: the Markdown this package writes rendered as HTML, and the
 self-contained page (figures inline)."""
 import base64
 
-from fedjax_fair.cli import html, report
+from fedjax_fair import reports as report
+from fedjax_fair.reports import html
 
 
 def test_markdown_tables_headings_and_bold_become_html():

@@ -1,4 +1,4 @@
-"""Tables and CSV files of fedjax_fair/cli/report.py (no simulation); its plots are
+"""Tables and CSV files of fedjax_fair/reports/ (no simulation); its plots are
 tested in tests/test_report.py."""
 
 import csv
@@ -6,7 +6,7 @@ import csv
 import numpy as np
 import pytest
 
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 
 
 def test_comparison_table_mean_std():

@@ -14,7 +14,7 @@ import pytest
 
 from fedjax_fair import cli
 from fedjax_fair.cli import run as cli_run
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 from fedjax_fair.cli import config as C
 from helpers import (CLI_TINY as TINY, CLI_DIGITS as DIGITS, png_ok as _png_ok,
                      one_line_error as _one_line_error, latest_step as _latest)

@@ -19,7 +19,7 @@ import pytest
 
 from fedjax_fair import cli
 from fedjax_fair.cli import config as C
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 from fedjax_fair.cli import sweep as cli_sweep
 from helpers import CLI_TINY, one_line_error, png_ok
 from reliability_common import ReachedCompute, _no_compute

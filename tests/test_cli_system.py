@@ -10,7 +10,7 @@ import pytest
 
 import helpers
 from fedjax_fair import cli
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 
 SYSTEM = ["--availability", "size:0.2:0.9", "--dropout", "0.1", "--speeds", "lognormal:20:1",
           "--bandwidth", "1e5", "--latency", "0.1", "--deadline", "3:partial"]

@@ -14,7 +14,7 @@ import pytest
 import fedjax_fair as ff
 from fedjax_fair import cli
 from fedjax_fair.algorithms import build
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 from fedjax_fair.data import from_client_arrays, get_dataset
 from fedjax_fair.models import get_model
 from helpers import CLI_TINY as TINY, one_line_error

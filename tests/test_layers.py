@@ -10,7 +10,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fedjax_fair"
 
 # bottom up; a module may import its own layer and those before it
 LAYERS = ["hparams", "metrics", "models", "core", "solvers", "data", "scenarios", "algorithms",
-          "drivers", "cli"]
+          "drivers", "reports", "cli"]
 
 
 def _layer(module: str) -> str:

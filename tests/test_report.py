@@ -1,8 +1,8 @@
-"""Plot functions of ``fedjax_fair.cli.report`` on small synthetic data (no simulation)."""
+"""Plot functions of ``fedjax_fair.reports`` on small synthetic data (no simulation)."""
 import numpy as np
 import pytest
 
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 
 CONTEXT = "synthetic, logreg, 20 rounds, seeds 0,1"
 

@@ -173,7 +173,7 @@ def test_a_kill_while_the_final_outputs_are_written_resumes(reference, tmp_path,
                                                             monkeypatch):
     """Killed after the last commit, while summary.json etc. are being written: the
     resumed run (no round left to run) writes them all, the same numbers."""
-    from fedjax_fair.cli import report
+    from fedjax_fair import reports as report
     full, _ = reference
     out = str(tmp_path / "run")
     real = report._replace_with
@@ -210,7 +210,7 @@ def test_a_torn_last_line_and_lines_past_the_commit_are_dropped_on_resume(
     with open(path, "a") as f:  # an extra row (not committed), then a torn one
         f.write(last.replace('"round": 2', '"round": 3'))
         f.write(last[:len(last) // 2])
-    from fedjax_fair.cli import report
+    from fedjax_fair import reports as report
     rows = report.read_jsonl(path)  # the reader leaves the torn line out
     assert rows[-1]["round"] == 3
     with pytest.raises(ValueError):
@@ -220,7 +220,7 @@ def test_a_torn_last_line_and_lines_past_the_commit_are_dropped_on_resume(
 
 
 def test_read_jsonl_tolerates_only_a_torn_last_line(tmp_path):
-    from fedjax_fair.cli import report
+    from fedjax_fair import reports as report
     path = tmp_path / "log.jsonl"
     path.write_text('{"round": 1}\n{"round": 2}\n{"rou')
     assert report.read_jsonl(str(path)) == [{"round": 1}, {"round": 2}]

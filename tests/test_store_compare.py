@@ -124,7 +124,7 @@ def _compare_points(monkeypatch, out, kill=None) -> list:
     ("write REL" and "run #k" in order); ``kill = (n, how)`` raises ``Killed`` at the
     n-th (1-based) point, ``how`` being "before", "torn" or "inside"."""
     import importlib
-    from fedjax_fair.cli import report
+    from fedjax_fair import reports as report
     sweep = importlib.import_module("fedjax_fair.drivers.sweeps")  # the module, not the function
     points: list = []
     real_replace, real_history = report._replace_with, cli_compare._write_client_history

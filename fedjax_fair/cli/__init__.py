@@ -70,7 +70,7 @@ from fedjax_fair.cli.parser import build_parser
 from fedjax_fair.core.execution import compile_options_override
 from fedjax_fair.hparams import FieldError
 # what programs and tests call by its command-line name
-from fedjax_fair.cli import report
+from fedjax_fair import reports as report
 from fedjax_fair.cli.common import (EXIT_NONFINITE, build_algorithm, build_dataset,
                                     build_model, config_from_args)
 from fedjax_fair.cli.compare import compare_config

@@ -679,7 +679,7 @@ def run_markdown(summary: dict) -> str:
 def write_run_page(out: str, summary: dict, command: Optional[str] = None) -> None:
     """A run's report.html: ``run_markdown``, the command, the figures that exist and
     the configuration."""
-    from fedjax_fair.cli import html
+    from fedjax_fair.reports import html
     text = run_markdown(summary)
     title, _, body = text.partition("\n\n")
     command = command or summary.get("command") or command_line()

@@ -16,7 +16,9 @@ import jax
 import numpy as np
 
 from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
-from fedjax_fair.cli import config as C, html, lock, report, tracked, transforms
+from fedjax_fair import reports as report
+from fedjax_fair.cli import config as C, lock, tracked, transforms
+from fedjax_fair.reports import html
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_recorded, _err, _has_test, _is_primary,
                                     _method_report, _ordered_config, _other_process, _own,

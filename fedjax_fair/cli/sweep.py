@@ -64,7 +64,9 @@ from typing import NamedTuple, Optional
 import jax
 import numpy as np
 
-from fedjax_fair.cli import config as C, html, lock, report, tracked
+from fedjax_fair import reports as report
+from fedjax_fair.cli import config as C, lock, tracked
+from fedjax_fair.reports import html
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, _check_capacity, _check_recorded, _err,
                                     _ordered_config, _own, _preflight, _resumable_config,
                                     _STAGE, _STAGE_DIR, build_algorithm, build_dataset,
