@@ -19,7 +19,8 @@ import numpy as np
 
 from fedjax_fair.algorithms import REGISTRY, base_name, build, default_training, method_hparams
 from fedjax_fair.algorithms.families import generative as synthetic
-from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair import reports as report
+from fedjax_fair.cli import config as C, lock
 from fedjax_fair.core import memory
 from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.client import FIELDS

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import os
 
-from fedjax_fair.cli import config as C, lock, report
+from fedjax_fair import reports as report
+from fedjax_fair.cli import config as C, lock
 from fedjax_fair.cli.common import _COMMAND, _HELD, _STAGE, _STAGE_DIR
 
 

@@ -9,7 +9,8 @@ import jax
 import numpy as np
 
 from fedjax_fair.algorithms import REGISTRY, base_name
-from fedjax_fair.cli import config as C, lock, report, tracked, transforms
+from fedjax_fair import reports as report
+from fedjax_fair.cli import config as C, lock, tracked, transforms
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_checkpoint_owner, _check_recorded, _err,
                                     _is_primary, _method_report, _ordered_config,
