@@ -38,263 +38,74 @@ import jax
 import numpy as np
 
 from fedjax_fair.algorithms import ALGORITHMS, base_name, get_method, method_hparams
-from fedjax_fair.cli import lock
+from fedjax_fair.cli import lock, options as O
+from fedjax_fair.cli.options import (ConfigError, canonical as _canonical, config_error,
+                                     error_from_message)  # noqa: F401 (C.error_from_message)
 from fedjax_fair.scenarios import sampling
-from fedjax_fair.core.execution import Execution, STRATEGIES, resolve
+from fedjax_fair.core.execution import Execution, resolve
 from fedjax_fair.cli.parsing import parse_budgets
-from fedjax_fair.core.memory import PLACEMENTS
-from fedjax_fair.scenarios.sampling import SAMPLERS
 from fedjax_fair.cli.parsing import parse_schedule
 from fedjax_fair.core.sharding import make_mesh, provide_cpu_devices
-from fedjax_fair.data.augment import STANDARD_AUGMENTATIONS
 from fedjax_fair.data.federated import _check_fractions
 from fedjax_fair.drivers import checkpoint as ckpt
-from fedjax_fair.hparams import FieldError
-from fedjax_fair.models import INITIALIZERS, MODELS
+from fedjax_fair.models import MODELS
 
 REQUIRED = "<required>"
 
 
-class ConfigError(FieldError):
-    """A configuration mistake; ``str(e)`` is ``"<field>: <what is wrong>"`` (the
-    library's ``hparams.FieldError``, raised by the command line)."""
+def _field(option):
+    """A dataclass field of ``option`` (as a command takes it): its default, value kind
+    and help in the field's metadata."""
+    meta = {"kind": option.kind, "help": option.help, "flag": option.flag == "",
+            "group": option.group}
+    if isinstance(option.default, (dict, list)):
+        return dataclasses.field(default_factory=lambda d=option.default: type(d)(d),
+                                 metadata=meta)
+    return dataclasses.field(default=option.default, metadata=meta)
 
 
-def _f(default, kind: str, help: str, flag: bool = True):
-    """A dataclass field with its value kind and help text (used by the CLI)."""
-    if isinstance(default, (dict, list)):
-        return dataclasses.field(default_factory=lambda d=default: type(d)(d),
-                                 metadata={"kind": kind, "help": help, "flag": flag})
-    return dataclasses.field(default=default,
-                             metadata={"kind": kind, "help": help, "flag": flag})
+def _config_class(command: str, name: str, doc: str, output_dir: Callable):
+    """The flat dataclass of ``command``'s options (``options.of``), with
+    ``resolved_output_dir`` from ``output_dir(cfg)``."""
+    cls = dataclasses.make_dataclass(
+        name, [(o.name, Any, _field(o)) for o in O.of(command)],
+        namespace={"__doc__": doc, "command": command,
+                   "resolved_output_dir": lambda self: self.output_dir or output_dir(self)})
+    cls.__module__ = __name__
+    return cls
 
 
-@dataclasses.dataclass
-class _Common:
-    """Fields shared by ``run`` and ``compare``."""
-
-    dataset: str = _f("synthetic", "str", "dataset name (see `fedjax-fair list datasets`)")
-    dataset_args: dict = _f({}, "dict", "keyword arguments of the dataset builder",
-                            flag=False)
-    model: str = _f("logreg", "str", "model name (see `fedjax-fair list models`)")
-    model_args: dict = _f({}, "dict", "keyword arguments of the model builder", flag=False)
-    initializer: str = _f("default", "str", "weight initializer: default (the network's own) "
-                          "or glorot_uniform, glorot_normal, lecun_uniform, lecun_normal, "
-                          "he_uniform, he_normal, zeros for every kernel, with zero biases")
-    resplit: str = _f("none", "str", "TRAIN,VALIDATION,TEST fractions, e.g. 0.8,0.1,0.1: pool "
-                      "each client's examples, shuffle them with resplit_seed and split them "
-                      "anew (q-FFL's protocol); none keeps the dataset's own split")
-    resplit_seed: int = _f(0, "int", "seed of --resplit (in [0, 2^32); q-FFL averages seeds "
-                                        "1-5)")
-    augment: str = _f("none", "str", "training-time augmentation of the inputs: none, cifar "
-                      "(flip + padded crop) or tinyimagenet (rotation + flip)")
-    client_lr: Optional[float] = _f(None, "float?", "client learning rate (> 0); none: each "
-                                    "method's own (its factory's default training)")
-    client_momentum: float = _f(0.0, "float", "SGD momentum of the clients' local steps, in "
-                                "[0, 1) (0: plain SGD); with --client-weight-decay it sets the "
-                                "client_optimizer of every algorithm that takes one "
-                                "(client.sgd_optimizer: torch.optim.SGD's momentum and weight "
-                                "decay; the thesis's 0.9 and 1e-4)")
-    client_weight_decay: float = _f(0.0, "float", "weight decay of that client SGD (>= 0), "
-                                    "added to the gradient after any clip_norm")
-    client_lr_schedule: str = _f("none", "str", "client learning rate by round t: none, "
-                                 "exponential:GAMMA (lr * GAMMA^t), exponential:GAMMA@S "
-                                 "(lr * GAMMA^floor(t/S)) or step:FACTOR@R1,R2 (lr * FACTOR "
-                                 "at each listed round)")
-    server_lr_schedule: str = _f("none", "str", "the same for the server rate (server_lr) "
-                                 "of algorithms that have one")
-    compensate_server_lr: bool = _f(False, "bool", "scale the server rate by client_lr_0 / "
-                                    "client_lr_t, keeping their product constant as the "
-                                    "client rate decays (AAggFF's reference code)", flag=False)
-    batch_size: Optional[int] = _f(None, "int?", "client batch size (> 0); none: each "
-                                   "method's own")
-    num_epochs: Optional[int] = _f(None, "int?", "local epochs per round (> 0); none: each "
-                                   "method's own")
-    num_rounds: int = _f(150, "int", "number of rounds (> 0)")
-    cohort_size: int = _f(10, "int", "clients per round (> 0, at most the number of clients)")
-    eval_every: int = _f(10, "int", "evaluate every client every this many rounds (> 0)")
-    execution: str = _f("auto", "str", "cohort execution strategy")
-    chunk_size: Optional[int] = _f(None, "int?", "clients per chunk (execution=chunked, "
-                                   "default 8) or per bucket (execution=bucketed, default "
-                                   "a quarter of the cohort)")
-    sampler: str = _f("uniform", "str", "cohort sampler: uniform, full (every client) or "
-                      "size (probability n_k / n, without replacement)")
-    mixing: str = _f("default", "str", "the plain average an algorithm starts from: default "
-                     "(the algorithm's own), size (p_k ∝ n_k) or uniform (1 / |S|, the partner "
-                     "of --sampler size); for algorithms with a size prior")
-    step_budgets: str = _f("none", "str", "local-step budgets redrawn every round: none, "
-                           "fixed:B, uniform:LOW:HIGH, stragglers:FRACTION:B "
-                           "(append :epochs to count epochs)")
-    availability: str = _f("always", "str", "which clients can be sampled each round "
-                           "(docs/participation.md): always, independent:P, size:LOW:HIGH "
-                           "(probability from data size, smallest LOW, largest HIGH), "
-                           "labels:L1+L2:LOW:HIGH (from the share of those labels), "
-                           "classes:SHARE@P+SHARE@P (device classes, each with its "
-                           "probability), "
-                           "periodic:PERIOD:ON_FRACTION (diurnal, per-client phase), "
-                           "markov:P_OFF:P_ON (on/off chain per client), trace:FILE (.npy or "
-                           ".csv table [rounds, clients], replayed cyclically)")
-    dropout: str = _f("none", "str", "probability that a selected client fails to report: "
-                      "none, P, or speed:SLOWEST:FASTEST (tied to --speeds)")
-    speeds: str = _f("none", "str", "a virtual clock: each client's local steps per second, "
-                     "none (no clock), fixed:S, lognormal:MEDIAN:SIGMA or "
-                     "classes:SHARE@SPEED+SHARE@SPEED (device classes)")
-    bandwidth: Any = _f("none", "str", "bytes per second each way for the model's download "
-                        "and upload (none: communication takes no time)")
-    latency: float = _f(0.0, "float", "seconds of latency per round trip (>= 0)")
-    deadline: str = _f("none", "str", "round deadline: none, SECONDS (late clients dropped) "
-                       "or SECONDS:partial (late clients send the steps finished in time)")
-    system_seed: int = _f(0, "int", "seed of the drawn client speeds and device classes")
-    placement: str = _f("auto", "str", "federation on the device, or on the host with cohorts "
-                        "streamed per chunk (auto: device if the memory plan fits)")
-    devices: Any = _f("auto", "devices", "devices to split every cohort over (a mesh with "
-                      "a 'clients' axis; the federation and client tables are split by "
-                      "client too); each device runs its share with --execution. auto: on a "
-                      "CPU, one device per core, as many as split the federation evenly, "
-                      "or one device for local steps large enough to keep the cores busy "
-                      "(a CNN's) or rounds too small to gain from a split (a small "
-                      "logistic regression's); results equal one device's to float "
-                      "rounding, not bit for bit; one device on an accelerator; every device of a --distributed "
-                      "job. 1: one device; N > 1: the first N devices; all: every device "
-                      "(every process's with --distributed). On a CPU, N, all and auto make "
-                      "one device per core (up to N) before JAX starts")
-    output_dir: Optional[str] = _f(None, "str?", "output directory")  # default: per command
-    overwrite: bool = _f(False, "bool", "write into an output directory that already holds "
-                         "results, replacing them", flag=False)
-    progress: bool = _f(True, "bool", "show progress bars", flag=False)
-    plots: bool = _f(True, "bool", "write PNG plots", flag=False)
-    improvement: bool = _f(True, "bool", "log every round the share of participants whose "
-                           "training loss did not rise (improved_fraction; one more forward "
-                           "pass over the cohort a round, two for personalised methods)",
-                           flag=False)
-    robust: Optional[str] = _f(None, "str?", "a robust aggregator in place of the method's "
-                               "(docs/robustness.md): median, weighted_median, "
-                               "trimmed_mean[:TRIM], krum[:F], multi_krum[:F[:M]], "
-                               "geometric_median[:ITERS], norm_bound:MAX_NORM (wraps it)")
-    attack: Optional[str] = _f(None, "str?", "malicious clients' attack: label_flip, "
-                               "sign_flip[:SCALE], gaussian[:STD], scaled_replacement[:SCALE] "
-                               "(with --malicious-fraction or --malicious-ids)")
-    malicious_fraction: float = _f(0.0, "float", "fraction of the clients under --attack, "
-                                   "in [0, 1] (floor(F N) clients, drawn with "
-                                   "--malicious-seed)")
-    malicious_ids: list = _f([], "list[int]", "comma-separated clients under --attack")
-    malicious_seed: int = _f(0, "int", "the seed that draws the malicious clients (the same "
-                             "for every method and seed of a comparison)")
-    dp_noise: Optional[float] = _f(None, "float?", "client-level DP (DP-FedAvg): the noise "
-                                   "multiplier z; noise std z 2 C b on the weighted sum "
-                                   "(docs/privacy.md)")
-    dp_epsilon: Optional[float] = _f(None, "float?", "client-level DP: the epsilon to spend "
-                                     "over --num-rounds (sets the noise multiplier)")
-    dp_clip: float = _f(1.0, "float", "client-level DP: the L2 clip C of each update")
-    dp_delta: float = _f(1e-5, "float", "client-level DP: the delta epsilon is reported at")
-    dp_max_weight: Optional[float] = _f(None, "float?", "client-level DP: the largest mixing "
-                                        "weight b a client may get (default 1 / cohort: "
-                                        "uniform); larger lets fair rules reweight at more "
-                                        "noise")
-    dp_adaptive_clip: Optional[float] = _f(None, "float?", "client-level DP: adaptive "
-                                           "clipping to this quantile of the update norms, "
-                                           "in (0, 1), from --dp-clip (Andrew et al.; its "
-                                           "noisy count is accounted for)")
-    tracker: list = _f([], "list[str]", "comma-separated experiment trackers to log to, any "
-                       "of tensorboard, wandb (offline), mlflow (file store): one tracked run "
-                       "per algorithm and seed under OUTPUT_DIR (docs/tracking.md; pip "
-                       "install -e \".[tracking]\"); none by default")
+def _checkpoint_dir(self) -> Optional[str]:
+    if not self.checkpoint:
+        return None
+    return self.checkpoint_dir or os.path.join(self.resolved_output_dir(), "checkpoint")
 
 
-UNSEEN_HELP = ("fraction of the clients, in [0, 1), held out of training and evaluated at "
-               "the end as clients never trained on (docs/participation.md): global "
-               "methods on their final model, personalised ones after one round of their "
-               "client procedure; drawn with the dataset's seed (0 if it has none)")
-
-
-@dataclasses.dataclass
-class RunConfig(_Common):
-    """One simulation: ``fedjax-fair run``."""
-
-    algorithm: str = _f("fedavg", "str", "algorithm name (see `fedjax-fair list algorithms`)")
-    hparams: dict = _f({}, "dict", "algorithm hyper-parameters", flag=False)
-    seed: int = _f(0, "int", "seed of model init, sampling and local training "
-                                  "(in [0, 2^32))")
-    checkpoint: bool = _f(True, "bool", "save a checkpoint after every evaluation",
-                          flag=False)
-    checkpoint_dir: Optional[str] = _f(None, "str?",
-                                       "checkpoint directory (default: OUTPUT_DIR/checkpoint)")
-    resume: bool = _f(False, "bool", "continue from the checkpoint", flag=False)
-    unseen_clients: float = _f(0.0, "float", UNSEEN_HELP)
-
-    def resolved_output_dir(self) -> str:
-        return self.output_dir or os.path.join(
-            "runs", f"{self.algorithm}_{self.dataset}_seed{self.seed}")
-
-    def resolved_checkpoint_dir(self) -> Optional[str]:
-        if not self.checkpoint:
-            return None
-        return self.checkpoint_dir or os.path.join(self.resolved_output_dir(), "checkpoint")
-
-
-@dataclasses.dataclass
-class CompareConfig(_Common):
-    """Several algorithms x seeds on the same data and budget: ``fedjax-fair compare``.
+RunConfig = _config_class(
+    "run", "RunConfig", "One simulation: ``fedjax-fair run``.",
+    lambda c: os.path.join("runs", f"{c.algorithm}_{c.dataset}_seed{c.seed}"))
+RunConfig.resolved_checkpoint_dir = _checkpoint_dir
+CompareConfig = _config_class(
+    "compare", "CompareConfig", """Several algorithms x seeds on the same data and budget:
+    ``fedjax-fair compare``.
 
     ``algorithms`` empty means every entry of ``ALGORITHMS``. ``hparams`` keys are
     either ``name`` (given to every selected algorithm that accepts it) or
     ``algorithm.name`` (one algorithm only), e.g. ``{"fedprox.mu": 0.1}``; in a
-    config file also nested, ``hparams: {fedprox: {mu: 0.1}}``.
-    """
-
-    algorithms: list = _f([], "list[str]", "comma-separated algorithms")
-    resume: bool = _f(False, "bool", "continue an interrupted comparison", flag=False)
-    hparams: dict = _f({}, "dict", "hyper-parameters, NAME or ALGORITHM.NAME", flag=False)
-    seeds: list = _f([0, 1, 2], "list[int]", "comma-separated seeds")
-    sweep_seeds: bool = _f(True, "bool", "run each algorithm's seeds as one program "
-                           "(fedjax_fair.drivers.sweeps.run_seeds: vmapped on accelerators, one "
-                           "compiled program called per seed on CPU; the same results as "
-                           "one run per seed up to float rounding); false: one runner.run "
-                           "per seed. Generative methods, a device mesh (--devices), "
-                           "--placement host, a program too large for the device and a "
-                           "single seed always run per seed")
-    commit_seconds: float = _f(30.0, "float", "seconds between two commits of a run's "
-                               "checkpoint (OUTPUT_DIR/ALGORITHM/seedS/checkpoint, removed "
-                               "once the run's outputs are written): a kill loses at most "
-                               "this much of a run, and --resume continues it; 0 commits "
-                               "every evaluation")
-    unseen_clients: float = _f(0.0, "float", UNSEEN_HELP)
-
-    def resolved_output_dir(self) -> str:
-        return self.output_dir or os.path.join("runs", f"compare_{self.dataset}")
-
-
-@dataclasses.dataclass
-class SweepConfig(_Common):
-    """A grid of one algorithm's hyper-parameters x seeds: ``fedjax-fair sweep``.
+    config file also nested, ``hparams: {fedprox: {mu: 0.1}}``.""",
+    lambda c: os.path.join("runs", f"compare_{c.dataset}"))
+SweepConfig = _config_class(
+    "sweep", "SweepConfig", """A grid of one algorithm's hyper-parameters x seeds:
+    ``fedjax-fair sweep``.
 
     ``grid`` maps a hyper-parameter of the algorithm (``method_hparams``: its
     factory's arguments and the flat local-training names client_lr, batch_size,
     num_epochs, ...) to its values; the runs are the product of the values, in the
     order given, times ``seeds``. Continuous hyper-parameters are vmapped inside one
     compiled program; the others (counts, choices) are static and split the grid
-    into one program per combination of their values (``fedjax_fair.cli.sweep``).
-    """
-
-    algorithm: str = _f("fedavg", "str", "algorithm name (see `fedjax-fair list algorithms`)")
-    grid: dict = _f({}, "grid", "NAME=V1,V2,...: the values of one hyper-parameter of the "
-                    "algorithm (repeatable; the runs are their product)", flag=False)
-    hparams: dict = _f({}, "dict", "the algorithm's other hyper-parameters", flag=False)
-    seeds: list = _f([0, 1, 2], "seeds", "comma-separated seeds or ranges, e.g. 0-4 or 0,2,5-7")
-    metric: str = _f("accuracy_worst_10%", "str", "the summary drawn in heatmap.png (any "
-                     "column of sweep.csv without its unit, e.g. accuracy_mean, "
-                     "accuracy_gini, test_loss, validation_accuracy_mean)")
-    tile_size: Optional[int] = _f(None, "int?", "at most this many runs (grid points x seeds) "
-                                  "per call of a compiled program, which bounds memory; each "
-                                  "finished call is saved (OUTPUT_DIR/parts), so --resume "
-                                  "loses at most one call. none: every grid point of a seed "
-                                  "per call on CPU (seeds one after another), all runs at "
-                                  "once on accelerators")
-    resume: bool = _f(False, "bool", "continue an interrupted sweep", flag=False)
-
-    def resolved_output_dir(self) -> str:
-        return self.output_dir or os.path.join("runs",
-                                               f"sweep_{self.algorithm}_{self.dataset}")
+    into one program per combination of their values (``fedjax_fair.cli.sweep``).""",
+    lambda c: os.path.join("runs", f"sweep_{c.algorithm}_{c.dataset}"))
+CONFIGS = {"run": RunConfig, "compare": CompareConfig, "sweep": SweepConfig}
 
 
 def fields(cls) -> dict[str, dataclasses.Field]:
@@ -640,21 +451,12 @@ def build(cls, file_values: Optional[dict] = None, overrides: Optional[dict] = N
     return cls(**values)
 
 
-# Fields a resumed run may change: they extend it or do not alter its iterates.
-RESUMABLE = ("num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
-             "output_dir", "tracker")
-# Fields a resumed run may change as a recorded branch (``run --resume --branch``):
-# settings of the optimisation that keep the saved state's shapes.
-BRANCHABLE = ("client_lr", "server_lr", "hparams", "client_lr_schedule",
-              "server_lr_schedule", "compensate_server_lr", "client_momentum",
-              "client_weight_decay", "num_epochs", "clip_norm")
-# Keys of a saved config.json that record the run, not configure it.
-RECORD_KEYS = ("fingerprint", "branches")
-# A resumed comparison keeps every run's settings (finished runs are reused as they are).
-COMPARE_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "sweep_seeds",
-                     "commit_seconds", "tracker")
-# A resumed sweep keeps every setting: its saved tiles are reused as they are.
-SWEEP_RESUMABLE = ("progress", "plots", "resume", "overwrite", "output_dir", "tracker")
+# What a resumed run, comparison or sweep may change, and what --branch may (cli.options).
+RESUMABLE = O.resumable("run")
+COMPARE_RESUMABLE = O.resumable("compare")
+SWEEP_RESUMABLE = O.resumable("sweep")
+BRANCHABLE = O.BRANCHABLE
+RECORD_KEYS = O.RECORD_KEYS
 
 
 def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[dict],
@@ -679,15 +481,6 @@ def resumed(cls, saved: dict, file_values: Optional[dict], overrides: Optional[d
                              if cls is RunConfig and all(k in BRANCHABLE for k in changed)
                              else ""))
     return cfg
-
-
-def _canonical(value):
-    """Values compared across a resume: tuples as lists, nested dicts recursively."""
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _canonical(v) for k, v in value.items()}
-    return value
 
 
 def to_dict(cfg) -> dict:
@@ -765,15 +558,8 @@ def dataset_registry() -> dict:
 # -------------------------------------------------------------------------- validation
 
 
-SEED_LIMIT = 2 ** 32  # jax.random.key and numpy's legacy generators take 32-bit seeds
-COUNT_LIMIT = 2 ** 31  # rounds, batches, epochs ... are int32 on the device
-
-
-def check_seed(field: str, value) -> None:
-    """A seed is an integer in [0, 2^32): a larger one would alias a smaller seed
-    (``jax.random.key`` keeps 32 bits) or overflow."""
-    if not 0 <= value < SEED_LIMIT:
-        raise ConfigError(field, f"must be an integer in [0, 2^32), got {value}")
+SEED_LIMIT, COUNT_LIMIT = O.SEED_LIMIT, O.COUNT_LIMIT
+check_seed = O.seed  # a seed is an integer in [0, 2^32)
 
 
 def check_trackers(cfg) -> None:
@@ -786,19 +572,17 @@ def check_trackers(cfg) -> None:
         raise config_error(e, "tracker") from None
 
 
-def check_unseen_clients(cfg) -> None:
-    """``unseen_clients`` is a fraction in [0, 1) (the federation's size is checked
-    when the data is built: ``cli.common.build_dataset``)."""
-    value = getattr(cfg, "unseen_clients", 0.0)
-    if not (math.isfinite(value) and 0 <= value < 1):
-        raise ConfigError("unseen_clients", f"must be a fraction in [0, 1) (0: every client "
-                                            f"trains), got {value}")
-
-
-def check_count(field: str, value) -> None:
-    """A count (rounds, cohort, batch, epochs, ...) fits the device's int32."""
-    if value >= COUNT_LIMIT:
-        raise ConfigError(field, f"must be below 2^31, got {value}")
+def check_declared(cfg) -> None:
+    """Every option's declared range and choices (``options.Option.check`` /
+    ``choices``); a None value is the method's own (batch size, epochs, ...)."""
+    for o in O.of(cfg.command):
+        value = getattr(cfg, o.name)
+        if value is None:
+            continue
+        if o.check is not None:
+            o.check(o.name, value)
+        if o.choices is not None:
+            _choice(o.name, value, o.choices())
 
 
 def _choice(field: str, value: str, allowed) -> None:
@@ -806,7 +590,7 @@ def _choice(field: str, value: str, allowed) -> None:
         raise ConfigError(field, f"unknown name {value!r}; allowed: {', '.join(sorted(allowed))}")
 
 
-def system_spec(cfg: _Common):
+def system_spec(cfg):
     """The participation and clock options as a ``parsing.Spec`` (their syntax and
     values checked; a trace file read), or ``ConfigError`` naming the option."""
     from fedjax_fair.cli import parsing
@@ -817,44 +601,18 @@ def system_spec(cfg: _Common):
         raise config_error(e, "availability") from None
 
 
-def _validate_common(cfg: _Common) -> None:
+def _validate_common(cfg) -> None:
     check_trackers(cfg)
     from fedjax_fair.cli import transforms
     transforms.check(cfg)
 
-    for name in ("num_rounds", "cohort_size", "batch_size", "num_epochs", "eval_every"):
-        value = getattr(cfg, name)
-        if value is None:  # batch_size, num_epochs: the method's own
-            continue
-        if value <= 0:
-            raise ConfigError(name, f"must be a positive integer, got {value}")
-        check_count(name, value)
-    if cfg.client_lr is not None and not (math.isfinite(cfg.client_lr) and cfg.client_lr > 0):
-        raise ConfigError("client_lr", f"must be a positive finite number, got {cfg.client_lr}")
-    if not (math.isfinite(cfg.client_momentum) and 0 <= cfg.client_momentum < 1):
-        raise ConfigError("client_momentum", f"must be a number in [0, 1), got "
-                                             f"{cfg.client_momentum}")
-    if not (math.isfinite(cfg.client_weight_decay) and cfg.client_weight_decay >= 0):
-        raise ConfigError("client_weight_decay", f"must be a finite number >= 0, got "
-                                                 f"{cfg.client_weight_decay}")
-    if cfg.chunk_size is not None and cfg.chunk_size <= 0:
-        raise ConfigError("chunk_size", f"must be a positive integer, got {cfg.chunk_size}")
-    if cfg.chunk_size is not None:
-        check_count("chunk_size", cfg.chunk_size)
-    _choice("model", cfg.model, MODELS)
-    _choice("execution", cfg.execution, STRATEGIES)
-    _choice("sampler", cfg.sampler, SAMPLERS)
-    _choice("mixing", cfg.mixing, MIXINGS)
+    check_declared(cfg)
     if cfg.compensate_server_lr and cfg.client_lr_schedule == "none":
         raise ConfigError("compensate_server_lr", "needs a decaying client rate: give "
                                                   "--client-lr-schedule too")
     if cfg.resplit != "none":
         parse_fractions(cfg.resplit)
-    check_seed("resplit_seed", cfg.resplit_seed)
-    _choice("initializer", cfg.initializer, ("default", *INITIALIZERS))
-    _choice("placement", cfg.placement, PLACEMENTS)
     check_devices(cfg.devices)
-    _choice("augment", cfg.augment, STANDARD_AUGMENTATIONS)
     for name in ("client_lr_schedule", "server_lr_schedule"):
         try:
             parse_schedule(getattr(cfg, name), name)
@@ -1025,7 +783,6 @@ def validate_run(cfg: RunConfig) -> RunConfig:
     check_seed("seed", cfg.seed)
     cfg.hparams = validate_hparams(cfg.algorithm, cfg.hparams)
     _validate_common(cfg)
-    check_unseen_clients(cfg)
     check_client_sgd(cfg, [cfg.algorithm])
     check_server_schedule(cfg.algorithm, cfg.server_lr_schedule, cfg.compensate_server_lr)
     check_mixing(cfg.algorithm, cfg.mixing)
@@ -1102,14 +859,11 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         raise ConfigError("seeds", "need at least one seed")
     for s in cfg.seeds:
         check_seed("seeds", s)
-    if not (math.isfinite(cfg.commit_seconds) and cfg.commit_seconds >= 0):
-        raise ConfigError("commit_seconds", f"must be a finite number of seconds >= 0, got "
-                                            f"{cfg.commit_seconds}")
+    O.SECONDS("commit_seconds", cfg.commit_seconds)
     if len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)
     _validate_common(cfg)
-    check_unseen_clients(cfg)
     check_client_sgd(cfg, cfg.algorithms)
     if not cfg.resume:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
@@ -1121,8 +875,8 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
 
 
 # The participation and clock options a sweep cannot honour (its runs are simulate's
-# rounds without a system), and the flag of each.
-SYSTEM_FIELDS = ("availability", "dropout", "speeds", "bandwidth", "latency", "deadline")
+# rounds without a system).
+SYSTEM_FIELDS = O.NOT_IN_SWEEPS
 
 
 def _check_seeds(seeds: list) -> None:
@@ -1202,9 +956,7 @@ def validate_sweep(cfg: "SweepConfig") -> dict:
         raise ConfigError("metric", f"name a summary, e.g. accuracy_worst_10%; got "
                                     f"{cfg.metric!r}")
     if cfg.tile_size is not None:
-        if cfg.tile_size <= 0:
-            raise ConfigError("tile_size", f"must be a positive integer, got {cfg.tile_size}")
-        check_count("tile_size", cfg.tile_size)
+        O.positive_count("tile_size", cfg.tile_size)
     if cfg.placement == "host":
         raise ConfigError("placement", "a sweep keeps the federation on the device (its runs "
                                        "are vmapped in one program); use auto or device, or "
@@ -1228,7 +980,7 @@ def validate_sweep(cfg: "SweepConfig") -> dict:
     return cfg.hparams
 
 
-def validate_against_data(cfg: _Common, num_clients: int, num_examples=None) -> None:
+def validate_against_data(cfg, num_clients: int, num_examples=None) -> None:
     """Checks that need the federation's size (after building data, before compiling)."""
     if cfg.cohort_size > num_clients:
         raise ConfigError("cohort_size", f"{cfg.cohort_size} exceeds the {num_clients} clients "
@@ -1266,7 +1018,7 @@ def check_data_range(name: str, hparams: dict, train, field: str = "hparams") ->
                           f"that holds them, e.g. data_range=[{math.floor(lo)},{math.ceil(hi)}]")
 
 
-MIXINGS = ("default", "size", "uniform")
+MIXINGS = O.MIXINGS
 
 
 def parse_fractions(text: str) -> tuple:
@@ -1330,20 +1082,3 @@ def check_server_schedule(algorithm: str, schedule: str, compensate: bool = Fals
         raise ConfigError("compensate_server_lr", f"{algorithm!r} has no server learning "
                                                   f"rate ({SERVER_RATE}) to "
                                                   f"compensate")
-
-
-def config_error(error: Exception, default_field: str) -> ConfigError:
-    """A ConfigError from a library error: its ``field`` when it is a ``FieldError``,
-    else the ``field: ...`` prefix of its message (``error_from_message``)."""
-    if isinstance(error, FieldError):
-        return ConfigError(error.field, str(error)[len(error.field) + 2:])
-    return error_from_message(str(error), default_field)
-
-
-def error_from_message(message: str, default_field: str) -> ConfigError:
-    """A ConfigError from a library error's message, keeping its ``field: ...`` prefix."""
-    first = message.strip().splitlines()[0] if message.strip() else default_field
-    m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", first)
-    if m:
-        return ConfigError(m.group(1), m.group(2))
-    return ConfigError(default_field, first)

@@ -7,7 +7,7 @@ import re
 import sys
 
 from fedjax_fair.algorithms import FAMILIES, REGISTRY, method_hparams
-from fedjax_fair.cli import config as C
+from fedjax_fair.cli import config as C, options as O
 from fedjax_fair.core.execution import STRATEGIES
 from fedjax_fair.scenarios.sampling import SAMPLERS
 from fedjax_fair.data import PARTITIONERS
@@ -158,7 +158,7 @@ LIST_SECTIONS = {"algorithms": _list_algorithms, "datasets": _list_datasets,
                  "models": _list_models, "strategies": _list_strategies,
                  "samplers": _list_samplers, "system": _list_system,
                  "robustness": _list_robustness, "scenarios": _list_scenarios,
-                 "metrics": _list_metrics}
+                 "metrics": _list_metrics, "options": lambda: O.table()}
 
 
 def cmd_list(args) -> int:

@@ -22,18 +22,10 @@ import socket
 import sys
 from typing import Optional, Sequence
 
-from fedjax_fair.cli import config as C
+from fedjax_fair.cli import options as O
 
 LOCK_NAME = ".fedjax-fair.lock"
 FINGERPRINT_NAME = "fingerprint.json"
-
-# Fields that do not change the iterates (where the outputs go, how they are shown,
-# how far the run goes, and bookkeeping).
-NOT_ITERATES = {"num_rounds", "eval_every", "progress", "plots", "resume", "overwrite",
-                "output_dir", "checkpoint_dir", "checkpoint", "branches", "fingerprint",
-                "sweep_seeds", "improvement", "placement", "devices", "distributed",
-                "commit_seconds", "tracker"}
-
 
 def _content(path: str) -> list:
     return [n for n in os.listdir(path) if n != LOCK_NAME] if os.path.isdir(path) else []
@@ -107,7 +99,7 @@ class Held:
                 _remove(lock)
             for d in made:
                 _rmdir(d)
-            raise C.ConfigError(field, f"{path!r} is in use by {who}; wait for it to end or "
+            raise O.ConfigError(field, f"{path!r} is in use by {who}; wait for it to end or "
                                        f"choose another directory") from None
         self.created += [(d, "dir") for d in reversed(made)]
         if not existed:
@@ -169,7 +161,7 @@ def check_not_held(path: Optional[str], field: str) -> None:
     if path:
         who = holder(path)
         if who:
-            raise C.ConfigError(field, f"{os.path.abspath(path)!r} is in use by {who}; wait "
+            raise O.ConfigError(field, f"{os.path.abspath(path)!r} is in use by {who}; wait "
                                        f"for it to end or choose another directory")
 
 
@@ -181,19 +173,11 @@ def holds_results(path: str) -> bool:
 # ------------------------------------------------------------------------ fingerprint
 
 
-# Fields added after runs were recorded without them, left out of the fingerprint at
-# their default, so that a run recorded before a field existed still resumes.
-LATER_DEFAULTS = {"unseen_clients": 0.0, "robust": None, "attack": None,
-                  "malicious_fraction": 0.0, "malicious_ids": [], "malicious_seed": 0,
-                  "dp_noise": None, "dp_epsilon": None, "dp_clip": 1.0, "dp_delta": 1e-5,
-                  "dp_max_weight": None, "dp_adaptive_clip": None}
-
-
 def iterate_config(cfg_dict: dict) -> dict:
     """The fields of a saved or new config that change the run's iterates."""
-    return {k: C._canonical(v) for k, v in sorted(cfg_dict.items())
-            if k not in NOT_ITERATES
-            and not (k in LATER_DEFAULTS and C._canonical(v) == LATER_DEFAULTS[k])}
+    return {k: O.canonical(v) for k, v in sorted(cfg_dict.items())
+            if k not in O.NOT_ITERATES
+            and not (k in O.LATER_DEFAULTS and O.canonical(v) == O.LATER_DEFAULTS[k])}
 
 
 def fingerprint(cfg_dict: dict) -> str:

@@ -3,10 +3,9 @@ the config dataclasses (``cli.config``), errors as one-line ``ConfigError``s."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
-from fedjax_fair.cli import config as C
+from fedjax_fair.cli import config as C, options as O
 from fedjax_fair.cli.common import DATASET_SHORTCUTS, _Exit
 from fedjax_fair.cli.compare import cmd_compare
 from fedjax_fair.cli.listing import LIST_SECTIONS, cmd_list
@@ -40,6 +39,8 @@ def _flag(name: str) -> list[str]:
 
 
 def _add_common(p: argparse.ArgumentParser, cls) -> None:
+    """The flags of ``cls.command``: the input syntaxes of the dict options (``--hp``,
+    ``--dataset-arg``, ``--model-arg``, ...) and one flag per option (``options.of``)."""
     S = argparse.SUPPRESS
     p.add_argument("--config", metavar="FILE", default=S,
                    help="JSON or YAML file of config fields; flags override it")
@@ -57,36 +58,26 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
                        help=help_text)
     p.add_argument("--model-arg", "--model_arg", metavar="NAME=VALUE", action="append",
                    default=S, help="model builder argument (repeatable), e.g. groups=32")
-    fields = C.fields(cls)
-    for name, f in fields.items():
-        if not f.metadata.get("flag", True):
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        flags = _flag(name) + (["-o"] if name == "output_dir" else [])
-        if name in ("algorithms", "seeds"):
+    command = cls.command
+    for o in O.of(command):  # every option declared once (cli.options)
+        default = o.default
+        if o.name in ("algorithms", "seeds"):
             default = ",".join(map(str, default)) or "all"
-        if name == "output_dir":
-            default = {C.RunConfig: "runs/ALGORITHM_DATASET_seedSEED",
-                       C.SweepConfig: "runs/sweep_ALGORITHM_DATASET"}.get(
-                           cls, "runs/compare_DATASET")
-        p.add_argument(*flags, dest=name, metavar=name.upper(), default=S,
-                       help=f"{f.metadata['help']} (default: {default})")
-    p.add_argument("--no-progress", dest="progress", action="store_false", default=S,
-                   help="no progress bars")
-    p.add_argument("--no-plots", dest="plots", action="store_false", default=S,
-                   help="do not write PNG plots")
-    p.add_argument("--no-improvement", dest="improvement", action="store_false", default=S,
-                   help="do not log the per-round share of participants whose training "
-                        "loss did not rise (saves a forward pass over the cohort a round)")
-    p.add_argument("--overwrite", dest="overwrite", action="store_true", default=S,
-                   help="write into an output directory that already holds results")
+        if o.name == "output_dir":
+            default = {"run": "runs/ALGORITHM_DATASET_seedSEED",
+                       "sweep": "runs/sweep_ALGORITHM_DATASET"}.get(command,
+                                                                    "runs/compare_DATASET")
+        if o.flag == "":
+            p.add_argument(*o.flags, *(["-o"] if o.name == "output_dir" else []), dest=o.name,
+                           metavar=o.name.upper(), default=S,
+                           help=f"{o.help} (default: {default})")
+        elif o.flag:  # a switch: sets the opposite of a true default, else true
+            p.add_argument(o.flag, dest=o.name, default=S, help=o.help,
+                           action="store_false" if o.default is True else "store_true")
     p.add_argument("--distributed", dest="distributed", action="store_true", default=S,
                    help="join a multi-host job first (jax.distributed.initialize: SLURM, "
                         "Open MPI and Kubernetes are detected, else JAX_COORDINATOR_ADDRESS, "
                         "JAX_NUM_PROCESSES, JAX_PROCESS_ID); see docs/scaling.md")
-    p.add_argument("--compensate-server-lr", "--compensate_server_lr",
-                   dest="compensate_server_lr", action="store_true", default=S,
-                   help=C.fields(cls)["compensate_server_lr"].metadata["help"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,10 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
                                    "directory (default runs/ALGORITHM_DATASET_seedSEED).")
     _add_common(p, C.RunConfig)
     S = argparse.SUPPRESS
-    p.add_argument("--no-checkpoint", dest="checkpoint", action="store_false", default=S,
-                   help="do not save checkpoints")
-    p.add_argument("--resume", dest="resume", action="store_true", default=S,
-                   help="continue from the checkpoint (same result as an uninterrupted run)")
     p.add_argument("--branch", dest="branch", action="store_true", default=S,
                    help="with --resume: continue from the checkpoint (a diverged run's last "
                         "good evaluation) with changed optimisation settings (learning "
@@ -128,8 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
                                    "which run one runner.run per seed; the outputs are the "
                                    "same.")
     _add_common(p, C.CompareConfig)
-    p.add_argument("--resume", dest="resume", action="store_true", default=S,
-                   help="continue an interrupted comparison: finished runs are kept")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("report", help="tables, figures and report.html of a finished folder "
@@ -157,10 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "from them).")
     _add_common(p, C.SweepConfig)
     p.add_argument("--grid", dest="grid", metavar="NAME=V1,V2,...", action="append",
-                   default=S, help=C.fields(C.SweepConfig)["grid"].metadata["help"]
+                   default=S, help=O.BY_NAME["grid"].help
                    + "; e.g. --grid q=0,0.5,1 --grid client_lr=0.01,0.03")
-    p.add_argument("--resume", dest="resume", action="store_true", default=S,
-                   help="continue an interrupted sweep: its saved calls are not run again")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("list", help="algorithms, datasets, models, strategies, samplers, metrics")

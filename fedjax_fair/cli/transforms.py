@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from fedjax_fair.cli import config as C
+from fedjax_fair.cli import options as C
 from fedjax_fair.cli.parsing import parse_robust
 from fedjax_fair.hparams import FieldError
 
