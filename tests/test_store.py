@@ -176,7 +176,7 @@ def test_a_kill_while_the_final_outputs_are_written_resumes(reference, tmp_path,
     from fedjax_fair import reports as report
     full, _ = reference
     out = str(tmp_path / "run")
-    real = report._replace_with
+    real = report.files._replace_with
     calls = []
 
     def torn(path, text):
@@ -186,10 +186,10 @@ def test_a_kill_while_the_final_outputs_are_written_resumes(reference, tmp_path,
                 f.write(text[:len(text) // 2])  # cut off
             raise Killed(path)
         real(path, text)
-    monkeypatch.setattr(report, "_replace_with", torn)
+    monkeypatch.setattr(report.files, "_replace_with", torn)
     with pytest.raises(Killed):
         _main([*RUN, "-o", out])
-    monkeypatch.setattr(report, "_replace_with", real)
+    monkeypatch.setattr(report.files, "_replace_with", real)
     assert _main(["run", "-o", out, "--resume"]) == 0
     _assert_same(full, _outputs(out))
 

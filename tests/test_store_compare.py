@@ -63,7 +63,7 @@ def test_compare_resume_redoes_a_run_with_a_torn_or_missing_output(tmp_path, cap
 # (``run_dir/checkpoint``, every evaluation with --commit-seconds 0); a finished run's
 # commit is its summary.json (written last, by rename), after which its checkpoint is
 # removed. Its write points are every checkpoint write (``checkpoint._fault``), every
-# ``report._replace_with`` (JSON, JSONL, CSV by rename), every
+# ``report.files._replace_with`` (JSON, JSONL, CSV by rename), every
 # ``_write_client_history`` (clients_over_time.npz) and the computation of each
 # algorithm's seeds (``sweep.run_seeds``); a kill is raised before one of them
 # ("before"), or after half of its temporary file is written ("torn"), or after the
@@ -127,7 +127,7 @@ def _compare_points(monkeypatch, out, kill=None) -> list:
     from fedjax_fair import reports as report
     sweep = importlib.import_module("fedjax_fair.drivers.sweeps")  # the module, not the function
     points: list = []
-    real_replace, real_history = report._replace_with, cli_compare._write_client_history
+    real_replace, real_history = report.files._replace_with, cli_compare._write_client_history
     real_run_seeds = sweep.run_seeds
 
     def reached(point, torn_write=None):
@@ -169,7 +169,7 @@ def _compare_points(monkeypatch, out, kill=None) -> list:
     def fault(point):
         if reached(f"checkpoint {point}"):
             raise Killed(point)
-    monkeypatch.setattr(report, "_replace_with", replace_with)
+    monkeypatch.setattr(report.files, "_replace_with", replace_with)
     monkeypatch.setattr(cli_compare, "_write_client_history", write_history)
     monkeypatch.setattr(sweep, "run_seeds", run_seeds)
     monkeypatch.setattr(ckpt, "_fault", fault)

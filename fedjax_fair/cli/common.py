@@ -685,7 +685,7 @@ def write_run_page(out: str, summary: dict, command: Optional[str] = None) -> No
     title, _, body = text.partition("\n\n")
     command = command or summary.get("command") or command_line()
     reproduce = f"fedjax-fair run --config {os.path.join(out, 'config.json')} -o NEW_DIR"
-    report._replace_with(os.path.join(out, "report.html"), html.page(
+    report.files._replace_with(os.path.join(out, "report.html"), html.page(
         title, body, figures=[(os.path.join(out, f), c) for f, c in RUN_FIGURES],
         command=command, reproduce=reproduce, config=summary["config"]))
 

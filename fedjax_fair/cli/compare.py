@@ -457,14 +457,14 @@ def _write_comparison(out, cfg_dict, seconds, print_table=True, command=None) ->
     label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
              + (" (diverged)" if a in runs.notes else "") for a in algorithms}
     markdown = f"{title}\n\n{table}\n{table_note}\n"
-    report._replace_with(os.path.join(out, "comparison.md"), markdown)
+    report.files._replace_with(os.path.join(out, "comparison.md"), markdown)
     report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(seeds),
                                 families, columns)
     if cfg_dict.get("plots", True):
         _comparison_figures(out, cfg_dict, runs, label, families, finished, total_runs)
     summary_path = os.path.join(out, "summary.json")
     reproduce = f"fedjax-fair compare --config {os.path.join(out, 'config.json')} -o NEW_DIR"
-    report._replace_with(os.path.join(out, "report.html"), html.page(
+    report.files._replace_with(os.path.join(out, "report.html"), html.page(
         title, table + "\n" + table_note, figures=[(os.path.join(out, f), c) for f, c in FIGURES],
         command=command, reproduce=reproduce, config=cfg_dict))
     report.write_json(summary_path, {

@@ -18,6 +18,5 @@ The names of ``files``, ``tables`` and ``figures`` are exported here
 from fedjax_fair.reports.figures import *  # noqa: F401,F403
 from fedjax_fair.reports.figures import _legend, _new_figure, _title  # noqa: F401
 from fedjax_fair.reports.files import *  # noqa: F401,F403
-from fedjax_fair.reports.files import _replace_with  # noqa: F401
 from fedjax_fair.reports.tables import *  # noqa: F401,F403
 from fedjax_fair.reports.tables import _fmt  # noqa: F401
