@@ -95,6 +95,7 @@ from fedjax_fair.core.mixing import MixingRule, normalize
 from fedjax_fair.solvers.online import (diagonal_simplex_qp, entropic_ftrl,
                                         psd_lipschitz_bound, simplex_qp)
 from fedjax_fair.core.types import ClientOutput, ServerContext
+from fedjax_fair.algorithms.registry import register
 
 VARIANTS = ("thesis", "reference")
 HPARAMS = {"alpha": H.Range(0.0, None, low_open=True, nullable=True),
@@ -646,3 +647,8 @@ __all__ = ["CDFS", "CDF_IDS", "FTRLState", "ONSState", "REFERENCE_CDFS", "REFERE
            "linearized_gradient", "logistic_cdf", "normal_cdf", "ons_defaults", "ons_gradient",
            "ons_init", "ons_step", "reference_normal_transform", "transform_responses",
            "weibull_cdf"]
+
+
+register("aaggff_s", aaggff_s, HPARAMS, family="fair", participation="full", server_rate="server_lr",
+         size_prior=None)
+register("aaggff_d", aaggff_d, HPARAMS, family="fair", server_rate="server_lr", size_prior=None)

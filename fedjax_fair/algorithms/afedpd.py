@@ -45,6 +45,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
 from fedjax_fair.algorithms.families.primal_dual import SAM_HPARAMS, TRAINING, primal_dual
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = dict(PD_HPARAMS)
 SAM_VARIANT_HPARAMS = {**PD_HPARAMS, **SAM_HPARAMS}
@@ -72,3 +73,7 @@ def afedpd_sam(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: flo
     return primal_dual(model, rho=rho, rule="virtual", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)
+
+
+register("afedpd", afedpd, HPARAMS, family="primal_dual")
+register("afedpd_sam", afedpd_sam, SAM_VARIANT_HPARAMS, family="primal_dual")

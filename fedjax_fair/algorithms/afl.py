@@ -47,6 +47,7 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, active_clients, normalize
 from fedjax_fair.solvers.simplex import project_simplex
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"lambda_lr": H.NONNEGATIVE}
 
@@ -108,3 +109,6 @@ def afl(model, *, lambda_lr: float = 0.01, training: ClientTraining = ClientTrai
     participation (the ``full`` sampler)."""
     return fedavg(model, mixing=afl_mixing(lambda_lr), training=training,
                   server_optimizer=server_optimizer)
+
+
+register("afl", afl, HPARAMS, family="fair", size_prior=None)

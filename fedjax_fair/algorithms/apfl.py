@@ -65,6 +65,7 @@ from fedjax_fair.core.client import (FIELDS, ClientTraining, clip_by_global_norm
 from fedjax_fair.core.mixing import prior
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"alpha": H.Range(0.0, 1.0),
            "alpha_lr": H.Range(0.0, None, low_open=True, nullable=True)}
@@ -190,3 +191,6 @@ def apfl(model, *, alpha: float = 0.25, adaptive_alpha: bool = False,
                    client_table=client_table,
                    personal_params=lambda server_params, row: mixture(row.alpha, row.local,
                                                                       server_params))
+
+
+register("apfl", apfl, HPARAMS, family="personalised", training_fields=TRAINING_FIELDS)

@@ -43,6 +43,7 @@ from fedjax_fair.core.client import (ClientTraining, check_optimizer, local_sgd,
                                      local_training, make_optimizer, proximal_term,
                                      round_value)
 from fedjax_fair.core.mixing import prior
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"lam": H.NONNEGATIVE,
            "personal_lr": H.Range(0.0, None, low_open=True, nullable=True),
@@ -86,3 +87,6 @@ def ditto(model, *, lam: float = 0.1, personal_lr: Optional[Rate] = None,
     return compose(client, mixing=prior(weight_by_size), client_state_init=lambda params: params,
                    client_table=client_table,
                    personal_params=lambda server_params, personal: personal)
+
+
+register("ditto", ditto, HPARAMS, family="personalised")

@@ -66,6 +66,7 @@ from fedjax_fair.core.client import (ClientTraining, check_rate_optimizer, data_
 from fedjax_fair.algorithms.families.second_order import row_subset
 from fedjax_fair.core.mixing import uniform
 from fedjax_fair.core.types import ClientData, ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 MODES = ("pseudo_grad", "grad_at_global")
 BFGS_FORMS = ("inverse", "direct")
@@ -564,3 +565,6 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
                                              max_step_norm=max_step_norm, solver=solver),
                    server_optimizer=optax.sgd(server_lr),
                    broadcast=lambda state: state.aggregator_state.previous)
+
+
+register("dqn_fed", dqn_fed, HPARAMS, family="fair", server_rate="server_lr", size_prior=None)

@@ -27,6 +27,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
 from fedjax_fair.algorithms.families.primal_dual import TRAINING, primal_dual
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = dict(PD_HPARAMS)
 
@@ -40,3 +41,6 @@ def fedadmm(model, *, rho: float = 0.1, training: ClientTraining = TRAINING,
     return primal_dual(model, rho=rho, rule="cohort", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)
+
+
+register("fedadmm", fedadmm, HPARAMS, family="primal_dual")

@@ -22,6 +22,7 @@ from fedjax_fair.core.aggregators import Aggregator
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.core.client import ClientTraining, local_training
 from fedjax_fair.core.mixing import MixingRule, prior
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {}
 
@@ -45,3 +46,6 @@ def fedavg(model, *, training: ClientTraining = ClientTraining(),
         local_training(model, training, regularizer=regularizer),
         mixing=mixing or prior(weight_by_size), aggregator=aggregator,
         server_optimizer=server_optimizer)
+
+
+register("fedavg", fedavg, HPARAMS, family="reference")

@@ -60,6 +60,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm, derive
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.memory import tree_bytes
 from fedjax_fair.scenarios.system import client_seconds
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"staleness_exponent": H.NONNEGATIVE, "server_lr": H.POSITIVE,
            "alpha": H.Range(0.0, 1.0, low_open=True),
@@ -188,3 +189,8 @@ def fedasync(model, *, training: ClientTraining = ClientTraining(),
     return _asynchronous(model, training,
                          buffered_aggregator(concurrency, staleness_exponent, "model",
                                              alpha=alpha, clock=clock), 1.0)
+
+
+register("fedbuff", fedbuff, HPARAMS, family="participation", server_rate="server_lr", size_prior=None,
+         clocked=True)
+register("fedasync", fedasync, HPARAMS, family="participation", size_prior=None, clocked=True)

@@ -45,6 +45,7 @@ from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.core.client import ClientTraining, check_rate_optimizer, local_training
 from fedjax_fair.core.client import inner, masked_mean, round_value
 from fedjax_fair.core.mixing import prior
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"alpha": H.Range(0.0, 1.0, low_open=True), "server_lr": H.POSITIVE}
 
@@ -98,3 +99,6 @@ def fedcm(model, *, alpha: float = 0.1, training: ClientTraining = ClientTrainin
                    aggregator=momentum_aggregator(training.lr),
                    server_optimizer=optax.sgd(server_lr),
                    broadcast=lambda state: state.aggregator_state.momentum)
+
+
+register("fedcm", fedcm, HPARAMS, family="primal_dual", server_rate="server_lr")

@@ -62,8 +62,10 @@ from fedjax_fair.core.execution import local_step_unroll, loss_chunk_size_here
 from fedjax_fair.models.base import Model, check_widths
 from fedjax_fair.algorithms.families.generative import (balanced_labels, check_data_range,
                                                         classifier_direction,
-                                                        classifier_optimizer)
+                                                        classifier_optimizer, downstream_line,
+                                                        downstream_report)
 from fedjax_fair.core.types import Broadcast
+from fedjax_fair.algorithms.registry import register
 
 NETWORK_HPARAMS = {"latent_dim": H.COUNT, "kl_weight": H.NONNEGATIVE}
 HPARAMS = {**NETWORK_HPARAMS, "samples_per_class": H.COUNT,
@@ -283,3 +285,7 @@ def fedcvae(model: Model, *, latent_dim: int = 16, hidden: Sequence[int] = (256,
     return compose(client, aggregator=server,
                    broadcast=lambda state: state.aggregator_state.generator,
                    round_metrics=round_metrics)
+
+
+register("fedcvae", fedcvae, HPARAMS, family="generative", generative=True,
+         report=downstream_report, report_line=downstream_line, size_prior=None, seeded=True)

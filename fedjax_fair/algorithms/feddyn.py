@@ -42,6 +42,7 @@ from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.primal_dual import primal_dual
 from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"alpha": H.POSITIVE}
 
@@ -59,3 +60,6 @@ def feddyn(model, *, alpha: float = 0.01, training: ClientTraining = ClientTrain
     return primal_dual(model, rho=alpha, rule="participants", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate)
+
+
+register("feddyn", feddyn, HPARAMS, family="primal_dual")

@@ -96,8 +96,10 @@ from fedjax_fair.core.execution import local_step_unroll, loss_chunk_size_here
 from fedjax_fair.models.base import Model, cross_entropy
 from fedjax_fair.algorithms.families.generative import (SyntheticSet, balanced_labels,
                                                         check_data_range, classifier_direction,
-                                                        classifier_optimizer)
+                                                        classifier_optimizer, downstream_line,
+                                                        downstream_report)
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 Rate = Union[float, Callable]  # a number, a traced scalar, or a schedule of the round
 
@@ -569,3 +571,8 @@ def fedevg(model: Model, *, num_synth: Optional[int] = None, ce_weight: float = 
                    client_state_init=((lambda params: ClientModel(params, jnp.zeros((), bool)))
                                       if persistent_client_model else None),
                    client_table=client_table, round_metrics=round_metrics)
+
+
+register("fedevg", fedevg, HPARAMS, family="generative", generative=True,
+         report=downstream_report, report_line=downstream_line,
+         training_fields=TRAINING_FIELDS, size_prior=None, seeded=True)

@@ -68,6 +68,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.core.client import (ClientTraining, check_rate, data_metrics,
                                      local_training, round_value)
 from fedjax_fair.core.mixing import MixingRule, active_clients
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"alpha": H.NONNEGATIVE, "beta": H.NONNEGATIVE,
            "gamma": H.Range(0.0, 1.0, high_open=True),
@@ -216,3 +217,6 @@ def fedfa(model, *, alpha: float = 0.5, beta: float = 0.5, gamma: float = 0.9,
     return compose(with_accuracy(model, training), mixing=fedfa_mixing(alpha, beta),
                    aggregator=fedfa_aggregator(mu, momentum_lr),
                    server_optimizer=optax.sgd(1.0))
+
+
+register("fedfa", fedfa, HPARAMS, family="fair", size_prior=None)

@@ -76,6 +76,7 @@ from fedjax_fair.core.aggregators import Aggregator, weighted_sum
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, exponentiated
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"alpha": H.Range(0.0, 1.0, static=True), "tau": H.Range(0, None, integer=True)}
 
@@ -256,3 +257,6 @@ def fedfv(model, *, alpha: float = 0.1, tau: int = 1, weight_by_size: bool = Fal
     return fedavg(model, training=training, server_optimizer=server_optimizer,
                   mixing=mixing or exponentiated(lambda out: 0.0, weight_by_size),
                   aggregator=fedfv_aggregator(alpha, tau))
+
+
+register("fedfv", fedfv, HPARAMS, family="fair")

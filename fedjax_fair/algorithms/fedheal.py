@@ -82,6 +82,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.core.client import ClientTraining, local_training
 from fedjax_fair.core.mixing import MixingRule, active_clients, normalize
+from fedjax_fair.algorithms.registry import register
 
 DISTANCES = ("layers", "global")
 HPARAMS = {"tau": H.Range(0.0, 1.0), "beta": H.Range(0.0, 1.0), "server_lr": H.POSITIVE}
@@ -313,3 +314,6 @@ def fedheal(model, *, tau: float = 0.5, beta: float = 0.5, fphl: bool = True,
                    aggregator=masked_mean_aggregator(), server_optimizer=optax.sgd(server_lr),
                    client_state_init=sign_history_init if fphl else None,
                    client_table=client_table)
+
+
+register("fedheal", fedheal, HPARAMS, family="fair", server_rate="server_lr", size_prior=None)

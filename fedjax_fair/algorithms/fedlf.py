@@ -87,6 +87,7 @@ from fedjax_fair.core.client import ClientTraining, data_loss, local_training, r
 from fedjax_fair.core.mixing import active_clients, uniform
 from fedjax_fair.solvers import qp
 from fedjax_fair.core.types import ClientData, ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 GRADIENTS = ("global", "pseudo")
 GUARD_TOL = 1e-6  # the code's threshold on max_k -(g_k . d)
@@ -403,3 +404,6 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
                                                descent_guard=descent_guard),
                    server_optimizer=optax.sgd(server_schedule(server_lr, server_lr_decay,
                                                               decay_every)))
+
+
+register("fedlf", fedlf, HPARAMS, family="fair", server_rate="server_lr", size_prior=None)

@@ -65,6 +65,7 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, exponentiated, loss_rule
 from fedjax_fair.solvers.simplex import exponentiated_gradient
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"beta": H.NONNEGATIVE, "k": H.Range(0.0, None, low_open=True, static=True)}
 
@@ -205,3 +206,8 @@ def fedsoftmax(model, *, beta: float = 5.0, weight_by_size: bool = True,
     return fedavg(model, mixing=fedsoftmax_mixing(beta, weight_by_size=weight_by_size,
                                                   loss_source=loss_source),
                   training=training, server_optimizer=server_optimizer)
+
+
+register("fedmax", fedmax, HPARAMS, family="fair", size_prior=None)
+register("fedmax_k", fedmax_k, HPARAMS, family="fair", size_prior=None)
+register("fedsoftmax", fedsoftmax, HPARAMS, family="fair")

@@ -55,8 +55,17 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, by_num_examples, uniform
 from fedjax_fair.solvers import qp
+from fedjax_fair.algorithms.registry import register
 
 CENTERS = {"num_examples": by_num_examples, "uniform": uniform}
+
+
+def center_prior(by_size: bool) -> dict:
+    """FedMGDA+'s ``Method.size_prior``: the centre of its weight box is the plain
+    average, n_k / n ("num_examples") or uniform."""
+    return {"center": "num_examples" if by_size else "uniform"}
+
+
 HPARAMS = {"epsilon": H.NONNEGATIVE, "server_lr": H.POSITIVE, "server_lr_decay": H.POSITIVE,
            "decay_every": H.COUNT, "qp_iters": H.Range(0, None, integer=True)}
 
@@ -237,3 +246,7 @@ def fedmgda_plus(model, *, epsilon: float = 0.1, server_lr: Rate = 1.0,
                   mixing=mixing or CENTERS[center](),
                   aggregator=fedmgda_plus_aggregator(epsilon, qp_iters=qp_iters),
                   server_optimizer=server_optimizer)
+
+
+register("fedmgda_plus", fedmgda_plus, HPARAMS, family="fair", server_rate="server_lr",
+         size_prior=center_prior)

@@ -67,6 +67,7 @@ from fedjax_fair.algorithms.fednl import reporting
 from fedjax_fair.algorithms.families.second_order import client_derivatives
 from fedjax_fair.core.mixing import uniform
 from fedjax_fair.core.types import ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"server_lr": H.POSITIVE, "rho": H.POSITIVE, "alpha": H.NONNEGATIVE,
            "num_probes": H.COUNT, "curvature_rows": H.Range(1, None, integer=True, nullable=True)}
@@ -159,3 +160,6 @@ def fednew(model, *, server_lr: Rate = 1.0, rho: float = 1.0, alpha: float = 1.0
                         client_table=client_table,
                         broadcast=lambda state: state.aggregator_state.y)
     return with_dual_update(algorithm, rho)
+
+
+register("fednew", fednew, HPARAMS, family="second_order", server_rate="server_lr", size_prior=None)

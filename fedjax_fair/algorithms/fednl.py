@@ -89,6 +89,7 @@ from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.algorithms.families.second_order import choice, client_derivatives, tree_norm
 from fedjax_fair.core.mixing import uniform
 from fedjax_fair.core.types import ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 OPTIONS = ("projection", "shift")
 COMPRESSORS = ("identity", "topk")
@@ -338,3 +339,7 @@ def fednl_pp(model, *, server_lr: Rate = 1.0, option: str = "shift", mu: float =
     return compose(client, mixing=uniform(), aggregator=fednl_pp_aggregator(),
                    server_optimizer=optax.sgd(server_lr), client_state_init=row,
                    client_table=client_table)
+
+
+register("fednl", fednl, HPARAMS, family="second_order", server_rate="server_lr", size_prior=None)
+register("fednl_pp", fednl_pp, HPARAMS, family="second_order", server_rate="server_lr", size_prior=None)

@@ -32,6 +32,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"server_lr": H.POSITIVE, "momentum": H.Range(0.0, 1.0, high_open=True),
            "b1": H.Range(0.0, 1.0, high_open=True), "b2": H.Range(0.0, 1.0, high_open=True),
@@ -99,3 +100,9 @@ def scale_by_adagrad_tau(tau: float) -> optax.GradientTransformation:
         return jax.tree.map(lambda g, s: g / (jnp.sqrt(s) + tau), updates, v), AdagradTauState(v)
 
     return optax.GradientTransformation(init, update)
+
+
+register("fedavgm", fedavgm, HPARAMS, family="server", server_rate="server_lr")
+register("fedadam", fedadam, HPARAMS, family="server", server_rate="server_lr")
+register("fedyogi", fedyogi, HPARAMS, family="server", server_rate="server_lr")
+register("fedadagrad", fedadagrad, HPARAMS, family="server", server_rate="server_lr")

@@ -20,6 +20,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
 from fedjax_fair.algorithms.families.primal_dual import TRAINING, primal_dual
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = dict(PD_HPARAMS)
 
@@ -30,3 +31,6 @@ def fedpd(model, *, rho: float = 0.1, training: ClientTraining = TRAINING,
     theta is the mean augmented model (equation 5). Needs full participation."""
     return primal_dual(model, rho=rho, rule="cohort", training=training,
                        client_table=client_table, weight_by_size=False, evaluate=evaluate)
+
+
+register("fedpd", fedpd, HPARAMS, family="primal_dual", participation="full", size_prior=None)

@@ -21,6 +21,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families.training import Transform
 from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining, proximal_term
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"mu": H.NONNEGATIVE}
 
@@ -34,3 +35,6 @@ def fedprox(model, *, mu: float = 0.01, training: ClientTraining = ClientTrainin
     return fedavg(model, training=training, server_optimizer=server_optimizer,
                   regularizer=proximal_term(mu),
                   weight_by_size=weight_by_size)
+
+
+register("fedprox", fedprox, HPARAMS, family="primal_dual")

@@ -50,6 +50,7 @@ from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families import partial
 from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.algorithms.registry import register
 
 FEDPER_HPARAMS = {}
 HPARAMS = {"head_epochs": H.COUNT}
@@ -84,3 +85,7 @@ def fedper(model, *, personal_layers: tuple = (-1,),
     return partial.compose_partial(model, split, (partial.Phase("all", training.num_epochs),),
                                    training=training, client_table=client_table,
                                    weight_by_size=weight_by_size)
+
+
+register("fedper", fedper, FEDPER_HPARAMS, family="personalised")
+register("fedrep", fedrep, HPARAMS, family="personalised")

@@ -30,6 +30,7 @@ from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.core.client import ClientTraining, local_training
 from fedjax_fair.core.mixing import prior
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"sam_radius": H.NONNEGATIVE, "sam_eps": H.POSITIVE, "server_lr": H.POSITIVE}
 
@@ -45,3 +46,6 @@ def fedsam(model, *, sam_radius: float = 0.05, sam_eps: float = 1e-2,
     H.check(HPARAMS, sam_radius=sam_radius, sam_eps=sam_eps, server_lr=server_lr)
     client = local_training(model, training, sam_radius=sam_radius, sam_eps=sam_eps)
     return compose(client, mixing=prior(weight_by_size), server_optimizer=optax.sgd(server_lr))
+
+
+register("fedsam", fedsam, HPARAMS, family="primal_dual", server_rate="server_lr")

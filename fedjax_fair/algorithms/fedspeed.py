@@ -25,6 +25,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.algorithms.families.primal_dual import HPARAMS as PD_HPARAMS
 from fedjax_fair.algorithms.families.primal_dual import SAM_HPARAMS, TRAINING, primal_dual
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {**PD_HPARAMS, **SAM_HPARAMS}
 
@@ -36,3 +37,6 @@ def fedspeed(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float
     return primal_dual(model, rho=rho, rule="participants", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
                        evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)
+
+
+register("fedspeed", fedspeed, HPARAMS, family="primal_dual")

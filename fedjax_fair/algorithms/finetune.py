@@ -53,6 +53,7 @@ from fedjax_fair.core.client import (ClientTraining, describe_object, local_sgd,
                                      local_training, make_optimizer, round_value)
 from fedjax_fair.core.execution import local_step_unroll
 from fedjax_fair.core.mixing import prior
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"finetune_epochs": H.Range(1, None, integer=True, nullable=True),
            "finetune_lr": H.Range(0.0, None, low_open=True, nullable=True)}
@@ -114,3 +115,6 @@ def fedavg_ft(model, *, finetune_epochs: Optional[int] = None,
                    client_state_init=lambda params: FineTuned(params,
                                                               jnp.zeros((), jnp.float32)),
                    client_table=client_table, personal_params=personal_model)
+
+
+register("fedavg_ft", fedavg_ft, HPARAMS, family="personalised")

@@ -35,6 +35,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.algorithms.families import partial
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair import hparams as H
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {}
 
@@ -58,3 +59,6 @@ def lg_fedavg(model, *, shared_layers: tuple = (-1,),
     return partial.compose_partial(model, split, (partial.Phase("all", training.num_epochs),),
                                    training=training, client_table=client_table,
                                    weight_by_size=weight_by_size)
+
+
+register("lg_fedavg", lg_fedavg, HPARAMS, family="personalised")

@@ -38,6 +38,7 @@ from fedjax_fair.core import client_states as tables
 from fedjax_fair.core.aggregators import Aggregator
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.client import ClientTraining
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS: dict = {}
 
@@ -88,3 +89,6 @@ def mifa(model, *, training: ClientTraining = ClientTraining(),
     all N clients (``mifa_aggregator``; ``table`` stores them dense or lazy)."""
     return fedavg(model, training=training, server_optimizer=server_optimizer,
                   aggregator=mifa_aggregator(table), weight_by_size=False)
+
+
+register("mifa", mifa, HPARAMS, family="participation", size_prior=None)

@@ -70,12 +70,13 @@ from fedjax_fair.core import execution
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 # TRAINING_FIELDS: the ClientTraining fields pFedMe honours too, all but weight_decay
-from fedjax_fair.algorithms.apfl import TRAINING_FIELDS, check_no_weight_decay  # noqa: F401
+from fedjax_fair.algorithms.apfl import TRAINING_FIELDS, check_no_weight_decay
 from fedjax_fair.algorithms.families.training import Optimizer, Rate
 from fedjax_fair.core.client import (ClientTraining, check_optimizer, clip_by_global_norm,
                                      data_loss, make_optimizer, masked_steps, round_value)
 from fedjax_fair.core.mixing import prior
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"lam": H.NONNEGATIVE, "inner_steps": H.COUNT, "personal_lr": H.POSITIVE,
            "beta": H.POSITIVE}
@@ -182,3 +183,6 @@ def pfedme(model, *, lam: float = 15.0, inner_steps: int = 5, personal_lr: Rate 
                    server_optimizer=optax.sgd(beta),
                    client_state_init=lambda params: params, client_table=client_table,
                    personal_params=lambda server_params, personal: personal)
+
+
+register("pfedme", pfedme, HPARAMS, family="personalised", training_fields=TRAINING_FIELDS)

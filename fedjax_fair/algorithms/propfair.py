@@ -55,6 +55,7 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining, local_training, masked_mean
 from fedjax_fair.core.mixing import MixingRule, exponentiated, prior
 from fedjax_fair.solvers.simplex import exponentiated_gradient
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"baseline": H.POSITIVE, "eps": H.POSITIVE}
 MODES = ("mixing", "client")
@@ -142,3 +143,6 @@ def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: 
                       training=training, server_optimizer=server_optimizer)
     update = local_training(model, training, batch_loss=client_objective(baseline, eps))
     return compose(update, mixing=prior(weight_by_size), server_optimizer=server_optimizer)
+
+
+register("propfair", propfair, HPARAMS, family="fair")

@@ -63,6 +63,7 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining, check_rate, round_value
 from fedjax_fair.core.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
+from fedjax_fair.algorithms.registry import register
 
 MODES = ("faithful", "mixing")
 HPARAMS = {"q": H.NONNEGATIVE, "lipschitz": H.Range(0.0, None, low_open=True, nullable=True)}
@@ -235,3 +236,6 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
     by_size = False if weight_by_size is None else weight_by_size
     return fedavg(model, aggregator=qffl_aggregator(q, lipschitz),
                   mixing=mixing or prior_mixing(by_size), **client)
+
+
+register("qffl", qffl, HPARAMS, family="fair")

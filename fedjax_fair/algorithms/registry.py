@@ -4,117 +4,100 @@ Every factory takes the model first and states its hyper-parameters as typed
 keyword arguments with defaults (no ``**kwargs``). The registry entry adds what a
 command line needs and a signature cannot say: the valid range of each numeric
 hyper-parameter (which also marks it continuous — traceable, vmappable and
-differentiable — or static), and whether the method needs every client every round.
-``method_hparams(name)`` joins the two. A factory's local training is one value,
-``training: ClientTraining``; ``method_hparams`` lists its fields under their flat
-names (``client_lr``, ``batch_size``, ...: ``core.client.FIELDS``) with the factory's
-own defaults, and ``build(name, model, **values)`` folds such names into ``training``,
+differentiable — or static), whether the method needs every client every round, and
+what it accepts of the command line's shared options (its server rate, its size
+prior, a seed, the system's clock). ``method_hparams(name)`` joins the ranges with
+the signature. A factory's local training is one value, ``training:
+ClientTraining``; ``method_hparams`` lists its fields under their flat names
+(``client_lr``, ``batch_size``, ...: ``core.client.FIELDS``) with the factory's own
+defaults, and ``build(name, model, **values)`` folds such names into ``training``,
 so the command line and sweeps pass only the values they were given.
+
+**A method registers itself.** Its module ends with ``register(name, factory,
+HPARAMS, family=...)``; this module imports no method.
+``fedjax_fair.algorithms`` imports every module of the package, so importing it
+fills ``REGISTRY``. A method defined elsewhere registers the same way from its own
+module, which ``load_plugins`` imports: a module name or a path to a ``.py`` file,
+the comma-separated list of the environment variable ``FEDJAX_FAIR_PLUGINS``
+(``load_env_plugins``; the command line reads it when it starts), and the installed
+entry points of group ``fedjax_fair.methods`` (a package's ``[project.entry-points.
+"fedjax_fair.methods"] toy = "mypackage.toy"``), which are imported once, the first
+time the registry is read.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib
+import importlib.util
 import inspect
+import os
 import re
-from typing import Callable, NamedTuple, Optional
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Iterable, NamedTuple, Optional, Union
 
-from fedjax_fair.algorithms import aaggff as _aaggff
-from fedjax_fair.algorithms import afedpd as _afedpd
-from fedjax_fair.algorithms import afl as _afl
-from fedjax_fair.algorithms import apfl as _apfl
-from fedjax_fair.algorithms import ditto as _ditto
-from fedjax_fair.algorithms import dqn_fed as _dqn_fed
-from fedjax_fair.algorithms import fedadmm as _fedadmm
-from fedjax_fair.algorithms import fedavg as _fedavg
-from fedjax_fair.algorithms import fedcm as _fedcm
-from fedjax_fair.algorithms import fedcvae as _fedcvae
-from fedjax_fair.algorithms import fedevg as _fedevg
-from fedjax_fair.algorithms import fedfa as _fedfa
-from fedjax_fair.algorithms import fedfv as _fedfv
-from fedjax_fair.algorithms import fedheal as _fedheal
-from fedjax_fair.algorithms import fedlf as _fedlf
-from fedjax_fair.algorithms import feddyn as _feddyn
-from fedjax_fair.algorithms import fedmax as _fedmax
-from fedjax_fair.algorithms import fedmgda as _fedmgda
-from fedjax_fair.algorithms import fednew as _fednew
-from fedjax_fair.algorithms import fednl as _fednl
-from fedjax_fair.algorithms import fedopt as _fedopt
-from fedjax_fair.algorithms import fedpd as _fedpd
-from fedjax_fair.algorithms import fedprox as _fedprox
-from fedjax_fair.algorithms import fedrep as _fedrep
-from fedjax_fair.algorithms import finetune as _finetune
-from fedjax_fair.algorithms import lg_fedavg as _lg_fedavg
-from fedjax_fair.algorithms import mifa as _mifa
-from fedjax_fair.algorithms import fedbuff as _fedbuff
-from fedjax_fair.algorithms import pfedme as _pfedme
-from fedjax_fair.algorithms import propfair as _propfair
-from fedjax_fair.algorithms import qffl as _qffl
-from fedjax_fair.algorithms import fedsam as _fedsam
-from fedjax_fair.algorithms import scaffold as _scaffold
-from fedjax_fair.algorithms import superfed as _superfed
-from fedjax_fair.algorithms import fedspeed as _fedspeed
-from fedjax_fair.algorithms import term as _term
-from fedjax_fair.algorithms.aaggff import aaggff_d, aaggff_s
-from fedjax_fair.algorithms.afedpd import afedpd, afedpd_sam
-from fedjax_fair.algorithms.afl import afl
-from fedjax_fair.algorithms.apfl import apfl
-from fedjax_fair.algorithms.ditto import ditto
-from fedjax_fair.algorithms.dqn_fed import dqn_fed
-from fedjax_fair.algorithms.fedadmm import fedadmm
-from fedjax_fair.algorithms.fedavg import fedavg
-from fedjax_fair.algorithms.fedcm import fedcm
-from fedjax_fair.algorithms.fedcvae import fedcvae
-from fedjax_fair.algorithms.fedevg import fedevg
-from fedjax_fair.algorithms.fedfa import fedfa
-from fedjax_fair.algorithms.fedfv import fedfv
-from fedjax_fair.algorithms.fedheal import fedheal
-from fedjax_fair.algorithms.fedlf import fedlf
-from fedjax_fair.algorithms.feddyn import feddyn
-from fedjax_fair.algorithms.fedmax import fedmax, fedmax_k, fedsoftmax
-from fedjax_fair.algorithms.fedmgda import fedmgda_plus
-from fedjax_fair.algorithms.fednew import fednew
-from fedjax_fair.algorithms.fednl import fednl, fednl_pp
-from fedjax_fair.algorithms.fedopt import fedadagrad, fedadam, fedavgm, fedyogi
-from fedjax_fair.algorithms.fedpd import fedpd
-from fedjax_fair.algorithms.fedprox import fedprox
-from fedjax_fair.algorithms.fedrep import fedper, fedrep
-from fedjax_fair.algorithms.finetune import fedavg_ft
-from fedjax_fair.algorithms.lg_fedavg import lg_fedavg
-from fedjax_fair.algorithms.mifa import mifa
-from fedjax_fair.algorithms.fedbuff import fedasync, fedbuff
-from fedjax_fair.algorithms.pfedme import pfedme
-from fedjax_fair.algorithms.fedsam import fedsam
-from fedjax_fair.algorithms.fedspeed import fedspeed
-from fedjax_fair.algorithms.propfair import propfair
-from fedjax_fair.algorithms.qffl import qffl
-from fedjax_fair.algorithms.scaffold import scaffold
-from fedjax_fair.algorithms.superfed import superfed
-from fedjax_fair.algorithms.term import term
 from fedjax_fair.core.algorithm import derive
 from fedjax_fair.core.client import FIELDS, TRAINING_RANGES, ClientTraining
 from fedjax_fair.hparams import FieldError, Range
-from fedjax_fair.algorithms.families.generative import downstream_line, downstream_report
+
+ENTRY_POINT_GROUP = "fedjax_fair.methods"
+"""The entry-point group of installed plugin methods: each entry names a module."""
+
+PLUGINS_ENV = "FEDJAX_FAIR_PLUGINS"
+"""The environment variable of plugin methods: comma-separated module names or paths
+to ``.py`` files (``load_env_plugins``)."""
+
+
+def _weight_by_size(by_size: bool) -> dict:
+    return {"weight_by_size": by_size}
+
+
+WEIGHT_BY_SIZE: Callable[[bool], dict] = _weight_by_size
+"""``Method.size_prior`` of a factory with a ``weight_by_size`` flag (the default):
+True gives p_k ∝ n_k, False the uniform 1 / |S|."""
+
+PARTICIPATIONS = ("partial", "full")
 
 
 class Method(NamedTuple):
-    """A registry entry: the factory, the ranges of its numeric hyper-parameters, the
-    participation it needs ("partial": any cohort; "full": every client every round,
-    sampler ``full``), an optional end-of-run ``report(model, algorithm, state,
-    test_split) -> dict`` of the method's own numbers (SuPerFed's lambda grid), which
-    the CLI writes under "method_report" in summary.json, and whether the method is
-    ``generative``: its product is a synthetic data set (``fedjax_fair.algorithms.families.generative``;
-    ``state.params`` is a classifier trained on it). A ``compare`` without
-    ``--algorithms`` leaves generative methods out. ``report_line(report) -> str``: the
-    one line ``run`` prints of that report (the method's own wording, so the command
-    line names no method). ``family``: the group ``compare`` shows it in (``FAMILIES``)."""
+    """A registry entry: the factory and what a command line needs to know of it."""
 
     factory: Callable
+    """Builds the method: ``factory(model, **hyper_parameters) -> FederatedAlgorithm``."""
     hparams: dict
+    """The ranges (``hparams.Range``) of its numeric hyper-parameters, by name."""
     participation: str = "partial"
+    """"partial": any cohort; "full": every client every round (sampler ``full``)."""
     report: Optional[Callable] = None
+    """An end-of-run ``report(model, algorithm, state, test_split) -> dict`` of the
+    method's own numbers (SuPerFed's lambda grid), written under "method_report" in
+    summary.json."""
     generative: bool = False
+    """Its product is a synthetic data set (``algorithms.families.generative``;
+    ``state.params`` is a classifier trained on it); a ``compare`` without
+    ``--algorithms`` leaves it out."""
     report_line: Optional[Callable] = None
-    training_fields: tuple = tuple(FIELDS)  # the ClientTraining fields it honours (flat)
-    family: str = "reference"  # a key of FAMILIES: how compare groups its table and plots
+    """``report_line(report) -> str``: the one line ``run`` prints of that report (the
+    method's own wording, so the command line names no method)."""
+    training_fields: tuple = tuple(FIELDS)
+    """The ``ClientTraining`` fields it honours, by flat name (``client_lr``, ...)."""
+    family: str = "reference"
+    """A key of ``FAMILIES``: the group ``compare`` shows it in (table and plots)."""
+    server_rate: Optional[str] = None
+    """The factory argument holding its server learning rate (``--server-lr-schedule``
+    and ``--compensate-server-lr`` act on it); None when it has none."""
+    size_prior: Optional[Callable[[bool], dict]] = WEIGHT_BY_SIZE
+    """``size_prior(by_size) -> {argument: value}``: the factory arguments that make its
+    plain average size-weighted (True: p_k ∝ n_k) or uniform (False) (``--mixing``);
+    None when it has no such prior (its weights are learned or selected)."""
+    seeded: bool = False
+    """Its initial state depends on a ``seed`` argument (FedEvg's synthetic set,
+    FedCVAE's generator): a run's seed is passed to it."""
+    clocked: bool = False
+    """It is asynchronous: it takes the system's virtual clock as ``clock=`` and the
+    number of clients in flight as ``concurrency=`` (FedBuff, FedAsync)."""
 
 
 FAMILIES = {
@@ -144,64 +127,312 @@ class HParam(NamedTuple):
         return self.range is not None and self.range.continuous
 
 
-REGISTRY = {
-    "fedavg": Method(fedavg, _fedavg.HPARAMS, family="reference"),
-    "fedprox": Method(fedprox, _fedprox.HPARAMS, family="primal_dual"),
-    "fedavgm": Method(fedavgm, _fedopt.HPARAMS, family="server"),
-    "fedadam": Method(fedadam, _fedopt.HPARAMS, family="server"),
-    "fedyogi": Method(fedyogi, _fedopt.HPARAMS, family="server"),
-    "fedadagrad": Method(fedadagrad, _fedopt.HPARAMS, family="server"),
-    "scaffold": Method(scaffold, _scaffold.HPARAMS, family="primal_dual"),
-    "feddyn": Method(feddyn, _feddyn.HPARAMS, family="primal_dual"),
-    "ditto": Method(ditto, _ditto.HPARAMS, family="personalised"),
-    "dqn_fed": Method(dqn_fed, _dqn_fed.HPARAMS, family="fair"),
-    "fedheal": Method(fedheal, _fedheal.HPARAMS, family="fair"),
-    "fedlf": Method(fedlf, _fedlf.HPARAMS, family="fair"),
-    "fednl": Method(fednl, _fednl.HPARAMS, family="second_order"),
-    "fednl_pp": Method(fednl_pp, _fednl.HPARAMS, family="second_order"),
-    "fednew": Method(fednew, _fednew.HPARAMS, family="second_order"),
-    "qffl": Method(qffl, _qffl.HPARAMS, family="fair"),
-    "afl": Method(afl, _afl.HPARAMS, family="fair"),
-    "term": Method(term, _term.HPARAMS, family="fair"),
-    "propfair": Method(propfair, _propfair.HPARAMS, family="fair"),
-    "fedmgda_plus": Method(fedmgda_plus, _fedmgda.HPARAMS, family="fair"),
-    "fedfv": Method(fedfv, _fedfv.HPARAMS, family="fair"),
-    "fedfa": Method(fedfa, _fedfa.HPARAMS, family="fair"),
-    "mifa": Method(mifa, _mifa.HPARAMS, family="participation"),
-    "fedbuff": Method(fedbuff, _fedbuff.HPARAMS, family="participation"),
-    "fedasync": Method(fedasync, _fedbuff.HPARAMS, family="participation"),
-    "fedmax": Method(fedmax, _fedmax.HPARAMS, family="fair"),
-    "fedmax_k": Method(fedmax_k, _fedmax.HPARAMS, family="fair"),
-    "fedsoftmax": Method(fedsoftmax, _fedmax.HPARAMS, family="fair"),
-    "aaggff_s": Method(aaggff_s, _aaggff.HPARAMS, participation="full", family="fair"),
-    "aaggff_d": Method(aaggff_d, _aaggff.HPARAMS, family="fair"),
-    "afedpd": Method(afedpd, _afedpd.HPARAMS, family="primal_dual"),
-    "afedpd_sam": Method(afedpd_sam, _afedpd.SAM_VARIANT_HPARAMS, family="primal_dual"),
-    "fedpd": Method(fedpd, _fedpd.HPARAMS, participation="full", family="primal_dual"),
-    "fedadmm": Method(fedadmm, _fedadmm.HPARAMS, family="primal_dual"),
-    "fedspeed": Method(fedspeed, _fedspeed.HPARAMS, family="primal_dual"),
-    "fedsam": Method(fedsam, _fedsam.HPARAMS, family="primal_dual"),
-    "fedcm": Method(fedcm, _fedcm.HPARAMS, family="primal_dual"),
-    "superfed": Method(superfed, _superfed.HPARAMS, report=_superfed.lambda_report,
-                       report_line=_superfed.lambda_line, family="personalised"),
-    "apfl": Method(apfl, _apfl.HPARAMS, training_fields=_apfl.TRAINING_FIELDS,
-                   family="personalised"),
-    "pfedme": Method(pfedme, _pfedme.HPARAMS, training_fields=_pfedme.TRAINING_FIELDS,
-                     family="personalised"),
-    "fedper": Method(fedper, _fedrep.FEDPER_HPARAMS, family="personalised"),
-    "fedrep": Method(fedrep, _fedrep.HPARAMS, family="personalised"),
-    "lg_fedavg": Method(lg_fedavg, _lg_fedavg.HPARAMS, family="personalised"),
-    "fedavg_ft": Method(fedavg_ft, _finetune.HPARAMS, family="personalised"),
-    "fedevg": Method(fedevg, _fedevg.HPARAMS, report=downstream_report, generative=True,
-                     report_line=downstream_line, training_fields=_fedevg.TRAINING_FIELDS,
-                     family="generative"),
-    "fedcvae": Method(fedcvae, _fedcvae.HPARAMS, report=downstream_report, generative=True,
-                      report_line=downstream_line, family="generative"),
-}
+class PluginError(FieldError):
+    """A plugin that cannot be loaded: ``e.field`` is where it was named ("plugins",
+    ``FEDJAX_FAIR_PLUGINS`` or the entry-point group) and the message names the spec."""
 
-ALGORITHMS = {name: m.factory for name, m in REGISTRY.items()}
+
+# --------------------------------------------------------------------------- the registry
+
+_STATE = {"ready": False, "entry_points": False}  # discovery done; entry points loaded
+
+
+def _load_entry_points() -> None:
+    """Imports the installed entry points of ``ENTRY_POINT_GROUP`` once, after the
+    package's own methods are registered; one ``PluginError`` names every failure."""
+    if _STATE["entry_points"] or not _STATE["ready"]:
+        return
+    _STATE["entry_points"] = True
+    from importlib.metadata import entry_points
+    failures = []
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        new = point.module not in sys.modules
+        try:
+            with _rollback():
+                point.load()
+        except Exception as e:  # noqa: BLE001: a broken plugin is reported, by name
+            failures.append(f"{point.name} = {point.value!r}: {type(e).__name__}: {e}")
+            continue
+        if new:
+            _PLUGIN_MODULES.append(point.module)
+    if failures:
+        raise PluginError(ENTRY_POINT_GROUP, "cannot load " + "; ".join(failures))
+
+
+class _Registry(dict):
+    """A dict that imports the installed plugins (``ENTRY_POINT_GROUP``) the first
+    time it is read. Writes are plain."""
+
+    def __getitem__(self, key):
+        _load_entry_points()
+        return dict.__getitem__(self, key)
+
+    def __contains__(self, key):
+        _load_entry_points()
+        return dict.__contains__(self, key)
+
+    def __iter__(self):
+        _load_entry_points()
+        return dict.__iter__(self)
+
+    def __reversed__(self):
+        _load_entry_points()
+        return dict.__reversed__(self)
+
+    def __len__(self):
+        _load_entry_points()
+        return dict.__len__(self)
+
+    def __eq__(self, other):
+        _load_entry_points()
+        return dict.__eq__(self, other)
+
+    __hash__ = None
+
+    def __repr__(self):
+        _load_entry_points()
+        return dict.__repr__(self)
+
+    def get(self, key, default=None):
+        _load_entry_points()
+        return dict.get(self, key, default)
+
+    def keys(self):
+        _load_entry_points()
+        return dict.keys(self)
+
+    def values(self):
+        _load_entry_points()
+        return dict.values(self)
+
+    def items(self):
+        _load_entry_points()
+        return dict.items(self)
+
+    def copy(self) -> dict:
+        _load_entry_points()
+        return dict(dict.items(self))
+
+
+REGISTRY: dict = _Registry()
+"""CLI name -> ``Method``, in the order ``list`` shows and ``compare`` runs them."""
+
+ALGORITHMS: dict = _Registry()
 """CLI name -> factory."""
 
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # no "@" (NAME@LABEL), "," or "." (--hp)
+
+
+def _qualname(factory) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+
+
+def register(name: str, factory: Callable, hparams: dict, *, family: str,
+             participation: str = "partial", report: Optional[Callable] = None,
+             generative: bool = False, report_line: Optional[Callable] = None,
+             training_fields: tuple = tuple(FIELDS), server_rate: Optional[str] = None,
+             size_prior: Optional[Callable[[bool], dict]] = WEIGHT_BY_SIZE,
+             seeded: bool = False, clocked: bool = False) -> Method:
+    """Registers ``factory`` under ``name`` (the keywords are ``Method``'s fields) and
+    returns its ``Method``. A method's module ends with this call. Registering a name
+    again with the same entry does nothing; with another factory or other fields it is
+    a ValueError naming it (``unregister`` it first)."""
+    where = f"register({name!r})"
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{where}: a method's name is letters, digits and underscores, "
+                         f"starting with a letter")
+    if not callable(factory):
+        raise TypeError(f"{where}: factory must be callable, got {factory!r}")
+    if not isinstance(hparams, dict):
+        raise TypeError(f"{where}: hparams must be a dict of ranges, got {hparams!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"{where}: family must be one of {list(FAMILIES)}, got {family!r}")
+    if participation not in PARTICIPATIONS:
+        raise ValueError(f"{where}: participation must be one of {PARTICIPATIONS}, "
+                         f"got {participation!r}")
+    unknown = [f for f in training_fields if f not in FIELDS]
+    if unknown:
+        raise ValueError(f"{where}: training_fields {unknown} are not ClientTraining "
+                         f"fields ({list(FIELDS)})")
+    if server_rate is not None and not isinstance(server_rate, str):
+        raise TypeError(f"{where}: server_rate must name an argument, got {server_rate!r}")
+    if size_prior is not None and not callable(size_prior):
+        raise TypeError(f"{where}: size_prior must be callable or None, got {size_prior!r}")
+    method = Method(factory, hparams, participation, report, bool(generative), report_line,
+                    tuple(training_fields), family, server_rate, size_prior, bool(seeded),
+                    bool(clocked))
+    existing = dict.get(REGISTRY, name)
+    if existing is not None:
+        if existing == method:
+            return existing
+        other = ("another factory, " + _qualname(factory) if existing.factory is not factory
+                 else "other fields")
+        raise ValueError(f"method {name!r} is already registered (factory "
+                         f"{_qualname(existing.factory)}); registering it again with "
+                         f"{other}: choose another name, or unregister({name!r}) first")
+    dict.__setitem__(REGISTRY, name, method)
+    dict.__setitem__(ALGORITHMS, name, factory)
+    return method
+
+
+def unregister(name: str) -> Method:
+    """Removes ``name`` from the registry and returns its entry (tests; a plugin
+    replaced in a running session). A KeyError names an unknown name."""
+    if not dict.__contains__(REGISTRY, name):
+        raise KeyError(f"no method {name!r} is registered")
+    dict.pop(ALGORITHMS, name, None)
+    return dict.pop(REGISTRY, name)
+
+
+def _arrange(modules: Iterable[str]) -> None:
+    """Orders the registry by the module that defines each factory, in ``modules``'
+    order (each module's methods in the order it registered them; any other after
+    them, as registered). ``fedjax_fair.algorithms`` calls this once its discovery has
+    imported every module: a module imported early by another keeps its place."""
+    rank = {m: i for i, m in enumerate(modules)}
+    entries = sorted(dict.items(REGISTRY),
+                     key=lambda kv: rank.get(getattr(kv[1].factory, "__module__", None),
+                                             len(rank)))
+    for table in (REGISTRY, ALGORITHMS):
+        dict.clear(table)
+    for name, method in entries:
+        dict.__setitem__(REGISTRY, name, method)
+        dict.__setitem__(ALGORITHMS, name, method.factory)
+    _STATE["ready"] = True
+
+
+# ----------------------------------------------------------------------------- plugins
+
+_PLUGIN_MODULES: list = []  # the modules load_plugins imported, in order (isolated())
+
+
+@contextlib.contextmanager
+def _rollback():
+    """Leaves the registry as it was if the block raises (a plugin half registered)."""
+    before = list(dict.items(REGISTRY))
+    try:
+        yield
+    except BaseException:
+        for table in (REGISTRY, ALGORITHMS):
+            dict.clear(table)
+        for name, method in before:
+            dict.__setitem__(REGISTRY, name, method)
+            dict.__setitem__(ALGORITHMS, name, method.factory)
+        raise
+
+
+def _is_path(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or os.sep in spec
+
+
+def _file_module_name(path: Path) -> str:
+    stem = re.sub(r"\W", "_", path.stem)
+    digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:10]
+    return f"_fedjax_fair_plugin_{stem}_{digest}"
+
+
+def _load_path(spec: str, field: str) -> ModuleType:
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise PluginError(field, f"{spec!r}: no such file (a plugin is a module name or "
+                                 f"a path to a .py file)")
+    path = path.resolve()
+    name = _file_module_name(path)
+    if name in sys.modules:  # loaded before: a module runs once, as an import would
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise PluginError(field, f"{spec!r}: not a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        with _rollback():
+            module_spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise PluginError(field, f"{spec!r}: {type(e).__name__}: {e}") from e
+    _PLUGIN_MODULES.append(name)
+    return module
+
+
+def _load_module(spec: str, field: str) -> ModuleType:
+    if not all(part.isidentifier() for part in spec.split(".")):
+        raise PluginError(field, f"{spec!r}: neither a module name nor a path to a .py file")
+    new = spec not in sys.modules
+    try:
+        with _rollback():
+            module = importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (spec == e.name or spec.startswith(e.name + ".")):
+            raise PluginError(field, f"{spec!r}: no module named {e.name!r} on sys.path "
+                                     f"(a plugin is a module name or a path to a .py "
+                                     f"file)") from e
+        raise PluginError(field, f"{spec!r}: {type(e).__name__}: {e}") from e
+    except Exception as e:
+        raise PluginError(field, f"{spec!r}: {type(e).__name__}: {e}") from e
+    if new:
+        _PLUGIN_MODULES.append(spec)
+    return module
+
+
+def load_plugins(specs: Union[str, Iterable[str], None] = (), *,
+                 field: str = "plugins") -> list:
+    """Imports plugin methods, so that their ``register`` calls run, and returns their
+    modules. Each spec is a module name (``mypackage.toy``, found on ``sys.path``) or a
+    path to a ``.py`` file; a string is split at commas, empty entries are skipped. A
+    spec loaded before is not run again. The installed entry points
+    (``ENTRY_POINT_GROUP``) are loaded first, once. A failure is a ``PluginError``
+    (``field``: where the specs came from) naming the spec; the registry is then as
+    it was before that spec."""
+    if specs is None:
+        specs = ()
+    elif isinstance(specs, str):
+        specs = specs.split(",")
+    specs = [s.strip() for s in specs]
+    _load_entry_points()
+    return [(_load_path if _is_path(s) else _load_module)(s, field) for s in specs if s]
+
+
+def load_env_plugins(environ=None) -> list:
+    """``load_plugins`` of ``$FEDJAX_FAIR_PLUGINS`` (comma-separated; errors name the
+    variable); nothing at all when it is unset or empty. The command line calls this
+    when it starts."""
+    value = (os.environ if environ is None else environ).get(PLUGINS_ENV, "")
+    if not value.strip():
+        return []
+    return load_plugins(value, field=PLUGINS_ENV)
+
+
+@contextlib.contextmanager
+def isolated():
+    """Restores the registry on exit, and forgets the plugin modules loaded in the
+    block (so they load afresh later): for tests that register or load methods."""
+    entries = list(dict.items(REGISTRY))
+    loaded = len(_PLUGIN_MODULES)
+    try:
+        yield
+    finally:
+        for table in (REGISTRY, ALGORITHMS):
+            dict.clear(table)
+        for name, method in entries:
+            dict.__setitem__(REGISTRY, name, method)
+            dict.__setitem__(ALGORITHMS, name, method.factory)
+        for module in _PLUGIN_MODULES[loaded:]:
+            sys.modules.pop(module, None)
+        del _PLUGIN_MODULES[loaded:]
+
+
+def __getattr__(name: str):
+    """The registered factories by their function's name (this module exported them
+    when it imported every method: ``from ...registry import fedavg`` still works)."""
+    if not name.startswith("__"):
+        for method in dict.values(REGISTRY):
+            if getattr(method.factory, "__name__", None) == name:
+                return method.factory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ------------------------------------------------------------------------- reading it
 
 def base_name(name: str) -> str:
     """The registered method of a compared entry: ``"superfed@lm"`` -> ``"superfed"``
@@ -289,10 +520,7 @@ def build(name: str, model, **values):
     return derive(method.factory(model, **values), lambda alg: alg._replace(name=name))
 
 
-__all__ = ["ALGORITHMS", "FAMILIES", "HParam", "Method", "REGISTRY", "base_name", "build", "default_training", "get_method", "aaggff_d", "aaggff_s", "afedpd",
-           "afedpd_sam", "afl", "apfl", "fedadmm", "fedavg_ft", "fedcm", "fedcvae", "fedevg", "fedpd", "fedper", "fedrep",
-           "fedsam", "fedspeed", "lg_fedavg", "pfedme", "superfed",
-           "ditto", "dqn_fed", "fedadagrad", "fedadam", "fedavg", "fedavgm", "feddyn", "fedfa", "fedfv", "fedheal", "fedlf", "fedmax",
-           "fedmax_k", "fedmgda_plus", "fednew", "fednl", "fednl_pp", "fedprox", "fedsoftmax", "fedyogi", "get_algorithm",
-           "method_hparams", "mifa", "propfair", "qffl", "scaffold", "term", "fedbuff",
-           "fedasync"]
+__all__ = ["ALGORITHMS", "ENTRY_POINT_GROUP", "FAMILIES", "HParam", "Method", "PLUGINS_ENV",
+           "PluginError", "REGISTRY", "WEIGHT_BY_SIZE", "base_name", "build",
+           "default_training", "get_algorithm", "get_method", "isolated", "load_env_plugins",
+           "load_plugins", "method_hparams", "register", "unregister"]

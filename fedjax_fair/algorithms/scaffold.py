@@ -45,6 +45,7 @@ from fedjax_fair.algorithms.families.training import Rate
 from fedjax_fair.core.client import ClientTraining, check_rate_optimizer, local_training
 from fedjax_fair.core.client import inner
 from fedjax_fair.core.mixing import MixingRule, prior
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"server_lr": H.POSITIVE}
 
@@ -112,3 +113,6 @@ def scaffold(model, *, server_lr: Rate = 1.0, training: ClientTraining = ClientT
                    client_state_init=lambda params: jax.tree.map(jnp.zeros_like, params),
                    client_table=client_table,
                    broadcast=lambda state: state.aggregator_state.control)
+
+
+register("scaffold", scaffold, HPARAMS, family="primal_dual", server_rate="server_lr")

@@ -59,6 +59,7 @@ from fedjax_fair.metrics import worst_k
 from fedjax_fair.core.mixing import by_num_examples
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import Broadcast, ClientData, ClientOutput
+from fedjax_fair.algorithms.registry import register
 
 MODES = ("mm", "lm")
 PROX_FORMS = ("squared", "ref_sum_of_norms")
@@ -269,3 +270,7 @@ def lambda_line(report: dict) -> str:
             f"lambda {report['best_lambda']:.1f} -> {report['acc_best_lambda_avg']:.4f}; "
             f"per-client oracle {report['acc_oracle_per_client']:.4f}; lambda 0 (federated) "
             f"{report['acc_lambda0']:.4f}; lambda 1 (local) {report['acc_lambda1']:.4f}")
+
+
+register("superfed", superfed, HPARAMS, family="personalised", report=lambda_report,
+         report_line=lambda_line, size_prior=None)

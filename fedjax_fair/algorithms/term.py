@@ -38,6 +38,7 @@ from fedjax_fair.algorithms.fedavg import fedavg
 from fedjax_fair.core.client import ClientTraining
 from fedjax_fair.core.mixing import MixingRule, exponentiated
 from fedjax_fair.solvers.simplex import exponentiated_gradient
+from fedjax_fair.algorithms.registry import register
 
 HPARAMS = {"tilt": H.REAL}
 
@@ -71,3 +72,6 @@ def term(model, *, tilt: float = 0.1, weight_by_size: bool = True,
     """FedAvg local training with TERM's tilted aggregation weights."""
     return fedavg(model, mixing=term_mixing(tilt, weight_by_size=weight_by_size),
                   training=training, server_optimizer=server_optimizer)
+
+
+register("term", term, HPARAMS, family="fair")

@@ -102,6 +102,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _COMMAND[:] = list(sys.argv[1:] if argv is None else argv)
     restore_sigterm = _interrupt_on_sigterm()
     try:
+        try:  # methods from outside the package (FEDJAX_FAIR_PLUGINS, entry points)
+            from fedjax_fair.algorithms import registry
+            registry.load_env_plugins()
+        except FieldError as e:
+            raise C.ConfigError(e.field, str(e)[len(e.field) + 2:]) from None
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             parser.print_help(sys.stderr)

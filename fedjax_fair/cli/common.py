@@ -17,7 +17,8 @@ from typing import NamedTuple, Optional
 import jax
 import numpy as np
 
-from fedjax_fair.algorithms import REGISTRY, base_name, build, default_training, method_hparams
+from fedjax_fair.algorithms import (REGISTRY, base_name, build, default_training, get_method,
+                                    method_hparams)
 from fedjax_fair.algorithms.families import generative as synthetic
 from fedjax_fair import reports as report
 from fedjax_fair.cli import config as C, lock
@@ -338,7 +339,7 @@ def build_algorithm(name: str, model, cfg, hparams: dict, ds=None):
         from fedjax_fair.core.client import sgd_optimizer
         kwargs["client_optimizer"] = sgd_optimizer(cfg.client_momentum, cfg.client_weight_decay)
     kwargs.update(hparams)
-    if "clock" in accepted:
+    if get_method(name).clocked:  # asynchronous on the system's clock (FedBuff, FedAsync)
         if C.system_spec(cfg).deadline is not None:
             raise C.ConfigError("deadline", f"{name} is asynchronous: clients are never cut "
                                             f"off by a round deadline; drop --deadline")
@@ -404,7 +405,7 @@ def _seeded(name: str, alg, model, cfg, hparams: dict, seed: int, ds=None):
     method's own initial state: FedEvg's synthetic set, FedCVAE's generator; ``run``
     sets it from ``--seed``) gets the run's seed in its ``init``. The round programs
     stay shared across seeds (the runner keys them without ``init``)."""
-    if not C.accepts(name, "seed"):
+    if not get_method(name).seeded:
         return alg
     return alg._replace(init=build_algorithm(name, model, cfg, {**hparams, "seed": seed},
                                              ds).init)

@@ -1035,11 +1035,8 @@ def mixing_kwargs(algorithm: str, mixing: str) -> Optional[dict]:
     has no such prior (its weights are learned or selected: AFL, AAggFF, FedMax)."""
     if mixing == "default":
         return {}
-    if accepts(algorithm, "weight_by_size"):
-        return {"weight_by_size": mixing == "size"}
-    if accepts(algorithm, "center"):  # FedMGDA+'s centre of the weight box
-        return {"center": "num_examples" if mixing == "size" else "uniform"}
-    return None
+    prior = get_method(algorithm).size_prior  # declared by the method's registry entry
+    return None if prior is None else prior(mixing == "size")
 
 
 def client_sgd_field(cfg) -> Optional[str]:
@@ -1066,12 +1063,13 @@ def check_mixing(algorithm: str, mixing: str) -> None:
                                     f"or one of: {', '.join(allowed)}")
 
 
-SERVER_RATE = "server_lr"  # the one name every factory gives its server learning rate
+SERVER_RATE = "server_lr"  # what the messages call it
 
 
 def server_rate_name(algorithm: str) -> Optional[str]:
-    """The factory argument holding the server learning rate, if any."""
-    return SERVER_RATE if accepts(algorithm, SERVER_RATE) else None
+    """The factory argument holding the server learning rate, if any (declared by the
+    method's registry entry: ``Method.server_rate``)."""
+    return get_method(algorithm).server_rate
 
 
 def check_server_schedule(algorithm: str, schedule: str, compensate: bool = False) -> None:

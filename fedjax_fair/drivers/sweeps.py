@@ -42,6 +42,11 @@ results away.
 ``run_seeds`` is ``runner.run`` for several seeds of ONE algorithm as one program, with
 its history (evaluations every ``eval_every`` rounds) and per-round metrics: the seeds
 of ``fedjax-fair compare``.
+
+Both take a run's settings as one ``spec.RunSpec`` (``spec=``) or as the keywords of
+the same names, as ``runner.run`` does; a sweep's runs are ``programs.simulate_chunk``
+(the round program every driver runs) from ``algorithm.init``, and ``run_seeds`` calls
+the programs of ``programs.make_programs(..., seeds=...)`` through ``runner.drive``.
 """
 from __future__ import annotations
 
@@ -59,12 +64,24 @@ from fedjax_fair.core import execution as _execution
 from fedjax_fair.scenarios import sampling
 from fedjax_fair import metrics as fairness
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
-from fedjax_fair.core.evaluation import make_state_evaluator
-from fedjax_fair.drivers.runner import (check_cohort, check_count, check_summary_clients,
-                                       check_system)
+from fedjax_fair.drivers.programs import (closed_table, evaluate_state, make_programs,
+                                          simulate_chunk)
+from fedjax_fair.drivers.runner import (Chunk, CompileClock, Record, _progress, drive,
+                                        has_clock)
 from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.drivers.spec import (DEFAULT, RunSpec, as_spec, check_cohort, check_count,
+                                      check_summary_clients, check_system)
 from fedjax_fair.core.types import ClientData, FederatedData
 from fedjax_fair.hparams import FieldError, FieldTypeError
+
+__all__ = [
+    "Axis", "Builder", "CHUNK_LOOPS", "CONFIG", "SEED", "SEEDS_SETTINGS", "SWEEP_SETTINGS",
+    "SeedRuns", "SweepResult", "Tiles", "as_federation", "check_cohort", "check_count",
+    "check_grid", "check_grid_ranges", "check_seeds", "check_summary_clients", "check_system",
+    "evaluate_state", "final_state", "has_examples", "initial_params", "resolve_builder",
+    "run_seeds", "summarise", "summary_keys", "sweep", "tile_arrays",
+]
+
 
 SEED = "seed"  # name of the seeds' axis
 CONFIG = "config"  # name of the one axis of a zipped grid
@@ -285,26 +302,18 @@ def final_state(algorithm: FederatedAlgorithm, params, data: FederatedData, key,
     return state
 
 
-def evaluate_state(model, algorithm: FederatedAlgorithm, state, split: ClientData) -> dict:
-    """Per-client metrics [N] of what ``algorithm`` evaluates (global, averaged or
-    personal model; evaluation.py), without ``num_examples``."""
-    evaluate = make_state_evaluator(model, algorithm.personal, algorithm.evaluated_params)
-    ids = jnp.arange(split.mask.shape[0], dtype=jnp.int32)
-    out = dict(evaluate(state, split, ids))
-    out.pop("num_examples")
-    return out
-
-
-def _run_fn(build: Callable, model, data_has_validation: bool, *, num_rounds, cohort_size,
-            sampler, execution, step_budgets, keep_states):
-    """``run(hparams, seed, params, data) -> (test, validation, state)`` of one run."""
+def _run_fn(build: Callable, model, data_has_validation: bool, spec: RunSpec,
+            keep_states: bool):
+    """``run(hparams, seed, params, data) -> (test, validation, state)`` of one run:
+    ``spec.num_rounds`` rounds of ``simulate_chunk`` from ``algorithm.init``, then every
+    client evaluated (``final_state``'s run, with ``spec``'s settings)."""
+    budgets = closed_table(spec.step_budgets)
 
     def run(hp, seed, params, data):
         key = jax.random.key(seed)
         algorithm = build(hp)
-        state = final_state(algorithm, params, data, key, num_rounds=num_rounds,
-                            cohort_size=cohort_size, sampler=sampler, execution=execution,
-                            step_budgets=step_budgets)
+        state = algorithm.init(params, data.num_clients)
+        state, _ = simulate_chunk(algorithm, spec, spec.num_rounds, state, data, key, budgets)
         test = evaluate_state(model, algorithm, state, data.test)
         val = (evaluate_state(model, algorithm, state, data.validation)
                if data_has_validation else None)
@@ -512,15 +521,21 @@ def summary_keys(metrics: Sequence[str], split: str = "test",
     return [f"{split}_{k}" for k in accuracy + ["loss"] + calibration]
 
 
-def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size: int,
-          model=None, seeds: Sequence[int] = (0,), params=None, product: bool = True,
-          fixed: Optional[dict] = None, chunk_size: Optional[int] = None,
-          sampler: Optional[Callable] = None, execution="auto", step_budgets=None,
+# the RunSpec fields sweep takes (eval_every is not used: a sweep evaluates at the end)
+SWEEP_SETTINGS = ("num_rounds", "cohort_size", "eval_every", "sampler", "step_budgets",
+                  "execution")
+
+
+def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int = DEFAULT,
+          cohort_size: int = DEFAULT, model=None, seeds: Sequence[int] = (0,), params=None,
+          product: bool = True, fixed: Optional[dict] = None, chunk_size: Optional[int] = None,
+          sampler: Optional[Callable] = DEFAULT, execution=DEFAULT, step_budgets=DEFAULT,
           keep_states: bool = False, fractions: Sequence[float] = (0.05, 0.1),
           vmap_seeds: Optional[bool] = None, chunk_loop: str = "host",
           compiler_options: Optional[dict] = None,
           on_tile: Optional[Callable[[int, dict, float], None]] = None,
-          done: Optional[Mapping[int, dict]] = None) -> SweepResult:
+          done: Optional[Mapping[int, dict]] = None,
+          spec: Optional[RunSpec] = None) -> SweepResult:
     """Runs every (grid point, seed) as one vmapped, compiled program.
 
     Args:
@@ -532,7 +547,11 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
         shape (e.g. per-round schedules, ``[n, T]``). ``{}``: seeds only.
       data: the federation (``data.Dataset`` or ``FederatedData``); its validation
         split, when it has examples, is evaluated too.
-      num_rounds, cohort_size: of every run.
+      num_rounds, cohort_size, sampler, execution, step_budgets: the settings of every
+        run, as keywords or as ``spec`` (a ``RunSpec``; its other fields keep their
+        defaults, ``eval_every`` aside: a sweep evaluates once, at the end). The
+        keyword ``sampler`` defaults to ``sampling.full`` for a registered method that
+        needs every client every round, else ``sampling.uniform`` (a spec's None too).
       model: evaluates the final states (and initialises them unless ``params``).
       seeds: one run per seed per grid point; seed s uses ``jax.random.key(s)`` for
         the model's initialisation, sampling and training (as the command line).
@@ -553,10 +572,6 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
         sequential loop wins, as for clients: benchmarks/sweep.py, docs/meta.md).
       chunk_loop: ``"host"``: one compiled tile, called once per tile from Python;
         ``"map"``: a ``lax.map`` over the tiles inside one program (one call).
-      sampler: default ``sampling.uniform`` (``sampling.full`` for a registered
-        method that needs every client every round).
-      execution: how each round maps its clients (an in-program strategy).
-      step_budgets: as ``simulate``'s.
       keep_states: also return every final state (memory: one state per run).
       fractions: the worst / best groups of the summaries.
       compiler_options: passed to ``jax.jit`` (e.g. XLA:CPU's cheaper pipeline).
@@ -573,37 +588,25 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
     Every argument is checked before anything is compiled; a bad one raises
     ``ValueError`` / ``TypeError`` whose message starts with its name.
     """
+    if spec is None and sampler is DEFAULT:
+        sampler = None  # the method's participation decides
+    spec = as_spec(spec, "sweep", dict(
+        num_rounds=num_rounds, cohort_size=cohort_size, sampler=sampler,
+        execution=execution, step_budgets=step_budgets), takes=SWEEP_SETTINGS)
     data = as_federation(data)
-    num_rounds = check_count(num_rounds, "num_rounds")
-    cohort_size = check_cohort(cohort_size, data.num_clients)
+    spec = spec.check(data)
     seed_values = check_seeds(seeds)
     axes, flat = check_grid(grid, product)
     build, method = resolve_builder(builder, list(flat), model, fixed)
     if method is not None:
         check_grid_ranges(builder, flat)
-    built = build({name: values[0] for name, values in flat.items()})  # cheap: closures
-    if not isinstance(built, FederatedAlgorithm):
-        raise FieldTypeError("builder", f"must return a FederatedAlgorithm (e.g. fedavg(model, "
-                                        f"training=ClientTraining(lr=hparams['lr']))), got "
-                                        f"{type(built).__name__}")
+    _check_built(build, flat)
     if model is None:
         raise FieldError("model", "needed to evaluate the final states")
-    if sampler is None:
-        sampler = (sampling.full if method is not None and method.participation == "full"
-                   else sampling.uniform)
-    if sampler is sampling.full and cohort_size != data.num_clients:
-        raise FieldError("cohort_size", f"the 'full' sampler (every client every round"
-                                        f"{', as ' + repr(builder) + ' needs' if method else ''}) needs "
-                                        f"cohort_size == {data.num_clients}, got {cohort_size}")
+    spec = spec._replace(sampler=_sweep_sampler(spec, builder, method, data.num_clients))
     if chunk_size is not None:
         chunk_size = check_count(chunk_size, "chunk_size")
-    if chunk_loop not in CHUNK_LOOPS:
-        raise FieldError("chunk_loop", f"must be one of {CHUNK_LOOPS}, got {chunk_loop!r}")
-    if (on_tile is not None or done) and chunk_loop != "host":
-        raise FieldError("chunk_loop", "on_tile and done need the host loop ('host')")
-    if done and keep_states:
-        raise FieldError("done", "tiles already run carry no states; keep_states=False")
-    _execution.as_execution(execution)
+    _check_tile_loop(chunk_loop, on_tile, done, keep_states)
 
     num_points = len(next(iter(flat.values()))) if flat else 1
     if vmap_seeds is None:
@@ -612,50 +615,104 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
     validate = has_examples(data.validation)
     restored = {i: _tile_output(i, arrays, tiles, data.num_clients, validate)
                 for i, arrays in (done or {}).items()}
-    run = _run_fn(build, model, validate, num_rounds=num_rounds, cohort_size=cohort_size,
-                  sampler=sampler, execution=execution, step_budgets=step_budgets,
-                  keep_states=keep_states)
+    run = _run_fn(build, model, validate, spec, keep_states)
     hp_tiles, seed_tiles, positions = tiles.split(flat, seed_values)
     per_seed = params is None
     todo = [i for i in range(tiles.count) if i not in restored]
     t = time.perf_counter()
     if per_seed and todo:
         inits = initial_params(model, seed_values)
-        params_tiles = jax.tree.map(lambda v: v[positions], inits)  # [count, s, ...]
+        params = jax.tree.map(lambda v: v[positions], inits)  # [count, s, ...]
     tile = _tile_fn(run, tiles.g, tiles.s, 0 if per_seed else None)
-    tile_params = (lambda i: _row(params_tiles, i)) if per_seed else (lambda i: params)
-
     if chunk_loop == "host":
-        outputs = dict(restored)
-        compile_s = 0.0
-        if todo:
-            program = jax.jit(tile, compiler_options=compiler_options)
-            compiled = program.lower(_row(hp_tiles, todo[0]), seed_tiles[todo[0]],
-                                     tile_params(todo[0]), data).compile()
-            compile_s = time.perf_counter() - t
-        t = time.perf_counter()
-        for i in todo:
-            t_i = time.perf_counter()
-            outputs[i] = jax.device_get(compiled(_row(hp_tiles, i), seed_tiles[i],
-                                                 tile_params(i), data))
-            if on_tile is not None:
-                on_tile(i, tile_arrays(outputs[i]), time.perf_counter() - t_i)
-        out = jax.tree.map(lambda *xs: np.stack(xs), *[outputs[i] for i in range(tiles.count)])
+        out, compile_s, run_s = _host_tiles(tile, hp_tiles, seed_tiles, params, per_seed, data,
+                                            tiles, todo, restored, compiler_options, on_tile, t)
     else:
-        if per_seed:
-            program = jax.jit(lambda hp, seeds, p, d: jax.lax.map(
-                lambda xs: tile(*xs, d), (hp, seeds, p)), compiler_options=compiler_options)
-            args = (hp_tiles, seed_tiles, params_tiles, data)
-        else:
-            program = jax.jit(lambda hp, seeds, p, d: jax.lax.map(
-                lambda xs: tile(*xs, p, d), (hp, seeds)), compiler_options=compiler_options)
-            args = (hp_tiles, seed_tiles, params, data)
-        compiled = program.lower(*args).compile()
-        compile_s = time.perf_counter() - t
-        t = time.perf_counter()
-        out = jax.device_get(compiled(*args))
-    run_s = time.perf_counter() - t
+        out, compile_s, run_s = _mapped_tiles(tile, hp_tiles, seed_tiles, params, per_seed,
+                                              data, compiler_options, t)
+    return _sweep_result(out, tiles, axes, seed_values, data, validate, fractions,
+                         keep_states, compile_s, run_s)
 
+
+def _check_built(build: Callable, flat: dict) -> None:
+    """The builder returns a FederatedAlgorithm (built at the grid's first point)."""
+    built = build({name: values[0] for name, values in flat.items()})  # cheap: closures
+    if not isinstance(built, FederatedAlgorithm):
+        raise FieldTypeError("builder", f"must return a FederatedAlgorithm (e.g. fedavg(model, "
+                                        f"training=ClientTraining(lr=hparams['lr']))), got "
+                                        f"{type(built).__name__}")
+
+
+def _sweep_sampler(spec: RunSpec, builder, method, num_clients: int) -> Callable:
+    """The spec's sampler; None: ``sampling.full`` for a registered method that needs
+    every client every round, else ``sampling.uniform``. The full sampler needs
+    ``cohort_size == num_clients``."""
+    sampler = spec.sampler
+    if sampler is None:
+        sampler = (sampling.full if method is not None and method.participation == "full"
+                   else sampling.uniform)
+    if sampler is sampling.full and spec.cohort_size != num_clients:
+        raise FieldError("cohort_size", f"the 'full' sampler (every client every round"
+                                        f"{', as ' + repr(builder) + ' needs' if method else ''}) needs "
+                                        f"cohort_size == {num_clients}, got {spec.cohort_size}")
+    return sampler
+
+
+def _check_tile_loop(chunk_loop: str, on_tile, done, keep_states: bool) -> None:
+    if chunk_loop not in CHUNK_LOOPS:
+        raise FieldError("chunk_loop", f"must be one of {CHUNK_LOOPS}, got {chunk_loop!r}")
+    if (on_tile is not None or done) and chunk_loop != "host":
+        raise FieldError("chunk_loop", "on_tile and done need the host loop ('host')")
+    if done and keep_states:
+        raise FieldError("done", "tiles already run carry no states; keep_states=False")
+
+
+def _host_tiles(tile: Callable, hp_tiles: dict, seed_tiles, params, per_seed: bool, data,
+                tiles: Tiles, todo: list, restored: dict, compiler_options, on_tile,
+                t: float) -> tuple:
+    """``(outputs [count, s, g, ...], compile seconds since t, run seconds)``: one
+    compiled tile called for every tile not ``restored``, from a host loop."""
+    tile_params = (lambda i: _row(params, i)) if per_seed else (lambda i: params)
+    outputs = dict(restored)
+    compile_s = 0.0
+    if todo:
+        program = jax.jit(tile, compiler_options=compiler_options)
+        compiled = program.lower(_row(hp_tiles, todo[0]), seed_tiles[todo[0]],
+                                 tile_params(todo[0]), data).compile()
+        compile_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for i in todo:
+        t_i = time.perf_counter()
+        outputs[i] = jax.device_get(compiled(_row(hp_tiles, i), seed_tiles[i],
+                                             tile_params(i), data))
+        if on_tile is not None:
+            on_tile(i, tile_arrays(outputs[i]), time.perf_counter() - t_i)
+    out = jax.tree.map(lambda *xs: np.stack(xs), *[outputs[i] for i in range(tiles.count)])
+    return out, compile_s, time.perf_counter() - t
+
+
+def _mapped_tiles(tile: Callable, hp_tiles: dict, seed_tiles, params, per_seed: bool, data,
+                  compiler_options, t: float) -> tuple:
+    """``(outputs [count, s, g, ...], compile seconds since t, run seconds)``: a
+    ``lax.map`` over the tiles inside one program."""
+    if per_seed:
+        program = jax.jit(lambda hp, seeds, p, d: jax.lax.map(
+            lambda xs: tile(*xs, d), (hp, seeds, p)), compiler_options=compiler_options)
+    else:
+        program = jax.jit(lambda hp, seeds, p, d: jax.lax.map(
+            lambda xs: tile(*xs, p, d), (hp, seeds)), compiler_options=compiler_options)
+    args = (hp_tiles, seed_tiles, params, data)
+    compiled = program.lower(*args).compile()
+    compile_s = time.perf_counter() - t
+    t = time.perf_counter()
+    out = jax.device_get(compiled(*args))
+    return out, compile_s, time.perf_counter() - t
+
+
+def _sweep_result(out, tiles: Tiles, axes: list, seed_values: np.ndarray,
+                  data: FederatedData, validate: bool, fractions, keep_states: bool,
+                  compile_s: float, run_s: float) -> SweepResult:
+    """The tiles' outputs merged into the labelled ``SweepResult``, with summaries."""
     test, val, states = tiles.merge(out)  # [G, S, ...]
     shape = tuple(a.size for a in axes) + (len(seed_values),)
     grid_shape = lambda tree: jax.tree.map(lambda v: v.reshape(shape + v.shape[2:]), tree)
@@ -666,7 +723,7 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int, cohort_size
         num_examples["validation"] = np.asarray(data.validation.num_examples)
         summary.update(summarise(flat_runs(val), num_examples["validation"], "validation",
                                  fractions))
-    summary = jax.tree.map(lambda v: v.reshape((num_points, len(seed_values))), summary)
+    summary = jax.tree.map(lambda v: v.reshape((tiles.num_points, len(seed_values))), summary)
     seed_axis = Axis(SEED, {SEED: seed_values})
     return SweepResult(axes=tuple(axes) + (seed_axis,), test=grid_shape(test),
                        validation=grid_shape(val) if validate else None,
@@ -699,54 +756,40 @@ class SeedRuns(NamedTuple):
     run_seconds: float
 
 
-def _seeds_programs(algorithm: FederatedAlgorithm, model, validate: bool, *, cohort_size: int,
-                    sampler, execution, step_budgets, system=None):
-    """``(chunk(length), evaluate)``: ``chunk(length)`` is ``(seed, state, data, n) ->
-    (state, per-round metrics [length, ...], per-client test, validation or None)``, a
-    chunk of ``runner.run``'s rounds keyed by ``jax.random.key(seed)`` (the first n of
-    them when n is not None: ``simulate``'s ``active_rounds``) and every client
-    evaluated after it; ``evaluate`` is ``(seed, state, data, None) -> (test, validation)``."""
-
-    def evaluate(seed, state, data, active_rounds=None):  # (the chunks' arguments)
-        test = evaluate_state(model, algorithm, state, data.test)
-        val = evaluate_state(model, algorithm, state, data.validation) if validate else None
-        return test, val
-
-    def chunk(length: int):
-        def one(seed, state, data, active_rounds):
-            state, metrics = simulate(algorithm, state, data, jax.random.key(seed),
-                                      num_rounds=length, cohort_size=cohort_size,
-                                      sampler=sampler, execution=execution,
-                                      step_budgets=step_budgets, active_rounds=active_rounds,
-                                      system=system)
-            return (state, metrics, *evaluate(seed, state, data))
-        return one
-
-    return chunk, evaluate
+# the RunSpec fields run_seeds takes (its checkpoints: checkpoint_dirs, one per seed)
+SEEDS_SETTINGS = ("num_rounds", "cohort_size", "eval_every", "sampler", "step_budgets",
+                  "system", "execution", "memory_limit", "summary_clients", "commit_seconds")
 
 
 def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: Sequence[int],
-              *, num_rounds: int, cohort_size: int, eval_every: int = 10,
-              sampler: Callable = sampling.uniform, execution="auto", step_budgets=None,
-              inits: Optional[Sequence[Callable]] = None, vmap_seeds: Optional[bool] = None,
-              memory_limit: Optional[int] = None, log: Optional[Callable] = None,
-              checkpoint_dirs: Optional[Sequence[str]] = None, resume: bool = False,
-              commit_seconds: float = 0.0, progress: bool = False, description: str = "",
-              system=None, summary_clients=None) -> Optional[SeedRuns]:
+              *, num_rounds: int = DEFAULT, cohort_size: int = DEFAULT,
+              eval_every: int = DEFAULT, sampler: Callable = DEFAULT, execution=DEFAULT,
+              step_budgets=DEFAULT, inits: Optional[Sequence[Callable]] = None,
+              vmap_seeds: Optional[bool] = None, memory_limit: Optional[int] = DEFAULT,
+              log: Optional[Callable] = None, checkpoint_dirs: Optional[Sequence[str]] = None,
+              resume: bool = False, commit_seconds: float = DEFAULT, progress: bool = False,
+              description: str = "", system=DEFAULT, summary_clients=DEFAULT,
+              spec: Optional[RunSpec] = None) -> Optional[SeedRuns]:
     """``runner.run`` of one algorithm for every seed, the seeds as ONE compiled program.
+
+    The settings are ``spec`` (a ``RunSpec``) or the keywords of the same names, one
+    or the other, as ``runner.run``'s; a spec's ``placement``, ``stream_layout``,
+    ``checkpoint_dir`` and ``donate`` keep their defaults (the checkpoints are
+    ``checkpoint_dirs``, one per seed).
 
     Seed s initialises the model with ``jax.random.key(s)`` and keys the run with it
     (as ``fedjax-fair run --seed s``); each seed's result equals ``runner.run``'s
     with those keys up to float rounding, history included (evaluations at round 0,
     every ``eval_every`` rounds and at the end). The seeds go through ``runner.drive``,
-    the loop ``runner.run`` uses: each chunk of ``eval_every`` rounds is one call of a
-    compiled program for every seed (vmapped, ``vmap_seeds`` True; None: on
-    accelerators) or one call per seed of the same program (CPU: different seeds train
-    different clients, benchmarks/sweep.py), every client evaluated inside it; then
-    each seed's ``runner.Record`` logs the evaluation and commits it with the seed's
-    state to ``checkpoint_dirs[i]`` (when given), so a kill loses at most the chunks
-    since the last commit, and a stop request (``runner.request_stop``, a signal
-    under ``runner.stop_on_signals``) is honoured at the next chunk's end, after the
+    the loop ``runner.run`` uses, with the programs of ``programs.make_programs``
+    (``seeds=``): each chunk of ``eval_every`` rounds is one call of a compiled
+    program for every seed (vmapped, ``vmap_seeds`` True; None: on accelerators) or
+    one call per seed of the same program (CPU: different seeds train different
+    clients, benchmarks/sweep.py), every client evaluated inside it; then each seed's
+    ``runner.Record`` logs the evaluation and commits it with the seed's state to
+    ``checkpoint_dirs[i]`` (when given), so a kill loses at most the chunks since the
+    last commit, and a stop request (``runner.request_stop``, a signal under
+    ``runner.stop_on_signals``) is honoured at the next chunk's end, after the
     commits, by ``runner.Interrupted``. ``resume``: every seed continues from its
     checkpoint; the checkpoints must be of one round (``ValueError("resume: ...")``
     otherwise: resume such seeds one by one).
@@ -758,160 +801,155 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     exceed it returns None, and nothing has run (``runner.run`` streams cohorts from
     the host instead). The per-seed ``compile_seconds`` are the programs' for the
     first seed and 0 for the others; vmapped seeds split each chunk's seconds evenly.
-    ``summary_clients``: as ``runner.run``'s (the clients the summaries cover).
     A seed whose state becomes NaN/inf stops at its last good evaluation
-    (``SeedRuns.non_finite``) while the others go on. ``system``: participation and
-    system heterogeneity (scenarios/system.py), as ``runner.run`` takes it.
+    (``SeedRuns.non_finite``) while the others go on.
     """
-    from fedjax_fair.core import memory as mem
-    from fedjax_fair.drivers.runner import (Chunk, CompileClock, Record, _progress, drive,
-                                            has_clock, split_summary)
+    spec = as_spec(spec, "run_seeds", dict(
+        num_rounds=num_rounds, cohort_size=cohort_size, eval_every=eval_every,
+        sampler=sampler, step_budgets=step_budgets, system=system, execution=execution,
+        memory_limit=memory_limit, summary_clients=summary_clients,
+        commit_seconds=commit_seconds), takes=SEEDS_SETTINGS)
     data = as_federation(data)
-    num_rounds = check_count(num_rounds, "num_rounds")
-    summary_clients = check_summary_clients(summary_clients, data.num_clients)
-    cohort_size = check_cohort(cohort_size, data.num_clients)
-    eval_every = check_count(eval_every, "eval_every")
+    spec = spec.check(data, model)
     seed_values = check_seeds(seeds)
-    if inits is not None and len(inits) != len(seed_values):
-        raise FieldError("inits", f"one per seed, got {len(inits)} for {len(seed_values)}")
-    if checkpoint_dirs is not None and len(checkpoint_dirs) != len(seed_values):
-        raise FieldError("checkpoint_dirs", f"one per seed, got {len(checkpoint_dirs)} for "
-                                            f"{len(seed_values)}")
-    if resume and checkpoint_dirs is None:
-        raise FieldError("resume", "needs checkpoint_dirs")
-    _execution.as_execution(execution)
+    _check_per_seed(inits, checkpoint_dirs, resume, len(seed_values))
     if vmap_seeds is None:
         vmap_seeds = jax.default_backend() != "cpu"
     validate = has_examples(data.validation)
-    num_clients = data.num_clients
-    if system is not None:
-        check_system(system, data, model, sampler)
     clock = CompileClock().start()
     try:
-        states = [(algorithm.init if inits is None else inits[i])(
-            _execution.initial_params(model, jax.random.key(int(s))), num_clients)
-            for i, s in enumerate(seed_values)]
-        records = [Record(None if checkpoint_dirs is None else checkpoint_dirs[i],
-                          commit_seconds=commit_seconds) for i in range(len(seed_values))]
-        if resume:
-            states = [rec.resume(st, num_clients) for rec, st in zip(records, states)]
-            rounds_at = sorted({int(st.round) for st in states})
-            if len(rounds_at) > 1:
-                raise FieldError("resume", f"the seeds' checkpoints are at rounds {rounds_at}; "
-                                           f"one program continues seeds of one round (resume "
-                                           f"the "
-                                           f"others one by one)")
-        chunk, evaluate = _seeds_programs(algorithm, model, validate, cohort_size=cohort_size,
-                                          sampler=sampler, execution=execution,
-                                          step_budgets=step_budgets, system=system)
-        data = jax.device_put(data)
+        states, records = _seed_states(algorithm, model, data.num_clients, seed_values, inits,
+                                       checkpoint_dirs, resume, spec.commit_seconds)
         seeds32 = seed_values.astype(np.uint32)
-        stack = lambda xs: jax.tree.map(lambda *v: jnp.stack(v), *xs)
-        if vmap_seeds:
-            jit = lambda f: jax.jit(jax.vmap(f, in_axes=(0, 0, None, None),
-                                             axis_name=_execution.CLIENT_AXIS))
-            current = [stack(states)]
-        else:
-            jit = jax.jit
-            current = list(states)
-        programs: dict = {}
-
-        def program(length: Optional[int]):
-            """The compiled chunk of ``length`` rounds (None: the evaluation alone)."""
-            if length not in programs:
-                args = (seeds32, current[0], data) if vmap_seeds else (seeds32[0], current[0],
-                                                                       data)
-                fn = evaluate if length is None else chunk(length)
-                args += (jax.ShapeDtypeStruct((), jnp.int32)
-                         if one_program and length is not None else None,)
-                programs[length] = jit(fn).lower(*args).compile(
-                    _execution.compiler_options("evaluate" if length is None else "rounds"))
-            return programs[length]
-
-        start = int(states[0].round)
-        first = max(1, min(eval_every, num_rounds - start))
-        one_program = jax.default_backend() == "cpu"  # as runner.run: one chunk program
-        capacity = mem.device_capacity() if memory_limit is None else int(memory_limit)
-        plan = mem.MemoryPlan("device", 0, mem.program_bytes(program(first)), capacity)
-        if not plan.fits:
+        current = [_stack(states)] if vmap_seeds else list(states)
+        programs = make_programs(algorithm, model, data, spec, state=current[0],
+                                 seeds=seeds32, vmap_seeds=vmap_seeds, validate=validate,
+                                 log=log)
+        if not programs.plan.fits:
             return None
-        if log:
-            log(plan.describe().replace("per chunk program", "the seeds' chunk program"))
-        n_test = np.asarray(data.test.num_examples)
-        n_val = np.asarray(data.validation.num_examples) if validate else None
-
-        def evaluated(test, val) -> tuple:
-            per_client = {**{k: np.asarray(v) for k, v in test.items()},
-                          "num_examples": n_test}
-            summary = split_summary(per_client, "test", summary_clients)
-            if validate:
-                summary.update(split_summary({**{k: np.asarray(v) for k, v in val.items()},
-                                              "num_examples": n_val}, "validation",
-                                             summary_clients))
-            return per_client, summary
-
-        def clocked(per_client, summary):
-            if has_clock(algorithm, system):  # simulated time 0
-                summary["clock_seconds"] = 0.0
-            return per_client, summary
-
-        def seed_state(i: int):
-            return _row(current[0], i) if vmap_seeds else current[i]
-
-        def initial() -> list:
-            if vmap_seeds:
-                test, val = jax.device_get(program(None)(seeds32, current[0], data, None))
-                outs = [(_row(test, i), _row(val, i) if validate else None)
-                        for i in range(len(records))]
-            else:
-                outs = [jax.device_get(program(None)(seeds32[i], current[i], data, None))
-                        for i in range(len(records))]
-            return [Chunk(seed_state(i), None, *clocked(*evaluated(*o)), 0.0)
-                    for i, o in enumerate(outs)]
-
-        def advance(r0: int, length: int) -> list:
-            fn = program(first if one_program else length)
-            n = np.int32(length) if one_program else None
-            live = [i for i, rec in enumerate(records) if not rec.stopped]
-            if vmap_seeds:
-                t = time.perf_counter()
-                current[0], metrics, test, val = fn(seeds32, current[0], data, n)
-                metrics, test, val = jax.device_get((metrics, test, val))
-                metrics = jax.tree.map(lambda m: m[:, :length], metrics)
-                seconds = (time.perf_counter() - t) / len(live)
-                outs = {i: (_row(metrics, i), _row(test, i),
-                            _row(val, i) if validate else None, seconds) for i in live}
-            else:
-                outs = {}
-                for i in live:
-                    t = time.perf_counter()
-                    current[i], metrics, test, val = fn(seeds32[i], current[i], data, n)
-                    metrics, test, val = jax.device_get((metrics, test, val))
-                    outs[i] = (jax.tree.map(lambda m: m[:length], metrics), test, val,
-                               time.perf_counter() - t)
-            chunks = []
-            for i in range(len(records)):
-                if i not in outs:
-                    chunks.append(None)
-                    continue
-                metrics, test, val, seconds = outs[i]
-                if not np.asarray(metrics["finite"]).all():
-                    chunks.append(Chunk(None, metrics, None, None, seconds))
-                else:
-                    chunks.append(Chunk(seed_state(i), metrics, *evaluated(test, val),
-                                        seconds))
-            return chunks
-
-        bar = _progress(progress, num_rounds, start, description)
-        drive(records, advance, initial, num_rounds=num_rounds, eval_every=eval_every,
-              bar=bar, clock=clock)
+        loop = _SeedLoop(algorithm, spec, programs, records, current, seeds32, vmap_seeds,
+                         validate)
+        bar = _progress(progress, spec.num_rounds, int(states[0].round), description)
+        drive(records, loop.advance, loop.initial, num_rounds=spec.num_rounds,
+              eval_every=spec.eval_every, bar=bar, clock=clock)
         if records[0].last_test is None:  # resumed at the end: nothing ran
-            for rec, c in zip(records, initial()):
+            for rec, c in zip(records, loop.initial()):
                 rec.last_test = c.test
         compile_s = clock.seconds
     finally:
         clock.stop()
-    results = [rec.result(algorithm, plan, clock, compile_seconds=compile_s if i == 0 else 0.0)
+    results = [rec.result(algorithm, programs.plan, clock,
+                          compile_seconds=compile_s if i == 0 else 0.0)
                for i, rec in enumerate(records)]
     return SeedRuns(results, [r.rounds for r in results], [rec.non_finite for rec in records],
                     compile_s, sum(r.run_seconds for r in results))
+
+
+def _check_per_seed(inits, checkpoint_dirs, resume: bool, num_seeds: int) -> None:
+    if inits is not None and len(inits) != num_seeds:
+        raise FieldError("inits", f"one per seed, got {len(inits)} for {num_seeds}")
+    if checkpoint_dirs is not None and len(checkpoint_dirs) != num_seeds:
+        raise FieldError("checkpoint_dirs", f"one per seed, got {len(checkpoint_dirs)} for "
+                                            f"{num_seeds}")
+    if resume and checkpoint_dirs is None:
+        raise FieldError("resume", "needs checkpoint_dirs")
+
+
+def _seed_states(algorithm: FederatedAlgorithm, model, num_clients: int,
+                 seed_values: np.ndarray, inits, checkpoint_dirs, resume: bool,
+                 commit_seconds) -> tuple:
+    """``(states, records)``: every seed's starting state (its ``init`` of
+    ``model.init(key(seed))``, or its checkpoint's: all of one round) and ``Record``."""
+    states = [(algorithm.init if inits is None else inits[i])(
+        _execution.initial_params(model, jax.random.key(int(s))), num_clients)
+        for i, s in enumerate(seed_values)]
+    records = [Record(None if checkpoint_dirs is None else checkpoint_dirs[i],
+                      commit_seconds=commit_seconds) for i in range(len(seed_values))]
+    if resume:
+        states = [rec.resume(st, num_clients) for rec, st in zip(records, states)]
+        rounds_at = sorted({int(st.round) for st in states})
+        if len(rounds_at) > 1:
+            raise FieldError("resume", f"the seeds' checkpoints are at rounds {rounds_at}; "
+                                       f"one program continues seeds of one round (resume "
+                                       f"the "
+                                       f"others one by one)")
+    return states, records
+
+
+def _stack(trees: list):
+    return jax.tree.map(lambda *v: jnp.stack(v), *trees)
+
+
+class _SeedLoop:
+    """``run_seeds``' side of ``drive``: ``initial()`` evaluates every seed's starting
+    state; ``advance(r0, length)`` runs the next chunk of every live seed (one
+    vmapped call, or one call per seed) and evaluates it. ``current``: the seeds'
+    states, one stacked tree when vmapped, else one per seed."""
+
+    def __init__(self, algorithm: FederatedAlgorithm, spec: RunSpec, programs, records: list,
+                 current: list, seeds: np.ndarray, vmap_seeds: bool, validate: bool):
+        self.algorithm, self.spec, self.programs, self.records = algorithm, spec, programs, records
+        self.current, self.seeds, self.vmap_seeds = current, seeds, vmap_seeds
+        self.validate = validate
+
+    def _state(self, i: int):
+        return _row(self.current[0], i) if self.vmap_seeds else self.current[i]
+
+    def _clocked(self, per_client: dict, summary: dict) -> tuple:
+        if has_clock(self.algorithm, self.spec.system):  # simulated time 0
+            summary["clock_seconds"] = 0.0
+        return per_client, summary
+
+    def initial(self) -> list:
+        program, data = self.programs.chunk(None, self.current[0]), self.programs.data
+        if self.vmap_seeds:
+            test, val = jax.device_get(program(self.seeds, self.current[0], data, None))
+            outs = [(_row(test, i), _row(val, i) if self.validate else None)
+                    for i in range(len(self.records))]
+        else:
+            outs = [jax.device_get(program(self.seeds[i], self.current[i], data, None))
+                    for i in range(len(self.records))]
+        return [Chunk(self._state(i), None, *self._clocked(*self.programs.evaluate(*o)), 0.0)
+                for i, o in enumerate(outs)]
+
+    def advance(self, r0: int, length: int) -> list:
+        p = self.programs
+        fn = p.chunk(p.first if p.one_program else length, self.current[0])
+        n = np.int32(length) if p.one_program else None
+        live = [i for i, rec in enumerate(self.records) if not rec.stopped]
+        outs = (self._vmapped(fn, n, length, live) if self.vmap_seeds
+                else self._one_by_one(fn, n, length, live))
+        chunks = []
+        for i in range(len(self.records)):
+            if i not in outs:
+                chunks.append(None)
+                continue
+            metrics, test, val, seconds = outs[i]
+            if not np.asarray(metrics["finite"]).all():
+                chunks.append(Chunk(None, metrics, None, None, seconds))
+            else:
+                chunks.append(Chunk(self._state(i), metrics, *p.evaluate(test, val), seconds))
+        return chunks
+
+    def _vmapped(self, fn, n, length: int, live: list) -> dict:
+        """``{seed index: (metrics, test, validation, seconds)}`` of one vmapped call."""
+        t = time.perf_counter()
+        self.current[0], metrics, test, val = fn(self.seeds, self.current[0],
+                                                 self.programs.data, n)
+        metrics, test, val = jax.device_get((metrics, test, val))
+        metrics = jax.tree.map(lambda m: m[:, :length], metrics)
+        seconds = (time.perf_counter() - t) / len(live)
+        return {i: (_row(metrics, i), _row(test, i), _row(val, i) if self.validate else None,
+                    seconds) for i in live}
+
+    def _one_by_one(self, fn, n, length: int, live: list) -> dict:
+        """``{seed index: (metrics, test, validation, seconds)}`` of one call per seed."""
+        outs = {}
+        for i in live:
+            t = time.perf_counter()
+            self.current[i], metrics, test, val = fn(self.seeds[i], self.current[i],
+                                                     self.programs.data, n)
+            metrics, test, val = jax.device_get((metrics, test, val))
+            outs[i] = (jax.tree.map(lambda m: m[:length], metrics), test, val,
+                       time.perf_counter() - t)
+        return outs

@@ -373,7 +373,7 @@ def plot_sample_grid(snapshots, labels, rounds, path: Optional[str], num_classes
     left) and the first ``per_class`` samples of that class as columns; pixels are
     clipped to ``value_range`` (the data range) and shown on a fixed scale, grey
     images with the grey colour map (black = lo). ``title`` / ``context`` form the
-    figure title as in ``cli.report`` (``context`` on a second line). The figure is
+    figure title as in ``reports`` (``context`` on a second line). The figure is
     drawn on a ``matplotlib.figure.Figure`` with the Agg canvas (matplotlib is
     imported here, never pyplot), written to ``path`` as PNG when given, and returned.
     """
