@@ -20,7 +20,7 @@ import pytest
 
 from fedjax_fair import algorithms
 from fedjax_fair.algorithms import ClientTraining
-from fedjax_fair.algorithms.registry import Method
+from fedjax_fair.algorithms import registry
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 NEW_METHOD = DOCS / "new_method.md"
@@ -66,7 +66,8 @@ def test_the_page_defines_the_method_in_python_and_registers_it_only_in_a_diff()
     assert len(python) >= 4
     assert not any("REGISTRY" in body for body in python), "snippets must not register"
     (diff,) = code_blocks(text, "diff")
-    assert '"lossprop": Method(lossprop, _lossprop.HPARAMS)' in diff
+    assert 'register("lossprop", lossprop, HPARAMS, family="fair")' in diff
+    assert "registry.py" not in diff and "__init__.py" not in diff  # one new module
 
 
 def test_the_run_finished_with_every_evaluation(new_method):
@@ -122,14 +123,16 @@ def _meta_row(diff: str) -> tuple[list, list]:
     return re.findall(r"`(\w+)`", cells[1]), re.findall(r"`(\w+)`", cells[2])
 
 
-def test_the_registration_gives_the_stated_meta_row(new_method, monkeypatch):
+def test_the_registration_gives_the_stated_meta_row(new_method):
     """The diff's registry entry, applied to a patched registry, yields the docs/meta.md
     row the diff adds (the table tests/test_meta.py checks) and the shared options the
     registry-wide tests demand; the real registry has no such entry."""
     assert "lossprop" not in algorithms.REGISTRY
-    monkeypatch.setitem(algorithms.REGISTRY, "lossprop",
-                        Method(new_method["lossprop"], new_method["HPARAMS"]))
-    hps = algorithms.method_hparams("lossprop")
+    with registry.isolated():
+        registry.register("lossprop", new_method["lossprop"], new_method["HPARAMS"],
+                          family="fair")
+        hps = algorithms.method_hparams("lossprop")
+    assert "lossprop" not in algorithms.REGISTRY
     continuous, static = _meta_row(code_blocks(NEW_METHOD.read_text("utf-8"), "diff")[0])
     assert continuous == [k for k, h in hps.items() if h.continuous]
     assert static == [k for k, h in hps.items() if h.range is not None and not h.continuous]
