@@ -44,6 +44,8 @@ from fedjax_fair.core.types import (Broadcast, ClientData, ClientOutput, Cohort,
                                     FederatedData, ServerContext)
 from fedjax_fair.drivers import meta, runner, simulate, sweeps
 from fedjax_fair.drivers.meta import make_objective, meta_optimize
+from fedjax_fair.drivers.programs import make_programs
+from fedjax_fair.drivers.spec import RunSpec
 from fedjax_fair.drivers.runner import NonFiniteError, RunResult, run
 from fedjax_fair.drivers.simulate import make_cohort
 from fedjax_fair.drivers.sweeps import SweepResult, sweep
@@ -52,11 +54,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Broadcast", "ClientData", "ClientTraining", "ClientOutput", "Cohort", "Execution", "FederatedAlgorithm",
-    "FederatedData", "NonFiniteError", "RunResult", "ServerContext", "ServerState",
+    "FederatedData", "NonFiniteError", "RunResult", "RunSpec", "ServerContext", "ServerState",
     "SweepResult", "aggregators", "algorithms", "client", "client_states", "compose", "core",
     "data", "drivers", "execution", "heterogeneity", "hparams", "local_training",
-    "make_cohort", "make_evaluator", "make_objective", "memory", "meta", "meta_optimize",
-    "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling", "scenarios",
+    "make_cohort", "make_evaluator", "make_objective", "make_programs", "memory", "meta", "meta_optimize",
+    "metrics", "mixing", "models", "proximal_term", "run", "runner", "sampling",
+    "scenarios",
     "schedules",
     "sharding", "simulate", "solvers", "sweep", "sweeps", "system", "with_improvement",
 ]

@@ -192,7 +192,8 @@ def test_runner_refuses_a_bad_mesh_before_compute(monkeypatch):
     from fedjax_fair.algorithms.fedavg import fedavg
     from fedjax_fair.core.execution import Execution
     model = H.logreg()
-    monkeypatch.setattr(runner, "simulate", lambda *a, **k: pytest.fail("compiled"))
+    from fedjax_fair.drivers import programs  # where the chunk programs are built
+    monkeypatch.setattr(programs, "simulate", lambda *a, **k: pytest.fail("compiled"))
     with pytest.raises(ValueError, match="^mesh:"):
         runner.run(fedavg(model), H.init_params(model), H.tiny_federation(),
                    jax.random.key(0), model=model, num_rounds=1, cohort_size=2,
