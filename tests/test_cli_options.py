@@ -81,3 +81,11 @@ def test_list_options_shows_every_group_and_option():
         assert f"{group}:" in out
     for o in O.OPTIONS:
         assert (o.flags[0] if o.flag == "" else o.flag or o.name) in out
+
+
+def test_every_group_names_a_builder_that_exists():
+    import importlib
+    for group in O.GROUPS.values():
+        for ref in group.builder.split(", "):
+            module, _, name = ref.partition(":")
+            assert callable(getattr(importlib.import_module(f"fedjax_fair.cli.{module}"), name))

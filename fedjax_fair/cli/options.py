@@ -34,17 +34,27 @@ from fedjax_fair.hparams import FieldError
 COMMANDS = ("run", "compare", "sweep")
 MIXINGS = ("default", "size", "uniform")
 
+class Group(NamedTuple):
+    """An option group: what its options describe, and the function of the command line
+    that reads them to build the group's library value (``module:function`` under
+    ``fedjax_fair.cli``)."""
+
+    title: str
+    builder: str
+
+
 GROUPS = {
-    "data": "the federation and the model",
-    "training": "the method and its local training",
-    "system": "participation and system heterogeneity (who takes part, how long rounds take)",
-    "robustness": "attacks and robust aggregation",
-    "privacy": "client-level differential privacy",
-    "evaluation": "what is measured, and when",
-    "execution": "how rounds map to devices",
-    "output": "where results go and how they are kept",
+    "data": Group("the federation and the model", "common:build_dataset, common:build_model"),
+    "training": Group("the method and its local training", "common:build_algorithm"),
+    "system": Group("participation and system heterogeneity (who takes part, how long "
+                    "rounds take)", "common:system_of"),
+    "robustness": Group("attacks and robust aggregation", "transforms:apply"),
+    "privacy": Group("client-level differential privacy", "transforms:apply"),
+    "evaluation": Group("what is measured, and when", "common:simulate_one"),
+    "execution": Group("how rounds map to devices", "common:execution_of"),
+    "output": Group("where results go and how they are kept", "common:_own"),
 }
-"""Group key -> what its options build, in the order ``list options`` shows them."""
+"""Group key -> ``Group``, in the order ``list options`` shows them."""
 
 
 class ConfigError(FieldError):
@@ -493,12 +503,12 @@ def table(commands=COMMANDS) -> list:
     """``fedjax-fair list options``: every option by group, with its flag, default,
     the commands that take it and its help."""
     lines = []
-    for group, title in GROUPS.items():
+    for group, (title, builder) in GROUPS.items():
         members = [o for o in OPTIONS if o.group == group
                    and any(c in o.commands for c in commands)]
         if not members:
             continue
-        lines.append(f"{group}: {title}")
+        lines.append(f"{group}: {title} (built by {builder})")
         for o in members:
             flag = (o.flags[0] + " " + o.name.upper() if o.flag == ""
                     else o.flag or f"(config file: {o.name})")
