@@ -1,24 +1,24 @@
 """``fedjax-fair compare``: several algorithms x seeds on the same data and budget,
-each run resumable, the table and plots of the finished runs."""
+each run resumable; the table and plots of the finished runs are
+``fedjax_fair.reports.compare``'s, written at the end (and by ``fedjax-fair report``)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import sys
 import time
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import jax
 import numpy as np
 
-from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
+from fedjax_fair.algorithms import REGISTRY, base_name
+from fedjax_fair.hparams import FieldError
 from fedjax_fair import reports as report
 from fedjax_fair.cli import config as C, lock, tracked, transforms
-from fedjax_fair.reports import html
+from fedjax_fair.reports import compare as comparison
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_recorded, _err, _has_test, _is_primary,
                                     _method_report, _ordered_config, _other_process, _own,
@@ -37,49 +37,6 @@ def compare_config(args: argparse.Namespace):
     """The CompareConfig of ``compare``: with ``--resume``, the interrupted comparison's
     config.json <- the config file <- flags (which may only change progress / plots)."""
     return _resumable_config(args, C.CompareConfig, C.COMPARE_RESUMABLE, "comparison")
-
-
-def _improved_curve(run_dir: str):
-    """The per-round improved fraction of a run directory's rounds.jsonl, or None."""
-    path = os.path.join(run_dir, "rounds.jsonl")
-    if not os.path.isfile(path):
-        return None
-    rows = report.read_jsonl(path)
-    values = [r["improved_fraction"] for r in rows if "improved_fraction" in r]
-    return np.asarray(values) if values else None
-
-
-def _finished_run(run_dir: str):
-    """(summary, history, accuracies) of a run a comparison already wrote, or None
-    when it is not finished: ``summary.json``, written last (``_write_compare_run``),
-    is missing, unreadable or not a run's summary, or an output it commits is missing
-    or unreadable (metrics.jsonl; for a finished run also rounds.jsonl, clients.csv
-    and clients_over_time.npz with one row per evaluation). ``compare --resume`` then
-    runs it again."""
-    import zipfile
-    import zlib
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
-        if not isinstance(summary, dict) or summary.get("status") not in ("ok",
-                                                                          "non_finite"):
-            return None
-        ok = summary["status"] == "ok"
-        if ok and not isinstance(summary.get("final"), dict):
-            return None
-        history = report.read_jsonl(os.path.join(run_dir, "metrics.jsonl"), strict=True)
-        acc = None
-        if ok:
-            report.read_jsonl(os.path.join(run_dir, "rounds.jsonl"), strict=True)
-            with np.load(os.path.join(run_dir, "clients_over_time.npz")) as z:
-                if not history or "round" not in z.files or len(z["round"]) != len(history):
-                    return None
-            table = report.read_client_csv(os.path.join(run_dir, "clients.csv"))
-            acc = table["accuracy"][table["num_test_examples"] > 0]
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile,
-            zlib.error):
-        return None
-    return summary, history, acc
 
 
 def cmd_compare(args) -> int:
@@ -140,8 +97,8 @@ def cmd_compare(args) -> int:
     try:
         with stop_on_signals():
             for name, alg in algs.items():
-                found = {s: (_finished_run(os.path.join(out, name, f"seed{s}")) if cfg.resume
-                             else None) for s in cfg.seeds}
+                found = {s: (comparison.finished_run(os.path.join(out, name, f"seed{s}"))
+                             if cfg.resume else None) for s in cfg.seeds}
                 missing = [s for s in cfg.seeds if found[s] is None]
                 started = {s: _started_round(os.path.join(out, name, f"seed{s}"), alg, model,
                                              ds) if cfg.resume else 0 for s in missing}
@@ -237,7 +194,7 @@ def _compare_one(name, alg, seed, run_dir, cfg, cfg_dict, hparams, model, ds, No
     """One run of a comparison, committed to ``run_dir/checkpoint`` every
     ``cfg.commit_seconds`` (``resume``: continued from there) and written to
     ``run_dir`` as soon as it ends (diverged runs keep their metrics.jsonl); returns
-    what ``_finished_run`` would read back."""
+    what ``comparison.finished_run`` would read back."""
     cfg = for_method(cfg, name)
     try:
         res = simulate_one(alg, model, ds, cfg, seed, progress=cfg.progress,
@@ -267,7 +224,7 @@ def _write_compare_run(name, alg, seed, run_dir, cfg_dict, hparams, model, ds, r
     """Writes one run of a comparison to ``run_dir``: the finished run ``res``, or,
     with ``non_finite = (round, last_good_round)``, a diverged run's evaluations
     ``entries`` and rounds; its summary.json last (the run's commit), then removes the
-    run's checkpoint. Returns what ``_finished_run`` would read back."""
+    run's checkpoint. Returns what ``comparison.finished_run`` would read back."""
     summary, history, acc = _write_compare_outputs(name, alg, seed, run_dir, cfg_dict,
                                                    hparams, model, ds, res, entries, rounds,
                                                    non_finite)
@@ -324,9 +281,9 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
     on accelerators, one compiled program called per seed on CPU), each committed to
     its run directory's checkpoint every ``cfg.commit_seconds`` (``resume``: every seed
     continues from there, all at one round) and written to its run directory as
-    ``_compare_one`` writes it; ``{seed: what _finished_run reads back}``, or {} when
-    the program does not fit the device (the caller then runs each seed with
-    ``runner.run``, which streams cohorts from the host)."""
+    ``_compare_one`` writes it; ``{seed: what comparison.finished_run reads back}``,
+    or {} when the program does not fit the device (the caller then runs each seed
+    with ``runner.run``, which streams cohorts from the host)."""
     run_dirs = [os.path.join(out, name, f"seed{seed}") for seed in seeds]
     cfg = for_method(cfg, name)
     runs = sweeps.run_seeds(
@@ -349,188 +306,29 @@ def _compare_seeds(name, alg, seeds, out, cfg, cfg_dict, hparams, model, ds, log
                                                        runs.rounds, runs.non_finite)}
 
 
-class Finished(NamedTuple):
-    """What a comparison folder holds of its runs (``load_runs``): per algorithm, the
-    finished seeds' table columns, histories and per-client accuracies, diverged runs'
-    notes, each algorithm's evaluation ("global" / "personal") and the dataset."""
-
-    summaries: dict
-    histories: dict
-    accuracies: dict
-    notes: dict
-    evaluated: dict
-    dataset: dict
-
-
-def load_runs(out: str, algorithms: list, seeds: list) -> Finished:
-    """The finished runs of the comparison in ``out`` (``_finished_run`` of each
-    ``out/ALGORITHM/seedS``): the one source of its table, figures and report, whether
-    ``compare`` has just run them or ``fedjax-fair report`` reads a folder again."""
-    summaries = {a: [] for a in algorithms}
-    histories = {a: [] for a in algorithms}
-    accuracies = {a: [] for a in algorithms}
-    notes, evaluated, dataset = {}, {}, None
-    for name in algorithms:
-        for seed in seeds:
-            done = _finished_run(os.path.join(out, name, f"seed{seed}"))
-            if done is None:
-                continue
-            summary, history, acc = done
-            evaluated.setdefault(name, summary.get("evaluated", "global"))
-            if summary.get("status") == "non_finite":
-                note = f"diverged at round {summary['non_finite_round']}"
-                note = f"seed {seed} {note}" if len(seeds) > 1 else note
-                notes[name] = f"{notes[name]}; {note}" if name in notes else note
-                summaries[name].append({})
-            else:
-                unseen = (summary.get("unseen") or {}).get("final", {})
-                summaries[name].append({**summary["final"], **summary["timings"],
-                                        **{f"unseen_{k}": v for k, v in unseen.items()}})
-                accuracies[name].append(acc)
-                dataset = dataset or summary.get("dataset")
-            if history:
-                histories[name].append(history)
-    return Finished(summaries, histories, accuracies, notes, evaluated, dataset or {})
-
-
-def families_of(names) -> dict:
-    """``{name: family}`` of compared names (``NAME@LABEL``: its method's), the
-    reference family for a name the registry does not know."""
-    return {n: REGISTRY[base_name(n)].family if base_name(n) in REGISTRY else report.REFERENCE
-            for n in names}
-
-
-FIGURES = (("accuracy.png", "average and worst-10% per-client test accuracy over rounds, "
-                            "by family, FedAvg dashed in every panel (mean over seeds, band: "
-                            "min to max)"),
-           ("accuracy_time.png", "the same against simulated time"),
-           ("client_accuracy_hist.png", "final per-client test accuracy, one box per "
-                                        "method, grouped by family"),
-           ("client_accuracy_ecdf.png", "fraction of clients at or below each accuracy, "
-                                        "by family"),
-           ("lorenz.png", "Lorenz curves of final per-client accuracy, by family"),
-           ("improved_clients.png", "share of each round's participants whose training "
-                                    "loss did not rise, by family"))
-
-
 def _write_comparison(out, cfg_dict, seconds, print_table=True, command=None) -> int:
-    """comparison.md / .csv, the figures, report.html and, last, summary.json of the
-    runs ``out`` holds (``load_runs``); ``fedjax-fair report`` calls it on a finished
-    folder, so that both write the same files from the same inputs."""
-    try:  # an earlier summary.json would vouch for outputs being rewritten now
-        os.remove(os.path.join(out, "summary.json"))
-    except FileNotFoundError:
-        pass
-    algorithms, seeds = list(cfg_dict["algorithms"]), list(cfg_dict["seeds"])
-    runs = load_runs(out, algorithms, seeds)
-    families = families_of(algorithms)
-    done = {a: s for a, s in runs.summaries.items() if s}
-    columns = report.table_columns(unseen=bool(cfg_dict.get("unseen_clients")),
-                                   dp=cfg_dict.get("dp_noise") is not None
-                                   or cfg_dict.get("dp_epsilon") is not None)
-    rows = {a: report.aggregate_runs(s, columns) for a, s in done.items()}
-    tables = report.family_tables(rows, len(seeds), families, FAMILIES, runs.notes, columns)
-    table = report.family_markdown(tables)
-    ds = runs.dataset
-    where = (f"{ds.get('name', cfg_dict.get('dataset'))}"
-             + (f" ({ds['num_clients']} clients)" if "num_clients" in ds else "")
-             + f", {cfg_dict.get('model')}, {cfg_dict.get('num_rounds')} rounds, "
-               f"cohort {cfg_dict.get('cohort_size')}")
-    title = (f"{where}, seeds {','.join(map(str, seeds))}: final per-client test accuracy "
-             f"(mean ± std over seeds)" if len(seeds) > 1 else
-             f"{where}, seed {seeds[0]}: final per-client test accuracy")
-    finished = sum(len(s) for s in runs.summaries.values())
-    total_runs = len(algorithms) * len(seeds)
-    if finished < total_runs:
-        title += f" ({finished} of {total_runs} runs finished)"
-    evaluated = {a: runs.evaluated.get(a, "global") for a in algorithms}
-    personal = [a for a in algorithms if evaluated[a] == "personal"]
-    table_note = report.TABLE_NOTE + (
-        " Grouped by family, each led by FedAvg (the reference); in bold, the best value "
-        "of each column within the family." if len(tables) > 1 else "") + (
-        f" Evaluated on each client's own (personal) model: {', '.join(personal)}; the "
-        f"others on the global model." if personal else "") + (
-        f" Unseen: the {cfg_dict['unseen_clients']:g} of the clients held out of training "
-        f"(--unseen-clients), global models as trained, personalised ones after one round "
-        f"of their client procedure; the other columns are over the clients trained on."
-        if cfg_dict.get("unseen_clients") else "")
-    label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
-             + (" (diverged)" if a in runs.notes else "") for a in algorithms}
-    markdown = f"{title}\n\n{table}\n{table_note}\n"
-    report.files._replace_with(os.path.join(out, "comparison.md"), markdown)
-    report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(seeds),
-                                families, columns)
-    if cfg_dict.get("plots", True):
-        _comparison_figures(out, cfg_dict, runs, label, families, finished, total_runs)
-    summary_path = os.path.join(out, "summary.json")
-    reproduce = f"fedjax-fair compare --config {os.path.join(out, 'config.json')} -o NEW_DIR"
-    report.files._replace_with(os.path.join(out, "report.html"), html.page(
-        title, table + "\n" + table_note, figures=[(os.path.join(out, f), c) for f, c in FIGURES],
-        command=command, reproduce=reproduce, config=cfg_dict))
-    report.write_json(summary_path, {
-        "config": cfg_dict, "dataset": ds, "command": command,
-        "table": {a: {k: {"mean": m, "std": s} for k, (m, s) in agg.items()}
-                  for a, agg in rows.items()},
-        "families": families, "evaluated": evaluated, "notes": runs.notes, "labels": label,
-        "total_seconds": seconds, "runs_finished": finished, "runs": total_runs})
-    if not print_table:
-        return 0
-    print(title)
-    print()
-    print(table, end="")
-    if personal:
-        print(f"(personal models: {', '.join(personal)})")
-    print(f"\n{total_runs} runs in {seconds:.1f}s -> {out}")
-    if runs.notes:
+    """``comparison.write_comparison`` of the runs ``out`` holds (printing the table
+    with ``print_table``); its exit status: ``EXIT_NONFINITE`` when a run diverged (the
+    table printed, then the diverged runs as an error line), else 0."""
+    summary = comparison.write_comparison(out, cfg_dict, seconds, echo=print_table,
+                                          command=command)
+    return _status(summary["notes"]) if print_table else 0
+
+
+def rebuild(out_dir: str) -> int:
+    """``fedjax-fair report`` of a comparison folder: ``comparison.rebuild``, its
+    errors as ``ConfigError``s, its exit status as ``_write_comparison``'s."""
+    try:
+        summary = comparison.rebuild(out_dir)
+    except FieldError as e:
+        raise C.config_error(e, "output_dir") from None
+    return _status(summary["notes"])
+
+
+def _status(notes: dict) -> int:
+    """The exit status of a comparison whose diverged runs are ``notes``."""
+    if notes:
         _err("non-finite parameters (NaN/inf) in " + "; ".join(f"{a}: {n}"
-                                                                for a, n in runs.notes.items()))
+                                                                for a, n in notes.items()))
         return EXIT_NONFINITE
     return 0
-
-
-def _comparison_figures(out, cfg_dict, runs: Finished, label, families, finished,
-                        total_runs) -> None:
-    """The comparison's figures (``FIGURES``), one panel per family group."""
-    seeds = list(cfg_dict["seeds"])
-    ctx = (f"{runs.dataset.get('name', cfg_dict.get('dataset'))}, {cfg_dict.get('model')}, "
-           f"{cfg_dict.get('num_rounds')} rounds, "
-           f"seed{'s' if len(seeds) > 1 else ''} {','.join(map(str, seeds))}"
-           + (f" ({finished} of {total_runs} runs finished)" if finished < total_runs else ""))
-    spent = [h[-1].get("dp_epsilon") for runs_ in runs.histories.values() for h in runs_ if h]
-    guards = report.guard_context(cfg_dict, max((e for e in spent if e is not None),
-                                                default=None))
-    ctx += f"\n{guards}" if guards else ""
-    groups = [(t, [label[n] for n in names])
-              for t, names in report.family_groups(families, FAMILIES, report.MAX_LINES)]
-    refs = [label[n] for n in report.references(families)]
-    histories = {label[a]: h for a, h in runs.histories.items()}
-    save = lambda fig, name: report.save_figure(fig, os.path.join(out, name))
-    save(report.plot_family_accuracy(histories, groups, refs, context=ctx), "accuracy.png")
-    timed = [report.CLOCK in h[0][-1] for h in runs.histories.values() if h and h[0]]
-    if timed and all(timed):  # every method on a clock (--speeds), not only the async
-        save(report.plot_family_accuracy(
-            histories, groups, refs, context=ctx, x=report.CLOCK,
-            title="Per-client test accuracy against simulated time"), "accuracy_time.png")
-    else:  # a rebuilt folder keeps no figure of an earlier configuration
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out, "accuracy_time.png"))
-    all_seeds = " (all seeds)" if len(seeds) > 1 else ""
-    final = {label[a]: np.concatenate(v) for a, v in runs.accuracies.items() if v}
-    whole = [(t, [label[n] for n in names])  # boxes: one group per family, uncut
-             for t, names in report.family_groups(families, FAMILIES)]
-    save(report.plot_family_boxplots(final, whole, refs, context=ctx,
-                                     title="Final per-client test accuracy" + all_seeds),
-         "client_accuracy_hist.png")
-    save(report.plot_by_family(report.plot_compare_ecdf, final, groups, refs, context=ctx,
-                               title="Final per-client test accuracy, ECDF" + all_seeds),
-         "client_accuracy_ecdf.png")
-    save(report.plot_by_family(report.plot_lorenz, final, groups, refs, context=ctx,
-                               title="Lorenz curve of final per-client accuracy" + all_seeds),
-         "lorenz.png")
-    improved = {label[a]: [c for c in (_improved_curve(os.path.join(out, a, f"seed{s}"))
-                                      for s in seeds) if c is not None]
-                for a in runs.summaries}
-    save(report.plot_by_family(report.plot_improved_fraction,
-                               {k: v for k, v in improved.items() if v}, groups, refs,
-                               context=ctx, title="Participants whose training loss did "
-                                                  "not rise"), "improved_clients.png")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-from fedjax_fair import reports as report
 from fedjax_fair.cli import config as C, lock
 from fedjax_fair.cli.common import _COMMAND, _HELD, _STAGE, _STAGE_DIR
 
@@ -46,12 +45,8 @@ def cmd_report(args) -> int:
     _STAGE_DIR.append(out)
     _STAGE.append(f"while writing the tables and figures of {out} again")
     if kind == "compare":
-        from fedjax_fair.cli.compare import _write_comparison
-        with open(os.path.join(out, "config.json")) as f:
-            cfg_dict = json.load(f)
-        previous = report.read_json(os.path.join(out, "summary.json")) or {}
-        return _write_comparison(out, cfg_dict, previous.get("total_seconds") or 0.0,
-                                 command=previous.get("command"))
+        from fedjax_fair.cli.compare import rebuild
+        return rebuild(out)
     if kind == "sweep":
         from fedjax_fair.cli.sweep import rebuild
         rebuild(out)
