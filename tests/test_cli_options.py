@@ -89,3 +89,14 @@ def test_every_group_names_a_builder_that_exists():
         for ref in group.builder.split(", "):
             module, _, name = ref.partition(":")
             assert callable(getattr(importlib.import_module(f"fedjax_fair.cli.{module}"), name))
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["compare"], ["sweep"], ["report"],
+                                     ["list"]])
+def test_every_commands_help_prints(command):
+    """``--help`` of every command prints its usage and exits 0 (a ``%`` in a declared
+    help text, as in ``--metric``'s default accuracy_worst_10%, once crashed it)."""
+    done = subprocess.run([sys.executable, "-m", "fedjax_fair.cli", *command, "--help"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout

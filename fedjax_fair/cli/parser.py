@@ -67,12 +67,12 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
             default = {"run": "runs/ALGORITHM_DATASET_seedSEED",
                        "sweep": "runs/sweep_ALGORITHM_DATASET"}.get(command,
                                                                     "runs/compare_DATASET")
+        text = f"{o.help} (default: {default})".replace("%", "%%")  # argparse formats it
         if o.flag == "":
             p.add_argument(*o.flags, *(["-o"] if o.name == "output_dir" else []), dest=o.name,
-                           metavar=o.name.upper(), default=S,
-                           help=f"{o.help} (default: {default})")
+                           metavar=o.name.upper(), default=S, help=text)
         elif o.flag:  # a switch: sets the opposite of a true default, else true
-            p.add_argument(o.flag, dest=o.name, default=S, help=o.help,
+            p.add_argument(o.flag, dest=o.name, default=S, help=o.help.replace("%", "%%"),
                            action="store_false" if o.default is True else "store_true")
     p.add_argument("--distributed", dest="distributed", action="store_true", default=S,
                    help="join a multi-host job first (jax.distributed.initialize: SLURM, "
