@@ -15,7 +15,8 @@ Server (``dqn_aggregator``, ``dqn_combine``): M in HIGHEST matmul precision, one
 leaf (or column block) at a time (no flattening of the model), accumulated, solved
 and weighted in the widest enabled float (float64 under ``jax_enable_x64``); M
 normalised by its diagonal and solved by the eigh pseudo-inverse that drops
-eigenvalues below ``ridge`` (relative) times the largest (``solver="eigh"``, exact on
+eigenvalues below ``ridge`` (relative; floored at n eps, n the kept rows, so padding
+never changes a step: ``rank_floor``) times the largest (``solver="eigh"``, exact on
 well-posed cohorts and the least-squares limit on duplicated, parallel or K > d ones)
 or by a ridge Cholesky (``"cholesky"``); clients with g_k = 0 (or masked) dropped.
 S = ||v||^2 and the *realised* decreases r = G^T v are measured on the step v that is
@@ -365,6 +366,35 @@ def _pinv_solve_jvp(primals, tangents):
                + null(d_matrix @ pinv(rhs, 2)))
 
 
+def rank_floor(kept, dtype):
+    """n eps (n = the number of kept rows, eps ``dtype``'s): the least relative ridge
+    ``dqn_combine`` uses, the eigh cutoff and the Cholesky shift.
+
+    Why a floor, and why not an option. The normalised Gram of n kept rows has unit
+    diagonal, so its largest eigenvalue is between 1 and n and rounding moves each
+    eigenvalue by about n eps of the largest (the tolerance of
+    ``numpy.linalg.matrix_rank``, max(rows, cols) eps sigma_max). Below that an
+    eigenvalue is noise: ``solver="eigh"`` would invert it (a step of size 1 / eps
+    along a rounding direction), ``"cholesky"`` may meet a negative pivot on a
+    rank-deficient cohort (duplicated clients, K > d) and return NaN. On every cohort
+    that the float resolves (condition number below 1 / (n eps), about 1.7e6 for five
+    float32 clients) the floor is no bias: the eigh cutoff drops nothing and ``ridge=0``
+    gives the paper's closed form (eqs. 7-17) to rounding; the Cholesky shift moves the
+    solution by n eps / lambda_min, as much as the solve's own rounding (eps cond) up
+    to the factor n / lambda_max <= n. So a floor below n eps would buy no accuracy,
+    only NaN or noise, and there is no switch for it.
+
+    Why the kept rows. Masked (and zero or non-finite) rows are an identity block that
+    is decoupled from the kept rows; they change neither the kept block's eigenvalues
+    nor its resolution. Counting them (a floor of K eps, K the padded cohort) made the
+    step of a cohort depend on its padding: a 5-client cohort with negative
+    coefficients (condition number 735) padded to 20 slots moved by 4e-4 (relative)
+    under ``solver="cholesky"`` in float32, and by 1e-3 at condition number 4.7e3
+    (tests/test_dqn_fed_padding.py)."""
+    n = jnp.sum(kept.astype(jnp.int32))
+    return n.astype(dtype) * jnp.finfo(dtype).eps
+
+
 class Combination(NamedTuple):
     """The server's combination; every float array in the widest enabled float."""
 
@@ -392,8 +422,10 @@ def dqn_combine(G, dtilde, mask=None, *, ridge=1e-6, solver: str = "eigh"
     largest: exact on well-posed cohorts, the least-squares limit on duplicated,
     parallel or K > d cohorts; ``"cholesky"`` adds a relative ``ridge`` and solves by
     Cholesky (cheaper; off that limit by percents there). ``ridge`` is floored at
-    K eps. M, the solve and w are in the widest enabled float (float64 under
-    ``jax_enable_x64``). S = ||v||^2 and r = G^T v come from the step v itself, never
+    n eps (``rank_floor``: n the *kept* rows, eps the widest enabled float's), the
+    eigenvalue resolution of an n-row normalised Gram: masked rows never count, so a
+    cohort padded with masked slots takes the step it takes at its own size. M, the
+    solve and w are in the widest enabled float (float64 under ``jax_enable_x64``). S = ||v||^2 and r = G^T v come from the step v itself, never
     from w (on an ill-conditioned M, w^T M w and M w keep the part of d~ that the
     solve amplified and v = G w cancels). lambda* comes from a ridge Cholesky factor
     either way. O(K^2 d) for M, O(K^3) for the solve, O(K d) for v and again for r."""
@@ -410,7 +442,7 @@ def dqn_combine(G, dtilde, mask=None, *, ridge=1e-6, solver: str = "eigh"
     eye = jnp.eye(k, dtype=wide)
     normed = jnp.where(both, gram / (scale[:, None] * scale[None, :]), eye)
     d = jnp.where(kept, dtilde, 0.0)
-    ridge = jnp.maximum(jnp.asarray(ridge, wide), k * jnp.finfo(wide).eps)
+    ridge = jnp.maximum(jnp.asarray(ridge, wide), rank_floor(kept, wide))
     factor = cho_factor(normed + ridge * eye, lower=True)
     if solver == "cholesky":
         wn = cho_solve(factor, d / scale)
