@@ -8,6 +8,7 @@ and rounds of ``simulate`` / ``fedavg`` on helpers.tiny_federation().
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -143,6 +144,77 @@ def test_trimmed_mean_matches_sorted_reference(trim):
     assert int(info["trimmed"]) == math.floor(trim * len(x) + 1e-9)
     if trim == 0.0:  # nothing dropped: the participants' plain mean
         np.testing.assert_allclose(flat(d), x.mean(0), rtol=1e-5, atol=1e-6)
+
+
+TRIMS = [i / 1000 for i in range(0, 500, 5)]  # 0.000, 0.005, ..., 0.495
+SIZES = range(0, 201)
+
+
+def _exact(trim_text: str, m: int) -> int:
+    """floor(trim m) in exact rational arithmetic, from the trim's decimal text."""
+    return math.floor(Fraction(trim_text) * m)
+
+
+def test_trimmed_count_is_exact_over_a_grid():
+    """b = floor(trim m) for every trim of 0..0.495 in steps of 0.005 and every m of
+    0..200, against ``fractions.Fraction``: for a concrete trim (the table), and for
+    a traced one in float32 and under x64 (jit over trim and m). floor(trim m) in
+    float32 was one short on 0.265 x 200, 0.295 x 200, 0.42 x 150 and many others."""
+    ms = np.arange(len(SIZES), dtype=np.int32)
+    expected = np.asarray([[_exact(f"{t:.3f}", m) for m in SIZES] for t in TRIMS])
+    float32_floor = np.floor(np.float32(TRIMS)[:, None] * ms[None, :].astype(np.float32))
+    assert np.sum(float32_floor != expected) >= 3  # the old rule's misses: the three below
+    concrete = np.asarray([robust.trimmed_count(t, jnp.asarray(ms), len(SIZES) - 1)
+                           for t in TRIMS])
+    np.testing.assert_array_equal(concrete, expected)
+    traced = jax.jit(jax.vmap(robust.trimmed_count, in_axes=(0, None)))
+    np.testing.assert_array_equal(traced(jnp.asarray(TRIMS, jnp.float32), jnp.asarray(ms)),
+                                  expected)
+    with jax.enable_x64(True):
+        np.testing.assert_array_equal(
+            traced(jnp.asarray(TRIMS, jnp.float64), jnp.asarray(ms)), expected)
+    # the traced rule's stated range: every four-decimal trim below 0.5, m up to 400
+    i, m4 = np.arange(5000), np.arange(401, dtype=np.int32)
+    exact4 = (i[:, None] * m4[None, :]) // 10000
+    np.testing.assert_array_equal(traced(jnp.asarray(i / 10000, jnp.float32), m4), exact4)
+    for trim, m, b in ((0.265, 200, 53), (0.295, 200, 59), (0.42, 150, 63)):  # the issue's
+        assert int(robust.trimmed_count(trim, jnp.int32(m), 200)) == b
+        assert int(robust.trimmed_count(np.float32(trim), jnp.int32(m), 200)) == b
+        assert int(jax.jit(robust.trimmed_count)(jnp.float32(trim), m)) == b
+
+
+def test_trimmed_mean_is_exact_on_a_cohort_of_200():
+    """0.295 x 200 = 59 per side: the trimmed mean of 200 values keeps ranks 59..140,
+    as the float64 NumPy reference does; vmap and grad over trim still run."""
+    rng = np.random.default_rng(5)
+    k = 200
+    x = rng.normal(size=(k, 3)).astype(np.float32)
+    outputs = make_outputs({"w": jnp.asarray(x)}, k)
+    w = jnp.full((k,), 1.0 / k)
+    ctx = helpers.server_context(np.arange(k), np.ones(k, bool))
+    d, info = run(robust.trimmed_mean(0.295), outputs, w, ctx)
+    assert int(info["trimmed"]) == 59
+    want = np.sort(x.astype(np.float64), axis=0)[59:141].mean(0)
+    np.testing.assert_allclose(np.asarray(d["w"]), want, rtol=1e-5, atol=1e-6)
+    grid = jnp.asarray([0.265, 0.295], jnp.float32)
+    counts = jax.vmap(lambda t: run(robust.trimmed_mean(t), outputs, w, ctx)[1]["trimmed"])(grid)
+    np.testing.assert_array_equal(counts, [53, 59])
+    g = jax.grad(lambda t: jnp.sum(run(robust.trimmed_mean(t), outputs, w, ctx)[0]["w"]))(
+        jnp.float32(0.295))
+    assert np.isfinite(float(g))
+
+
+def test_krum_refuses_more_byzantine_clients_than_the_cohort_holds():
+    """f >= K (no honest client) and m > K are refused when the round is traced (a
+    static check of the cohort's slots), naming the argument; f < K runs."""
+    outputs, w, ctx, present = case(6)
+    k = len(present)
+    run(robust.krum(k - 1), outputs, w, ctx)
+    with pytest.raises(H.FieldError, match="num_byzantine"):
+        run(robust.krum(k), outputs, w, ctx)
+    with pytest.raises(H.FieldError, match="multi"):
+        run(robust.krum(1, multi=k + 1), outputs, w, ctx)
+    robust.check_krum(k - 1, k, k)
 
 
 @pytest.mark.parametrize("f,multi", [(0, 1), (1, 1), (2, 3), (5, 2)])

@@ -99,7 +99,7 @@ def _numbers(text: str, field: str, count: int) -> list:
 
 
 def _classes(text: str, field: str, spec: str) -> tuple:
-    """(shares, values) of ``SHARE@VALUE+SHARE@VALUE``: shares >= 0, not all 0."""
+    """(shares, values) of ``SHARE@VALUE+SHARE@VALUE``: shares >= 0 summing to 1."""
     try:
         pairs = [tuple(float(v) for v in c.split("@")) for c in text.split("+")]
     except ValueError:
@@ -108,7 +108,9 @@ def _classes(text: str, field: str, spec: str) -> tuple:
             not sum(p[0] for p in pairs) > 0:
         raise H.FieldError(field, f"classes:SHARE@VALUE+SHARE@VALUE needs numbers, shares "
                                   f">= 0 and not all 0, got {spec!r}")
-    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    shares = tuple(p[0] for p in pairs)
+    S.check_shares(shares, field)
+    return shares, tuple(p[1] for p in pairs)
 
 
 def _load_table(path: str) -> np.ndarray:
@@ -137,11 +139,14 @@ def parse_system(availability: str = "always", dropout: str = "none", speeds: st
         avail: tuple = ("always",)
     elif kind == "independent":
         avail = (kind, H.probability(_numbers(rest, "availability", 1)[0], "availability"))
+        S.independent(avail[1])  # > 0
     elif kind in ("size", "markov"):
         lo, hi = _numbers(rest, "availability", 2)
         avail = (kind, H.probability(lo, "availability"), H.probability(hi, "availability"))
         if kind == "markov":
-            S.markov(lo, hi)  # p_off + p_on in (0, 1]
+            S.markov(lo, hi)  # p_off + p_on in (0, 1], p_on > 0
+        else:
+            S.independent([lo, hi])  # some client available
     elif kind == "labels":
         labels, _, numbers = rest.partition(":")
         try:
@@ -152,6 +157,7 @@ def parse_system(availability: str = "always", dropout: str = "none", speeds: st
         lo, hi = _numbers(numbers, "availability", 2)
         avail = (kind, ids, H.probability(lo, "availability"),
                  H.probability(hi, "availability"))
+        S.independent([lo, hi])  # some client available
     elif kind == "periodic":
         period, on = _numbers(rest, "availability", 2)
         if not period.is_integer():
@@ -164,6 +170,7 @@ def parse_system(availability: str = "always", dropout: str = "none", speeds: st
     elif kind == "classes" and rest:
         shares, values = _classes(rest, "availability", availability)
         S._probabilities(values, "availability")
+        S.independent([v for s, v in zip(shares, values) if s > 0])  # some class available
         avail = (kind, shares, values)
     else:
         raise H.FieldError("availability", f"expected one of {', '.join(AVAILABILITY_SPECS)}; "
@@ -188,8 +195,10 @@ def parse_system(availability: str = "always", dropout: str = "none", speeds: st
     elif text.startswith("speed:"):
         lo, hi = _numbers(text[len("speed:"):], "dropout", 2)
         drop = ("speed", H.probability(lo, "dropout"), H.probability(hi, "dropout"))
+        S.system(dropout=[lo, hi])  # some client reports
     else:
         drop = ("fixed", H.probability(_numbers(text, "dropout", 1)[0], "dropout"))
+        S.system(dropout=drop[1])  # < 1: some client reports
     if bandwidth is not None and str(bandwidth).strip() != "none":
         bandwidth = float(H.POSITIVE.check("bandwidth", float(bandwidth)))
     else:
@@ -214,14 +223,15 @@ ROBUST = ("median", "weighted_median", "trimmed_mean", "krum", "multi_krum",
           "geometric_median", "norm_bound")
 
 
-def parse_robust(text: str) -> Aggregator:
+def parse_robust(text: str, cohort_size: Optional[int] = None) -> Aggregator:
     """The robust rule of the command line's ``--robust`` text: ``median``,
     ``weighted_median``, ``trimmed_mean[:TRIM]`` (0.1), ``krum[:F]`` (1),
-    ``multi_krum[:F[:M]]`` (1, half the cohort is not known here: M defaults to 5),
+    ``multi_krum[:F[:M]]`` (1, 5; at most the cohort),
     ``geometric_median[:ITERS]`` (16), ``norm_bound:MAX_NORM`` (each update clipped,
     then the method's own weighted combination). ``scenarios.with_robust`` puts it in
     place of a method's combination of the updates. A bad text raises
-    ``FieldError("robust")``."""
+    ``FieldError("robust")``; so does, given ``cohort_size`` K, a Krum with F >= K
+    Byzantine clients or M > K selected (``robust.check_krum``)."""
     name, *args = str(text).split(":")
     try:
         values = [float(a) for a in args]
@@ -236,11 +246,11 @@ def parse_robust(text: str) -> Aggregator:
             return R.coordinate_median(weighted=True)
         if name == "trimmed_mean" and len(values) <= 1:
             return R.trimmed_mean(*values)
-        if name == "krum" and len(values) <= 1:
-            return R.krum(*(count(v, "F") for v in values))
-        if name == "multi_krum" and len(values) <= 2:
+        if name in ("krum", "multi_krum") and len(values) <= (1 if name == "krum" else 2):
             f = count(values[0], "F") if values else 1
-            m = count(values[1], "M") if len(values) > 1 else 5
+            m = 1 if name == "krum" else count(values[1], "M") if len(values) > 1 else 5
+            if cohort_size is not None:
+                R.check_krum(f, min(m, cohort_size) if len(values) < 2 else m, cohort_size)
             return R.krum(f, multi=m)
         if name == "geometric_median" and len(values) <= 1:
             return R.geometric_median(*(count(v, "ITERS") for v in values)) if values \
@@ -310,12 +320,12 @@ def parse_schedule(text: str, field: str = "schedule") -> Optional[Callable]:
             factor, at, rounds = arg.partition("@")
             factor = float(factor)
             bounds = [int(r) for r in rounds.split(",") if r.strip()]
-            if not at or not bounds or factor <= 0 or min(bounds) < 1:
+            if not at or not bounds or not 0 < factor < float("inf") or min(bounds) < 1:
                 raise ValueError
             return lambda rate: SCH.step(rate, factor, bounds)
     except ValueError:
         pass
     raise H.FieldError(field, f"expected none, exponential:GAMMA[@EVERY] (0 < GAMMA <= 1, "
-                              f"EVERY >= 1 rounds) or step:FACTOR@R1,R2,... (FACTOR > 0, rounds >= "
+                              f"EVERY >= 1 rounds) or step:FACTOR@R1,R2,... (finite FACTOR > 0, rounds >= "
                               f"1), "
                               f"got {text!r}")

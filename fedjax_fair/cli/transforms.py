@@ -52,7 +52,7 @@ def check(cfg) -> None:
     field)."""
     try:
         if cfg.robust is not None:
-            parse_robust(cfg.robust)
+            parse_robust(cfg.robust, cfg.cohort_size)
         if cfg.attack is not None:
             parse_attack(cfg.attack)
             if not cfg.malicious_fraction and not cfg.malicious_ids:

@@ -17,8 +17,10 @@ and the inner aggregator of ``norm_bounded`` use their values.
   Rates", ICML 2018, arXiv:1803.01498, Definition 1 "coordinate-wise median").
 * ``trimmed_mean(trim)``: per coordinate, the mean of the m participants' values after
   dropping the b = floor(trim m) largest and b smallest (Yin et al. 2018, Definition 2,
-  "coordinate-wise beta-trimmed mean", beta = ``trim``). b is computed from a traced
-  trim (sorting + a mask of ranks b <= r < m - b), so ``trim`` can be vmapped.
+  "coordinate-wise beta-trimmed mean", beta = ``trim``). b is exact for the decimal a
+  concrete trim is written as (0.295 x 200 is 59), and for a traced one (a float t)
+  floor(t m) corrected for t's rounding (``trimmed_count``); the rest is sorting + a mask
+  of ranks b <= r < m - b, so ``trim`` can be vmapped.
 * ``krum(num_byzantine, multi)``: Krum and Multi-Krum (Blanchard, El Mhamdi,
   Guerraoui, Stainer, "Machine Learning with Adversaries: Byzantine Tolerant Gradient
   Descent", NeurIPS 2017, arXiv:1703.02757, the Krum rule): client i's score s(i) =
@@ -57,6 +59,8 @@ checked at build time only when they are concrete Python / NumPy numbers.
 from __future__ import annotations
 
 import numbers
+from fractions import Fraction
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -171,10 +175,45 @@ def coordinate_median(weighted: bool = False) -> Aggregator:
 # ------------------------------------------------------------------ trimmed mean
 
 
-def trimmed_count(trim, m):
-    """b = floor(trim m) (traced int32) for a traced or concrete trim."""
-    mf = m.astype(jnp.float32)
-    return jnp.floor(jnp.asarray(trim, jnp.float32) * mf).astype(jnp.int32)
+def trimmed_count(trim, m, cohort_size: Optional[int] = None):
+    """b = floor(trim m), traced int32, for m participants (traced int) out of
+    ``cohort_size`` slots.
+
+    Exact for the decimal a concrete ``trim`` is written as (0.295 x 200 is 59, as
+    ``algorithms/fedfv.py``'s keep counts): from ``fractions.Fraction(str(trim))``, a
+    table of b over m = 0..``cohort_size`` built in Python. A traced ``trim`` (vmap,
+    grad, a sweep) is a float t of its dtype, within half an ulp of the decimal: p =
+    fl(t m) is then within 2 eps p of trim m, so b = floor(p), plus one when
+    floor(p) + 1 - p <= 2 eps p (p fell short of an integer by rounding alone). That
+    is floor(trim m) for a trim of d decimals whenever 10^d m < 2^22 in float32 (2^51
+    in float64): every trim of up to four decimals on cohorts of up to 400. floor(t m)
+    alone in float32 is one short whenever trim m is an integer that t cannot hit
+    (0.265 x 200 gave 52, 0.295 x 200 58, 0.42 x 150 62). No division: XLA rewrites
+    x / broadcast(m) as x * (1 / m), which is not correctly rounded. Without
+    ``cohort_size`` a concrete trim takes the traced rule."""
+    m = jnp.asarray(m, jnp.int32)
+    if H.is_concrete(trim) and cohort_size is not None:
+        return jnp.asarray(_exact_counts(trim, cohort_size))[jnp.clip(m, 0, cohort_size)]
+    t = jnp.asarray(trim)
+    if not jnp.issubdtype(t.dtype, jnp.floating):
+        t = t.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
+    t = jax.lax.stop_gradient(t)  # a count: no derivative in trim
+    p = t * jnp.maximum(m, 0).astype(t.dtype)
+    guess = jnp.floor(p)
+    short = (guess + 1 - p) <= 2 * jnp.finfo(t.dtype).eps * p
+    return jnp.maximum(guess.astype(jnp.int32) + short.astype(jnp.int32), 0)
+
+
+def _exact_counts(trim, cohort_size: int) -> np.ndarray:
+    """floor(trim m) for m = 0..cohort_size (int32 [cohort_size + 1]), exact for the
+    decimal ``trim`` is written as (str: also for NumPy scalars, str(float32(0.1)) is
+    "0.1")."""
+    try:
+        fraction = Fraction(str(trim))
+    except ValueError:
+        fraction = Fraction(float(trim))
+    num, den = fraction.as_integer_ratio()
+    return np.asarray([num * m // den for m in range(cohort_size + 1)], np.int32)
 
 
 def _trimmed_leaf(x, present, m, b):
@@ -196,7 +235,7 @@ def trimmed_mean(trim: float = 0.1) -> Aggregator:
     def direction(outputs, weights, ctx):
         present = participants(weights, ctx)
         m = jnp.sum(present.astype(jnp.int32))
-        b = trimmed_count(trim, m)
+        b = trimmed_count(trim, m, present.shape[0])
         return (jax.tree.map(lambda x: _trimmed_leaf(x, present, m, b), outputs.delta),
                 {"trimmed": b})
 
@@ -226,16 +265,36 @@ def krum_selection(scores, present, multi: int):
     return present & (rank < jnp.minimum(multi, m))
 
 
+def check_krum(num_byzantine: int, multi: int, cohort_size: int) -> None:
+    """Krum's f and Multi-Krum's m against a cohort of K slots: f < K (at least one
+    honest client: with f >= K the rule has no honest neighbour to count, and the scores
+    would be sums over a single neighbour) and m <= K; else ``FieldError`` naming
+    ``num_byzantine`` / ``multi``. Blanchard et al.'s guarantee (their Proposition 1)
+    needs K > 2f + 2; between that and f < K the scores count one neighbour at least
+    (``krum_scores``) and the rule runs without it. A static check (shapes and
+    Python integers), never of a traced value."""
+    k = H.count(cohort_size, "cohort_size")
+    if num_byzantine >= k:
+        raise H.FieldError("num_byzantine", f"{num_byzantine} Byzantine clients in a cohort "
+                                            f"of {k}: Krum needs at least one honest "
+                                            f"client, f < {k} (its guarantee: 2f + 2 < {k})")
+    if multi > k:
+        raise H.FieldError("multi", f"selects {multi} of a cohort of {k}: at most {k}")
+
+
 def krum(num_byzantine: int = 1, multi: int = 1) -> Aggregator:
     """Krum (``multi=1``) and Multi-Krum (Blanchard et al., NeurIPS 2017): the uniform
     mean of the ``multi`` participants with the lowest Krum scores, f =
     ``num_byzantine``. Masked slots are never chosen nor counted as neighbours. Needs
-    the stack: ``stream=None``."""
+    the stack: ``stream=None``. A cohort of K slots with f >= K (or ``multi`` > K) is
+    refused when the round is traced (``check_krum``; the command line checks it
+    before anything is built)."""
     f = H.count(num_byzantine, "num_byzantine", minimum=0)
     multi = H.count(multi, "multi", minimum=1)
 
     def direction(outputs, weights, ctx):
         present = participants(weights, ctx)
+        check_krum(f, multi, present.shape[0])
         scores = krum_scores(pairwise_sq_distances(outputs.delta), present, f)
         selected = krum_selection(scores, present, multi)
         share = selected / jnp.maximum(jnp.sum(selected), 1)
