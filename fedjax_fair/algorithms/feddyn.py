@@ -35,6 +35,24 @@ eta_l = ``training.lr`` for E = ``training.num_epochs`` epochs of batch B =
 model as the rest of the primal-dual family (A-FedPD's Theorem 1 is stated for
 theta-bar), so a comparison made with defaults is like for like; "server" evaluates
 theta^t (the FedDyn paper's choice).
+
+Gradient clipping (``training.clip_norm`` c; off by default). The paper states no clip;
+its authors' code clips every local step, and so does the A-FedPD author's simulator
+that the A-FedPD paper's FedDyn row comes from: both write the penalty as the linear
+loss term alpha <theta, h_i - theta^{t-1}> (``train_feddyn_mdl`` in
+github.com/alpemreacar/FedDyn, utils_general.py; ``client/feddyn.py`` with
+``server/FedDyn.py`` in github.com/woodenchild95/FL-Simulator) and put alpha into
+the optimizer's weight decay, ``torch.optim.SGD(weight_decay=alpha + wd)``, which
+``step()`` adds after ``clip_grad_norm_``. So the default ``clip_mode="step"`` is that
+form here (``primal_dual(..., penalty_as_decay=True)``,
+``families.primal_dual.clip_split``):
+
+    clip(g + lambda_i - alpha theta^{t-1}) + (alpha + wd) theta,   lambda_i = alpha h_i,
+
+where the family's other methods clip the whole penalty's gradient. ``"loss"`` clips
+the minibatch gradient g alone and adds lambda_i + alpha (theta - theta^{t-1}) +
+wd theta. Without a clip (the default) both are the unclipped step g + lambda_i +
+alpha (theta - theta^{t-1}) + wd theta, in the same program as before the option.
 """
 from __future__ import annotations
 
@@ -59,7 +77,7 @@ def feddyn(model, *, alpha: float = 0.01, training: ClientTraining = ClientTrain
     H.check(HPARAMS, alpha=alpha)
     return primal_dual(model, rho=alpha, rule="participants", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
-                       evaluate=evaluate)
+                       evaluate=evaluate, penalty_as_decay=True)
 
 
 register("feddyn", feddyn, HPARAMS, family="primal_dual")

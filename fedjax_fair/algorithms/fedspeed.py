@@ -18,6 +18,22 @@ Pieces (primal_dual.py): ``augmented_lagrangian``, ``dual_ascent``,
 ``primal_dual_aggregator("participants")``, SAM steps of ``client.local_sgd``.
 Symbols -> arguments: rho = ``rho`` (Table 3: 0.1), r = ``sam_radius`` (0.1), eps =
 ``sam_eps`` (1e-2), the others as in afedpd.py.
+
+Gradient clipping (``training.clip_norm`` c; off by default). FedSpeed's authors' code
+(the FL-Simulator of its first author, github.com/woodenchild95/FL-Simulator:
+``client/fedspeed.py``, ``optimizer/ESAM.py``, ``server/FedSpeed.py``; the A-FedPD
+paper's FedSpeed row) takes the SAM gradient, adds the linear term's gradient rho
+(h_i - theta^t) (``loss_correct.backward()``), clips the sum (``clip_grad_norm_``, max
+norm 10), and adds (rho + wd) theta in the base optimizer's weight decay
+(``SGD(weight_decay=wd + lamb)``). The default ``clip_mode="step"`` is that form here
+(``primal_dual(..., penalty_as_decay=True)``, ``families.primal_dual.clip_split``):
+
+    clip(grad f_i(theta + e; B) + lambda_i - rho theta^t) + (rho + wd) theta,
+
+lambda_i = rho h_i, e from the minibatch loss alone, as above; ``"loss"`` clips
+grad f_i(theta + e; B) alone. Without a clip (the default) the step is the one at the
+top of this docstring. The simulator's SAM divides by ||g0|| + 1e-7: ``sam_eps=1e-7``
+(docs/algorithms.md).
 """
 from __future__ import annotations
 
@@ -36,7 +52,8 @@ def fedspeed(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float
     """FedSpeed: FedDyn with SAM local steps."""
     return primal_dual(model, rho=rho, rule="participants", training=training,
                        client_table=client_table, weight_by_size=weight_by_size,
-                       evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)
+                       evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps,
+                       penalty_as_decay=True)
 
 
 register("fedspeed", fedspeed, HPARAMS, family="primal_dual")

@@ -38,6 +38,23 @@ duals for uniform weights (the rules' recursions, O(d): the table is never summe
 and theta-bar^t, the model A-FedPD evaluates by default (Theorem 1) (``evaluated``).
 With the pseudo-gradients Delta_i = theta^t - theta_i^{t+1} every rule is a
 direction d for the server step theta^{t+1} = theta^t - d (``optax.sgd(1)``).
+
+Gradient clipping (``training.clip_norm`` c, ``training.clip_mode``; ``client.local_sgd``).
+The penalty's gradient is lambda_i + rho (theta - theta^t) = (lambda_i - rho theta^t)
++ rho theta. By default ("step") the clip takes the loss's gradient g and the whole
+penalty's, clip(g + lambda_i + rho (theta - theta^t)) + wd theta; "loss" clips g alone.
+With ``penalty_as_decay`` (FedDyn and FedSpeed) the "step" form is the one of their
+authors' code: the linear part is clipped and rho theta is added after the clip, as
+weight decay,
+
+    clip(g + lambda_i - rho theta^t) + (rho + wd) theta
+      (= clip(g + rho (h_i - theta^t)) + (rho + wd) theta, h_i = lambda_i / rho),
+
+because their code writes the penalty as the linear loss term rho <theta, h_i - theta^t>
+and puts rho into the optimizer's weight decay, ``torch.optim.SGD(weight_decay=wd +
+rho)``, which ``step()`` adds after ``clip_grad_norm_`` (see ``clip_split``). Without a
+clip, or while the clip does not bind, the two forms are the same step (to float
+rounding).
 """
 from __future__ import annotations
 
@@ -89,6 +106,36 @@ def augmented_lagrangian(rho) -> Callable:
         return inner(dual, params) + 0.5 * rho * sq_distance(params, broadcast.params)
 
     return regularizer
+
+
+def dual_correction(rho) -> Callable:
+    """The linear part of ``augmented_lagrangian``: the regularizer
+    ``<lambda_i - rho theta^t, theta>``, gradient lambda_i - rho theta^t (the FedDyn /
+    FedSpeed authors' ``lamb * <theta, Local_dual_correction>``, correction h_i - theta^t
+    with lambda_i = rho h_i). Its quadratic remainder's gradient rho theta is added as
+    weight decay (``clip_split``). ``rho`` may be traced."""
+
+    def regularizer(params, broadcast, dual):
+        return inner(dual, params) - rho * inner(broadcast.params, params)
+
+    return regularizer
+
+
+def clip_split(rho, training: ClientTraining):
+    """``(regularizer, training)`` of the local solve with the penalty split as the
+    FedDyn / FedSpeed authors' code splits it: under a clip in the "step" form, the
+    linear part ``dual_correction(rho)`` is clipped with the loss and rho joins
+    ``training.weight_decay``, which ``client.local_sgd`` adds after the clip
+    (their ``SGD(weight_decay=wd + rho)`` after ``clip_grad_norm_``). Otherwise (no
+    clip, or ``clip_mode="loss"``) ``augmented_lagrangian(rho)`` and ``training``
+    unchanged: without a clip the program is the one built without the split.
+    ``training`` is checked first, so an error names the caller's own values."""
+    if not isinstance(training, ClientTraining):  # refused by local_training, in one line
+        return augmented_lagrangian(rho), training
+    training.check()
+    if training.clip_norm is None or training.clip_mode != "step":
+        return augmented_lagrangian(rho), training
+    return dual_correction(rho), training._replace(weight_decay=training.weight_decay + rho)
 
 
 def dual_ascent(rho, report: bool = False) -> Callable:
@@ -154,19 +201,23 @@ def evaluated_model(evaluate: str):
 
 def primal_dual(model, *, rho, rule: str, training: ClientTraining, client_table,
                 weight_by_size: bool, evaluate: str, sam_radius=None,
-                sam_eps=1e-2) -> FederatedAlgorithm:
+                sam_eps=1e-2, penalty_as_decay: bool = False) -> FederatedAlgorithm:
     """A primal-dual method: augmented-Lagrangian local steps (``training``: rate,
     batch, epochs, coupled weight decay, gradient clipping; SAM steps when
     ``sam_radius`` is given), dual ascent into a dense or lazy table of duals, and the
     server ``rule``; evaluated on theta-bar (``evaluate="average"``) or the broadcast
-    theta (``"server"``). Every factory of the family is this with its rule and
-    defaults."""
+    theta (``"server"``). ``penalty_as_decay``: under ``clip_mode="step"`` the penalty's
+    rho theta is added after the clip (``clip_split``; FedDyn's and FedSpeed's
+    authors' code). Every factory of the family is this with its rule and defaults."""
     H.check(HPARAMS, rho=rho)
     if sam_radius is not None:
         H.check(SAM_HPARAMS, sam_radius=sam_radius, sam_eps=sam_eps)
     evaluated = evaluated_model(evaluate)
     aggregator = primal_dual_aggregator(rho, rule)
-    client = local_training(model, training, regularizer=augmented_lagrangian(rho),
+    regularizer = augmented_lagrangian(rho)
+    if penalty_as_decay:
+        regularizer, training = clip_split(rho, training)
+    client = local_training(model, training, regularizer=regularizer,
                             finish=dual_ascent(rho, report=rule == "cohort"),
                             sam_radius=sam_radius, sam_eps=sam_eps)
     return compose(client, mixing=prior(weight_by_size), aggregator=aggregator,
