@@ -83,9 +83,10 @@ def _run_with(overrides):
     key = overrides.pop("key", jax.random.key(0))
     if overrides.get("sampler") == "full":
         overrides["sampler"] = ff.sampling.full
+    data = overrides.pop("data", None) or helpers.tiny_federation()
     args = dict(model=model, num_rounds=2, cohort_size=3, eval_every=1, progress=False)
     args.update(overrides)
-    ff.run(alg, helpers.init_params(model), helpers.tiny_federation(), key, **args)
+    ff.run(alg, helpers.init_params(model), data, key, **args)
 
 
 def _lazy2(model):
@@ -249,3 +250,38 @@ for shown, fn, field, xfail in (
          lambda: __import__("fedjax_fair.models", fromlist=["get_model"]).get_model(
              "nope", (4,), 3), "model", None)):
     _add(12, f"api:{shown}", f"`{shown}`", "Python", field, call=_call(fn), xfail=xfail)
+
+
+# ---- Python API: arguments of the wrong kind (issue 47: each error names the argument)
+def _qffl_vector_q(ws):
+    import jax.numpy as jnp
+    _ff().algorithms.qffl(helpers.logreg(), q=jnp.asarray([0.1, 1.0]))
+
+
+def _as_dataset(ws):
+    """A data.Dataset (what get_dataset returns) where a FederatedData is expected."""
+    from fedjax_fair.data import get_dataset
+    _run_with({"data": get_dataset("synthetic", num_clients=6)})
+
+
+def _sweep_params_of_another_model(ws):
+    import fedjax_fair as ff
+    from fedjax_fair.models import get_model
+    mlp = get_model("mlp", (helpers.NUM_FEATURES,), helpers.NUM_CLASSES)
+    ff.sweep(lambda lr: ff.algorithms.fedavg(helpers.logreg(), training=_T(lr=lr, batch_size=4)),
+             {"lr": [0.1, 0.2]}, data=helpers.tiny_federation(), num_rounds=2, cohort_size=3,
+             model=helpers.logreg(), params=helpers.init_params(mlp))
+
+
+for shown, call, field in (
+        ("qffl(model, q=jnp.asarray([0.1, 1.0])) (a vector q)", _qffl_vector_q, "q"),
+        ("model=None", lambda ws: _run_with({"model": None}), "model"),
+        ("a data.Dataset as the federation", _as_dataset, "data"),
+        ("checkpoint_dir naming a file",
+         lambda ws: _run_with({"checkpoint_dir": ws.write("a_file", "x")}), "checkpoint_dir"),
+        ("sampler=5 (neither a sampler nor its name)", lambda ws: _run_with({"sampler": 5}),
+         "sampler"),
+        ("sampler='nope' (an unknown name)", lambda ws: _run_with({"sampler": "nope"}),
+         "sampler"),
+        ("sweep(..., params=) of another model", _sweep_params_of_another_model, "params")):
+    _add(12, f"api:{shown}", f"`{shown}`", "Python", field, call=call)

@@ -228,3 +228,33 @@ _flags("run", ["--algorithm", "dqn_fed", "--attack", "gaussian", "--malicious-id
 _flags("run", ["--attack", "sign_flip", "--malicious-fraction", "1.5"], "malicious_fraction")
 _flags("run", ["--attack", "sign_flip", "--malicious-ids", "99"], "malicious_ids")
 _flags("run", ["--attack", "bitflip", "--malicious-fraction", "0.2"], "attack")
+
+# ---- accepted values that could not do what they say (issue 47)
+for flags, field in (
+        # client-level DP settings without --dp-noise / --dp-epsilon would be ignored
+        (["--dp-clip", "2"], "dp_clip"), (["--dp-delta", "1e-6"], "dp_delta"),
+        (["--dp-max-weight", "0.5"], "dp_max_weight"),
+        (["--dp-adaptive-clip", "0.5"], "dp_adaptive_clip"),
+        # no client would ever train
+        (["--dropout", "1.0"], "dropout"), (["--dropout", "speed:1:1"], "dropout"),
+        (["--availability", "independent:0"], "availability"),
+        (["--availability", "size:0:0"], "availability"),
+        (["--availability", "markov:0.5:0"], "availability"),
+        (["--availability", "periodic:24:0"], "availability"),
+        (["--availability", "classes:0.5@0+0.5@0"], "availability"),
+        # class shares that are not a distribution (renormalised without a word before)
+        (["--speeds", "classes:0.6@1+0.5@2"], "speeds"),
+        (["--availability", "classes:0.5@0.9+0.4@0.1"], "availability"),
+        # a schedule whose rates overflow float32 within the run
+        (["--num-rounds", "4", "--client-lr-schedule", "step:1e30@1,2"], "client_lr_schedule"),
+        # more local steps than the device counts (int32)
+        (["--num-epochs", "300000000"], "num_epochs"),
+        # more clients in flight than clients; more Byzantine clients than the cohort
+        (["--algorithm", "fedbuff", "--hp", "concurrency=1000000"], "hparams.concurrency"),
+        (["--robust", "krum:100"], "robust"), (["--robust", "krum:3"], "robust"),
+        (["--robust", "multi_krum:1:4"], "robust")):
+    _flags("run", flags, field, area=4)
+_add(4, "run:--availability trace:all-zero", "`run --availability trace:FILE` (every entry 0)",
+     "`run` flag", "availability",
+     cli=lambda ws: ["run", *TINY, "--availability",
+                     "trace:" + ws.write("zeros.csv", "\n".join(["0,0,0,0,0,0"] * 4))])

@@ -98,6 +98,21 @@ def test_check_normalises_a_spec_and_keeps_a_checked_one():
     np.testing.assert_array_equal(again.step_budgets, checked.step_budgets)
 
 
+def test_a_sampler_may_be_given_by_its_command_line_name():
+    """``sampler="uniform"`` / ``"full"`` / ``"size"`` are the samplers ``--sampler``
+    names (the first two the same functions as ``scenarios.sampling``'s); "size" draws
+    by the federation's training sizes. Before, a name failed deep in the round with
+    "'str' object is not callable"."""
+    from fedjax_fair.scenarios import sampling
+    assert RunSpec(2, 3, sampler="uniform").check(DATA).sampler is sampling.uniform
+    assert RunSpec(2, DATA.num_clients, sampler="full").check(DATA).sampler is sampling.full
+    by_size = RunSpec(2, 3, sampler="size").check(DATA).sampler
+    ids = np.asarray(by_size(jax.random.key(0), DATA.num_clients, 3))
+    assert len(set(ids.tolist())) == 3
+    sizes = np.asarray(DATA.train.num_examples)
+    assert np.all(sizes[ids] > 0)  # an empty client (size 0) is never drawn by size
+
+
 @pytest.mark.parametrize("call", ["run", "run_seeds", "sweep"])
 def test_a_spec_and_a_settings_keyword_are_a_type_error_naming_it(no_compile, call):
     spec = RunSpec(num_rounds=2, cohort_size=3)

@@ -350,3 +350,46 @@ def test_vmap_and_grad_through_the_target_quantile():
     np.testing.assert_allclose(grid, [next_clip(q) for q in qs], rtol=1e-6)
     assert bool(jnp.all(jnp.diff(grid) > 0))  # a higher quantile keeps a larger clip
     np.testing.assert_allclose(jax.grad(next_clip)(0.5), 0.2 * next_clip(0.5), rtol=1e-5)
+
+
+# ------------------------------------------------------------------------ precision
+
+def _np_release(deltas, weights, clip):
+    """sum_k w~_k clip(Delta_k, C) in float64 NumPy, w~ = w / sum(w) (no weight reaches
+    the cap here), clip(D, C) = D min(1, C / ||D||) over the whole pytree."""
+    leaves = [np.asarray(x, np.float64).reshape(K, -1) for x in jax.tree.leaves(deltas)]
+    norms = np.sqrt(sum(np.sum(x ** 2, axis=1) for x in leaves))
+    scale = np.minimum(1.0, clip / norms)
+    w = np.asarray(weights, np.float64) / np.sum(weights)
+    return [np.tensordot(w * scale, x, axes=1) for x in leaves], norms
+
+
+def test_release_follows_the_widest_float_under_x64():
+    """Under x64 with float64 updates the clip norm C = 0.1, the norms, the weights and
+    the noise std 2 z C b are float64 and equal the float64 reference to rounding
+    (float32 coefficients were off by ~6e-8 relative every round); without x64 the
+    release stays float32."""
+    weights, clip, z, b = [0.4, 0.3, 0.2, 0.1], 0.1, 1.3, 0.45
+    dp = P.ClientDP(noise_multiplier=z, clip=clip, max_weight=b)
+    with jax.enable_x64(True):
+        deltas = jax.tree.map(lambda x: x.astype(jnp.float64), _stack())
+        w = jnp.asarray(weights, jnp.float64)
+        mask = jnp.ones(K, bool)
+        exact, _, info = P.privatize(deltas, w, mask, jax.random.key(0),
+                                     dp._replace(noise_multiplier=0.0))
+        noisy, _, noisy_info = P.privatize(deltas, w, mask, jax.random.key(0), dp)
+        want, norms = _np_release(deltas, weights, clip)
+        for got, ref in zip(jax.tree.leaves(exact), want):
+            assert got.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(got).reshape(-1), ref, rtol=1e-13, atol=0)
+        np.testing.assert_allclose(info["update_norms"], norms, rtol=1e-14)
+        assert noisy_info["noise_std"].dtype == jnp.float64
+        assert float(noisy_info["noise_std"]) == pytest.approx(z * 2 * clip * b, rel=1e-15)
+        assert float(info["clip"]) == clip and info["dp_weights"].dtype == jnp.float64
+        assert all(x.dtype == jnp.float64 for x in jax.tree.leaves(noisy))
+    exact32, _, info32 = P.privatize(_stack(), jnp.asarray(weights), jnp.ones(K, bool),
+                                     jax.random.key(0), dp._replace(noise_multiplier=0.0))
+    assert info32["clip"].dtype == jnp.float32
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(exact32))
+    for got, ref in zip(jax.tree.leaves(exact32), _np_release(_stack(), weights, clip)[0]):
+        np.testing.assert_allclose(np.asarray(got).reshape(-1), ref, rtol=2e-6, atol=1e-7)

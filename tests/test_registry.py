@@ -174,6 +174,19 @@ def test_the_declared_fields_that_differ_from_the_defaults():
                for n in set(TODAY) - none - {"fedmgda_plus"})
     assert {n for n in TODAY if REGISTRY[n].seeded} == {"fedevg", "fedcvae"}
     assert {n for n in TODAY if REGISTRY[n].clocked} == {"fedbuff", "fedasync"}
+    assert {n for n in TODAY if REGISTRY[n].note is not None} == {"fedasync"}
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_note_is_one_line_or_none(name):
+    """``Method.note(cohort_size)``: None or one line, for every registered method at
+    cohort sizes 1 and 10 (FedAsync: nothing at 1, its paper's algorithm; a line at 10)."""
+    note = REGISTRY[name].note
+    for k in (1, 10):
+        line = note(k) if note is not None else None
+        assert line is None or (isinstance(line, str) and line and "\n" not in line)
+    if note is not None and name == "fedasync":
+        assert note(1) is None and "10" in note(10)
 
 
 # ------------------------------------------------------------------------ register
@@ -221,6 +234,7 @@ def test_registering_a_name_twice_is_an_error_naming_it():
     (dict(training_fields=("client_lr", "momentum")), "momentum"),
     (dict(server_rate=1.0), "server_rate"),
     (dict(size_prior="weight_by_size"), "size_prior"),
+    (dict(note="buffered"), "note"),
     (dict(factory="not callable"), "factory must be callable"),
 ])
 def test_register_refuses_a_bad_entry_naming_it(kwargs, match):

@@ -50,3 +50,36 @@ def test_compensated_server_rate_keeps_the_product_constant():
         assert float(server(t)) * float(client(t)) == pytest.approx(0.2)
     decayed = compensated(lambda t: 2.0 * 0.9 ** t, client)  # a server schedule too
     assert float(decayed(3)) == pytest.approx(2.0 * 0.9 ** 3 / 0.5)
+
+
+def test_check_rates_refuses_rates_that_overflow_or_vanish():
+    """The device's float32 rates at both ends of the run: a step factor that
+    overflows float32 is refused naming the field, a rate that decays to 0 is refused
+    where it is divided by (``positive``), a well-behaved schedule passes."""
+    from fedjax_fair.hparams import FieldError
+    from fedjax_fair.scenarios.schedules import check_rates, exponential, step
+    check_rates(exponential(0.1, 0.9), 100, "client_lr_schedule")
+    with pytest.raises(FieldError, match="^client_lr_schedule: "):
+        check_rates(step(0.1, 1e30, [1, 2]), 4, "client_lr_schedule")
+    check_rates(exponential(0.1, 0.5), 400, "client_lr_schedule")  # 0 is a rate, >= 0
+    with pytest.raises(FieldError, match="^compensate_server_lr: "):
+        check_rates(exponential(0.1, 0.5), 400, "compensate_server_lr", positive=True)
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda S: S.exponential(-0.1, 0.9), "rate"),
+    (lambda S: S.exponential(0.1, float("nan")), "gamma"),
+    (lambda S: S.exponential(0.1, 0.9, every=0), "every"),
+    (lambda S: S.step(0.1, float("inf"), [2]), "factor"),
+    (lambda S: S.step(0.1, -2.0, [2]), "factor"),
+    (lambda S: S.step(0.1, 0.5, [-1]), "boundaries"),
+])
+def test_schedule_factories_refuse_negative_or_non_finite_numbers(make, field):
+    """A schedule whose rates could go negative or non-finite is refused when built,
+    naming the argument; a traced base rate is never checked (vmap / grad over it)."""
+    from fedjax_fair.hparams import FieldError
+    from fedjax_fair.scenarios import schedules as S
+    with pytest.raises(FieldError, match=f"^{field}: "):
+        make(S)
+    rates = jax.vmap(lambda r: S.exponential(r, 0.5)(2))(jnp.asarray([0.1, 0.2]))
+    np.testing.assert_allclose(rates, [0.025, 0.05])

@@ -364,6 +364,17 @@ def test_host_placement_plans_the_same_rounds(layout):
     (lambda: S.clock(1.0, deadline=-1.0), "clock.deadline"),
     (lambda: S.clock(1.0, late="wait"), "clock.late"),
     (lambda: S.system(availability="always"), "availability"),
+    # settings under which no client would ever train (issue 47)
+    (lambda: S.independent(0.0), "availability"),
+    (lambda: S.independent([0.0] * 4), "availability"),
+    (lambda: S.markov([0.5, 0.5], [0.0, 0.0]), "availability"),
+    (lambda: S.periodic(24, 0.0), "availability"),
+    (lambda: S.trace(np.zeros((4, 6), bool)), "availability"),
+    (lambda: S.system(dropout=1.0), "dropout"),
+    (lambda: S.system(dropout=[1.0] * 5), "dropout"),
+    # class shares are a distribution, never renormalised behind the caller's back
+    (lambda: S.device_classes(6, [0.6, 0.5], [1.0, 2.0]), "shares"),
+    (lambda: S.device_classes(6, [0.3, 0.3], [1.0, 2.0]), "shares"),
 ])
 def test_bad_settings_name_the_field(make, field):
     with pytest.raises(ValueError, match=f"^{field}: "):

@@ -52,6 +52,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_fair import hparams as H
@@ -67,6 +68,19 @@ from fedjax_fair.algorithms.registry import register
 
 MODES = ("faithful", "mixing")
 HPARAMS = {"q": H.NONNEGATIVE, "lipschitz": H.Range(0.0, None, low_open=True, nullable=True)}
+
+
+def _check_scalars(**values) -> None:
+    """q and L are one number each (a Python / NumPy number or a 0-d, possibly traced,
+    JAX array: vmap and grad over them stay open): a vector would make the server's
+    update a vector of updates. A static shape check only, never a value's."""
+    for name, value in values.items():
+        if value is None or callable(value):
+            continue
+        shape = np.shape(value)
+        if shape != ():
+            raise H.FieldError(name, f"must be a scalar (one number, or a 0-d array; vmap "
+                                     f"over a grid of values), got shape {shape}")
 
 
 def _safe_log(x):
@@ -108,6 +122,7 @@ def qffl_weights(losses, prior, mask, q):
 def qffl_mixing(q=0.1, *, weight_by_size: bool = True) -> MixingRule:
     """The thesis's q-FFL mixing rule p_k ∝ n_k F_k^q (uniform prior if not
     ``weight_by_size``) as a stateless ``MixingRule``."""
+    _check_scalars(q=q)
     H.check(HPARAMS, q=q)
     return exponentiated(lambda out: _q_log_loss(out.loss_before, q), weight_by_size)
 
@@ -168,6 +183,7 @@ def qffl_aggregator(q=0.1, lipschitz=10.0) -> Aggregator:
     server step sgd(1.0) gives w^{t+1} = w^t - sum_k F_k^q Delta w_k / sum_k h_k;
     ``info["coefficients"]`` holds c_k [K]. ``lipschitz`` may be a schedule of the
     round (L_t = 1 / eta_t under a decaying client rate)."""
+    _check_scalars(q=q, lipschitz=lipschitz)
     H.check(HPARAMS, q=q)
     if not callable(lipschitz):
         H.check(HPARAMS, lipschitz=lipschitz)
@@ -214,6 +230,7 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
     reference code: uniform) and True for ``"mixing"`` (the thesis's n_k F_k^q).
     ``lipschitz`` defaults to 1 / ``training.lr`` (round by round when the client rate
     is a schedule)."""
+    _check_scalars(q=q, lipschitz=lipschitz)
     H.check(HPARAMS, q=q, lipschitz=lipschitz)
     training.check()  # before 1 / training.lr
     check_rate(training.lr, "training.lr")  # also with a fixed optimizer: L uses it

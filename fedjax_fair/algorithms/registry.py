@@ -98,6 +98,10 @@ class Method(NamedTuple):
     clocked: bool = False
     """It is asynchronous: it takes the system's virtual clock as ``clock=`` and the
     number of clients in flight as ``concurrency=`` (FedBuff, FedAsync)."""
+    note: Optional[Callable[[int], Optional[str]]] = None
+    """``note(cohort_size) -> str or None``: one line a command prints before compute
+    when the method, at that cohort size, is not its paper's algorithm as stated
+    (FedAsync with a cohort above 1); None when there is nothing to say."""
 
 
 FAMILIES = {
@@ -232,7 +236,8 @@ def register(name: str, factory: Callable, hparams: dict, *, family: str,
              generative: bool = False, report_line: Optional[Callable] = None,
              training_fields: tuple = tuple(FIELDS), server_rate: Optional[str] = None,
              size_prior: Optional[Callable[[bool], dict]] = WEIGHT_BY_SIZE,
-             seeded: bool = False, clocked: bool = False) -> Method:
+             seeded: bool = False, clocked: bool = False,
+             note: Optional[Callable[[int], Optional[str]]] = None) -> Method:
     """Registers ``factory`` under ``name`` (the keywords are ``Method``'s fields) and
     returns its ``Method``. A method's module ends with this call. Registering a name
     again with the same entry does nothing; with another factory or other fields it is
@@ -258,9 +263,11 @@ def register(name: str, factory: Callable, hparams: dict, *, family: str,
         raise TypeError(f"{where}: server_rate must name an argument, got {server_rate!r}")
     if size_prior is not None and not callable(size_prior):
         raise TypeError(f"{where}: size_prior must be callable or None, got {size_prior!r}")
+    if note is not None and not callable(note):
+        raise TypeError(f"{where}: note must be callable or None, got {note!r}")
     method = Method(factory, hparams, participation, report, bool(generative), report_line,
                     tuple(training_fields), family, server_rate, size_prior, bool(seeded),
-                    bool(clocked))
+                    bool(clocked), note)
     existing = dict.get(REGISTRY, name)
     if existing is not None:
         if existing == method:

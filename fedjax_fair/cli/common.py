@@ -345,11 +345,13 @@ def build_algorithm(name: str, model, cfg, hparams: dict, ds=None):
             raise C.ConfigError("deadline", f"{name} is asynchronous: clients are never cut "
                                             f"off by a round deadline; drop --deadline")
         concurrency = kwargs.get("concurrency", accepted["concurrency"].default)
-        if isinstance(concurrency, int) and concurrency < cfg.cohort_size:
-            raise C.ConfigError("hparams.concurrency",
-                                f"{concurrency} clients in flight cannot hold the "
-                                f"{cfg.cohort_size} dispatched each round (the buffer is the "
-                                f"cohort): give --hp concurrency >= --cohort-size")
+        if isinstance(concurrency, int):  # C <= N (one task per client), C >= K (the buffer)
+            from fedjax_fair.algorithms.fedbuff import check_concurrency
+            try:
+                check_concurrency(concurrency, ds.num_clients if ds is not None else
+                                  concurrency, cfg.cohort_size)
+            except ValueError as e:
+                raise C.ConfigError("hparams.concurrency", str(e).split(": ", 1)[-1]) from None
         system = system_of(for_method(cfg, name), ds) if ds is not None else None
         if system is not None and system.clock is not None:
             kwargs["clock"] = system.clock

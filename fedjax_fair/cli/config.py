@@ -601,10 +601,29 @@ def system_spec(cfg):
         raise config_error(e, "availability") from None
 
 
+DP_SETTINGS = ("dp_clip", "dp_delta", "dp_max_weight", "dp_adaptive_clip")
+
+
+def check_dp_settings(cfg) -> None:
+    """--dp-clip, --dp-delta, --dp-max-weight and --dp-adaptive-clip shape client-level
+    DP, which only --dp-noise or --dp-epsilon turns on: set (away from their declared
+    defaults) without either, they would be ignored without a word."""
+    if getattr(cfg, "dp_noise", None) is not None or getattr(cfg, "dp_epsilon", None) is not None:
+        return
+    for name in DP_SETTINGS:
+        default = O.BY_NAME[name].default
+        value = getattr(cfg, name, default)
+        if _canonical(value) != _canonical(default):
+            raise ConfigError(name, f"{value!r} shapes client-level DP, which is off without "
+                                    f"--dp-noise or --dp-epsilon; give one of them, or drop "
+                                    f"--{name.replace('_', '-')}")
+
+
 def _validate_common(cfg) -> None:
     check_trackers(cfg)
     from fedjax_fair.cli import transforms
     transforms.check(cfg)
+    check_dp_settings(cfg)
 
     check_declared(cfg)
     if cfg.compensate_server_lr and cfg.client_lr_schedule == "none":
@@ -785,6 +804,7 @@ def validate_run(cfg: RunConfig) -> RunConfig:
     _validate_common(cfg)
     check_client_sgd(cfg, [cfg.algorithm])
     check_server_schedule(cfg.algorithm, cfg.server_lr_schedule, cfg.compensate_server_lr)
+    check_schedule_rates(cfg, cfg.algorithm, cfg.hparams)
     check_mixing(cfg.algorithm, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     if cfg.resolved_checkpoint_dir():
@@ -869,6 +889,7 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         check_fresh_output(cfg.resolved_output_dir(), cfg.overwrite)
     for a in cfg.algorithms:
         check_server_schedule(a, cfg.server_lr_schedule, cfg.compensate_server_lr)
+        check_schedule_rates(cfg, a, hparams[a])
         check_mixing(a, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     return hparams
@@ -973,6 +994,7 @@ def validate_sweep(cfg: "SweepConfig") -> dict:
     _validate_common(cfg)
     check_client_sgd(cfg, [cfg.algorithm])
     check_server_schedule(cfg.algorithm, cfg.server_lr_schedule, cfg.compensate_server_lr)
+    check_schedule_rates(cfg, cfg.algorithm, cfg.hparams)
     check_mixing(cfg.algorithm, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     if not cfg.resume:
@@ -996,6 +1018,44 @@ def validate_against_data(cfg, num_clients: int, num_examples=None) -> None:
         jax.eval_shape(lambda k: sampler(k, num_clients, cfg.cohort_size), jax.random.key(0))
     except ValueError as e:
         raise config_error(e, "sampler") from None
+    if num_examples is not None:
+        check_local_steps(cfg, names, num_examples)
+
+
+STEP_LIMIT = O.COUNT_LIMIT  # local steps per round are counted in int32 on the device
+
+
+def check_local_steps(cfg, names, num_examples) -> None:
+    """A round's local steps, epochs x ceil(n / B) for the largest client, stay below
+    2^31 (the device counts them in int32): the largest number of epochs any run takes
+    (--num-epochs, a sweep's grid, else the methods' own) with the smallest batch.
+    Else ``ConfigError("num_epochs")``, before anything is compiled."""
+    n = np.asarray(num_examples)
+    largest = int(n.max()) if n.size else 0
+    if largest <= 0:
+        return
+    grid = getattr(cfg, "grid", None) or {}
+    for name in names:
+        if base_name(name) not in ALGORITHMS:
+            continue
+        every = method_hparams(name)
+        if "num_epochs" not in every or "batch_size" not in every:
+            continue
+        epochs = [e for e in [cfg.num_epochs or every["num_epochs"].default,
+                              *grid.get("num_epochs", ())] if _is_int(e) and e > 0]
+        batches = [b for b in [cfg.batch_size or every["batch_size"].default,
+                               *grid.get("batch_size", ())] if _is_int(b) and b > 0]
+        if not epochs or not batches:
+            continue
+        epochs, batch = max(epochs), min(batches)
+        per_epoch = -(-largest // batch)
+        if epochs * per_epoch >= STEP_LIMIT:
+            raise ConfigError("num_epochs", f"{epochs} epochs x {per_epoch} steps per epoch "
+                                            f"(the largest client's {largest} examples in "
+                                            f"batches of {batch}) = {epochs * per_epoch:,} "
+                                            f"local steps per round, past the 2^31 - 1 the "
+                                            f"device counts; give at most "
+                                            f"{(STEP_LIMIT - 1) // per_epoch:,} epochs")
 
 
 def check_data_range(name: str, hparams: dict, train, field: str = "hparams") -> None:
@@ -1080,3 +1140,46 @@ def check_server_schedule(algorithm: str, schedule: str, compensate: bool = Fals
         raise ConfigError("compensate_server_lr", f"{algorithm!r} has no server learning "
                                                   f"rate ({SERVER_RATE}) to "
                                                   f"compensate")
+
+
+def check_schedule_rates(cfg, algorithm: str, hparams: dict) -> None:
+    """The rates --client-lr-schedule / --server-lr-schedule (and
+    --compensate-server-lr) give ``algorithm`` over the run's rounds are finite and
+    >= 0 as the device computes them (``schedules.check_rates``): a step factor > 1 can
+    overflow float32, and a compensated server rate divides by a client rate that
+    must not decay to 0. The base rates are the ones the run uses (the flag, the
+    hyper-parameter or the method's default; every value of a sweep's grid)."""
+    from fedjax_fair.scenarios.schedules import check_rates, compensated
+    every = method_hparams(algorithm)
+    grid = getattr(cfg, "grid", None) or {}
+
+    def bases(name: str, given) -> list:
+        first = given if given is not None else every[name].default
+        return [v for v in [first, *grid.get(name, ())] if _is_number(v)]
+
+    client = parse_schedule(cfg.client_lr_schedule, "client_lr_schedule")
+    server = parse_schedule(cfg.server_lr_schedule, "server_lr_schedule")
+    try:
+        if client is not None and "client_lr" in every:
+            for rate in bases("client_lr", cfg.client_lr):
+                check_rates(client(rate), cfg.num_rounds, "client_lr_schedule")
+        name = server_rate_name(algorithm)
+        if name is None or name not in every:
+            return
+        for rate in bases(name, hparams.get(name)):
+            if server is not None:
+                check_rates(server(rate), cfg.num_rounds, "server_lr_schedule")
+            if cfg.compensate_server_lr and client is not None:
+                try:
+                    check_rates(client(1.0), cfg.num_rounds, "compensate_server_lr",
+                                positive=True)
+                except ValueError:
+                    raise ConfigError("compensate_server_lr", f"the client rate of "
+                                      f"--client-lr-schedule {cfg.client_lr_schedule} decays "
+                                      f"to 0 in float32 within {cfg.num_rounds} rounds, and "
+                                      f"the compensated server rate divides by it; give a "
+                                      f"slower decay or fewer rounds") from None
+                check_rates(compensated(server(rate) if server else rate, client(1.0)),
+                            cfg.num_rounds, "compensate_server_lr")
+    except ValueError as e:
+        raise config_error(e, "client_lr_schedule") from None

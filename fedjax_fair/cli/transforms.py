@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from fedjax_fair.cli import options as C
+from fedjax_fair.algorithms.registry import get_method
 from fedjax_fair.cli.parsing import parse_robust
 from fedjax_fair.hparams import FieldError
 
@@ -223,11 +224,17 @@ def annotate(history: list, accountant) -> None:
 
 
 def announce(cfg, algorithms: dict) -> dict:
-    """Prints the scenarios applied, in order (the options are the same for every
+    """Prints each method's note at this cohort size (``registry.Method.note``), the
+    scenarios applied, in order (the options are the same for every
     method: the first one's names say them), and with DP what its epsilon covers;
     returns name -> the scenarios' names, for config.json. ``algorithms``: name -> the
     method under its scenarios."""
     from fedjax_fair import scenarios
+    for name in algorithms:
+        note = get_method(name).note
+        line = note(cfg.cohort_size) if note is not None else None
+        if line:
+            print(f"note: {line}")
     names = {name: scenarios.names(alg) for name, alg in algorithms.items()}
     first = next(iter(names.values()), [])
     if first:

@@ -84,6 +84,31 @@ def _npz(arrays: dict):
     return lambda f: np.savez(f, **arrays)
 
 
+def check_directory(directory, field: str = "checkpoint_dir"):
+    """``directory`` (a path: ``str`` or ``os.PathLike``; None passes) can hold a
+    checkpoint: a directory, or a path whose nearest existing parent is a directory
+    (``save`` creates the rest). Else ``FieldError`` / ``FieldTypeError`` naming
+    ``field``, before anything is compiled or written. Returns ``directory``."""
+    if directory is None:
+        return None
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise H.FieldTypeError(field, f"must be a directory path (a str), got "
+                                      f"{type(directory).__name__} {directory!r}")
+    path = os.path.abspath(os.fspath(directory))
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise H.FieldError(field, f"{os.fspath(directory)!r} exists and is not a "
+                                      f"directory; give a directory for the checkpoints")
+        return directory
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise H.FieldError(field, f"cannot create {os.fspath(directory)!r}: {parent!r} is "
+                                  f"a file, not a directory")
+    return directory
+
+
 def steps(directory: str) -> list:
     """The committed step directories' numbers, oldest first."""
     try:

@@ -16,9 +16,10 @@ Every driver takes a spec or the same settings as keywords (one or the other)::
 ``RunSpec.check(data)`` checks the settings against a federation before anything is
 compiled, moved or written (a bad one raises ``ValueError`` / ``TypeError`` whose
 message starts with the field's name: ``hparams.FieldError``) and returns the spec
-with its values normalised (integers as ``int``, a budget table as int32, ``donate``
-resolved). The other checks of a run's arguments live here too: the key
-(``check_key``), the parameters against the model (``check_model_fits``), the
+with its values normalised (integers as ``int``, a budget table as int32, a sampler
+name as its sampler, ``donate`` resolved). The other checks of a run's arguments live
+here too: the federation's type (``check_federation``), the model (``check_model``),
+the key (``check_key``), the parameters against the model (``check_model_fits``), the
 federation's test split (``check_splits``), a lazy client table's capacity
 (``check_capacity``) and the system (``check_system``).
 """
@@ -32,6 +33,7 @@ import numpy as np
 
 from fedjax_fair import hparams as H
 from fedjax_fair.core import memory as mem
+from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core.algorithm import FederatedAlgorithm
 from fedjax_fair.core.execution import (Execution, as_execution, auto_mesh, model_profile,
                                         resolve)
@@ -104,7 +106,10 @@ class RunSpec(NamedTuple):
         """This spec checked against the federation ``data`` (``runner.run``'s checks:
         the same exceptions and messages), with its values normalised; ``model`` (a
         ``Model`` or its parameters) also checks ``system`` against the model's size.
-        Checking a checked spec gives it back unchanged."""
+        Checking a checked spec gives it back unchanged. A sampler may be given by its
+        command-line name (``sampling.get``: "uniform", "full", "size"); it is
+        returned as the sampler."""
+        data = check_federation(data)
         num_clients = data.num_clients
         spec = self._replace(
             num_rounds=check_count(self.num_rounds, "num_rounds"),
@@ -115,6 +120,8 @@ class RunSpec(NamedTuple):
             step_budgets=check_step_budgets(self.step_budgets, num_clients))
         check_choices(spec.placement, spec.stream_layout, spec.commit_seconds)
         as_execution(spec.execution)
+        spec = spec._replace(sampler=check_sampler(spec.sampler, data),
+                             checkpoint_dir=ckpt.check_directory(spec.checkpoint_dir))
         spec = spec._replace(donate=check_donate(spec.donate, spec.checkpoint_dir))
         if model is not None and spec.system is not None:
             check_system(spec.system, data, model, spec.sampler)
@@ -174,6 +181,50 @@ def _is_default(name: str, value) -> bool:
 
 
 # ------------------------------------------------------------------ the settings' checks
+
+
+def check_federation(data) -> FederatedData:
+    """``data`` is a ``FederatedData``: a ``data.Dataset`` (which ``sweeps.sweep`` and
+    ``sweeps.run_seeds`` take and unwrap, ``sweeps.as_federation``) or anything else is a
+    ``FieldTypeError("data")`` saying what to pass."""
+    if isinstance(data, FederatedData):
+        return data
+    if hasattr(data, "host_data") and hasattr(data, "data"):  # a data.Dataset
+        raise H.FieldTypeError("data", "got a data.Dataset; pass its federation, "
+                                       "dataset.data (a FederatedData)")
+    raise H.FieldTypeError("data", f"must be a FederatedData (data.get_dataset(...).data, "
+                                   f"data.federated.from_client_arrays(...)), got "
+                                   f"{type(data).__name__}")
+
+
+def check_model(model):
+    """``model`` is a ``models.Model`` (what has its ``init``, ``per_example_loss`` and
+    ``per_example_metrics``); else ``FieldError("model")`` / ``FieldTypeError("model")``."""
+    if model is None:
+        raise H.FieldError("model", "is required: the Model whose parameters are trained "
+                                    "(model=...); it checks the parameters and evaluates "
+                                    "every client")
+    missing = [a for a in ("init", "per_example_loss", "per_example_metrics")
+               if not callable(getattr(model, a, None))]
+    if missing:
+        raise H.FieldTypeError("model", f"must be a models.Model (get_model(...)), got "
+                                        f"{type(model).__name__} without {', '.join(missing)}")
+    return model
+
+
+def check_sampler(sampler, data: FederatedData):
+    """A cohort sampler: a callable ``(key, num_clients, cohort_size) -> ids``
+    (``scenarios.sampling``), or a command-line name (``sampling.get``: "uniform",
+    "full", "size", the last from ``data``'s training sizes), returned as the sampler;
+    None (a sweep's: the method decides) passes. Else ``FieldError("sampler")``."""
+    if sampler is None or callable(sampler):
+        return sampler
+    if isinstance(sampler, str):
+        return sampling.get(sampler, np.asarray(data.train.num_examples))
+    raise H.FieldTypeError("sampler", f"must be a sampler of scenarios.sampling (uniform, "
+                                      f"full, by_size(sizes), weighted(w)) or its name "
+                                      f"({', '.join(sampling.SAMPLERS)}), got "
+                                      f"{type(sampler).__name__} {sampler!r}")
 
 
 def check_count(value, field: str) -> int:
@@ -299,9 +350,13 @@ def check_model_fits(model, params, data) -> None:
     """``params`` have the tree and shapes of ``model.init``'s, and ``model``'s loss
     reads one example of ``data``'s training inputs: checked with ``jax.eval_shape``
     alone (nothing compiled), so that another model's parameters or inputs of another
-    shape fail here naming the argument, not deep inside flax while compiling."""
+    shape fail here naming the argument, not deep inside flax while compiling.
+    ``params`` None: the model's own (only the data is checked)."""
+    check_model(model)
     name = getattr(model, "name", type(model).__name__)
     expected = jax.eval_shape(model.init, jax.random.key(0))
+    if params is None:
+        params = expected
     want = jax.tree_util.tree_flatten_with_path(expected)[0]
     try:
         got = jax.tree_util.tree_flatten_with_path(params)[0]
@@ -390,7 +445,12 @@ def check_run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, m
     """``runner.run``'s arguments checked before anything is compiled, moved or written:
     ``(spec checked with its execution resolved, key, whether a validation split is
     evaluated)``."""
+    check_federation(data)
+    check_model(model)
     spec = spec.check(data)
+    if spec.sampler is None:
+        raise H.FieldTypeError("sampler", "must be a sampler of scenarios.sampling or its "
+                                          "name, got None")
     key = check_key(key)
     check_model_fits(model, params, data)
     validate = check_splits(data)

@@ -69,8 +69,10 @@ from fedjax_fair.drivers.programs import (closed_table, evaluate_state, make_pro
 from fedjax_fair.drivers.runner import (Chunk, CompileClock, Record, _progress, drive,
                                         has_clock)
 from fedjax_fair.drivers.simulate import simulate
+from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.spec import (DEFAULT, RunSpec, as_spec, check_cohort, check_count,
-                                      check_summary_clients, check_system)
+                                      check_model, check_model_fits, check_summary_clients,
+                                      check_system)
 from fedjax_fair.core.types import ClientData, FederatedData
 from fedjax_fair.hparams import FieldError, FieldTypeError
 
@@ -600,9 +602,10 @@ def sweep(builder: Builder, grid: Mapping, *, data, num_rounds: int = DEFAULT,
     build, method = resolve_builder(builder, list(flat), model, fixed)
     if method is not None:
         check_grid_ranges(builder, flat)
-    _check_built(build, flat)
     if model is None:
         raise FieldError("model", "needed to evaluate the final states")
+    check_model_fits(model, params, data)  # params None: the model's own, per seed
+    _check_built(build, flat)
     spec = spec._replace(sampler=_sweep_sampler(spec, builder, method, data.num_clients))
     if chunk_size is not None:
         chunk_size = check_count(chunk_size, "chunk_size")
@@ -810,7 +813,12 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
         memory_limit=memory_limit, summary_clients=summary_clients,
         commit_seconds=commit_seconds), takes=SEEDS_SETTINGS)
     data = as_federation(data)
+    check_model(model)
     spec = spec.check(data, model)
+    if spec.sampler is None:
+        raise FieldTypeError("sampler", "must be a sampler of scenarios.sampling or its name, "
+                                        "got None")
+    check_model_fits(model, None, data)  # each seed's parameters are model.init's
     seed_values = check_seeds(seeds)
     _check_per_seed(inits, checkpoint_dirs, resume, len(seed_values))
     if vmap_seeds is None:
@@ -851,6 +859,8 @@ def _check_per_seed(inits, checkpoint_dirs, resume: bool, num_seeds: int) -> Non
     if checkpoint_dirs is not None and len(checkpoint_dirs) != num_seeds:
         raise FieldError("checkpoint_dirs", f"one per seed, got {len(checkpoint_dirs)} for "
                                             f"{num_seeds}")
+    for directory in checkpoint_dirs or ():
+        ckpt.check_directory(directory, "checkpoint_dirs")
     if resume and checkpoint_dirs is None:
         raise FieldError("resume", "needs checkpoint_dirs")
 

@@ -138,16 +138,29 @@ def label_share(train, labels) -> np.ndarray:
     return np.where(n > 0, hit.sum(axis=1) / np.maximum(n, 1), 0.0)
 
 
+SHARES_TOLERANCE = 1e-9
+
+
+def check_shares(shares, field: str = "shares") -> None:
+    """Class shares are the probabilities of the classes: they sum to 1 (within
+    ``SHARES_TOLERANCE``), not renormalised behind the caller's back."""
+    total = float(np.sum(np.asarray(shares, np.float64)))
+    if not abs(total - 1.0) <= SHARES_TOLERANCE:
+        raise H.FieldError(field, f"the class shares sum to {total:.10g}; they are the "
+                                  f"shares of the clients in each class and must sum to 1")
+
+
 def device_classes(num_clients: int, shares, values, seed: int = 0) -> np.ndarray:
     """Per-client values of ``device classes``: client k belongs to class c with
-    probability ``shares[c]`` (drawn once with ``seed``) and gets ``values[c]`` (a
-    speed, a bandwidth, an availability probability)."""
+    probability ``shares[c]`` (drawn once with ``seed``; the shares sum to 1) and gets
+    ``values[c]`` (a speed, a bandwidth, an availability probability)."""
     num_clients = H.count(num_clients, "num_clients")
     shares = np.asarray(shares, np.float64)
     values = np.asarray(values, np.float64)
-    if shares.ndim != 1 or shares.shape != values.shape or np.any(shares < 0) \
-            or not shares.sum() > 0:
+    if shares.ndim != 1 or shares.shape != values.shape or not np.all(np.isfinite(shares)) \
+            or np.any(shares < 0) or not shares.sum() > 0:
         raise H.FieldError("shares", "must be non-negative, not all zero, one per value")
+    check_shares(shares)
     c = np.random.default_rng(seed).choice(len(shares), num_clients, p=shares / shares.sum())
     return values[c]
 
@@ -305,9 +318,18 @@ def always() -> Always:
     return Always()
 
 
+def _never(what: str, fix: str) -> H.FieldError:
+    return H.FieldError("availability", f"{what}: no client is ever available, so no "
+                                        f"client ever trains; {fix}")
+
+
 def independent(p) -> Independent:
-    """Each client available each round with probability ``p`` (one for all, or [N])."""
-    return Independent(_probabilities(p, "availability"))
+    """Each client available each round with probability ``p`` (one for all, or [N];
+    some client's > 0)."""
+    p = _probabilities(p, "availability")
+    if not any(v > 0 for v in p):
+        raise _never("every probability is 0", "give some client a probability > 0")
+    return Independent(p)
 
 
 def periodic(period: int, on_fraction: float, offsets=None) -> Periodic:
@@ -315,6 +337,8 @@ def periodic(period: int, on_fraction: float, offsets=None) -> Periodic:
     ``offsets`` [N] integers (None: drawn uniformly in [0, period) from the run's key)."""
     period = H.count(period, "availability.period")
     on_fraction = H.probability(on_fraction, "availability.on_fraction")
+    if on_fraction == 0:
+        raise _never("an on_fraction of 0", "give an on_fraction > 0")
     if offsets is not None:
         o = np.asarray(offsets)
         if o.ndim != 1 or not np.issubdtype(o.dtype, np.integer):
@@ -336,6 +360,8 @@ def markov(p_off, p_on) -> Markov:
         raise H.FieldError("availability.p_on", f"p_off + p_on must lie in (0, 1] for every "
                                                 f"client, got values in [{q.min():g}, "
                                                 f"{q.max():g}]")
+    if not any(v > 0 for v in b):  # the stationary share p_on / q is 0 for every client
+        raise _never("p_on is 0 for every client", "give p_on > 0")
     # blocks of about 1 / q rounds (a power of two in [16, 4096]): a look-back visits
     # few of them, and each round draws N x block numbers per visited block
     block = int(min(4096, max(16, 2 ** math.ceil(math.log2(1.0 / float(np.min(q)))))))
@@ -353,6 +379,9 @@ def trace(table) -> Trace:
         if not np.issubdtype(t.dtype, np.number) or not np.all(np.isin(t, (0, 1))):
             raise H.FieldError("availability", "a trace holds booleans (or 0 / 1)")
         t = t.astype(bool)
+    if not t.any():
+        raise _never(f"the trace of {t.shape[0]} rounds x {t.shape[1]} clients is all 0",
+                     "give a trace in which some client is available")
     return Trace(np.packbits(t.reshape(-1)).tobytes(), tuple(int(s) for s in t.shape))
 
 
@@ -468,8 +497,13 @@ def system(availability=None, dropout=None, clock: Optional[Clock] = None) -> Sy
     if clock is not None and not isinstance(clock, Clock):
         raise H.FieldTypeError("clock", f"must be built by system.clock, got "
                                         f"{type(clock).__name__}")
-    return System(availability, None if dropout is None else _probabilities(dropout, "dropout"),
-                  clock)
+    if dropout is not None:
+        dropout = _probabilities(dropout, "dropout")
+        if all(v >= 1 for v in dropout):
+            raise H.FieldError("dropout", "every client drops out with probability 1: no "
+                                          "selected client ever reports, so no client "
+                                          "trains; give a probability below 1")
+    return System(availability, dropout, clock)
 
 
 def _comm_seconds(c: Clock, model_bytes: int, num_clients: int):
