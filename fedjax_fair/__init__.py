@@ -30,6 +30,11 @@ The names most programs need are exported here: ``compose``, ``run``, ``sweep``,
 ``make_objective``, ... and the core modules used most (``mixing``, ``aggregators``,
 ``sampling``, ...), as ``fedjax_fair.mixing`` etc.
 """
+# first, before jax: in the fedjax-fair command, a Ctrl-C during this import is one line
+from fedjax_fair.core import interrupts as _interrupts
+
+_interrupts.guard_import()
+
 from fedjax_fair import (algorithms, core, data, drivers, hparams, metrics, models, scenarios,
                          solvers)
 from fedjax_fair.core import (aggregators, client, client_states, execution, memory, mixing,

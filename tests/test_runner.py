@@ -371,3 +371,29 @@ def test_run_evaluates_a_validation_split_under_its_own_names(placement):
     acc = np.asarray(result.client_metrics["accuracy"])[n > 0]
     expected = fairness_summary(acc, weights=n[n > 0])
     assert final["accuracy_worst_10%"] == pytest.approx(expected["worst_10%"], abs=1e-6)
+
+
+@pytest.mark.parametrize("good_rounds", [0, 3])
+def test_donated_run_diverging_before_its_first_commit_keeps_its_initial_state(
+        tmp_path, good_rounds):
+    """Donated chunks committed every ``commit_seconds`` (a comparison's runs): a run
+    that diverges before its first commit stops with the bad round and its initial
+    state (round 0, ``saved`` False, the message saying that no state was saved), not
+    with a missing checkpoint; nothing stale is read from the directory; a run that
+    had committed restores its commit."""
+    directory = tmp_path / "ckpt"
+    alg = _nan_after(_seq_fedavg(), good_rounds=good_rounds)
+    with pytest.raises(NonFiniteError) as info:
+        _run(alg, num_rounds=6, eval_every=2, checkpoint_dir=str(directory),
+             commit_seconds=3600.0)
+    err = info.value
+    assert err.round == good_rounds + 1
+    assert err.last_good_round == 0 and int(err.last_good_state.round) == 0
+    assert not err.saved and "no state was saved" in str(err)
+    assert len(str(err).splitlines()) == 1
+    chex.assert_trees_all_equal(err.last_good_state, alg.init(PARAMS, N))
+    assert [h["round"] for h in err.history] == [0, 2][:1 + good_rounds // 2]
+    assert not ckpt.exists(str(directory))
+    with pytest.raises(NonFiniteError) as info:  # committed every evaluation: restored
+        _run(alg, num_rounds=6, eval_every=2, checkpoint_dir=str(directory))
+    assert info.value.saved and info.value.last_good_round == 2 * (good_rounds // 2)

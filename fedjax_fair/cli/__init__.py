@@ -14,8 +14,9 @@
 One module per command (``run``, ``compare``, ``sweep``, ``rebuild`` for ``report``,
 ``listing``), the trackers in ``tracked``, the HTML page in ``html``, what they share in
 ``common``, the argument parser in ``parser``, the configuration dataclasses and their
-validation in ``config``, the output files and plots in ``report``, folder ownership in
-``lock``; ``main`` (here) turns every failure into one line and an exit status.
+validation in ``config``, the options that need an optional package in ``extras``, the
+output files and plots in ``report``, folder ownership and the fingerprint in ``lock``;
+``main`` (here) turns every failure into one line and an exit status.
 
 ``run`` writes to its output directory: ``config.json``, ``metrics.jsonl`` (one JSON
 line per evaluation), ``rounds.jsonl`` (per-round weights, losses and server
@@ -40,22 +41,35 @@ command and configuration in one self-contained page); ``--tracker`` adds
 finished folder's tables, figures and page again from its files, computing nothing.
 A comparison's table and figures are grouped by family (``algorithms.FAMILIES``).
 
-All three also write ``fingerprint.json`` (the configuration's fingerprint; ``run`` also puts
-it in the checkpoint directory and ``config.json``: ``--resume`` refuses an edited
-config.json or another run's checkpoint) and ``.fedjax-fair.lock`` (``fcntl.flock``-ed
-for the process's life; a second writer is refused naming the holder). A refused
-command writes nothing.
+All three also write ``fingerprint.json`` (the configuration's fingerprint, which covers
+the contents of the files the run reads too: a ``--availability trace:FILE``, a LEAF
+data folder, recorded as ``inputs`` in ``config.json``; ``run`` also puts it in the
+checkpoint directory and ``config.json``: ``--resume`` refuses an edited config.json,
+another run's checkpoint, or an input file whose contents changed, naming its option)
+and ``.fedjax-fair.lock`` (``fcntl.flock``-ed for the process's life; a second writer
+is refused naming the holder). A refused command writes nothing.
 
 Exit status: 0 success; 2 configuration error (one line ``error: <field>: ...`` on
-stderr, checked before any compute where possible); 3 the parameters became
-NaN/inf (the last good checkpoint is kept; a sweep instead marks a diverged run's
-cells nan and says so); 4 the output could not be written (disk full, quota,
+stderr, checked before any compute where possible, an option whose optional package
+is not installed included: ``extras``); 3 the parameters became
+NaN/inf (the last good checkpoint is kept, and a run that diverged before its first
+commit says that no state was saved; a sweep instead marks a diverged run's cells nan
+and says so); 4 the output could not be written (disk full, quota,
 read-only: one line ``error: output_dir: ...``; what was written stays); 130
 interrupted (SIGINT / SIGTERM stop at the next chunk boundary: ``run`` keeps its
 checkpoint, ``compare`` its finished runs and their table, ``sweep`` its finished
 calls in ``parts/``; ``--resume`` continues each; before the first round or while
 the outputs are written, they stop at once with one line, and ``summary.json``,
-written last, is not written).
+written last, is not written). A signal is never lost, from the package's import
+(``core.interrupts.guard_import``: one line, nothing written) to the last write: the
+handler records it as well as raising ``KeyboardInterrupt``, so an exception that a
+garbage-collector or weakref callback swallows (JAX's, during start-up and compiles)
+still stops the command at its next safe point (``common.check_interrupted``: after
+the data is built, before the first write, before the rounds, before the outputs),
+and a signal during a run's last chunk stops it before its outputs (when a checkpoint
+can write them again; without one they are written); one swallowed during the very
+last writes, or a run without a checkpoint, ends the command with 130 and a line saying
+every output was written.
 """
 from __future__ import annotations
 
@@ -65,8 +79,10 @@ from typing import NoReturn, Optional, Sequence
 
 from fedjax_fair.cli import config as C
 from fedjax_fair.cli.common import (DISK_ERRORS, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_WRITE,
-                                    _COMMAND, _Exit, _HELD, _STAGE, _STAGE_DIR, _err)
+                                    _COMMAND, _Exit, _HELD, _STAGE, _STAGE_DIR, _err,
+                                    check_interrupted)
 from fedjax_fair.cli.parser import build_parser
+from fedjax_fair.core import interrupts
 from fedjax_fair.core.execution import compile_options_override
 from fedjax_fair.hparams import FieldError
 # what programs and tests call by its command-line name
@@ -97,11 +113,13 @@ def _initialize_distributed() -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point; returns the exit status (the console script passes it to sys.exit)."""
-    parser = build_parser()
-    _COMMAND[:] = list(sys.argv[1:] if argv is None else argv)
+    """Entry point; returns the exit status (the console script passes it to sys.exit).
+    From its first line to its last write a SIGINT / SIGTERM ends the command with one
+    line and status 130 (``_interrupt_on_sigterm``; the module docstring)."""
     restore_sigterm = _interrupt_on_sigterm()
     try:
+        _COMMAND[:] = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser()
         try:  # methods from outside the package (FEDJAX_FAIR_PLUGINS, entry points)
             from fedjax_fair.algorithms import registry
             registry.load_env_plugins()
@@ -117,7 +135,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise C.ConfigError(e.field, str(e).split(": ", 1)[1]) from None
         if getattr(args, "distributed", False):  # before anything touches a device
             _initialize_distributed()
-        return args.func(args)
+        check_interrupted()
+        code = args.func(args)
+        if code == 0 and interrupts.requested():  # lost in a callback during the last writes
+            where = f" to {_STAGE_DIR[-1]}" if _STAGE_DIR else ""
+            _err(f"interrupted as the command finished; every output was written{where}")
+            return EXIT_INTERRUPTED
+        return code
     except _Exit as e:
         return e.code
     except C.ConfigError as e:
@@ -135,23 +159,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              f"and continue with --resume")
         return EXIT_WRITE
     finally:  # the command is the process's life: its folders' locks end with it
-        restore_sigterm()
         while _HELD:
             _HELD.pop().release()
         del _STAGE[:], _STAGE_DIR[:]
+        restore_sigterm()
 
 
 def console(argv: Optional[Sequence[str]] = None) -> NoReturn:
     """The console script ``fedjax-fair`` and ``python -m fedjax_fair.cli``: exits with
-    ``main``'s status. What the command leaves in memory is frozen out of the garbage
-    collector first (``gc.freeze``): the interpreter's collections at exit otherwise
-    walk every jaxpr, tracer cache and compiled program the command made, 0.45 s of a
-    0.6 s exit after a femnist_like run. Everything is still released when the
+    ``main``'s status. Its first act is the command's signal handler (until then, while
+    the package is imported, ``core.interrupts.guard_import``'s: one line, status 130),
+    and once ``main`` returns SIGINT / SIGTERM are ignored: every write is done, and the
+    process ends with ``main``'s status. What the command leaves in memory is frozen out
+    of the garbage collector first (``gc.freeze``): the interpreter's collections at exit
+    otherwise walk every jaxpr, tracer cache and compiled program the command made, 0.45
+    s of a 0.6 s exit after a femnist_like run. Everything is still released when the
     process ends; the command's files are closed by then."""
+    _interrupt_on_sigterm()  # first: replaces the import guard's handler
+    status = None
+    try:
+        status = main(argv)
+        _ignore_signals()
+    except KeyboardInterrupt:  # in the instants around main's own handler
+        _ignore_signals()
+        _err("interrupted before anything was written" if status is None else
+             "interrupted as the command finished; every output was written")
+        status = EXIT_INTERRUPTED
     import gc
-    status = main(argv)
     gc.freeze()
     sys.exit(status)
+
+
+def _ignore_signals() -> None:
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        for sig in interrupts.SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _in_gc_callback(frame) -> bool:
@@ -167,27 +211,51 @@ def _in_gc_callback(frame) -> bool:
 
 
 def _interrupt(signum, frame):
-    """The command's SIGINT / SIGTERM handler: ``KeyboardInterrupt``, or, inside a
-    garbage-collector callback (where it would be swallowed), the same signal again
-    50 ms later."""
+    """The command's SIGINT / SIGTERM handler: records the stop request
+    (``core.interrupts.record``), then raises ``KeyboardInterrupt``, or, inside a
+    garbage-collector callback (where it would be swallowed), sends the same signal
+    again 50 ms later. A ``KeyboardInterrupt`` swallowed anyway (a weakref callback, a
+    finalizer) is not lost: the recorded request stops the command at its next safe
+    point (``common.check_interrupted``) or when it ends."""
     import os
     import threading
+    interrupts.record(signum)
     if _in_gc_callback(frame):
         threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         return
     raise KeyboardInterrupt
 
 
+def _quiet_interrupts(previous):
+    """A ``sys.unraisablehook`` that leaves out the "Exception ignored ...
+    KeyboardInterrupt" CPython prints when a callback swallows the handler's exception:
+    the recorded stop request carries it on. Anything else goes to ``previous``."""
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and interrupts.requested():
+            return
+        previous(unraisable)
+    return hook
+
+
 def _interrupt_on_sigterm():
-    """SIGTERM raises KeyboardInterrupt, as SIGINT does, while the command runs (the
-    runner's ``stop_on_signals`` turns both into a stop request while rounds run), so
-    that it ends with one line instead of dying silently. A signal that lands inside a
-    garbage-collector callback, where the exception would be swallowed and the command
-    would go on as if never interrupted, is delivered again 50 ms later (``_interrupt``).
-    Returns the restorer."""
+    """For the command's span (``core.interrupts.begin`` / ``end``): SIGTERM raises
+    KeyboardInterrupt, as SIGINT does (the runner's ``stop_on_signals`` turns both into
+    a stop request while rounds run), so that it ends with one line instead of dying
+    silently; every signal is also recorded as a stop request that a swallowed
+    exception cannot lose (``_interrupt``), and a swallowed one is not printed
+    (``_quiet_interrupts``). Returns the restorer."""
     import signal
     import threading
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    return lambda: [signal.signal(sig, old) for sig, old in previous.items()]
+    interrupts.begin()
+    previous = {sig: signal.signal(sig, _interrupt) for sig in interrupts.SIGNALS}
+    hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_interrupts(hook)
+
+    def restore():
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        sys.unraisablehook = hook
+        interrupts.end()
+    return restore

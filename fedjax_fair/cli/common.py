@@ -19,7 +19,7 @@ import numpy as np
 from fedjax_fair.algorithms import (REGISTRY, base_name, build, default_training, get_method,
                                     method_hparams)
 from fedjax_fair.cli import config as C, lock
-from fedjax_fair.core import memory
+from fedjax_fair.core import interrupts, memory
 from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.client import FIELDS
 from fedjax_fair.core.algorithm import with_improvement
@@ -41,7 +41,7 @@ from fedjax_fair.models.base import example_flops
 
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = interrupts.EXIT_INTERRUPTED  # 130
 EXIT_WRITE = 4
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
@@ -193,6 +193,32 @@ def _check_checkpoint_owner(cfg, cfg_dict: dict) -> None:
                                           f"run's {ours.get('fingerprint')}"
                                           + (f": {', '.join(diffs)}" if diffs else "")
                                           + "); give this run's own checkpoint directory")
+
+
+def _record_inputs(cfg, cfg_dict: dict) -> None:
+    """Records the contents of the files the run reads (``lock.input_hashes``: a trace,
+    a LEAF folder) in ``cfg_dict`` (``lock.INPUTS_KEY``, part of the fingerprint; no key
+    when there are none). On ``--resume``, an input whose contents differ from what the
+    saved run recorded is refused, naming its option, before anything is built or
+    written: the resumed run would mix two inputs. A run saved before the contents were
+    recorded is resumed unchecked, with its fingerprint as it was."""
+    now = lock.input_hashes(cfg_dict)
+    saved = getattr(cfg, "saved_config", None)
+    if saved is None:
+        if now:
+            cfg_dict[lock.INPUTS_KEY] = now
+        return
+    recorded = saved[2].get(lock.INPUTS_KEY)
+    if not isinstance(recorded, dict):
+        return
+    for field, digest in sorted(recorded.items()):
+        if field in now and now[field] != digest:
+            where = lock.input_files(cfg_dict)[field][0]
+            raise C.ConfigError(field, f"the contents of {where!r} changed since the run in "
+                                       f"{saved[0]!r} recorded them ({digest[:19]}..., now "
+                                       f"{now[field][:19]}...); resuming would mix two "
+                                       f"inputs: restore them, or start a new run")
+    cfg_dict[lock.INPUTS_KEY] = dict(recorded)
 
 
 def _rebased(saved: dict, out: str) -> dict:
@@ -660,6 +686,17 @@ def _check_capacity(alg, num_clients: int, cfg) -> None:
         check_capacity(alg, num_clients, cfg.cohort_size, cfg.num_rounds)
     except ValueError as e:
         raise C.config_error(e, "client_table") from None
+
+
+def check_interrupted() -> None:
+    """A safe point of a command: a SIGINT / SIGTERM recorded since it started
+    (``core.interrupts``) stops it here with ``KeyboardInterrupt``, as the handler's own
+    exception would have, had a garbage-collector or weakref callback not swallowed it.
+    The commands call it after each long step before their rounds (the data, the
+    programs), before their first write, before the rounds start and before the outputs
+    are written."""
+    if interrupts.requested():
+        raise KeyboardInterrupt
 
 
 # What an interrupt outside the runner's stop_on_signals leaves (set by the commands as

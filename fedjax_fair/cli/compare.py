@@ -18,14 +18,17 @@ from fedjax_fair.algorithms import REGISTRY, base_name
 from fedjax_fair.hparams import FieldError
 from fedjax_fair import reports as report
 from fedjax_fair.cli import config as C, lock, tracked, transforms
+from fedjax_fair.core import interrupts
 from fedjax_fair.reports import compare as comparison
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_recorded, _err, _has_test, _is_primary,
                                     _method_report, _ordered_config, _other_process, _own,
-                                    _preflight, _resumable_config, _seeded, _STAGE,
+                                    _preflight, _record_inputs, _resumable_config,
+                                    _seeded, _STAGE,
                                     _STAGE_DIR, _write_client_history, build_algorithm,
                                     benign_clients, build_dataset, build_model,
-                                    command_line, execution_of, for_method, simulate_one,
+                                    check_interrupted, command_line, execution_of,
+                                    for_method, simulate_one,
                                     system_of, write_run_outputs)
 from fedjax_fair.scenarios import sampling
 from fedjax_fair.cli.parsing import parse_budgets
@@ -48,8 +51,10 @@ def cmd_compare(args) -> int:
     out = cfg.resolved_output_dir()
     cfg_dict = _ordered_config(cfg)
     cfg_dict["output_dir"] = out
+    _record_inputs(cfg, cfg_dict)  # the input files' contents (checked on --resume)
 
     ds = build_dataset(cfg)
+    check_interrupted()  # safe points: a signal whose KeyboardInterrupt a callback lost
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     for a in cfg.algorithms:
         C.check_data_range(a, hparams[a], ds.host_data.train, f"hparams[{a}]")
@@ -76,6 +81,7 @@ def cmd_compare(args) -> int:
     from tqdm.auto import tqdm
     from fedjax_fair.drivers.runner import (Interrupted, NonFiniteError, stop_on_signals,
                                             stop_requested)
+    check_interrupted()  # before the first write
     _own(cfg, _is_primary(), check_fresh=True)
     if not cfg.resume:
         cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
@@ -96,6 +102,7 @@ def cmd_compare(args) -> int:
     interrupted, finished = False, 0
     try:
         with stop_on_signals():
+            check_interrupted()  # before the runs
             for name, alg in algs.items():
                 found = {s: (comparison.finished_run(os.path.join(out, name, f"seed{s}"))
                              if cfg.resume else None) for s in cfg.seeds}
@@ -124,12 +131,15 @@ def cmd_compare(args) -> int:
                     bar.update(1)
     except (Interrupted, KeyboardInterrupt):
         interrupted = True
+        interrupts.clear()  # honoured: the table of the finished runs is written next
     bar.close()
     _STAGE_DIR.append(out)
     _STAGE.append(f"while writing the comparison's table and plots to {out}; its "
                   f"summary.json (written last) is not written; the {finished} finished "
                   f"runs are saved; write them again with: fedjax-fair compare -o {out} "
                   f"--resume")
+    if not interrupted:
+        check_interrupted()  # e.g. a signal during the last run's last chunk
     code = _write_comparison(out, cfg_dict, time.perf_counter() - t_start,
                              print_table=not interrupted, command=command_line())
     if interrupted:

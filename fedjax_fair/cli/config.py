@@ -621,7 +621,8 @@ def check_dp_settings(cfg) -> None:
 
 def _validate_common(cfg) -> None:
     check_trackers(cfg)
-    from fedjax_fair.cli import transforms
+    from fedjax_fair.cli import extras, transforms
+    extras.check(cfg)  # options whose optional package (an extra) is missing
     transforms.check(cfg)
     check_dp_settings(cfg)
 

@@ -7,14 +7,20 @@
   holder's pid, host, command and start time, which a refused second writer names.
 * **Fingerprint.** A hash of the canonical configuration fields that change a run's
   iterates (algorithm, hyper-parameters, data and its arguments, model and its
-  arguments, seed, ...). ``run`` records it in ``config.json`` and in ``FINGERPRINT_NAME``
-  beside the checkpoint; ``--resume`` refuses a config.json or a checkpoint folder
-  whose fingerprint does not match, naming the fields that differ.
+  arguments, seed, ...) and of the contents of the files the run reads
+  (``input_hashes``: a ``--availability trace:FILE``, a LEAF dataset's JSON files;
+  recorded under ``INPUTS_KEY``, only when there are any, so the fingerprint of a run
+  without input files is the one it always had). ``run`` records it in ``config.json``
+  and in ``FINGERPRINT_NAME`` beside the checkpoint; ``--resume`` refuses a config.json
+  or a checkpoint folder whose fingerprint does not match, naming the fields that
+  differ, and an input file whose contents changed, naming its option
+  (``common._record_inputs``).
 """
 from __future__ import annotations
 
 import datetime
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -178,6 +184,78 @@ def iterate_config(cfg_dict: dict) -> dict:
     return {k: O.canonical(v) for k, v in sorted(cfg_dict.items())
             if k not in O.NOT_ITERATES
             and not (k in O.LATER_DEFAULTS and O.canonical(v) == O.LATER_DEFAULTS[k])}
+
+
+# ------------------------------------------------------------------------ input files
+
+INPUTS_KEY = "inputs"
+"""config.json's record of the run's input files: {option field: "sha256:<hex>"}."""
+CHUNK = 1 << 20  # bytes read at a time when hashing
+
+
+def _trace_file(cfg_dict: dict) -> Optional[tuple]:
+    """``--availability trace:FILE`` (as ``parsing.parse_system`` reads it)."""
+    kind, _, rest = str(cfg_dict.get("availability") or "always").strip().partition(":")
+    return (rest, None) if kind == "trace" and rest else None
+
+
+def _leaf_files(cfg_dict: dict) -> Optional[tuple]:
+    """A LEAF dataset's ``path``: the ``*.json`` files of its ``train/`` and ``test/``,
+    what ``data.leaf.load_leaf`` reads (``read_leaf_dir``)."""
+    from fedjax_fair.data.builders import LEAF_DATASETS
+    path = (cfg_dict.get("dataset_args") or {}).get("path")
+    if cfg_dict.get("dataset") not in LEAF_DATASETS or not isinstance(path, str) or not path:
+        return None
+    root = os.path.expanduser(path)
+    return root, [f for split in ("train", "test")
+                  for f in sorted(glob.glob(os.path.join(glob.escape(root), split, "*.json")))]
+
+
+INPUTS = (("availability", _trace_file), ("dataset_args.path", _leaf_files))
+"""Every option that names files a run reads: (its field, ``(root, files)`` of a config
+dict: a file alone is ``(path, None)``, a folder its root and the files read in it, in
+reading order). A ``--config`` file is not one: its values are the config. TFDS
+datasets are not hashed: a prepared TFDS dataset is versioned by TFDS (the version is
+part of the dataset's name) and can be hundreds of GiB."""
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_hash(root: str, files: Optional[Sequence[str]] = None) -> str:
+    """``"sha256:<hex>"`` of a file's contents (``files`` None), or of a folder's: the
+    sorted relative paths of ``files`` (under ``root``) each with its contents'
+    digest; read in chunks of ``CHUNK`` bytes."""
+    if files is None:
+        return "sha256:" + _file_digest(root)
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: os.path.relpath(f, root)):
+        rel = os.path.relpath(f, root).replace(os.sep, "/")
+        h.update(f"{rel}\0{_file_digest(f)}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def input_files(cfg_dict: dict) -> dict:
+    """{field: (root, files)} of every input a config reads (``INPUTS``)."""
+    found = {field: find(cfg_dict) for field, find in INPUTS}
+    return {field: f for field, f in found.items() if f is not None}
+
+
+def input_hashes(cfg_dict: dict) -> dict:
+    """{field: ``content_hash``} of every input a config reads (``input_files``) that
+    can be read now; one that cannot is left out for its loader to report."""
+    out = {}
+    for field, (root, files) in input_files(cfg_dict).items():
+        try:
+            out[field] = content_hash(root, files)
+        except OSError:
+            continue
+    return out
 
 
 def fingerprint(cfg_dict: dict) -> str:

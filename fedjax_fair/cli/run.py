@@ -14,9 +14,11 @@ from fedjax_fair.cli import config as C, lock, tracked, transforms
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_capacity,
                                     _check_checkpoint_owner, _check_recorded, _err,
                                     _is_primary, _method_report, _ordered_config,
-                                    _other_process, _own, _preflight, _resumable_config,
+                                    _other_process, _own, _preflight, _record_inputs,
+                                    _resumable_config,
                                     _STAGE, _STAGE_DIR, _write_client_history,
-                                    build_algorithm, build_dataset, build_model, for_method,
+                                    build_algorithm, build_dataset, build_model,
+                                    check_interrupted, for_method,
                                     participation_report, simulate_one, write_run_figures,
                                     write_run_outputs, write_run_page)
 from fedjax_fair.core.execution import initial_params
@@ -42,8 +44,10 @@ def cmd_run(args) -> int:
     ckdir = cfg.resolved_checkpoint_dir()
     cfg_dict = _ordered_config(cfg)
     cfg_dict["output_dir"], cfg_dict["checkpoint_dir"] = out, ckdir
+    _record_inputs(cfg, cfg_dict)  # the input files' contents (checked on --resume)
 
     ds = build_dataset(cfg)
+    check_interrupted()  # safe points: a signal whose KeyboardInterrupt a callback lost
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     C.check_data_range(cfg.algorithm, cfg.hparams, ds.host_data.train)
     model = build_model(cfg, ds)
@@ -58,7 +62,6 @@ def cmd_run(args) -> int:
         _check_checkpoint_owner(cfg, cfg_dict)
 
     primary = _is_primary()
-    held = _own(cfg, primary, check_fresh=True)
     branches = list(getattr(cfg, "branches", []))
     kept_rounds = None
     done = None
@@ -118,10 +121,14 @@ def cmd_run(args) -> int:
 
     from fedjax_fair.drivers.runner import (CompileClock, Interrupted, NonFiniteError,
                                             stop_on_signals)
+    check_interrupted()  # before the first write (the folders' locks)
+    held = _own(cfg, primary, check_fresh=True)
     _STAGE_DIR.append(out)
     try:
+        check_interrupted()
         with CompileClock() as init_clock:  # simulate_one's initial_params hits the cache
             initial_params(model, jax.random.key(cfg.seed))
+        check_interrupted()  # before the rounds: nothing written yet
         with stop_on_signals():
             result = simulate_one(alg, model, ds, cfg, cfg.seed, checkpoint_dir=ckdir,
                                   resume=cfg.resume, progress=cfg.progress,
@@ -139,13 +146,14 @@ def cmd_run(args) -> int:
         raise
     except NonFiniteError as e:
         begin()
-        where = f"kept in {ckdir}" if ckdir else "not saved (checkpoints are off)"
+        where = (f"kept in {ckdir}" if e.saved else "not saved (checkpoints are off)"
+                 if not ckdir else "not saved (the run diverged before its first commit)")
         report.write_json(os.path.join(out, "summary.json"), {
             "status": "non_finite", "config": cfg_dict, "non_finite_round": e.round,
-            "last_good_round": e.last_good_round, "checkpoint_dir": ckdir})
+            "last_good_round": e.last_good_round, "checkpoint_dir": ckdir if e.saved else None})
         advice = (f"continue from it with changed settings as a recorded branch, e.g. a "
                   f"client_lr below {cfg.client_lr:g}: fedjax-fair run -o {out} --resume "
-                  f"--branch --client-lr LOWER" if ckdir
+                  f"--branch --client-lr LOWER" if e.saved
                   else f"start again with a client_lr below {cfg.client_lr:g}")
         _err(f"non-finite parameters (NaN/inf) at round {e.round}; stopped. The last good "
              f"checkpoint (round {e.last_good_round}) is {where}; {advice}")
@@ -169,11 +177,15 @@ def cmd_run(args) -> int:
                   f"summary.json (written last) is not written"
                   + (f"; write them again with: fedjax-fair run -o {out} --resume"
                      if ckdir else ""))
+    if ckdir:  # e.g. a signal during the last chunk (it ended the run); without a
+        check_interrupted()  # checkpoint the outputs are written, then 130 (main)
     begin()
     resumed_from = _fix_resumed_seconds(result.history, new_entries) if cfg.resume else None
     extra = {"resumed_from_round": resumed_from} if cfg.resume else {}
     extra.update(_method_report(cfg.algorithm, model, alg, result, ds))
     extra["participation"] = participation_report(result, ds.num_clients)
+    if ckdir:
+        check_interrupted()
     _write_client_history(out, result)  # before summary.json, which is written last
     summary = write_run_outputs(out, cfg_dict, ds, model, result, plots=cfg.plots,
                                 extra=extra)

@@ -66,10 +66,11 @@ import numpy as np
 from fedjax_fair import reports as report
 from fedjax_fair.cli import config as C, lock, tracked
 from fedjax_fair.cli.common import (EXIT_INTERRUPTED, _check_capacity, _check_recorded, _err,
-                                    _ordered_config, _own, _preflight, _resumable_config,
+                                    _ordered_config, _own, _preflight, _record_inputs,
+                                    _resumable_config,
                                     _STAGE, _STAGE_DIR, build_algorithm, build_dataset,
-                                    build_model, command_line, dataset_description,
-                                    for_method)
+                                    build_model, check_interrupted, command_line,
+                                    dataset_description, for_method)
 from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.evaluation import make_evaluator
 from fedjax_fair.cli.parsing import parse_budgets
@@ -302,6 +303,7 @@ def plan(cfg: C.SweepConfig, hparams: dict) -> Plan:
     built (and traced in the continuous names) and ``--metric`` checked: each refusal a
     ``ConfigError`` before compute."""
     ds = build_dataset(cfg)
+    check_interrupted()  # safe points: a signal whose KeyboardInterrupt a callback lost
     C.validate_against_data(cfg, ds.num_clients, ds.host_data.train.num_examples)
     model = build_model(cfg, ds)
     programs = plan_programs(cfg, hparams)
@@ -337,6 +339,7 @@ def cmd_sweep(args) -> int:
     out = cfg.resolved_output_dir()
     cfg_dict = _ordered_config(cfg)
     cfg_dict["output_dir"] = out
+    _record_inputs(cfg, cfg_dict)  # the input files' contents (checked on --resume)
     cfg_dict["fingerprint"] = lock.fingerprint(cfg_dict)
     p = plan(cfg, hparams)
     print(programs_line(cfg, p.programs, p.tiles.count, p.tiles.g * p.tiles.s))
@@ -344,6 +347,7 @@ def cmd_sweep(args) -> int:
     cfg_dict["scenarios"] = transforms.announce(cfg, {cfg.algorithm: p.algorithm})[
         cfg.algorithm]
 
+    check_interrupted()  # before the first write (the programs are traced by now)
     _own(cfg, True, check_fresh=True)
     if not cfg.resume:  # a fresh sweep: nothing of an earlier one stays (--overwrite)
         shutil.rmtree(os.path.join(out, PARTS), ignore_errors=True)
@@ -382,6 +386,7 @@ def run_programs(cfg: C.SweepConfig, cfg_dict: dict, p: Plan, seconds: list) -> 
     bar = tqdm(total=tiles.count * len(p.programs), desc="sweep", unit="call",
                dynamic_ncols=True, disable=not (cfg.progress and sys.stderr.isatty()))
     with bar, stop_on_signals():
+        check_interrupted()  # before the first call
         for program in p.programs:
             done = {}
             for i in range(tiles.count) if cfg.resume else ():
@@ -431,6 +436,7 @@ def write_outputs(cfg: C.SweepConfig, cfg_dict: dict, p: Plan, results: list, ti
     _STAGE.append(f"while writing the sweep's tables to {out}; its summary.json (written "
                   f"last) is not written; every run is saved in {os.path.join(out, PARTS)}; "
                   f"write them again with: fedjax-fair sweep -o {out} --resume")
+    check_interrupted()  # e.g. a signal during the last call (it ended the sweep)
     _remove(os.path.join(out, SUMMARY))  # the commit of the outputs written below
     record = runs_record(cfg, p.ds, p.programs, results, p.keys, p.validation, p.evaluated)
     report.write_json(os.path.join(out, RUNS), record)

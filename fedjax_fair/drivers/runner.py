@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from fedjax_fair.drivers import checkpoint as ckpt
-from fedjax_fair.core import memory as mem
+from fedjax_fair.core import interrupts, memory as mem
 from fedjax_fair import hparams as H
 from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
@@ -172,8 +172,13 @@ def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
     the chunk on the device, saves its checkpoint and raises ``Interrupted``, so no
     signal ever lands inside XLA (where a ``KeyboardInterrupt`` could crash the
     process). A second signal interrupts at once (``KeyboardInterrupt``). Main
-    thread only; the previous handlers and a clear stop flag are restored on exit."""
+    thread only; the previous handlers and a clear stop flag are restored on exit.
+    Inside the ``fedjax-fair`` command each signal is also recorded as the command's
+    stop request (``core.interrupts.record``), which outlives this context: a signal
+    during a run's last chunk, which ends the run instead of stopping it, still stops
+    the command before it writes its outputs."""
     def handler(signum, frame):
+        interrupts.record(signum)
         if _STOP.is_set():
             raise KeyboardInterrupt
         _STOP.set()
@@ -189,14 +194,19 @@ def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
 
 class NonFiniteError(FloatingPointError):
     """A run produced NaN/inf. ``round`` is the first bad round (1-based count of
-    rounds completed when it appeared); ``last_good_state`` is the state kept."""
+    rounds completed when it appeared); ``last_good_state`` is the state kept, of round
+    ``last_good_round``; ``saved``: whether it is the newest commit of the run's
+    checkpoint (False without a checkpoint, or when the run diverged before its first
+    commit: its initial state is kept, in memory only)."""
 
-    def __init__(self, round_: int, last_good_round: int, last_good_state, where: str):
+    def __init__(self, round_: int, last_good_round: int, last_good_state, where: str,
+                 saved: bool = False):
         super().__init__(f"non-finite server state at round {round_}; stopped. Last good state: "
                          f"round {last_good_round}{where}")
         self.round = round_
         self.last_good_round = last_good_round
         self.last_good_state = last_good_state
+        self.saved = saved
         self.history: Optional[list] = None  # ``run`` sets: the run's good evaluations
         self.rounds: Optional[dict] = None  # and its good rounds' metrics
 
@@ -265,7 +275,9 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     newest commit and gives the same result as an uninterrupted run. If the server's
     state (parameters, optimizer, mixing or aggregator state; not the client table)
     becomes NaN/inf, ``NonFiniteError`` is raised with the round number; the last
-    good state stays in the checkpoint (and on the exception). A plan that cannot fit
+    good state stays in the checkpoint (and on the exception; a run with donated
+    chunks that diverged before its first commit keeps its initial state, on the
+    exception only, ``saved`` False). A plan that cannot fit
     raises ``memory.MemoryBudgetError`` before any data moves. In a multi-host job
     (``sharding.initialize_distributed``) only process 0 writes checkpoints.
 
@@ -336,15 +348,25 @@ def _start(algorithm: FederatedAlgorithm, params, num_clients: int, key, spec: R
 
 def _non_finite(record: "Record", algorithm: FederatedAlgorithm, params, num_clients: int,
                 spec: RunSpec) -> "NonFiniteError":
-    """The ``NonFiniteError`` of a run that diverged, with its last good state (read
-    back from the checkpoint when the chunks were donated) and its good logs."""
+    """The ``NonFiniteError`` of a run that diverged, with its last good state and its
+    good logs. Not donated, the state before the bad chunk (committed by
+    ``Record.diverged`` with a checkpoint). Donated, the chunk consumed its input: the
+    newest commit's state, read back, or, when the run had committed nothing yet (a
+    comparison's run commits every ``commit_seconds``), its initial state,
+    ``algorithm.init`` of ``params`` again (round 0; the caller's ``params`` are never
+    donated), saved nowhere: the error says so."""
     bad, last_good = record.non_finite
-    where = f", saved in {spec.checkpoint_dir}" if spec.checkpoint_dir else ""
     state = record.state
-    if spec.donate:  # the chunk consumed its input: the checkpoint holds the last good
-        state, _ = ckpt.restore(spec.checkpoint_dir, algorithm.init(params, num_clients))
+    saved = spec.checkpoint_dir is not None
+    if spec.donate:  # the chunk consumed its input
+        saved = record.saved  # this run's commit (or the one it resumed from)
+        state = (ckpt.restore(spec.checkpoint_dir, algorithm.init(params, num_clients))[0]
+                 if saved else algorithm.init(params, num_clients))
         last_good = int(state.round)
-    error = NonFiniteError(bad, last_good, state, where)
+    where = (f", saved in {spec.checkpoint_dir}" if saved else
+             " (the initial state; the run diverged before its first checkpoint commit, so "
+             "no state was saved)" if spec.checkpoint_dir else "")
+    error = NonFiniteError(bad, last_good, state, where, saved)
     error.history = record.history  # the evaluations up to the last good one
     error.rounds = {k: np.concatenate(v) for k, v in record.rounds.items()}
     return error
@@ -504,6 +526,11 @@ class Record:
     @property
     def stopped(self) -> bool:
         return self.non_finite is not None
+
+    @property
+    def saved(self) -> bool:
+        """Whether the checkpoint holds a commit of this run (or the one it resumed)."""
+        return self._saved
 
     def chunk(self, r0: int, metrics: dict) -> None:
         for k, v in metrics.items():
