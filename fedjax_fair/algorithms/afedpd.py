@@ -75,5 +75,9 @@ def afedpd_sam(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: flo
                        evaluate=evaluate, sam_radius=sam_radius, sam_eps=sam_eps)
 
 
-register("afedpd", afedpd, HPARAMS, family="primal_dual")
-register("afedpd_sam", afedpd_sam, SAM_VARIANT_HPARAMS, family="primal_dual")
+register("afedpd", afedpd, HPARAMS, family="primal_dual",
+         search_space={"rho": (0.001, 0.01, 0.1, 1.0)},
+         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")
+register("afedpd_sam", afedpd_sam, SAM_VARIANT_HPARAMS, family="primal_dual",
+         search_space={"rho": (0.001, 0.01, 0.1, 1.0)},
+         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")

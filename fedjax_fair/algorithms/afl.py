@@ -158,4 +158,6 @@ def afl(model, *, lambda_lr: float = 0.01, ascent: str = "unbiased",
                   server_optimizer=server_optimizer)
 
 
-register("afl", afl, HPARAMS, family="fair", size_prior=None)
+register("afl", afl, HPARAMS, family="fair", size_prior=None,
+         search_space={"lambda_lr": (0.01, 0.1, 1.0)},
+         search_source="the AAggFF thesis's baseline grid: gamma_lambda in {0.01, 0.1, 1}")

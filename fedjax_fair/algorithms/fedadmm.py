@@ -43,4 +43,6 @@ def fedadmm(model, *, rho: float = 0.1, training: ClientTraining = TRAINING,
                        evaluate=evaluate)
 
 
-register("fedadmm", fedadmm, HPARAMS, family="primal_dual")
+register("fedadmm", fedadmm, HPARAMS, family="primal_dual",
+         search_space={"rho": (0.001, 0.01, 0.1, 1.0)},
+         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")

@@ -101,4 +101,6 @@ def fedcm(model, *, alpha: float = 0.1, training: ClientTraining = ClientTrainin
                    broadcast=lambda state: state.aggregator_state.momentum)
 
 
-register("fedcm", fedcm, HPARAMS, family="primal_dual", server_rate="server_lr")
+register("fedcm", fedcm, HPARAMS, family="primal_dual", server_rate="server_lr",
+         search_space={"alpha": (0.05, 0.1, 0.2, 0.5)},
+         search_source="the A-FedPD paper's Table 3: alpha in {0.05, 0.1, 0.2, 0.5}")

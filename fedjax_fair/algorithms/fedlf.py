@@ -406,4 +406,6 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
                                                               decay_every)))
 
 
-register("fedlf", fedlf, HPARAMS, family="fair", server_rate="server_lr", size_prior=None)
+register("fedlf", fedlf, HPARAMS, family="fair", server_rate="server_lr", size_prior=None,
+         search_space={"server_lr": (0.01, 0.05, 0.1, 0.5, 1.0)},
+         search_source="the DQN-Fed paper's Appendix H: eta in {0.01, 0.05, 0.1, 0.5, 1}")

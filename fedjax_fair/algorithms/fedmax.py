@@ -210,4 +210,6 @@ def fedsoftmax(model, *, beta: float = 5.0, weight_by_size: bool = True,
 
 register("fedmax", fedmax, HPARAMS, family="fair", size_prior=None)
 register("fedmax_k", fedmax_k, HPARAMS, family="fair", size_prior=None)
-register("fedsoftmax", fedsoftmax, HPARAMS, family="fair")
+register("fedsoftmax", fedsoftmax, HPARAMS, family="fair",
+         search_space={"beta": (5.0, 10.0, 15.0, 20.0, 30.0)},
+         search_source="the FedSoftMax authors' sweep: beta in {5, 10, 15, 20, 30}")

@@ -33,4 +33,6 @@ def fedpd(model, *, rho: float = 0.1, training: ClientTraining = TRAINING,
                        client_table=client_table, weight_by_size=False, evaluate=evaluate)
 
 
-register("fedpd", fedpd, HPARAMS, family="primal_dual", participation="full", size_prior=None)
+register("fedpd", fedpd, HPARAMS, family="primal_dual", participation="full", size_prior=None,
+         search_space={"rho": (0.001, 0.01, 0.1, 1.0)},
+         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")

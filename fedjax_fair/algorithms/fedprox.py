@@ -37,4 +37,6 @@ def fedprox(model, *, mu: float = 0.01, training: ClientTraining = ClientTrainin
                   weight_by_size=weight_by_size)
 
 
-register("fedprox", fedprox, HPARAMS, family="primal_dual")
+register("fedprox", fedprox, HPARAMS, family="primal_dual",
+         search_space={"mu": (0.001, 0.01, 0.1, 1.0)},
+         search_source="FedProx (arXiv:1812.06127), Section 5: mu in {0.001, 0.01, 0.1, 1}")

@@ -48,4 +48,6 @@ def fedsam(model, *, sam_radius: float = 0.05, sam_eps: float = 1e-2,
     return compose(client, mixing=prior(weight_by_size), server_optimizer=optax.sgd(server_lr))
 
 
-register("fedsam", fedsam, HPARAMS, family="primal_dual", server_rate="server_lr")
+register("fedsam", fedsam, HPARAMS, family="primal_dual", server_rate="server_lr",
+         search_space={"sam_radius": (0.01, 0.05, 0.1, 0.5)},
+         search_source="the A-FedPD paper's Table 3: r in {0.01, 0.05, 0.1, 0.5}")

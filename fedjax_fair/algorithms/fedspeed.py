@@ -56,4 +56,6 @@ def fedspeed(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float
                        penalty_as_decay=True)
 
 
-register("fedspeed", fedspeed, HPARAMS, family="primal_dual")
+register("fedspeed", fedspeed, HPARAMS, family="primal_dual",
+         search_space={"rho": (0.001, 0.01, 0.1, 1.0)},
+         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")

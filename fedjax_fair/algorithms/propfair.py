@@ -145,4 +145,6 @@ def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: 
     return compose(update, mixing=prior(weight_by_size), server_optimizer=server_optimizer)
 
 
-register("propfair", propfair, HPARAMS, family="fair")
+register("propfair", propfair, HPARAMS, family="fair",
+         search_space={"baseline": (2.0, 3.0, 5.0)},
+         search_source="the AAggFF thesis's baseline grid: M in {2, 3, 5}")

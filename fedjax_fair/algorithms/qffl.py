@@ -255,4 +255,6 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
                   mixing=mixing or prior_mixing(by_size), **client)
 
 
-register("qffl", qffl, HPARAMS, family="fair")
+register("qffl", qffl, HPARAMS, family="fair",
+         search_space={"q": (0.1, 1.0, 5.0)},
+         search_source="the AAggFF thesis's baseline grid: q in {0.1, 1, 5}")

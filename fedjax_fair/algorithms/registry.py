@@ -102,6 +102,13 @@ class Method(NamedTuple):
     """``note(cohort_size) -> str or None``: one line a command prints before compute
     when the method, at that cohort size, is not its paper's algorithm as stated
     (FedAsync with a cohort above 1); None when there is nothing to say."""
+    search_space: tuple = ()
+    """``((name, (v1, v2, ...)), ...)``: the values of its own hyper-parameters that a
+    tuned comparison searches (``compare --tune``; ``tuning.search_space`` adds the
+    client rate), the paper's grid where its paper gives one (``search_source`` says
+    where from); empty when it has none."""
+    search_source: str = ""
+    """Where ``search_space`` comes from (a paper's table or appendix), for the docs."""
 
 
 FAMILIES = {
@@ -237,7 +244,8 @@ def register(name: str, factory: Callable, hparams: dict, *, family: str,
              training_fields: tuple = tuple(FIELDS), server_rate: Optional[str] = None,
              size_prior: Optional[Callable[[bool], dict]] = WEIGHT_BY_SIZE,
              seeded: bool = False, clocked: bool = False,
-             note: Optional[Callable[[int], Optional[str]]] = None) -> Method:
+             note: Optional[Callable[[int], Optional[str]]] = None,
+             search_space: Optional[dict] = None, search_source: str = "") -> Method:
     """Registers ``factory`` under ``name`` (the keywords are ``Method``'s fields) and
     returns its ``Method``. A method's module ends with this call. Registering a name
     again with the same entry does nothing; with another factory or other fields it is
@@ -265,9 +273,10 @@ def register(name: str, factory: Callable, hparams: dict, *, family: str,
         raise TypeError(f"{where}: size_prior must be callable or None, got {size_prior!r}")
     if note is not None and not callable(note):
         raise TypeError(f"{where}: note must be callable or None, got {note!r}")
+    space = _check_space(where, factory, search_space or {})
     method = Method(factory, hparams, participation, report, bool(generative), report_line,
                     tuple(training_fields), family, server_rate, size_prior, bool(seeded),
-                    bool(clocked), note)
+                    bool(clocked), note, space, str(search_source))
     existing = dict.get(REGISTRY, name)
     if existing is not None:
         if existing == method:
@@ -466,6 +475,29 @@ def _annotation(p: inspect.Parameter) -> str:
 
 
 _VALUE_TYPES = re.compile(r"\b(bool|int|float|str|tuple|Rate)\b")
+
+
+def _check_space(where: str, factory: Callable, space) -> tuple:
+    """``search_space`` as ``((name, values), ...)``: each name a keyword argument of
+    ``factory`` or a ``ClientTraining`` field's flat name, each value list non-empty
+    numbers (or strings), without repeats."""
+    if not isinstance(space, dict):
+        raise TypeError(f"{where}: search_space must be a dict of name -> values, got "
+                        f"{space!r}")
+    names = {p.name for p in inspect.signature(factory).parameters.values()
+             if p.kind is p.KEYWORD_ONLY} | set(FIELDS)
+    out = []
+    for name, values in space.items():
+        values = tuple(values) if isinstance(values, (list, tuple)) else None
+        if name not in names:
+            raise ValueError(f"{where}: search_space names {name!r}, not an argument of "
+                             f"the factory")
+        if not values or len(set(values)) != len(values) or not all(
+                isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"{where}: search_space[{name!r}] must be distinct numbers or "
+                             f"strings, got {space[name]!r}")
+        out.append((name, values))
+    return tuple(out)
 
 
 def method_hparams(name: str) -> dict:

@@ -74,4 +74,6 @@ def term(model, *, tilt: float = 0.1, weight_by_size: bool = True,
                   training=training, server_optimizer=server_optimizer)
 
 
-register("term", term, HPARAMS, family="fair")
+register("term", term, HPARAMS, family="fair",
+         search_space={"tilt": (0.1, 1.0, 10.0)},
+         search_source="the AAggFF thesis's baseline grid: lambda in {0.1, 1, 10}")

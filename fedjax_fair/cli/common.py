@@ -252,6 +252,12 @@ def build_dataset(cfg):
         except ValueError as e:  # e.g. fractions that leave no client a test example
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise C.ConfigError("resplit", first.split(": ", 1)[-1]) from None
+    if getattr(cfg, "validation_fraction", 0.0):  # a validation split of the train rows
+        from fedjax_fair.data import hold_out_validation
+        try:
+            ds = hold_out_validation(ds, cfg.validation_fraction, cfg.resplit_seed)
+        except ValueError as e:
+            raise C.ConfigError("validation_fraction", str(e).split(": ", 1)[-1]) from None
     ds = _hold_out(ds, getattr(cfg, "unseen_clients", 0.0))
     pad = ds.info.get("padding", {})
     for split in ("train", "validation", "test"):

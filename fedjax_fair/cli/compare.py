@@ -88,6 +88,18 @@ def cmd_compare(args) -> int:
         report.write_json(os.path.join(out, "config.json"), cfg_dict)
         lock.record(out, cfg_dict)
         tracked.discard(out)  # --overwrite: the earlier runs' dashboards go too
+    if cfg.tune:  # each method searched on a validation split, then run at its selection
+        from fedjax_fair.cli import tune
+        try:
+            with stop_on_signals():
+                records = tune.search(cfg, {a: hparams[a] for a in algs}, out)
+        except (Interrupted, KeyboardInterrupt):
+            _err(f"interrupted while tuning: every finished call of the searches is saved in "
+                 f"{os.path.join(out, tune.TUNE_DIR)}; continue with: fedjax-fair compare -o "
+                 f"{out} --resume")
+            return EXIT_INTERRUPTED
+        hparams = tune.tuned_hparams(hparams, records)
+        algs = {a: build_algorithm(a, model, cfg, hparams[a], ds) for a in algs}
     t_start = time.perf_counter()
     total_runs = len(algs) * len(cfg.seeds)
     bar = tqdm(total=total_runs, desc="compare", unit="run", dynamic_ncols=True,

@@ -884,6 +884,7 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     if len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError("seeds", f"listed twice: {cfg.seeds}")
     hparams = split_compare_hparams(cfg, ALGORITHMS)
+    check_tune(cfg)
     _validate_common(cfg)
     check_client_sgd(cfg, cfg.algorithms)
     if not cfg.resume:
@@ -894,6 +895,55 @@ def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
         check_mixing(a, cfg.mixing)
     check_directory(cfg.resolved_output_dir(), "output_dir")
     return hparams
+
+
+def tune_grids(cfg) -> dict:
+    """``--grid METHOD.NAME=V1,V2`` of a comparison as ``{method: {name: values}}``; a
+    key without a compared method's prefix is a ``ConfigError("grid")``."""
+    out: dict = {}
+    for key, values in (cfg.grid or {}).items():
+        method, dot, name = key.partition(".")
+        if not dot or not name:
+            raise ConfigError("grid", f"{key!r}: a comparison's grid is METHOD.NAME=V1,V2,... "
+                                      f"(e.g. --grid qffl.q=0.1,1)")
+        if method not in cfg.algorithms:
+            raise ConfigError("grid", f"{key!r}: {method!r} is not compared; compared: "
+                                      f"{', '.join(cfg.algorithms)}")
+        out.setdefault(method, {})[name] = list(values)
+    return out
+
+
+def check_tune(cfg) -> None:
+    """``--tune`` and its options: ``--grid`` only with it, tuning seeds valid and
+    disjoint from ``--seeds`` (the final scores come from seeds the selection never
+    saw), each method's grid names its hyper-parameters."""
+    if not cfg.tune:
+        for name, default in (("grid", {}), ("tune_budget", None)):
+            if getattr(cfg, name) != default:
+                raise ConfigError(name, f"--{name.replace('_', '-')} needs --tune")
+        return
+    if not cfg.tune_seeds:
+        raise ConfigError("tune_seeds", "need at least one seed")
+    for s in cfg.tune_seeds:
+        check_seed("tune_seeds", s)
+    if len(set(cfg.tune_seeds)) != len(cfg.tune_seeds):
+        raise ConfigError("tune_seeds", f"listed twice: {cfg.tune_seeds}")
+    shared = sorted(set(cfg.tune_seeds) & set(cfg.seeds))
+    if shared:
+        raise ConfigError("tune_seeds", f"{shared} also in --seeds: the search and the scored "
+                                        f"runs must use disjoint seeds")
+    if cfg.tune_budget is not None:
+        O.positive_count("tune_budget", cfg.tune_budget)
+    grids = tune_grids(cfg)
+    from fedjax_fair.drivers import tuning
+    for method, grid in grids.items():
+        for name, values in grid.items():
+            if not values or len(set(map(repr, values))) != len(values):
+                raise ConfigError("grid", f"{method}.{name}: give distinct values")
+        try:
+            tuning.search_space(method, overrides=grid)
+        except ValueError as e:
+            raise config_error(e, "grid") from None
 
 
 # The participation and clock options a sweep cannot honour (its runs are simulate's

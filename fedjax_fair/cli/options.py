@@ -178,6 +178,12 @@ OPTIONS = (
     Option("resplit_seed", "data", 'int', 0,
            'seed of --resplit (in [0, 2^32); q-FFL averages seeds 1-5)',
            check=seed),
+    Option("validation_fraction", "data", 'float', 0.0,
+           "hold out this fraction of each client's training rows as a "
+           'validation split (drawn with resplit_seed; the test split untouched; '
+           'nothing when the data has a validation split already); compare --tune '
+           'uses 0.1 for its search when this is 0',
+           later=True, check=UNIT),
     Option("augment", "data", 'str', 'none',
            'training-time augmentation of the inputs: none, cifar (flip + '
            'padded crop) or tinyimagenet (rotation + flip)',
@@ -430,7 +436,30 @@ OPTIONS = (
     Option("grid", "training", 'grid', {},
            'NAME=V1,V2,...: the values of one hyper-parameter of the algorithm '
            '(repeatable; the runs are their product)',
-           commands=('sweep',), flag=None),
+           commands=('sweep', 'compare'), flag=None, later=True,
+           helps={'compare': "METHOD.NAME=V1,V2,...: with --tune, the values of "
+                             "METHOD's hyper-parameter NAME searched instead of its "
+                             "search space's (or as a further dimension); repeatable"}),
+    Option("tune", "evaluation", 'bool', False,
+           "tune every method first: its search space (its paper's grid x a "
+           "4-point client-rate grid, docs/algorithms.md) runs on a validation "
+           "split held out of the training rows with --tune-seeds, the setting "
+           "best by --select is chosen, and the comparison runs it with --seeds on "
+           "the test split (OUTPUT_DIR/tune/METHOD holds each search, a sweep "
+           "folder)",
+           commands=('compare',), flag="--tune", later=True),
+    Option("tune_seeds", "evaluation", 'list[int]', [100, 101, 102],
+           'comma-separated seeds of the search, disjoint from --seeds',
+           commands=('compare',), later=True),
+    Option("tune_budget", "evaluation", 'int?', None,
+           'at most this many grid points per method (evenly spaced in the grid, '
+           'its default point kept); none: the whole search space',
+           commands=('compare',), later=True, check=positive_count),
+    Option("select", "evaluation", 'str', 'accuracy_mean',
+           'the validation summary a setting is selected by (the highest, or the '
+           'lowest for losses, gini and calibration errors; mean over seeds): '
+           'accuracy_mean, accuracy_worst_10%, accuracy_gini, ...',
+           commands=('compare', 'sweep'), later=True),
     Option("metric", "evaluation", 'str', 'accuracy_worst_10%',
            'the summary drawn in heatmap.png (any column of sweep.csv without '
            'its unit, e.g. accuracy_mean, accuracy_gini, test_loss, '

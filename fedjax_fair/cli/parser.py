@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "which run one runner.run per seed; the outputs are the "
                                    "same.")
     _add_common(p, C.CompareConfig)
+    p.add_argument("--grid", dest="grid", metavar="METHOD.NAME=V1,V2,...", action="append",
+                   default=S, help=O.BY_NAME["grid"].for_command("compare").help
+                   + "; e.g. --tune --grid qffl.q=0.1,1,5")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("report", help="tables, figures and report.html of a finished folder "

@@ -26,10 +26,10 @@ def folder_kind(out: str) -> str:
                                          f"comparison or sweep ({e})") from None
     if not isinstance(cfg, dict):
         raise C.ConfigError("directory", f"{path!r} is not a configuration")
+    if "algorithms" in cfg and "seeds" in cfg:  # (a tuned comparison has a grid too)
+        return "compare"
     if "grid" in cfg:
         return "sweep"
-    if "algorithms" in cfg and "seeds" in cfg:
-        return "compare"
     if "algorithm" in cfg:
         return "run"
     raise C.ConfigError("directory", f"{path!r} is not the configuration of a run, "

@@ -95,7 +95,7 @@ def sweep_config(args: argparse.Namespace) -> C.SweepConfig:
                 saved = json.load(f)
         except (OSError, ValueError):
             saved = None  # missing or unreadable: _resumable_config says which
-        if isinstance(saved, dict) and "grid" not in saved:
+        if isinstance(saved, dict) and ("grid" not in saved or "algorithms" in saved):
             raise C.ConfigError("resume", f"{path} does not hold a saved sweep (no grid); "
                                           f"continue a run or comparison with its own "
                                           f"command")
@@ -193,6 +193,15 @@ def check_metric(metric: str, keys: list) -> None:
     if metric not in keys:
         raise C.ConfigError("metric", f"unknown summary {metric!r}; allowed: "
                                       f"{', '.join(keys)}")
+
+
+def check_select(select: str, keys: list) -> None:
+    """``--select`` names a validation summary (``validation_`` + it is one of
+    ``keys``' when the data has a validation split)."""
+    names = [k[len(VALIDATION):] for k in keys if k.startswith(VALIDATION)]
+    if names and select not in names:
+        raise C.ConfigError("select", f"unknown summary {select!r}; allowed: "
+                                      f"{', '.join(names)}")
 
 
 def check_traceable(program: Program, model, ds, continuous: list) -> None:
@@ -322,6 +331,7 @@ def plan(cfg: C.SweepConfig, hparams: dict) -> Plan:
     validation = sweeps.has_examples(ds.host_data.validation)
     keys = summary_keys(metric_names(model, ds), validation)
     check_metric(cfg.metric, keys)
+    check_select(cfg.select, keys)
     return Plan(ds, model, programs, continuous, keys, validation, evaluated,
                 tiles_of(cfg, continuous), alg)
 
@@ -330,7 +340,14 @@ def cmd_sweep(args) -> int:
     if getattr(args, "distributed", False):
         raise C.ConfigError("distributed", "a sweep runs in one process on one device; drop "
                                            "--distributed")
-    cfg = sweep_config(args)
+    return execute(sweep_config(args))
+
+
+def execute(cfg: C.SweepConfig, *, reraise: bool = False) -> int:
+    """The sweep of a built ``SweepConfig`` (``cmd_sweep``'s, and each method's search
+    of ``compare --tune``): validated, planned, run and written; the exit status.
+    ``reraise``: an interrupt propagates (the caller says how to continue) instead of
+    ending the sweep with its own line."""
     hparams = C.validate_sweep(cfg)
     if getattr(cfg, "saved_config", None):
         _check_recorded(*cfg.saved_config)
@@ -362,6 +379,8 @@ def cmd_sweep(args) -> int:
     try:
         results, timings = run_programs(cfg, cfg_dict, p, seconds)
     except (Interrupted, KeyboardInterrupt):
+        if reraise:
+            raise
         saved = sum(len(s) for s in seconds)
         _err(f"interrupted: {saved} of {p.tiles.count * len(p.programs)} calls of the sweep "
              f"are saved in {os.path.join(out, PARTS)}; continue with: fedjax-fair sweep -o "
@@ -531,7 +550,8 @@ def runs_record(cfg: C.SweepConfig, ds, programs: list, results: list, keys: lis
                         "cohort_size": cfg.cohort_size, "evaluated": evaluated, **private},
             "axes": [{"name": n, "values": cfg.grid[n], "static": n in static}
                      for n in names],
-            "seeds": list(cfg.seeds), "metric": cfg.metric, "validation": validation,
+            "seeds": list(cfg.seeds), "metric": cfg.metric, "select": cfg.select,
+            "validation": validation,
             "keys": keys, "summary": summary}
 
 

@@ -10,7 +10,8 @@ import inspect
 from fedjax_fair.data.builders import LEAF_DATASETS, TFDS_DATASETS, federate
 from fedjax_fair.data.digits import digits
 from fedjax_fair.data.federated import (Dataset, from_client_arrays, from_padded,
-                                        padding_report, resplit, split_per_client,
+                                        hold_out_validation, padding_report, resplit,
+                                        split_per_client,
                                         stack_clients, zeros_block)
 from fedjax_fair.data.femnist_like import femnist_like
 from fedjax_fair.data.partition import PARTITIONERS, dirichlet, iid, shards
@@ -42,5 +43,5 @@ def get_dataset(name: str, **kwargs) -> Dataset:
 __all__ = ["DATASETS", "DATASET_PARAMS", "Dataset", "PARTITIONERS", "digits", "dirichlet",
            "federate",
            "femnist_like", "from_client_arrays", "from_padded", "get_dataset", "iid",
-           "padding_report", "resplit", "shards", "split_per_client", "stack_clients", "synthetic",
+           "hold_out_validation", "padding_report", "resplit", "shards", "split_per_client", "stack_clients", "synthetic",
            "zeros_block"]

@@ -441,3 +441,45 @@ def resplit(dataset: Dataset, fractions=(0.8, 0.1, 0.1), seed: int = 0) -> Datas
     return from_padded(stacked["train"], stacked["test"], name=dataset.name,
                        num_classes=dataset.num_classes, info=info,
                        validation=stacked["validation"] if fractions[1] > 0 else None)
+
+
+def hold_out_validation(dataset: Dataset, fraction: float = 0.1, seed: int = 0) -> Dataset:
+    """``dataset`` with a validation split held out of each client's *training* rows:
+    floor(``fraction`` n_k) of client k's n_k training examples, drawn with
+    ``np.random.default_rng(seed)`` (one generator, clients in order), the test split
+    untouched, so a selection made on the validation split never reads test data
+    (``compare --tune``). A dataset that already has a validation split is returned as
+    it is. A client too small for a validation row keeps all its rows for training.
+
+    Args:
+      dataset: any Dataset.
+      fraction: in (0, 1): the share of each client's training rows held out.
+      seed: the draw's seed.
+    """
+    fraction = _check_fraction(fraction, "fraction")
+    if not 0 < fraction < 1:
+        raise FieldError("fraction", f"must lie in (0, 1), got {fraction}")
+    host = dataset.host_data
+    if host.validation is not None:
+        return dataset
+    rng = np.random.default_rng(_check_seed(seed))
+    parts: dict[str, tuple[list, list]] = {"train": ([], []), "validation": ([], [])}
+    t = host.train
+    for k in range(host.num_clients):
+        keep = np.asarray(t.mask[k])
+        x, y = np.asarray(t.examples["x"][k])[keep], np.asarray(t.examples["y"][k])[keep]
+        order = rng.permutation(len(y))
+        b = int(np.floor(fraction * len(y) + 1e-9))
+        for name, rows in (("train", np.sort(order[b:])), ("validation", np.sort(order[:b]))):
+            parts[name][0].append(x[rows])
+            parts[name][1].append(y[rows])
+    stacked = {name: _stack_host(xs, ys, None, (f"{name}_xs", f"{name}_ys"))
+               for name, (xs, ys) in parts.items()}
+    if not stacked["validation"].num_examples.sum() > 0:
+        raise FieldError("fraction", f"{fraction} holds out no client's example; give a "
+                                     f"larger fraction")
+    info = {k: v for k, v in dataset.info.items() if k != "padding"}
+    info["validation_held_out"] = {"fraction": fraction, "seed": int(seed)}
+    return from_padded(stacked["train"], host.test, name=dataset.name,
+                       num_classes=dataset.num_classes, info=info,
+                       validation=stacked["validation"])

@@ -23,6 +23,7 @@ from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
 from fedjax_fair.hparams import FieldError
 from fedjax_fair import reports as report
 from fedjax_fair.reports import html
+from fedjax_fair.reports.sweep import is_percent
 
 
 def _improved_curve(run_dir: str):
@@ -202,16 +203,19 @@ def write_comparison(out: str, cfg_dict: dict, seconds: float, *, echo: bool = T
         if cfg_dict.get("unseen_clients") else "")
     label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
              + (" (diverged)" if a in runs.notes else "") for a in algorithms}
-    markdown = f"{title}\n\n{table}\n{table_note}\n"
+    tuned = report.read_json(os.path.join(out, TUNING)) if cfg_dict.get("tune") else None
+    tuned_md = tuned_table(tuned, algorithms) if tuned else ""
+    markdown = f"{title}\n\n{table}\n{table_note}\n" + (f"\n{tuned_md}" if tuned_md else "")
     report.files._replace_with(os.path.join(out, "comparison.md"), markdown)
     report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(seeds),
-                                families, columns)
+                                families, columns,
+                                extra=tuned_columns(tuned, rows) if tuned else None)
     if cfg_dict.get("plots", True):
         _comparison_figures(out, cfg_dict, runs, label, families, finished, total_runs)
     summary_path = os.path.join(out, "summary.json")
     reproduce = f"fedjax-fair compare --config {os.path.join(out, 'config.json')} -o NEW_DIR"
     report.files._replace_with(os.path.join(out, "report.html"), html.page(
-        title, table + "\n" + table_note, figures=[(os.path.join(out, f), c) for f, c in FIGURES],
+        title, table + "\n" + table_note + (f"\n\n{tuned_md}" if tuned_md else ""), figures=[(os.path.join(out, f), c) for f, c in FIGURES],
         command=command, reproduce=reproduce, config=cfg_dict))
     summary = {
         "config": cfg_dict, "dataset": ds, "command": command,
@@ -228,6 +232,65 @@ def write_comparison(out: str, cfg_dict: dict, seconds: float, *, echo: bool = T
             print(f"(personal models: {', '.join(personal)})")
         print(f"\n{total_runs} runs in {seconds:.1f}s -> {out}")
     return summary
+
+
+TUNING = "tuning.json"  # a tuned comparison's searches (cli/tune.py)
+
+
+def _score(value: Optional[dict], key: Optional[str]) -> str:
+    if not value or key is None:
+        return "-"
+    tail = key.split("validation_", 1)[-1]
+    if is_percent(tail):
+        return f"{100 * value['mean']:.2f} ± {100 * value['std']:.2f}"
+    return f"{value['mean']:.4g} ± {value['std']:.2g}"
+
+
+def _setting(hparams: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in hparams.items())
+
+
+def tuned_table(tuned: dict, algorithms: list) -> str:
+    """The Markdown table of a tuned comparison's selections: per method the selected
+    setting, its validation score, the default setting's score when the default is a
+    grid point, and the size of the search."""
+    methods = tuned.get("methods", {})
+    key = next((r["key"] for r in methods.values() if r.get("key")), None)
+    select = (key or "validation_" + str(tuned.get("select"))).replace("validation_", "", 1)
+    pct = " (%)" if is_percent(select) else ""
+    header = ["Algorithm", "Selected setting", f"Validation {select}{pct}",
+              f"At its defaults{pct}", "Grid points"]
+    body = []
+    for a in algorithms:
+        r = methods.get(a)
+        if r is None:
+            continue
+        body.append([a, _setting(r["hparams"]) if r["hparams"] else f"defaults ({r['note']})",
+                     _score(r.get("score"), r.get("key")),
+                     _score(r.get("default_score"), r.get("key")), str(r["points"])])
+    seeds = ",".join(map(str, tuned.get("seeds", [])))
+    return (f"Tuned: each method's setting selected by validation {select} (mean ± std over "
+            f"the tuning seeds {seeds}, on a validation split held out of the training "
+            f"rows); the table above scores it on the test split with the comparison's "
+            f"seeds. Each search: tune/METHOD (sweep.md, heatmap.png).\n\n"
+            + report.markdown_table(header, body) + "\n")
+
+
+def tuned_columns(tuned: dict, rows: dict) -> dict:
+    """comparison.csv's columns of a tuned comparison: the selected setting, its
+    validation score (mean, std) and the searched grid (JSON)."""
+    methods = tuned.get("methods", {})
+    out = {}
+    for a in rows:
+        r = methods.get(a, {})
+        score = r.get("score") or {}
+        out[a] = {"tuned_setting": json.dumps(r.get("hparams", {}), sort_keys=True),
+                  "selected_by": r.get("key") or "",
+                  "validation_score": repr(score["mean"]) if score else "",
+                  "validation_score_seed_std": repr(score["std"]) if score else "",
+                  "grid": json.dumps(r.get("space", {}))}
+    return out
 
 
 def _comparison_figures(out, cfg_dict, runs: Finished, label, families, finished,

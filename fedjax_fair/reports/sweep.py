@@ -241,20 +241,32 @@ def _best(values: np.ndarray, higher: bool) -> Optional[int]:
     return int(np.argmax(mean) if higher else np.argmin(mean))
 
 
+def select_key(record: dict) -> str:
+    """The validation summary a sweep selects by: ``validation_`` + its ``select``
+    (``--select``; validation_accuracy_mean for a sweep recorded without one)."""
+    return VALIDATION + record.get("select", SELECT_BY[len(VALIDATION):])
+
+
 def select(record: dict) -> dict:
-    """The honest choice of a setting: with a validation split, the highest mean
-    validation accuracy over seeds (``selected``, with its test metrics); without one,
+    """The honest choice of a setting: with a validation split, the best mean over
+    seeds of the validation summary ``select_key`` names (the highest, the lowest for
+    a loss, a spread or a calibration error; ``selected``, with its test metrics; the
+    first grid point of a tie, and never one with a diverged seed); without one,
     ``selected`` is None, and ``best_on_test`` is the best by ``metric`` on the test
     split, which is NOT a fair selection (chosen on the data it is scored on)."""
     test_keys = [k for k in record["keys"] if not k.startswith(VALIDATION)]
     if record["validation"]:
-        p = _best(record["summary"][SELECT_BY], True)
+        by = select_key(record)
+        higher = higher_is_better(by)
+        p = _best(record["summary"][by], higher)
         if p is None:
             return {"selected": None, "selection_note": "every grid point has a diverged "
                                                         "seed: nothing to select"}
-        return {"selected": {"by": f"{SELECT_BY} (mean over seeds, highest)", "point": p,
-                             "hparams": _point_hparams(record, p),
-                             SELECT_BY: _stats_at(record, p, [SELECT_BY])[SELECT_BY],
+        scores = _stats_at(record, p, sorted({by, SELECT_BY}))
+        return {"selected": {"by": f"{by} (mean over seeds, "
+                                   f"{'highest' if higher else 'lowest'})", "key": by,
+                             "point": p, "hparams": _point_hparams(record, p),
+                             "score": scores[by], SELECT_BY: scores[SELECT_BY],
                              "test": _stats_at(record, p, test_keys)}}
     metric = record["metric"]
     p = _best(record["summary"][metric], higher_is_better(metric))
@@ -283,8 +295,12 @@ def selection_lines(record: dict, selection: dict) -> list:
     sel = selection.get("selected")
     if sel is not None:
         t = sel["test"]
-        return [f"selected by validation accuracy (mean over seeds): {_setting(sel['hparams'])}"
-                f" (validation average {_pct(sel[SELECT_BY], seeds)}%); its test accuracy: "
+        by = sel.get("key", SELECT_BY)
+        score = sel.get("score", sel[SELECT_BY])
+        shown = (_pct(score, seeds) + "%" if is_percent(by) else
+                 report._fmt(score["mean"], score["std"] if seeds > 1 else None, _decimals(by)))
+        return [f"selected by {by} (mean over seeds): {_setting(sel['hparams'])}"
+                f" ({shown}); its test accuracy: "
                 f"average {_pct(t['accuracy_mean'], seeds)}%, worst 10% "
                 f"{_pct(t['accuracy_worst_10%'], seeds)}%"]
     best = selection.get("best_on_test")

@@ -224,17 +224,23 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]],
 
 def write_comparison_csv(path: str, rows: Mapping[str, Mapping[str, tuple[float, float]]],
                          num_seeds: int, families: Optional[Mapping[str, str]] = None,
-                         columns=TABLE_COLUMNS) -> None:
+                         columns=TABLE_COLUMNS,
+                         extra: Optional[Mapping[str, Mapping[str, str]]] = None) -> None:
     """The comparison table, machine-readable: the Markdown table's values in its units
     (accuracies in percent; the unit is in the column name) at full precision, each
     column's mean over seeds followed by its std over seeds (``*_seed_std``), and
-    each algorithm's family (``algorithms.FAMILIES``'s key) when ``families`` is given."""
+    each algorithm's family (``algorithms.FAMILIES``'s key) when ``families`` is given.
+    ``extra``: ``{algorithm: {column: text}}``, further columns at the end (a tuned
+    comparison's selected setting, its score and its grid)."""
     families = families or {}
+    names = list(next(iter(extra.values())).keys()) if extra else []
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["algorithm", "family", "num_seeds"]
-                   + [c for _, _, name, _ in columns for c in (name, f"{name}_seed_std")])
+                   + [c for _, _, name, _ in columns for c in (name, f"{name}_seed_std")]
+                   + names)
         for name, agg in rows.items():
             w.writerow([name, families.get(name, ""), num_seeds]
                        + [repr(v * scale) for key, _, _, scale in columns
-                          for v in agg[key]])
+                          for v in agg[key]]
+                       + [(extra or {}).get(name, {}).get(c, "") for c in names])

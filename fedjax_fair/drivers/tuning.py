@@ -1,0 +1,115 @@
+"""The search spaces of a tuned comparison (``fedjax-fair compare --tune``).
+
+A method's space is stated once, next to its factory: ``registry.Method.search_space``
+(its paper's grid where the paper gives one, ``Method.search_source`` says where from).
+``search_space`` adds the client rate on a log grid around the method's own rate
+(``RATE_FACTORS`` times it: a rate the defaults leave too small for a method's
+correction to act is in reach, as is a smaller one), takes a user's grid per method
+(``overrides``: a name given replaces the space's values, a new name adds a
+dimension), and thins the product to a budget of grid points (``thin``).
+
+Every grid point of one method is a run of the same compiled program where the names
+are continuous (vmapped, ``drivers.sweeps.sweep``); static names split programs.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Mapping, Optional
+
+import numpy as np
+
+from fedjax_fair.algorithms.registry import get_method, method_hparams
+from fedjax_fair.hparams import FieldError
+
+RATE = "client_lr"
+RATE_FACTORS = (0.5, 1.0, 2.0, 4.0)
+"""The client-rate grid: the method's own rate times these (a log grid of ratio 2)."""
+
+
+def rate_grid(rate: float) -> list:
+    """``rate`` times ``RATE_FACTORS``, rounded to 6 significant digits."""
+    return [float(f"{rate * f:.6g}") for f in RATE_FACTORS]
+
+
+def search_space(name: str, *, fixed: Mapping = (), overrides: Optional[Mapping] = None,
+                 budget: Optional[int] = None) -> dict:
+    """``{hyper-parameter: [values]}`` that a tuned comparison searches for method
+    ``name`` (a registered method or a ``NAME@LABEL`` variant): its registered space,
+    then the client rate (``rate_grid`` of its own default rate) unless the space has
+    it or ``fixed`` sets it, then ``overrides`` (``{name: values}``: replaces or adds a
+    dimension). Names in ``fixed`` (values the user set: ``--hp``, ``--client-lr``) are
+    not searched. ``budget``: at most that many grid points (``thin``). A name that is
+    not a hyper-parameter of the method is a ``FieldError("grid")``."""
+    every = method_hparams(name)
+    space = {k: list(v) for k, v in get_method(name).search_space}
+    if RATE in every and RATE not in space and every[RATE].default is not None:
+        space[RATE] = rate_grid(float(every[RATE].default))
+    for key, values in (overrides or {}).items():
+        if key not in every or every[key].python_only:
+            settable = [k for k, h in every.items() if not h.python_only]
+            raise FieldError("grid", f"{name}.{key}: {key!r} is not a hyper-parameter of "
+                                     f"{name!r} that a value sets; allowed: "
+                                     f"{', '.join(settable)}")
+        space[key] = list(values)
+    space = {k: v for k, v in space.items() if k not in fixed}
+    return thin(space, budget, {k: every[k].default for k in space})
+
+
+def size(space: Mapping) -> int:
+    """The number of grid points of a product space."""
+    return int(np.prod([len(v) for v in space.values()])) if space else 1
+
+
+def thin(space: Mapping, budget: Optional[int], defaults: Mapping = ()) -> dict:
+    """``space`` with at most ``budget`` grid points: the axis with the most values
+    loses one at a time, the values kept evenly spaced along it (its first and last,
+    and its default value where it is on the axis), until the product fits. None:
+    ``space`` as it is. A budget below 1 is a ``FieldError("tune_budget")``."""
+    space = {k: list(v) for k, v in space.items()}
+    if budget is None:
+        return space
+    if not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise FieldError("tune_budget", f"must be a positive integer, got {budget!r}")
+    defaults = dict(defaults)
+    while size(space) > budget:
+        key = max(space, key=lambda k: (len(space[k]), k))
+        values = space[key]
+        if len(values) == 1:
+            break
+        space[key] = _evenly(values, len(values) - 1, defaults.get(key))
+    return space
+
+
+def _evenly(values: list, k: int, keep=None) -> list:
+    """``k`` of ``values`` at evenly spaced positions (the ends first), ``keep``
+    among them when it is one of the values (in place of the nearest inner pick)."""
+    picks = sorted({int(round(i * (len(values) - 1) / max(k - 1, 1))) for i in range(k)})
+    at = next((i for i, v in enumerate(values) if _member(keep, [v])), None)
+    if at is not None and at not in picks:
+        inner = [j for j in range(1, len(picks) - 1)] or list(range(len(picks)))
+        picks[min(inner, key=lambda j: abs(picks[j] - at))] = at
+    return [values[i] for i in sorted(set(picks))]
+
+
+def points(space: Mapping) -> list:
+    """Every grid point as a dict, in C order of ``space``'s names."""
+    names = list(space)
+    return [dict(zip(names, combo)) for combo in itertools.product(*space.values())]
+
+
+def default_point(name: str, space: Mapping) -> Optional[dict]:
+    """The method's default values of ``space``'s names when every one is in the grid
+    (the untuned comparison's setting), else None."""
+    every = method_hparams(name)
+    point = {k: every[k].default for k in space}
+    return point if all(_member(v, space[k]) for k, v in point.items()) else None
+
+
+def _member(value, values) -> bool:
+    return any(value == v or (isinstance(value, float) and isinstance(v, (int, float))
+                              and math.isclose(value, v, rel_tol=1e-9)) for v in values)
+
+
+__all__ = ["RATE", "RATE_FACTORS", "rate_grid", "search_space", "size", "thin", "points",
+           "default_point"]
