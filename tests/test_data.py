@@ -533,3 +533,32 @@ def test_device_copy_first_touched_under_jit_is_concrete():
     total = jax.jit(lambda x: x + ds.data.train.num_examples.sum())(0)
     assert int(total) == int(np.asarray(ds.host_data.train.num_examples).sum())
     assert int(ds.data.train.num_examples.sum()) == int(total)  # no leaked tracer
+
+
+def _rows(split, k):
+    keep = np.asarray(split.mask[k])
+    x, y = np.asarray(split.examples["x"][k])[keep], np.asarray(split.examples["y"][k])[keep]
+    return sorted(map(tuple, np.column_stack([x.reshape(len(y), -1), y]).tolist()))
+
+
+def test_hold_out_validation_moves_training_rows_and_leaves_test_alone():
+    """floor(f n_k) of each client's training rows become its validation rows (train
+    and validation together are the original training rows), the test split is the
+    original's bit for bit, the draw is seeded, and a split already there is kept."""
+    ds = fd.get_dataset("synthetic", num_clients=8, max_examples=60)
+    held = fd.hold_out_validation(ds, 0.2, seed=3)
+    h, o = held.host_data, ds.host_data
+    n = np.asarray(o.train.num_examples)
+    np.testing.assert_array_equal(h.validation.num_examples, np.floor(0.2 * n + 1e-9))
+    np.testing.assert_array_equal(h.train.num_examples, n - np.floor(0.2 * n + 1e-9))
+    for k in range(ds.num_clients):
+        assert sorted(_rows(h.train, k) + _rows(h.validation, k)) == _rows(o.train, k)
+        assert _rows(h.test, k) == _rows(o.test, k)
+    again = fd.hold_out_validation(ds, 0.2, seed=3).host_data
+    other = fd.hold_out_validation(ds, 0.2, seed=4).host_data
+    assert all(_rows(again.validation, k) == _rows(h.validation, k) for k in range(8))
+    assert any(_rows(other.validation, k) != _rows(h.validation, k) for k in range(8))
+    assert fd.hold_out_validation(held, 0.5) is held  # a validation split is kept
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match="^fraction: "):
+            fd.hold_out_validation(ds, bad)

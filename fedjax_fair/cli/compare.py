@@ -77,6 +77,9 @@ def cmd_compare(args) -> int:
     cfg_dict["scenarios"] = transforms.announce(cfg, algs)
     for alg in algs.values():
         _check_capacity(alg, ds.num_clients, cfg)
+    if cfg.tune:  # every search checked before anything is written
+        from fedjax_fair.cli import tune
+        searches = tune.check(cfg, {a: hparams[a] for a in algs}, out, model, ds)
 
     from tqdm.auto import tqdm
     from fedjax_fair.drivers.runner import (Interrupted, NonFiniteError, stop_on_signals,
@@ -89,10 +92,9 @@ def cmd_compare(args) -> int:
         lock.record(out, cfg_dict)
         tracked.discard(out)  # --overwrite: the earlier runs' dashboards go too
     if cfg.tune:  # each method searched on a validation split, then run at its selection
-        from fedjax_fair.cli import tune
         try:
             with stop_on_signals():
-                records = tune.search(cfg, {a: hparams[a] for a in algs}, out)
+                records = tune.search(cfg, searches, out)
         except (Interrupted, KeyboardInterrupt):
             _err(f"interrupted while tuning: every finished call of the searches is saved in "
                  f"{os.path.join(out, tune.TUNE_DIR)}; continue with: fedjax-fair compare -o "

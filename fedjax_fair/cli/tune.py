@@ -88,30 +88,32 @@ def sweep_config(cfg, name: str, hparams: dict, space: dict, out: str) -> C.Swee
     return C.build(C.SweepConfig, None, values)
 
 
-def check(cfg, hparams: dict, out: str) -> dict:
-    """Every method's search configuration, validated before any search runs
-    (``validate_sweep``: a system option a sweep cannot honour, a bad value of a
-    grid): ``{method: SweepConfig}``."""
+def check(cfg, hparams: dict, out: str, model, ds) -> dict:
+    """Every method's search configuration, validated before anything is written or
+    compiled (``validate_sweep``: a system option a sweep cannot honour, a bad value of
+    a grid; ``--select`` against the summaries of ``model`` on ``ds``):
+    ``{method: SweepConfig}``."""
+    from fedjax_fair.cli import sweep
+    names = sweep.summary_keys(sweep.metric_names(model, ds), True)
+    sweep.check_select(cfg.select, names)
     configs = {}
     for name, space in spaces(cfg, hparams).items():
         scfg = sweep_config(cfg, name, hparams[name], space, out)
         try:
             C.validate_sweep(scfg)
         except C.ConfigError as e:
-            field = e.field if e.field != "output_dir" else "output_dir"
-            raise C.ConfigError(field, f"the search of {name}: "
-                                       f"{str(e).split(': ', 1)[-1]}") from None
+            raise C.ConfigError(e.field, f"the search of {name}: "
+                                         f"{str(e).split(': ', 1)[-1]}") from None
         configs[name] = scfg
     return configs
 
 
-def search(cfg, hparams: dict, out: str) -> dict:
+def search(cfg, configs: dict, out: str) -> dict:
     """Runs every method's search (``check``'s configurations, one after another) and
     returns ``{method: record}`` (``tuning.json``'s rows: the space, the selected
     values, the score they were selected by, the grid points, seeds and seconds). A
     method whose every grid point diverged keeps its defaults, and says so."""
     from fedjax_fair.cli import sweep
-    configs = check(cfg, hparams, out)
     total = sum(tuning.size(c.grid) for c in configs.values())
     print(f"tune: {len(configs)} methods, {total} grid points x {len(cfg.tune_seeds)} seeds "
           f"(seeds {','.join(map(str, cfg.tune_seeds))}) on a validation split, selected by "
