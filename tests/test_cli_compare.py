@@ -50,8 +50,9 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
     # one unit in both tables: the Markdown cell is the CSV value rounded
     for line, row in zip(body, rows):
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert cells[1] == f"{float(row['accuracy_mean_percent']):.2f}"
-        assert cells[3] == f"{float(row['accuracy_worst_10%_percent']):.2f}"
+        assert cells[1] == row["prior"] == "size"  # which FedAvg a row is read against
+        assert cells[2] == f"{float(row['accuracy_mean_percent']):.2f}"
+        assert cells[4] == f"{float(row['accuracy_worst_10%_percent']):.2f}"
     _png_ok(out / "accuracy.png")
     _png_ok(out / "client_accuracy_hist.png")
     _png_ok(out / "improved_clients.png")
@@ -72,8 +73,11 @@ def test_compare_defaults_cover_every_algorithm(tmp_path, monkeypatch):
     # Every algorithm but the full-participation ones (AAggFF-S, FedPD), which need
     # --cohort-size N --sampler full, and the generative ones (FedEvg, FedCVAE), whose
     # product is a synthetic data set: they are compared when named.
-    assert cfg.algorithms == [a for a in ALGORITHMS
-                              if a not in ("aaggff_s", "fedpd", "fedevg", "fedcvae")]
+    # Both references: FedAvg size-weighted and, right after it, uniform (issue 48).
+    expected = [a for a in ALGORITHMS if a not in ("aaggff_s", "fedpd", "fedevg", "fedcvae")]
+    assert cfg.algorithms == expected[:1] + [C.UNIFORM_FEDAVG] + expected[1:]
+    assert C.split_compare_hparams(cfg, ALGORITHMS)[C.UNIFORM_FEDAVG] == {
+        "weight_by_size": False}
     assert cfg.dataset == "synthetic" and cfg.model == "logreg" and cfg.seeds == [0, 1, 2]
 
 
@@ -83,7 +87,7 @@ def test_compare_leaves_out_methods_that_refuse_the_model(tmp_path, monkeypatch,
     FedAvg); named with --algorithms it is a one-line error before compute."""
     import fedjax_fair.algorithms as A
     monkeypatch.setattr(C, "needs_full_participation",  # keep the run small: 3 methods
-                        lambda a: a not in ("fedavg", "lg_fedavg", "fedper"))
+                        lambda a: a not in ("fedavg", "fedavg@uniform", "lg_fedavg", "fedper"))
     out = tmp_path / "cmp"
     code = cli.main(["compare", *TINY, "--num-rounds", "1", "--eval-every", "1", "--seeds",
                      "0", "--no-plots", "--no-improvement", "-o", str(out)])
@@ -92,7 +96,8 @@ def test_compare_leaves_out_methods_that_refuse_the_model(tmp_path, monkeypatch,
     assert any(l.startswith("left out lg_fedavg") and "shared_layers" in l
                for l in captured.out.splitlines()), captured.out
     saved = json.loads((out / "config.json").read_text())
-    assert saved["algorithms"] == ["fedavg", "fedper"] and saved["improvement"] is False
+    assert saved["algorithms"] == ["fedavg", "fedavg@uniform", "fedper"]
+    assert saved["improvement"] is False
     assert not (out / "lg_fedavg").exists()
     rounds = report.read_jsonl(out / "fedper" / "seed0" / "rounds.jsonl")
     assert "improved_fraction" not in rounds[0] and "loss_after" not in rounds[0]

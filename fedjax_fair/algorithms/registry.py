@@ -500,6 +500,28 @@ def _check_space(where: str, factory: Callable, space) -> tuple:
     return tuple(out)
 
 
+PRIORS = ("size", "uniform", "own")
+"""What ``prior_of`` says: p_k ∝ n_k, 1 / |S|, or the method's own weights."""
+
+
+def prior_of(name: str, hparams: Optional[dict] = None, mixing: str = "default") -> str:
+    """The plain average method ``name`` starts from with hyper-parameters ``hparams``
+    under ``--mixing mixing``: "size" (p_k ∝ n_k), "uniform" (1 / |S|), or "own" for a
+    method without a size prior (its weights are learned or selected: AFL, AAggFF,
+    FedMax, ...). A comparison's table says it for every row, so that a method is
+    credited only beyond the FedAvg of the same prior."""
+    method = get_method(name)
+    if method.size_prior is None:
+        return "own"
+    if mixing in ("size", "uniform"):
+        return mixing
+    every = method_hparams(name)
+    by_size = method.size_prior(True)
+    given = {k: (hparams or {}).get(k, every[k].default if k in every else None)
+             for k in by_size}
+    return "size" if given == by_size else "uniform"
+
+
 def method_hparams(name: str) -> dict:
     """``{name: HParam}`` of a registered method's keyword hyper-parameters, in
     signature order: default and type from the factory's signature, range from the

@@ -864,11 +864,20 @@ def split_compare_hparams(cfg: CompareConfig, registry: dict) -> dict[str, dict]
     return {a: validate_hparams(a, hp, field=f"hparams[{a}]") for a, hp in per_alg.items()}
 
 
+UNIFORM_FEDAVG = "fedavg@uniform"
+"""The second reference of a default comparison: FedAvg with the simple average 1 / |S|
+(``weight_by_size=False``), against which a method with a uniform prior is read."""
+
+
 def validate_compare(cfg: CompareConfig) -> dict[str, dict]:
     """Static checks of a CompareConfig; returns the hyper-parameters of each algorithm."""
     if not cfg.algorithms:  # every non-generative algorithm that runs with partial participation
         cfg.algorithms = [a for a in ALGORITHMS if not needs_full_participation(a)
                           and not get_method(a).generative]
+        if cfg.mixing == "default":  # both references: FedAvg size-weighted and uniform
+            at = cfg.algorithms.index("fedavg") + 1
+            cfg.algorithms.insert(at, UNIFORM_FEDAVG)
+            cfg.hparams = {**cfg.hparams, f"{UNIFORM_FEDAVG}.weight_by_size": False}
     for a in cfg.algorithms:
         _choice("algorithms", base_name(a), ALGORITHMS)
         if "@" in a and not re.fullmatch(r"[A-Za-z0-9_.-]+", a.partition("@")[2]):

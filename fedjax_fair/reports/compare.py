@@ -176,7 +176,10 @@ def write_comparison(out: str, cfg_dict: dict, seconds: float, *, echo: bool = T
                                    dp=cfg_dict.get("dp_noise") is not None
                                    or cfg_dict.get("dp_epsilon") is not None)
     rows = {a: report.aggregate_runs(s, columns) for a, s in done.items()}
-    tables = report.family_tables(rows, len(seeds), families, FAMILIES, runs.notes, columns)
+    tuned = report.read_json(os.path.join(out, TUNING)) if cfg_dict.get("tune") else None
+    priors = priors_of(algorithms, cfg_dict)
+    tables = report.family_tables(rows, len(seeds), families, FAMILIES, runs.notes, columns,
+                                  priors)
     table = report.family_markdown(tables)
     ds = runs.dataset
     where = (f"{ds.get('name', cfg_dict.get('dataset'))}"
@@ -203,13 +206,13 @@ def write_comparison(out: str, cfg_dict: dict, seconds: float, *, echo: bool = T
         if cfg_dict.get("unseen_clients") else "")
     label = {a: a + (" (personal)" if evaluated[a] == "personal" else "")
              + (" (diverged)" if a in runs.notes else "") for a in algorithms}
-    tuned = report.read_json(os.path.join(out, TUNING)) if cfg_dict.get("tune") else None
     tuned_md = tuned_table(tuned, algorithms) if tuned else ""
     markdown = f"{title}\n\n{table}\n{table_note}\n" + (f"\n{tuned_md}" if tuned_md else "")
     report.files._replace_with(os.path.join(out, "comparison.md"), markdown)
+    extra = {a: {"prior": priors.get(a, ""), **(tuned_columns(tuned, rows)[a] if tuned else {})}
+             for a in rows}
     report.write_comparison_csv(os.path.join(out, "comparison.csv"), rows, len(seeds),
-                                families, columns,
-                                extra=tuned_columns(tuned, rows) if tuned else None)
+                                families, columns, extra=extra)
     if cfg_dict.get("plots", True):
         _comparison_figures(out, cfg_dict, runs, label, families, finished, total_runs)
     summary_path = os.path.join(out, "summary.json")
@@ -235,6 +238,37 @@ def write_comparison(out: str, cfg_dict: dict, seconds: float, *, echo: bool = T
 
 
 TUNING = "tuning.json"  # a tuned comparison's searches (cli/tune.py)
+
+
+def _hparams_of(name: str, hparams: dict) -> dict:
+    """The hyper-parameters a comparison's config.json gives ``name``: ``NAME`` keys
+    (every method), ``name.NAME`` keys and ``{name: {...}}`` (the command line's
+    ``split_compare_hparams``, read back without checking)."""
+    out = {}
+    for key, value in (hparams or {}).items():
+        if key == name and isinstance(value, dict):
+            out.update(value)
+        elif "." in key:
+            method, _, k = key.partition(".")
+            if method == name:
+                out[k] = value
+        elif not isinstance(value, dict):
+            out.setdefault(key, value)
+    return out
+
+
+def priors_of(algorithms: list, cfg_dict: dict) -> dict:
+    """``{name: "size" | "uniform" | "own"}``: the plain average each compared method
+    starts from (``registry.prior_of``), the table's "Prior" column."""
+    from fedjax_fair.algorithms.registry import prior_of
+    mixing = cfg_dict.get("mixing", "default")
+    out = {}
+    for a in algorithms:
+        try:
+            out[a] = prior_of(a, _hparams_of(a, cfg_dict.get("hparams", {})), mixing)
+        except KeyError:  # a method no longer registered: its folder still reads
+            out[a] = ""
+    return out
 
 
 def _score(value: Optional[dict], key: Optional[str]) -> str:

@@ -108,19 +108,23 @@ def _fmt(value: float, std: Optional[float], decimals: int) -> str:
 
 def comparison_table(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_seeds: int,
                      notes: Optional[Mapping[str, str]] = None,
-                     columns=TABLE_COLUMNS) -> tuple[list[str], list[list[str]]]:
+                     columns=TABLE_COLUMNS,
+                     priors: Optional[Mapping[str, str]] = None
+                     ) -> tuple[list[str], list[list[str]]]:
     """(header, formatted rows) of the paper-style table.
 
     ``rows`` maps an algorithm name to ``aggregate_runs(...)``; with more than one seed
     every cell reads ``mean ± std``. ``notes`` (e.g. "diverged at round 7") adds a column.
+    ``priors`` (``registry.prior_of``: size, uniform, own) adds a "Prior" column after
+    the name: which FedAvg a row is to be read against.
     """
-    header = ["Algorithm"] + [h for _, h, _, _ in columns]
+    header = ["Algorithm"] + (["Prior"] if priors else []) + [h for _, h, _, _ in columns]
     notes = notes or {}
     if any(notes.values()):
         header.append("Note")
     body = []
     for name, agg in rows.items():
-        cells = [name]
+        cells = [name] + ([priors.get(name, "")] if priors else [])
         for key, _, _, scale in columns:
             m, s = agg[key]
             cells.append(_fmt(m * scale, s * scale if num_seeds > 1 else None,
@@ -180,13 +184,15 @@ def _best_cells(rows: Mapping[str, Mapping[str, tuple[float, float]]], names: Se
 def family_tables(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_seeds: int,
                   families: Mapping[str, str], titles: Mapping[str, str],
                   notes: Optional[Mapping[str, str]] = None,
-                  columns=TABLE_COLUMNS) -> list[tuple[str, list, list]]:
+                  columns=TABLE_COLUMNS,
+                  priors: Optional[Mapping[str, str]] = None) -> list[tuple[str, list, list]]:
     """``[(family title, header, body)]``: ``comparison_table`` cut by family
     (``family_groups``), each table led by the reference rows (FedAvg, labelled
     "(reference)") and the best value of every column within the family in bold
     (``**...**``; higher accuracies, lower std / Gini / ECE / seconds). Without a
     family besides the reference, one table of everything."""
-    header, body = comparison_table(rows, num_seeds, notes, columns)
+    header, body = comparison_table(rows, num_seeds, notes, columns, priors)
+    first = 2 if priors else 1  # the first numeric column
     cells = dict(zip(rows, body))
     refs = [n for n in references(families) if n in rows]
     groups = family_groups({n: families.get(n, REFERENCE) for n in rows}, titles) or \
@@ -198,7 +204,7 @@ def family_tables(rows: Mapping[str, Mapping[str, tuple[float, float]]], num_see
         table = [[f"{n} (reference)", *cells[n][1:]] for n in refs]
         for n in names:
             row = list(cells[n])
-            for j, key in enumerate(keys, start=1):
+            for j, key in enumerate(keys, start=first):
                 if (n, key) in best:
                     row[j] = f"**{row[j]}**"
             table.append(row)
