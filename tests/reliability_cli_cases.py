@@ -258,3 +258,19 @@ _add(4, "run:--availability trace:all-zero", "`run --availability trace:FILE` (e
      "`run` flag", "availability",
      cli=lambda ws: ["run", *TINY, "--availability",
                      "trace:" + ws.write("zeros.csv", "\n".join(["0,0,0,0,0,0"] * 4))])
+
+# ---- a tuned comparison's options (issue 48; cli/tune.py)
+for flags, field in ((["--grid", "qffl.q=1"], "grid"),
+                     (["--tune", "--grid", "nope.q=1"], "grid"),
+                     (["--tune", "--grid", "q=1"], "grid"),
+                     (["--tune", "--grid", "qffl.zz=1"], "grid"),
+                     (["--tune", "--grid", "qffl.q=-1,1"], "grid"),
+                     (["--tune", "--hp", "q=1", "--client-lr", "0.1"], "grid"),
+                     (["--tune", "--select", "nope"], "select"),
+                     (["--tune", "--tune-seeds", "0,9"], "tune_seeds"),
+                     (["--tune", "--tune-seeds", "5,5"], "tune_seeds"),
+                     (["--tune-budget", "4"], "tune_budget"),
+                     (["--tune", "--tune-budget", "0"], "tune_budget"),
+                     (["--tune", "--availability", "independent:0.5"], "availability"),
+                     (["--validation-fraction", "1.5"], "validation_fraction")):
+    _flags("compare", ["--algorithms", "qffl", *flags], field, area=1)

@@ -146,3 +146,24 @@ def test_bad_tuning_options_are_refused_before_anything_is_written(flags, field,
     assert code == 2
     one_line_error(capsys.readouterr().err, field)
     assert not out.exists()
+
+
+def test_the_sensitivity_figure_draws_each_search_along_the_client_rate(tuned, tmp_path):
+    """tuning.png's curves: the selection summary along the client rate at the selected
+    values of the other names, its mean over seeds the search's own numbers, the
+    selected point's score the selection's; the figure is a readable PNG."""
+    from fedjax_fair import reports
+    from fedjax_fair.reports import compare as comparison
+    from helpers import png_ok
+    record = json.loads((tuned / "tuning.json").read_text())
+    curves = comparison.sensitivity_curves(str(tuned), record)
+    assert set(curves) == {"fedavg", "qffl"}
+    q = curves["qffl"]
+    assert q["x"] == [0.02, 0.2]
+    chosen = record["methods"]["qffl"]
+    i = q["x"].index(chosen["hparams"]["client_lr"])
+    assert q["mean"][i] == pytest.approx(chosen["score"]["mean"])
+    assert q["selected"] == (chosen["hparams"]["client_lr"], chosen["score"]["mean"])
+    fig = reports.plot_sensitivity(curves, reference=["fedavg"])
+    reports.save_figure(fig, str(tmp_path / "tuning.png"))
+    png_ok(tmp_path / "tuning.png")

@@ -76,3 +76,25 @@ def test_points_and_default_point():
     assert len(T.points(space)) == T.size(space) == 4
     assert T.default_point("qffl", space) == {"q": 0.1, "client_lr": 0.02}
     assert T.default_point("qffl", {"q": [1.0, 5.0]}) is None
+
+
+def _doc_row(name: str) -> str:
+    method = REGISTRY[name]
+    space = T.search_space(name)
+    own = ", ".join(f"`{k}` {{{', '.join(f'{v:g}' for v in values)}}}"
+                    for k, values in method.search_space) or "—"
+    rate = space.get(T.RATE)
+    shown = ("{" + ", ".join(f"{v:g}" for v in rate) + "}"
+             if rate and T.RATE not in dict(method.search_space) else "—")
+    source = method.search_source or "no grid registered: the client rate only"
+    return f"| `{name}` | {own} | {shown} | {T.size(space)} | {source} |"
+
+
+def test_the_docs_table_of_search_spaces_is_the_registrys():
+    """docs/algorithms.md's "Search spaces" table lists every non-generative method's
+    space, size and source as the registry states them."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
+    section = doc.split("## Search spaces of a tuned comparison", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [_doc_row(n) for n, m in REGISTRY.items() if not m.generative]

@@ -160,4 +160,4 @@ def afl(model, *, lambda_lr: float = 0.01, ascent: str = "unbiased",
 
 register("afl", afl, HPARAMS, family="fair", size_prior=None,
          search_space={"lambda_lr": (0.01, 0.1, 1.0)},
-         search_source="the AAggFF thesis's baseline grid: gamma_lambda in {0.01, 0.1, 1}")
+         search_source="Hahn's PhD thesis (UNIST 2024; AAggFF, arXiv:2405.20821), its fair baselines' grid: gamma_lambda in {0.01, 0.1, 1}")

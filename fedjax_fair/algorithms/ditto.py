@@ -91,4 +91,4 @@ def ditto(model, *, lam: float = 0.1, personal_lr: Optional[Rate] = None,
 
 register("ditto", ditto, HPARAMS, family="personalised",
          search_space={"lam": (0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0)},
-         search_source="the DQN-Fed paper's Appendix H: lambda in {0.01, 0.05, 0.1, 0.5, 1, 2, 5}")
+         search_source="DQN-Fed (TMLR, OpenReview KbteA50cni), Appendix H: lambda in {0.01, 0.05, 0.1, 0.5, 1, 2, 5}")

@@ -103,4 +103,4 @@ def fedcm(model, *, alpha: float = 0.1, training: ClientTraining = ClientTrainin
 
 register("fedcm", fedcm, HPARAMS, family="primal_dual", server_rate="server_lr",
          search_space={"alpha": (0.05, 0.1, 0.2, 0.5)},
-         search_source="the A-FedPD paper's Table 3: alpha in {0.05, 0.1, 0.2, 0.5}")
+         search_source="A-FedPD (arXiv:2409.18915), Table 3: alpha in {0.05, 0.1, 0.2, 0.5}")

@@ -82,4 +82,4 @@ def feddyn(model, *, alpha: float = 0.01, training: ClientTraining = ClientTrain
 
 register("feddyn", feddyn, HPARAMS, family="primal_dual",
          search_space={"alpha": (0.001, 0.01, 0.1, 1.0)},
-         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")
+         search_source="A-FedPD (arXiv:2409.18915), Table 3: rho in {1e-3, 1e-2, 0.1, 1}")

@@ -408,4 +408,4 @@ def fedlf(model, *, server_lr: Rate = 0.1, server_lr_decay: float = 1.0, decay_e
 
 register("fedlf", fedlf, HPARAMS, family="fair", server_rate="server_lr", size_prior=None,
          search_space={"server_lr": (0.01, 0.05, 0.1, 0.5, 1.0)},
-         search_source="the DQN-Fed paper's Appendix H: eta in {0.01, 0.05, 0.1, 0.5, 1}")
+         search_source="DQN-Fed (TMLR, OpenReview KbteA50cni), Appendix H: eta in {0.01, 0.05, 0.1, 0.5, 1}")

@@ -212,4 +212,4 @@ register("fedmax", fedmax, HPARAMS, family="fair", size_prior=None)
 register("fedmax_k", fedmax_k, HPARAMS, family="fair", size_prior=None)
 register("fedsoftmax", fedsoftmax, HPARAMS, family="fair",
          search_space={"beta": (5.0, 10.0, 15.0, 20.0, 30.0)},
-         search_source="the FedSoftMax authors' sweep: beta in {5, 10, 15, 20, 30}")
+         search_source="the FedSoftMax authors' code (arXiv:2307.06283): beta in {5, 10, 15, 20, 30}")

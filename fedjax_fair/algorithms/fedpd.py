@@ -35,4 +35,4 @@ def fedpd(model, *, rho: float = 0.1, training: ClientTraining = TRAINING,
 
 register("fedpd", fedpd, HPARAMS, family="primal_dual", participation="full", size_prior=None,
          search_space={"rho": (0.001, 0.01, 0.1, 1.0)},
-         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")
+         search_source="A-FedPD (arXiv:2409.18915), Table 3: rho in {1e-3, 1e-2, 0.1, 1}")

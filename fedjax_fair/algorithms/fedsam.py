@@ -50,4 +50,4 @@ def fedsam(model, *, sam_radius: float = 0.05, sam_eps: float = 1e-2,
 
 register("fedsam", fedsam, HPARAMS, family="primal_dual", server_rate="server_lr",
          search_space={"sam_radius": (0.01, 0.05, 0.1, 0.5)},
-         search_source="the A-FedPD paper's Table 3: r in {0.01, 0.05, 0.1, 0.5}")
+         search_source="A-FedPD (arXiv:2409.18915), Table 3: r in {0.01, 0.05, 0.1, 0.5}")

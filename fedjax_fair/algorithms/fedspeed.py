@@ -58,4 +58,4 @@ def fedspeed(model, *, rho: float = 0.1, sam_radius: float = 0.1, sam_eps: float
 
 register("fedspeed", fedspeed, HPARAMS, family="primal_dual",
          search_space={"rho": (0.001, 0.01, 0.1, 1.0)},
-         search_source="the A-FedPD paper's Table 3: rho in {1e-3, 1e-2, 0.1, 1}")
+         search_source="A-FedPD (arXiv:2409.18915), Table 3: rho in {1e-3, 1e-2, 0.1, 1}")

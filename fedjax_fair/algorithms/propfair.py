@@ -147,4 +147,4 @@ def propfair(model, *, baseline: float = 2.0, eps: float = 0.2, weight_by_size: 
 
 register("propfair", propfair, HPARAMS, family="fair",
          search_space={"baseline": (2.0, 3.0, 5.0)},
-         search_source="the AAggFF thesis's baseline grid: M in {2, 3, 5}")
+         search_source="Hahn's PhD thesis (UNIST 2024; AAggFF, arXiv:2405.20821), its fair baselines' grid: M in {2, 3, 5}")

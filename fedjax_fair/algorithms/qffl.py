@@ -257,4 +257,4 @@ def qffl(model, *, q: float = 0.1, mode: str = "faithful",
 
 register("qffl", qffl, HPARAMS, family="fair",
          search_space={"q": (0.1, 1.0, 5.0)},
-         search_source="the AAggFF thesis's baseline grid: q in {0.1, 1, 5}")
+         search_source="Hahn's PhD thesis (UNIST 2024; AAggFF, arXiv:2405.20821), its fair baselines' grid: q in {0.1, 1, 5}")

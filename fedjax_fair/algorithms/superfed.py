@@ -275,4 +275,4 @@ def lambda_line(report: dict) -> str:
 register("superfed", superfed, HPARAMS, family="personalised", report=lambda_report,
          report_line=lambda_line, size_prior=None,
          search_space={"mu": (0.0, 0.01, 0.1, 1.0), "nu": (1.0, 2.0, 5.0)},
-         search_source="the SuPerFed thesis chapter's grids: mu in {0, 0.01, 0.1, 1}, nu in {1, 2, 5} (nu > 0)")
+         search_source="SuPerFed (arXiv:2109.07628), its grids: mu in {0, 0.01, 0.1, 1}, nu in {1, 2, 5} (nu > 0)")

@@ -76,4 +76,4 @@ def term(model, *, tilt: float = 0.1, weight_by_size: bool = True,
 
 register("term", term, HPARAMS, family="fair",
          search_space={"tilt": (0.1, 1.0, 10.0)},
-         search_source="the AAggFF thesis's baseline grid: lambda in {0.1, 1, 10}")
+         search_source="Hahn's PhD thesis (UNIST 2024; AAggFF, arXiv:2405.20821), its fair baselines' grid: lambda in {0.1, 1, 10}")

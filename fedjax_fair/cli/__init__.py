@@ -1,6 +1,7 @@
 """The ``fedjax-fair`` command line: ``run``, ``compare``, ``sweep``, ``report`` and ``list``.
 
     fedjax-fair compare                       # every algorithm on Synthetic(1, 1), a few minutes
+    fedjax-fair compare --tune                # each first searched on validation data (cli.tune)
     fedjax-fair run --algorithm fedprox --hp mu=0.01 --dataset digits --num-clients 20 \\
         --dataset-arg partition=dirichlet --alpha 0.3 --model mlp -o runs/prox
     fedjax-fair run --config job.yaml --num-rounds 400   # flags override the file
@@ -12,7 +13,7 @@
     fedjax-fair list                          # algorithms (+ hyper-parameters), datasets, ...
 
 One module per command (``run``, ``compare``, ``sweep``, ``rebuild`` for ``report``,
-``listing``), the trackers in ``tracked``, the HTML page in ``html``, what they share in
+``listing``; ``tune`` for ``compare --tune``), the trackers in ``tracked``, the HTML page in ``html``, what they share in
 ``common``, the argument parser in ``parser``, the configuration dataclasses and their
 validation in ``config``, the options that need an optional package in ``extras``, the
 output files and plots in ``report``, folder ownership and the fingerprint in ``lock``;
@@ -30,7 +31,9 @@ committed step directory per evaluation, the last two kept: ``checkpoint.save``)
 (the printed table), ``summary.json``, ``accuracy.png``, ``client_accuracy_hist.png``
 (box plots), ``client_accuracy_ecdf.png``, ``lorenz.png``, ``improved_clients.png``,
 and one sub-directory per
-algorithm and seed with that run's metrics. ``sweep`` writes ``config.json``,
+algorithm and seed with that run's metrics (with ``--tune`` also ``tuning.json``, each
+method's search space, selection and validation score, and ``tune/METHOD``, its
+search as a sweep folder). ``sweep`` writes ``config.json``,
 ``sweep.md`` / ``sweep.csv`` (one row per grid point, every summary, mean ± std over
 seeds), ``heatmap.png``, ``runs.json`` (every run's summaries, what
 ``cli.sweep.rebuild`` rewrites the tables from), ``parts/`` (each finished call's

@@ -113,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "methods, a device mesh (--devices), --placement host, "
                                    "a program larger than the device and a single seed, "
                                    "which run one runner.run per seed; the outputs are the "
-                                   "same.")
+                                   "same. With --tune, each method is first searched on a "
+                                   "validation split (its paper's grid x a client-rate grid, "
+                                   "OUTPUT_DIR/tune/METHOD) with --tune-seeds, and compared "
+                                   "at the setting --select picks.")
     _add_common(p, C.CompareConfig)
     p.add_argument("--grid", dest="grid", metavar="METHOD.NAME=V1,V2,...", action="append",
                    default=S, help=O.BY_NAME["grid"].for_command("compare").help

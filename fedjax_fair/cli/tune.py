@@ -30,11 +30,13 @@ import os
 import time
 from typing import Optional
 
+import numpy as np
+
 from fedjax_fair import reports as report
 from fedjax_fair.algorithms import base_name
 from fedjax_fair.cli import config as C, options as O
 from fedjax_fair.drivers import tuning
-from fedjax_fair.reports.sweep import SUMMARY, _setting
+from fedjax_fair.reports.sweep import SUMMARY, _setting, values_at
 
 TUNE_DIR = "tune"
 TUNING = "tuning.json"
@@ -115,7 +117,9 @@ def search(cfg, configs: dict, out: str) -> dict:
     method whose every grid point diverged keeps its defaults, and says so."""
     from fedjax_fair.cli import sweep
     total = sum(tuning.size(c.grid) for c in configs.values())
-    print(f"tune: {len(configs)} methods, {total} grid points x {len(cfg.tune_seeds)} seeds "
+    programs = sum(len(sweep.plan_programs(c, c.hparams)) for c in configs.values())
+    print(f"tune: {len(configs)} methods, {programs} compiled programs, {total} grid points "
+          f"x {len(cfg.tune_seeds)} seeds "
           f"(seeds {','.join(map(str, cfg.tune_seeds))}) on a validation split, selected by "
           f"validation {cfg.select}; searches in {os.path.join(out, TUNE_DIR)}")
     records, done_points, t_all = {}, 0, time.perf_counter()
@@ -148,7 +152,12 @@ def _record(name: str, scfg, summary: dict, seconds: float) -> dict:
     selected = summary.get("selected")
     default = tuning.default_point(name, scfg.grid)
     key = selected.get("key") if selected else None
-    return {"space": scfg.grid, "points": tuning.size(scfg.grid),
+    record = report.read_json(os.path.join(scfg.resolved_output_dir(), "runs.json")) or {}
+    ties = 1
+    if selected and key in record.get("summary", {}):
+        means = np.asarray(record["summary"][key], np.float64).mean(axis=1)
+        ties = int(np.sum(means == selected["score"]["mean"]))
+    return {"space": scfg.grid, "points": tuning.size(scfg.grid), "ties": ties,
             "seeds": list(scfg.seeds), "seconds": seconds,
             "hparams": selected["hparams"] if selected else {},
             "key": key, "score": selected.get("score") if selected else None,
@@ -159,30 +168,24 @@ def _record(name: str, scfg, summary: dict, seconds: float) -> dict:
 
 def _score_at(directory: str, point: Optional[dict], key: Optional[str]) -> Optional[dict]:
     """Mean and std over seeds of summary ``key`` at grid ``point`` of a sweep folder."""
-    if point is None or key is None:
-        return None
-    import numpy as np
-    record = report.read_json(os.path.join(directory, "runs.json")) or {}
-    axes = record.get("axes", [])
-    try:
-        index = tuple(next(i for i, v in enumerate(a["values"])
-                           if tuning._member(point[a["name"]], [v])) for a in axes)
-    except StopIteration:
-        return None
-    flat = int(np.ravel_multi_index(index, [len(a["values"]) for a in axes])) if axes else 0
-    values = np.asarray(record["summary"][key][flat], np.float64)
-    return {"mean": float(values.mean()), "std": float(values.std())}
+    record = report.read_json(os.path.join(directory, "runs.json"))
+    values = None if point is None or key is None or not record else \
+        values_at(record, point, key)
+    return None if values is None else {"mean": float(values.mean()),
+                                        "std": float(values.std())}
 
 
 def _line(record: dict) -> str:
     if not record["hparams"]:
         return f"kept its defaults: {record['note']}"
     score = record["score"]
+    tie = (f"; {record['ties']} grid points tie at the best score: the first in the grid's "
+           f"order is taken" if record.get("ties", 1) > 1 else "")
     pct = "accuracy" in (record["key"] or "") and not any(
         t in record["key"] for t in ("gini", "variance", "angle", "kl_"))
     shown = (f"{100 * score['mean']:.2f} ± {100 * score['std']:.2f}%" if pct else
              f"{score['mean']:.4g} ± {score['std']:.2g}")
-    return f"{_setting(record['hparams'])} ({record['key']} {shown})"
+    return f"{_setting(record['hparams'])} ({record['key']} {shown}{tie})"
 
 
 def tuned_hparams(hparams: dict, records: dict) -> dict:

@@ -23,7 +23,7 @@ from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
 from fedjax_fair.hparams import FieldError
 from fedjax_fair import reports as report
 from fedjax_fair.reports import html
-from fedjax_fair.reports.sweep import is_percent
+from fedjax_fair.reports.sweep import is_percent, values_at
 
 
 def _improved_curve(run_dir: str):
@@ -130,7 +130,11 @@ FIGURES = (("accuracy.png", "average and worst-10% per-client test accuracy over
                                         "by family"),
            ("lorenz.png", "Lorenz curves of final per-client accuracy, by family"),
            ("improved_clients.png", "share of each round's participants whose training "
-                                    "loss did not rise, by family"))
+                                    "loss did not rise, by family"),
+           ("tuning.png", "a tuned comparison's sensitivity: each method's validation score "
+                          "(the one it was selected by) against the client rate, its other "
+                          "hyper-parameters at their selected values, ± one std over the "
+                          "tuning seeds, the selected point starred, by family"))
 
 
 def rebuild(out_dir: str, *, echo: bool = True, command: Optional[str] = None) -> dict:
@@ -215,6 +219,7 @@ def write_comparison(out: str, cfg_dict: dict, seconds: float, *, echo: bool = T
                                 families, columns, extra=extra)
     if cfg_dict.get("plots", True):
         _comparison_figures(out, cfg_dict, runs, label, families, finished, total_runs)
+        _tuning_figure(out, tuned, label, families)
     summary_path = os.path.join(out, "summary.json")
     reproduce = f"fedjax-fair compare --config {os.path.join(out, 'config.json')} -o NEW_DIR"
     report.files._replace_with(os.path.join(out, "report.html"), html.page(
@@ -325,6 +330,56 @@ def tuned_columns(tuned: dict, rows: dict) -> dict:
                   "validation_score_seed_std": repr(score["std"]) if score else "",
                   "grid": json.dumps(r.get("space", {}))}
     return out
+
+
+def sensitivity_curves(out: str, tuned: dict) -> dict:
+    """``{method: curve}`` of ``figures.plot_sensitivity`` from a tuned comparison's
+    searches (``tune/METHOD/runs.json``): the selection summary along the client rate
+    with the method's other names at their selected values; methods whose search has
+    no client rate (fixed by the user) are left out."""
+    curves = {}
+    for name, r in (tuned or {}).get("methods", {}).items():
+        record = report.read_json(os.path.join(out, "tune", name, "runs.json"))
+        key, chosen = r.get("key"), r.get("hparams") or {}
+        if not record or key not in record.get("summary", {}) or not chosen:
+            continue
+        axis = next((a for a in record["axes"] if a["name"] == "client_lr"), None)
+        if axis is None:
+            continue
+        x, mean, std = [], [], []
+        for v in axis["values"]:
+            seeds = values_at(record, {**chosen, "client_lr": v}, key)
+            if seeds is None:
+                break
+            x.append(v)
+            mean.append(float(seeds.mean()))
+            std.append(float(seeds.std()))
+        if len(x) < len(axis["values"]):
+            continue
+        score = r.get("score") or {}
+        curves[name] = {"x": x, "mean": mean, "std": std,
+                        "selected": (chosen["client_lr"], score.get("mean"))}
+    return curves
+
+
+def _tuning_figure(out: str, tuned: Optional[dict], label: dict, families: dict) -> None:
+    """tuning.png of a tuned comparison (``sensitivity_curves`` by family); removed
+    from a folder that has no tuning."""
+    path = os.path.join(out, "tuning.png")
+    curves = sensitivity_curves(out, tuned) if tuned else {}
+    if not curves:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return
+    key = next(iter(tuned["methods"].values())).get("key") or ""
+    groups = [(t, [label[n] for n in names])
+              for t, names in report.family_groups(families, FAMILIES, report.MAX_LINES)]
+    refs = [label[n] for n in report.references(families)]
+    seeds = ",".join(map(str, tuned.get("seeds", [])))
+    fig = report.plot_by_family(
+        report.plot_sensitivity, {label[n]: c for n, c in curves.items()}, groups, refs,
+        context=f"tuning seeds {seeds}", title=f"{key} against the client rate")
+    report.save_figure(fig, path)
 
 
 def _comparison_figures(out, cfg_dict, runs: Finished, label, families, finished,

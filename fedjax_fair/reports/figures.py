@@ -509,3 +509,40 @@ def plot_family_boxplots(accuracies: Mapping[str, np.ndarray],
         ax.text(1.01, y - 0.1, group, transform=ax.get_yaxis_transform(), ha="left",
                 va="top", fontsize="small", color="dimgrey", clip_on=False)
     return fig
+
+
+def plot_sensitivity(curves: Mapping[str, Mapping], ax=None,
+                     title: str = "Selection metric against the client rate",
+                     context: str = "", reference: Sequence[str] = (),
+                     ylabel: str = "validation score"):
+    """A tuned comparison's sensitivity: per method, the validation score its setting
+    was selected by against the client rate (log axis), the method's other
+    hyper-parameters at their selected values; a band of ± one std over the tuning
+    seeds and a star at the selected point. ``curves``: ``{name: {"x": [...], "mean":
+    [...], "std": [...], "selected": (x, y)}}`` (``reports.compare.sensitivity_curves``)."""
+    names = list(curves)
+    ncol = _side_columns(len(names))
+    fig, ax = _new_axes(ax, figsize=(6.5 + 2.2 * ncol, 5.0))
+    styles = algorithm_styles(names, reference)
+    for name in names:
+        c = curves[name]
+        x, mean, std = (np.asarray(c[k], np.float64) for k in ("x", "mean", "std"))
+        ok = np.isfinite(mean)
+        if not ok.any():
+            continue
+        ax.plot(x[ok], mean[ok], label=name, linewidth=1.6, marker="o", markersize=3,
+                **styles[name])
+        ax.fill_between(x[ok], (mean - std)[ok], (mean + std)[ok], alpha=0.15,
+                        color=styles[name]["color"], linewidth=0)
+        if c.get("selected") is not None:
+            ax.plot(*c["selected"], marker="*", markersize=12, linestyle="none",
+                    color=styles[name]["color"], markeredgecolor="black")
+    ax.set_xscale("log")
+    from matplotlib.ticker import NullFormatter
+    ax.xaxis.set_minor_formatter(NullFormatter())  # decade labels only: no overlaps
+    ax.set_xlabel("client learning rate (others at their selected values; ★ selected)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.set_title(_title(title, context))
+    _side_legend(ax, ncol)
+    return fig

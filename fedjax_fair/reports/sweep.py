@@ -226,6 +226,22 @@ def _point_hparams(record: dict, p: int) -> dict:
     return {a["name"]: a["values"][i] for a, i in zip(record["axes"], point)}
 
 
+def values_at(record: dict, point: dict, key: str) -> Optional[np.ndarray]:
+    """The seeds' values [S] of summary ``key`` at grid ``point`` (``{name: value}``)
+    of a runs.json ``record``; None when ``point`` is not on the grid."""
+    index = []
+    for axis in record["axes"]:
+        match = [i for i, v in enumerate(axis["values"]) if v == point.get(axis["name"])
+                 or (isinstance(v, float) and isinstance(point.get(axis["name"]), (int, float))
+                     and math.isclose(v, point[axis["name"]], rel_tol=1e-9))]
+        if not match:
+            return None
+        index.append(match[0])
+    sizes = [len(a["values"]) for a in record["axes"]]
+    flat = int(np.ravel_multi_index(index, sizes)) if sizes else 0
+    return np.asarray(record["summary"][key][flat], np.float64)
+
+
 def _stats_at(record: dict, p: int, keys) -> dict:
     return {k: {"mean": float(record["summary"][k][p].mean()),
                 "std": float(record["summary"][k][p].std())} for k in keys}
