@@ -98,3 +98,27 @@ def test_the_docs_table_of_search_spaces_is_the_registrys():
     section = doc.split("## Search spaces of a tuned comparison", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert rows == [_doc_row(n) for n, m in REGISTRY.items() if not m.generative]
+
+
+def test_tune_from_python_selects_the_best_validation_point():
+    """``tuning.tune``: the search as one vmapped sweep on a federation with a held-out
+    validation split; the chosen point is the best validation mean of the sweep's own
+    summaries, at least the default point's; no validation split is refused."""
+    from fedjax_fair.data import get_dataset, hold_out_validation
+    from fedjax_fair.models import get_model
+    ds = hold_out_validation(get_dataset("synthetic", num_clients=6, max_examples=60), 0.2)
+    model = get_model("logreg", ds.input_shape, ds.num_classes)
+    tuned = T.tune("qffl", data=ds.host_data, model=model, num_rounds=2, cohort_size=3,
+                   seeds=(5, 6), overrides={"q": [0.1, 5.0]},
+                   fixed={"batch_size": 10})
+    assert tuned.space == {"q": [0.1, 5.0], "client_lr": [0.01, 0.02, 0.04, 0.08]}
+    values = np.asarray(tuned.result.summary["validation_accuracy_mean"]).reshape(8, 2)
+    means = values.mean(axis=1)
+    best = int(np.argmax(means))
+    assert tuned.hparams == T.points(tuned.space)[best]
+    assert tuned.score[0] == pytest.approx(means[best]) and tuned.key.startswith("validation_")
+    default = T.points(tuned.space).index(T.default_point("qffl", tuned.space))
+    assert tuned.score[0] >= means[default]
+    with pytest.raises(FieldError, match="^data: "):
+        T.tune("qffl", data=get_dataset("synthetic", num_clients=6, max_examples=60).host_data,
+               model=model, num_rounds=2, cohort_size=3)

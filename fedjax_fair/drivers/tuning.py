@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 
 import numpy as np
 
@@ -111,5 +111,81 @@ def _member(value, values) -> bool:
                               and math.isclose(value, v, rel_tol=1e-9)) for v in values)
 
 
+# ------------------------------------------------------------------ selection
+
+
+LOWER_IS_BETTER = ("test_loss", "loss", "ece", "mce")
+
+
+def higher_is_better(key: str) -> bool:
+    """Whether a larger value of summary ``key`` (``validation_`` prefix or not) is
+    better: accuracies yes; losses, calibration errors, spreads, Gini, parity gaps no."""
+    base = key[len("validation_"):] if key.startswith("validation_") else key
+    if base in LOWER_IS_BETTER:
+        return False
+    tail = base[len("accuracy_"):] if base.startswith("accuracy_") else base
+    return not (tail in ("std", "variance", "gini", "angle", "kl_to_uniform")
+                or tail.startswith("parity_gap"))
+
+
+def best_point(values, higher: bool) -> Optional[int]:
+    """The first grid point (rows of ``values`` [P, S], seeds along S) with the best
+    mean over seeds, among those whose every seed is finite (none diverged); None when
+    there is none. Ties: the first in the grid's order."""
+    values = np.asarray(values, np.float64)
+    ok = np.isfinite(values).all(axis=1)
+    if not ok.any():
+        return None
+    mean = np.where(ok, values.mean(axis=1), -np.inf if higher else np.inf)
+    return int(np.argmax(mean) if higher else np.argmin(mean))
+
+
+class Tuned(NamedTuple):
+    """A search's choice (``tune``): the selected values, the summary they were selected
+    by and its mean and std over the seeds, the searched space and the sweep itself."""
+
+    hparams: dict
+    key: str
+    score: tuple
+    space: dict
+    result: object  # sweeps.SweepResult
+
+
+def tune(name: str, *, data, model, num_rounds: int, cohort_size: int,
+         seeds=(100, 101, 102), select: str = "accuracy_mean",
+         overrides: Optional[Mapping] = None, fixed: Optional[Mapping] = None,
+         budget: Optional[int] = None, **sweep_kwargs) -> Tuned:
+    """Method ``name`` searched as ``compare --tune`` searches it, from Python: its
+    ``search_space`` (with ``overrides``, without the names ``fixed`` sets, at most
+    ``budget`` points) runs as one vmapped ``sweeps.sweep`` over ``seeds`` on ``data``,
+    which needs a validation split (``data.hold_out_validation(dataset)``: held out of
+    the training rows, so the test split is never read), and the grid point best by
+    the validation summary ``select`` is returned. ``sweep_kwargs`` go to
+    ``sweeps.sweep`` (sampler, execution, ...). A grid point with a diverged seed is
+    never chosen; every one diverged is a ``FieldError("select")``."""
+    from fedjax_fair.drivers import sweeps
+    federation = getattr(data, "host_data", data)
+    if not sweeps.has_examples(getattr(federation, "validation", None)):
+        raise FieldError("data", "needs a validation split to select on: "
+                                 "data.hold_out_validation(dataset, 0.1) holds one out of "
+                                 "the training rows")
+    space = search_space(name, fixed=fixed or {}, overrides=overrides, budget=budget)
+    key = "validation_" + select
+    result = sweeps.sweep(name, space, data=data, model=model, num_rounds=num_rounds,
+                          cohort_size=cohort_size, seeds=tuple(seeds), fixed=dict(fixed or {}),
+                          **sweep_kwargs)
+    if key not in result.summary:
+        raise FieldError("select", f"unknown summary {select!r}; allowed: "
+                                   f"{sorted(k[len('validation_'):] for k in result.summary if k.startswith('validation_'))}")
+    values = np.asarray(result.summary[key], np.float64).reshape(size(space), len(seeds))
+    p = best_point(values, higher_is_better(key))
+    if p is None:
+        raise FieldError("select", f"every grid point of {name} has a diverged seed: "
+                                   f"nothing to select")
+    chosen = points(space)[p]
+    return Tuned(chosen, key, (float(values[p].mean()), float(values[p].std())), space,
+                 result)
+
+
 __all__ = ["RATE", "RATE_FACTORS", "rate_grid", "search_space", "size", "thin", "points",
-           "default_point"]
+           "default_point", "higher_is_better", "best_point", "Tuned", "tune"]

@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from fedjax_fair import reports as report
+from fedjax_fair.drivers import tuning
 from fedjax_fair.hparams import FieldError
 from fedjax_fair.reports import html
 
@@ -104,13 +105,7 @@ def is_percent(key: str) -> bool:
         "variance", "gini", "angle", "kl_to_uniform")
 
 
-def higher_is_better(key: str) -> bool:
-    base = _base(key)
-    if base in ("test_loss", "loss", "ece", "mce"):
-        return False
-    tail = base[len("accuracy_"):] if base.startswith("accuracy_") else base
-    return not (tail in ("std", "variance", "gini", "angle", "kl_to_uniform")
-                or tail.startswith("parity_gap"))
+higher_is_better = tuning.higher_is_better  # which way a summary is better
 
 
 def _decimals(key: str) -> int:
@@ -247,14 +242,7 @@ def _stats_at(record: dict, p: int, keys) -> dict:
                 "std": float(record["summary"][k][p].std())} for k in keys}
 
 
-def _best(values: np.ndarray, higher: bool) -> Optional[int]:
-    """The first grid point with the best mean over seeds, among those whose every
-    seed is finite (none diverged); None when there is none."""
-    ok = np.isfinite(values).all(axis=1)
-    if not ok.any():
-        return None
-    mean = np.where(ok, values.mean(axis=1), -np.inf if higher else np.inf)
-    return int(np.argmax(mean) if higher else np.argmin(mean))
+_best = tuning.best_point  # the first best grid point, never one with a diverged seed
 
 
 def select_key(record: dict) -> str:
