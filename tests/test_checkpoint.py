@@ -140,3 +140,25 @@ def test_checkpoint_without_meta_is_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         ckpt.verify(str(directory), {"w": jnp.zeros(2)})
     assert ckpt.load_arrays(str(directory), "absent.npz") == {}
+
+
+def test_roll_back_makes_an_earlier_kept_save_the_newest(tmp_path):
+    """``roll_back(dir, r)``: the kept save of round r becomes the newest (the later
+    ones retired), a round without a kept save changes nothing and says so, round 0 is
+    always possible (a fresh start), and a retired save left by a crash is cleared by
+    the next save."""
+    d = str(tmp_path / "ck")
+    for r in (0, 2, 4):  # KEEP = 2: rounds 2 and 4 stay
+        ckpt.save(d, {"x": jnp.full((2,), float(r))}, {"round": r})
+    assert ckpt.read_meta(d)["round"] == 4
+    assert ckpt.roll_back(d, 0) is True  # a fresh start: nothing to do
+    assert ckpt.read_meta(d)["round"] == 4
+    assert ckpt.roll_back(d, 3) is False and ckpt.read_meta(d)["round"] == 4
+    assert ckpt.roll_back(d, 2) is True
+    assert ckpt.read_meta(d)["round"] == 2
+    state, _ = ckpt.restore(d, {"x": jnp.zeros((2,))})
+    np.testing.assert_array_equal(state["x"], [2.0, 2.0])
+    (Path(d) / "tmp.retired-00000009").mkdir()  # as a crash between rename and removal
+    ckpt.save(d, {"x": jnp.full((2,), 6.0)}, {"round": 6})
+    assert not any(p.name.startswith("tmp.") for p in Path(d).iterdir())
+    assert ckpt.read_meta(d)["round"] == 6

@@ -123,6 +123,7 @@ def cmd_compare(args) -> int:
                 missing = [s for s in cfg.seeds if found[s] is None]
                 started = {s: _started_round(os.path.join(out, name, f"seed{s}"), alg, model,
                                              ds) if cfg.resume else 0 for s in missing}
+                started = _in_step(out, name, started)
                 for start in sorted(set(started.values())):  # seeds of one round together
                     group = [s for s in missing if started[s] == start]
                     if _seeds_fallback(name, cfg, group, ds, model) is None:
@@ -196,6 +197,24 @@ def _training_line(cfg) -> str:
 def _round_rows(rounds: dict) -> list:
     """rounds.jsonl's rows of a run's per-round metrics (none when no round ran)."""
     return report.round_rows(0, rounds) if rounds else []
+
+
+def _in_step(out: str, name: str, started: dict) -> dict:
+    """``started`` with every seed that committed ahead of the others rolled back to
+    their earliest round (``checkpoint.roll_back``), where its checkpoint still holds
+    that save: the seeds then resume as the one program the uninterrupted comparison
+    ran, bit for bit (a program of fewer seeds rounds some methods differently). A
+    seed whose save of that round is gone keeps its own round."""
+    from fedjax_fair.drivers import checkpoint as ckpt
+    if len(set(started.values())) < 2:
+        return started
+    common = min(started.values())
+    out_started = dict(started)
+    for seed, start in started.items():
+        directory = os.path.join(out, name, f"seed{seed}", "checkpoint")
+        if start > common and ckpt.roll_back(directory, common):
+            out_started[seed] = common
+    return out_started
 
 
 def _started_round(run_dir: str, alg, model, ds) -> int:

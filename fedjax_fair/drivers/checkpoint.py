@@ -119,6 +119,36 @@ def steps(directory: str) -> list:
                   and os.path.isdir(os.path.join(directory, m.group(0))))
 
 
+def roll_back(directory: str, round_: int) -> bool:
+    """Makes the committed save of round ``round_`` the newest of checkpoint
+    ``directory`` by retiring the saves after it (each renamed out of the committed
+    names first, so a crash leaves either it or a leftover that the next save clears);
+    True if that save exists (or ``round_`` is 0: a run started afresh replaces the
+    directory), False and nothing changed otherwise. ``compare --resume`` rolls a seed
+    that committed ahead of the others back to their round, so that the seeds run on
+    as one program, bit for bit the uninterrupted comparison."""
+    if round_ == 0:
+        return True
+    found = steps(directory)
+    rounds = {}
+    for step in found:
+        try:
+            meta = _read_json(os.path.join(directory, f"step-{step:08d}"), "meta.json")
+            rounds[step] = int(meta["round"])
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    target = [s for s, r in rounds.items() if r == round_]
+    if not target:
+        return False
+    for step in [s for s in found if s > target[-1]]:
+        name = os.path.join(directory, f"step-{step:08d}")
+        retired = os.path.join(directory, f"tmp.retired-{step:08d}")
+        os.rename(name, retired)  # out of the committed names: atomic
+        _fsync_dir(directory)
+        shutil.rmtree(retired, ignore_errors=True)
+    return True
+
+
 def latest(directory: str) -> Optional[str]:
     """The newest committed step directory of checkpoint ``directory``, or None."""
     found = steps(directory)
@@ -181,7 +211,7 @@ def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
         _fault("retention")
         shutil.rmtree(os.path.join(directory, f"step-{old:08d}"), ignore_errors=True)
     for other in os.listdir(directory):  # a crashed save's leftovers
-        if other.startswith("tmp.step-"):
+        if other.startswith(("tmp.step-", "tmp.retired-")):
             shutil.rmtree(os.path.join(directory, other), ignore_errors=True)
         elif fresh and other in _OLDER_FORMAT:
             os.remove(os.path.join(directory, other))
