@@ -253,3 +253,20 @@ def test_isolated_restores_the_registry():
         unregister("fedavg")
     assert list(REGISTRY.items()) == before
     assert list(ALGORITHMS) == [n for n, _ in before]
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_method_states_its_prior(name):
+    """``prior_of``: "own" exactly for the methods without a size prior; else "size"
+    or "uniform" as the factory's default says, the size prior's arguments switch it,
+    and ``--mixing size / uniform`` decides."""
+    from fedjax_fair.algorithms.registry import PRIORS, prior_of
+    method = REGISTRY[name]
+    assert prior_of(name) in PRIORS
+    if method.size_prior is None:
+        assert {prior_of(name, mixing=m) for m in ("default", "size", "uniform")} == {"own"}
+        return
+    assert prior_of(name, method.size_prior(True)) == "size"
+    assert prior_of(name, method.size_prior(False)) == "uniform"
+    assert prior_of(name, mixing="size") == "size"
+    assert prior_of(name, mixing="uniform") == "uniform"
