@@ -122,6 +122,10 @@ def search(cfg, configs: dict, out: str) -> dict:
           f"x {len(cfg.tune_seeds)} seeds "
           f"(seeds {','.join(map(str, cfg.tune_seeds))}) on a validation split, selected by "
           f"validation {cfg.select}; searches in {os.path.join(out, TUNE_DIR)}")
+    if cfg.dp_noise is not None or cfg.dp_epsilon is not None:
+        print("note: the reported epsilon covers the scored runs only; the searches train "
+              "on the same clients' data and spend privacy that is not accounted for "
+              "(tuning on private data is not private)")
     records, done_points, t_all = {}, 0, time.perf_counter()
     for k, (name, scfg) in enumerate(configs.items()):
         t0 = time.perf_counter()
