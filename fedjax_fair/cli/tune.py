@@ -36,7 +36,7 @@ from fedjax_fair import reports as report
 from fedjax_fair.algorithms import base_name
 from fedjax_fair.cli import config as C, options as O
 from fedjax_fair.drivers import tuning
-from fedjax_fair.reports.sweep import SUMMARY, _setting, values_at
+from fedjax_fair.reports.sweep import SUMMARY, _setting, is_percent, values_at
 
 TUNE_DIR = "tune"
 TUNING = "tuning.json"
@@ -166,13 +166,13 @@ def _record(name: str, scfg, summary: dict, seconds: float) -> dict:
             "hparams": selected["hparams"] if selected else {},
             "key": key, "score": selected.get("score") if selected else None,
             "default": default,
-            "default_score": _score_at(scfg.resolved_output_dir(), default, key),
+            "default_score": _score_at(record, default, key),
             "note": None if selected else summary.get("selection_note", "nothing selected")}
 
 
-def _score_at(directory: str, point: Optional[dict], key: Optional[str]) -> Optional[dict]:
-    """Mean and std over seeds of summary ``key`` at grid ``point`` of a sweep folder."""
-    record = report.read_json(os.path.join(directory, "runs.json"))
+def _score_at(record: dict, point: Optional[dict], key: Optional[str]) -> Optional[dict]:
+    """Mean and std over seeds of summary ``key`` at grid ``point`` of a sweep's
+    runs.json ``record``."""
     values = None if point is None or key is None or not record else \
         values_at(record, point, key)
     return None if values is None else {"mean": float(values.mean()),
@@ -185,9 +185,8 @@ def _line(record: dict) -> str:
     score = record["score"]
     tie = (f"; {record['ties']} grid points tie at the best score: the first in the grid's "
            f"order is taken" if record.get("ties", 1) > 1 else "")
-    pct = "accuracy" in (record["key"] or "") and not any(
-        t in record["key"] for t in ("gini", "variance", "angle", "kl_"))
-    shown = (f"{100 * score['mean']:.2f} ± {100 * score['std']:.2f}%" if pct else
+    shown = (f"{100 * score['mean']:.2f} ± {100 * score['std']:.2f}%"
+             if is_percent(record["key"]) else
              f"{score['mean']:.4g} ± {score['std']:.2g}")
     return f"{_setting(record['hparams'])} ({record['key']} {shown}{tie})"
 

@@ -85,7 +85,7 @@ def _evenly(values: list, k: int, keep=None) -> list:
     """``k`` of ``values`` at evenly spaced positions (the ends first), ``keep``
     among them when it is one of the values (in place of the nearest inner pick)."""
     picks = sorted({int(round(i * (len(values) - 1) / max(k - 1, 1))) for i in range(k)})
-    at = next((i for i, v in enumerate(values) if _member(keep, [v])), None)
+    at = next((i for i, v in enumerate(values) if same_value(keep, [v])), None)
     if at is not None and at not in picks:
         inner = [j for j in range(1, len(picks) - 1)] or list(range(len(picks)))
         picks[min(inner, key=lambda j: abs(picks[j] - at))] = at
@@ -103,10 +103,12 @@ def default_point(name: str, space: Mapping) -> Optional[dict]:
     (the untuned comparison's setting), else None."""
     every = method_hparams(name)
     point = {k: every[k].default for k in space}
-    return point if all(_member(v, space[k]) for k, v in point.items()) else None
+    return point if all(same_value(v, space[k]) for k, v in point.items()) else None
 
 
-def _member(value, values) -> bool:
+def same_value(value, values) -> bool:
+    """Whether ``value`` is one of ``values`` (floats to 1e-9 relative: a grid read back
+    from JSON)."""
     return any(value == v or (isinstance(value, float) and isinstance(v, (int, float))
                               and math.isclose(value, v, rel_tol=1e-9)) for v in values)
 
@@ -188,4 +190,4 @@ def tune(name: str, *, data, model, num_rounds: int, cohort_size: int,
 
 
 __all__ = ["RATE", "RATE_FACTORS", "rate_grid", "search_space", "size", "thin", "points",
-           "default_point", "higher_is_better", "best_point", "Tuned", "tune"]
+           "default_point", "same_value", "higher_is_better", "best_point", "Tuned", "tune"]

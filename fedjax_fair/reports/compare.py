@@ -23,7 +23,7 @@ from fedjax_fair.algorithms import FAMILIES, REGISTRY, base_name
 from fedjax_fair.hparams import FieldError
 from fedjax_fair import reports as report
 from fedjax_fair.reports import html
-from fedjax_fair.reports.sweep import is_percent, values_at
+from fedjax_fair.reports.sweep import _setting, is_percent, values_at
 
 
 def _improved_curve(run_dir: str):
@@ -279,15 +279,9 @@ def priors_of(algorithms: list, cfg_dict: dict) -> dict:
 def _score(value: Optional[dict], key: Optional[str]) -> str:
     if not value or key is None:
         return "-"
-    tail = key.split("validation_", 1)[-1]
-    if is_percent(tail):
+    if is_percent(key):
         return f"{100 * value['mean']:.2f} ± {100 * value['std']:.2f}"
     return f"{value['mean']:.4g} ± {value['std']:.2g}"
-
-
-def _setting(hparams: dict) -> str:
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in hparams.items())
 
 
 def tuned_table(tuned: dict, algorithms: list) -> str:

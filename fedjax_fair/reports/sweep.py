@@ -226,9 +226,8 @@ def values_at(record: dict, point: dict, key: str) -> Optional[np.ndarray]:
     of a runs.json ``record``; None when ``point`` is not on the grid."""
     index = []
     for axis in record["axes"]:
-        match = [i for i, v in enumerate(axis["values"]) if v == point.get(axis["name"])
-                 or (isinstance(v, float) and isinstance(point.get(axis["name"]), (int, float))
-                     and math.isclose(v, point[axis["name"]], rel_tol=1e-9))]
+        match = [i for i, v in enumerate(axis["values"])
+                 if tuning.same_value(point.get(axis["name"]), [v])]
         if not match:
             return None
         index.append(match[0])
