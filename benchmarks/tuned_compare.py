@@ -1,0 +1,60 @@
+"""A tuned comparison against the untuned one, end to end (issue 48).
+
+    python benchmarks/tuned_compare.py                  # the README's job, both commands
+    python benchmarks/tuned_compare.py --algorithms fedavg,qffl --rounds 30   # quick
+
+Expected runtime: about 15 minutes on an idle 2-core CPU (the README's job).
+
+Runs ``fedjax-fair compare`` and ``fedjax-fair compare --tune`` with the same flags, one
+after the other, each a fresh process timed by the wall clock from launch to exit, and
+prints a table: the seconds of each, the ratio, and for the tuned one the seconds of the
+searches and the number of grid points (from its ``tuning.json``). The issue's target:
+the tuned comparison in at most 4x the untuned one's time. Record the figures and the
+machine in docs/performance.md ("Tuned comparisons").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _timed(args: list) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "fedjax_fair.cli", *args], check=True,
+                   stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algorithms", default=None, help="default: the README's list")
+    parser.add_argument("--rounds", type=int, default=None, help="default: the README's 150")
+    parser.add_argument("--out", default=None, help="a folder for both comparisons")
+    a = parser.parse_args(argv)
+    out = a.out or tempfile.mkdtemp(prefix="tuned_compare_")
+    flags = ["--no-progress"]
+    if a.algorithms:
+        flags += ["--algorithms", a.algorithms]
+    if a.rounds:
+        flags += ["--num-rounds", str(a.rounds)]
+    plain = _timed(["compare", *flags, "-o", os.path.join(out, "untuned"), "--overwrite"])
+    tuned = _timed(["compare", "--tune", *flags, "-o", os.path.join(out, "tuned"),
+                    "--overwrite"])
+    with open(os.path.join(out, "tuned", "tuning.json")) as f:
+        methods = json.load(f)["methods"]
+    searches = sum(r["seconds"] for r in methods.values())
+    points = sum(r["points"] for r in methods.values())
+    print(f"| command | wall clock (s) | ratio |\n|---|---:|---:|\n"
+          f"| compare | {plain:.1f} | 1.00 |\n"
+          f"| compare --tune | {tuned:.1f} | {tuned / plain:.2f} |\n\n"
+          f"{len(methods)} searches, {points} grid points, {searches:.1f} s of searching; "
+          f"outputs in {out}")
+
+
+if __name__ == "__main__":
+    main()
