@@ -212,6 +212,13 @@ def check_model(model):
     return model
 
 
+def require_sampler(sampler) -> None:
+    """A run's sampler is given (a sweep's may be None: the method decides)."""
+    if sampler is None:
+        raise H.FieldTypeError("sampler", "must be a sampler of scenarios.sampling or its "
+                                          "name, got None")
+
+
 def check_sampler(sampler, data: FederatedData):
     """A cohort sampler: a callable ``(key, num_clients, cohort_size) -> ids``
     (``scenarios.sampling``), or a command-line name (``sampling.get``: "uniform",
@@ -448,9 +455,7 @@ def check_run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, m
     check_federation(data)
     check_model(model)
     spec = spec.check(data)
-    if spec.sampler is None:
-        raise H.FieldTypeError("sampler", "must be a sampler of scenarios.sampling or its "
-                                          "name, got None")
+    require_sampler(spec.sampler)
     key = check_key(key)
     check_model_fits(model, params, data)
     validate = check_splits(data)

@@ -72,6 +72,7 @@ from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.spec import (DEFAULT, RunSpec, as_spec, check_cohort, check_count,
                                       check_model, check_model_fits, check_summary_clients,
+                                      require_sampler,
                                       check_system)
 from fedjax_fair.core.types import ClientData, FederatedData
 from fedjax_fair.hparams import FieldError, FieldTypeError
@@ -815,9 +816,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     data = as_federation(data)
     check_model(model)
     spec = spec.check(data, model)
-    if spec.sampler is None:
-        raise FieldTypeError("sampler", "must be a sampler of scenarios.sampling or its name, "
-                                        "got None")
+    require_sampler(spec.sampler)
     check_model_fits(model, None, data)  # each seed's parameters are model.init's
     seed_values = check_seeds(seeds)
     _check_per_seed(inits, checkpoint_dirs, resume, len(seed_values))
