@@ -55,6 +55,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
 from fedjax_fair.core.client import (ClientTraining, data_loss, data_metrics, describe_object,
                                      local_sgd, make_optimizer, round_value, sq_distance)
 from fedjax_fair.core.execution import local_step_unroll
+from fedjax_fair.core.evaluation import per_client
 from fedjax_fair.metrics import worst_k
 from fedjax_fair.core.mixing import by_num_examples
 from fedjax_fair.models.base import Model
@@ -210,24 +211,22 @@ def lambda_grid_metrics(model: Model, algorithm: FederatedAlgorithm, state, spli
                         lambdas=LAMBDA_GRID) -> dict:
     """Every client's test metrics at every lambda of ``lambdas`` (one lambda for every
     layer): {"accuracy": [N, L], "loss": [N, L], "ece": [N, L], "mce": [N, L],
-    "num_examples": [N]} over the clients of ``split`` (ids 0..N-1), one client at a
-    time (``lax.map``)."""
+    "num_examples": [N]} over the clients of ``split`` (ids 0..N-1; stored or
+    generated), one client at a time (``evaluation.per_client``)."""
     lambdas = jnp.asarray(lambdas, jnp.float32)
-    ids = jnp.arange(split.mask.shape[0], dtype=jnp.int32)
 
     @jax.jit
     def run(state, split):
-        def one(args):
-            client_id, data = args
+        def one(client_id, data):
             row = jax.tree.map(lambda x: x[0], algorithm.client_rows(state, client_id[None]))
             return jax.vmap(lambda a: data_metrics(model, mix(state.params, row.local, a),
                                                    data))(lambdas)
 
-        return jax.lax.map(one, (ids, split))
+        return per_client(one, split, None, chunk_size=1)
 
     per = run(state, split)
     return {**{k: per[k] for k in ("accuracy", "loss", "ece", "mce") if k in per},
-            "num_examples": split.num_examples}
+            "num_examples": per["num_examples"]}
 
 
 def personalised_summary(grid: dict, lambdas=LAMBDA_GRID) -> dict:

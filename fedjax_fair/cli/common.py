@@ -261,7 +261,13 @@ def build_dataset(cfg):
     ds = _hold_out(ds, getattr(cfg, "unseen_clients", 0.0))
     pad = ds.info.get("padding", {})
     for split in ("train", "validation", "test"):
-        if split in pad:
+        if split in pad and pad[split].get("generated"):
+            p = pad[split]
+            print(f"data: {ds.name} {split}: {p['num_clients']:,} clients, each client's "
+                  f"rows computed from (seed, client id) inside the round "
+                  f"({p['min_examples']}-{p['max_examples']} rows, median "
+                  f"{p['median_examples']:g}); {p['bytes'] / 2**20:.1f} MiB held")
+        elif split in pad:
             p = pad[split]
             print(f"data: {ds.name} {split}: {p['num_clients']} clients x {p['padded_size']} rows "
                   f"({p['min_examples']}-{p['max_examples']} real, median {p['median_examples']:g}), "
@@ -483,6 +489,7 @@ def simulate_one(alg, model, ds, cfg, seed: int, *, checkpoint_dir=None, resume=
                             execution=execution_of(cfg, ds, model),
                             on_rounds=on_rounds, commit_seconds=commit_seconds,
                             on_clients=on_clients, summary_clients=benign_clients(cfg, ds),
+                            eval_clients=cfg.eval_clients,
                             system=system_of(cfg, ds))  # checked by the preflight
     except ValueError as e:
         if str(e).startswith(("checkpoint:", "placement:", "client_table:")):  # another config's checkpoint,

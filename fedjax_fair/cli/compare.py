@@ -122,7 +122,8 @@ def cmd_compare(args) -> int:
                              if cfg.resume else None) for s in cfg.seeds}
                 missing = [s for s in cfg.seeds if found[s] is None]
                 started = {s: _started_round(os.path.join(out, name, f"seed{s}"), alg, model,
-                                             ds) if cfg.resume else 0 for s in missing}
+                                             ds, cfg.eval_clients) if cfg.resume else 0
+                           for s in missing}
                 started = _in_step(out, name, started)
                 for start in sorted(set(started.values())):  # seeds of one round together
                     group = [s for s in missing if started[s] == start]
@@ -217,7 +218,7 @@ def _in_step(out: str, name: str, started: dict) -> dict:
     return out_started
 
 
-def _started_round(run_dir: str, alg, model, ds) -> int:
+def _started_round(run_dir: str, alg, model, ds, eval_clients=None) -> int:
     """The round a comparison's unfinished run has committed in its checkpoint
     (``run_dir/checkpoint``), 0 when it has none or one it cannot continue from (the
     run then starts again, and its first commit replaces that checkpoint)."""
@@ -227,7 +228,8 @@ def _started_round(run_dir: str, alg, model, ds) -> int:
     template = jax.eval_shape(lambda k: alg.init(model.init(k), ds.num_clients),
                               jax.random.key(0))
     try:
-        return int(verify_resumable(directory, template, ds.num_clients)["round"])
+        return int(verify_resumable(directory, template, ds.num_clients,
+                                    eval_clients)["round"])
     except (OSError, ValueError):
         return 0
 
@@ -315,6 +317,8 @@ def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
         return "a device mesh (runner.run splits each cohort over the devices)"
     if cfg.placement == "host":
         return "placement host (runner.run streams each chunk's cohorts)"
+    if cfg.eval_clients is not None and cfg.eval_clients < ds.num_clients:
+        return "eval_clients (runner.run evaluates a subset between chunks)"
     return None
 
 

@@ -1067,6 +1067,10 @@ def validate_against_data(cfg, num_clients: int, num_examples=None) -> None:
     if cfg.cohort_size > num_clients:
         raise ConfigError("cohort_size", f"{cfg.cohort_size} exceeds the {num_clients} clients "
                                          f"of the federation; allowed: 1..{num_clients}")
+    eval_clients = getattr(cfg, "eval_clients", None)
+    if eval_clients is not None and eval_clients > num_clients:
+        raise ConfigError("eval_clients", f"{eval_clients} exceeds the {num_clients} clients "
+                                          f"of the federation; allowed: 1..{num_clients}")
     names = getattr(cfg, "algorithms", None) or [getattr(cfg, "algorithm", None)]
     for name in names:
         if base_name(name) in ALGORITHMS and needs_full_participation(name) and (

@@ -237,6 +237,12 @@ OPTIONS = (
            'evaluate every client every this many rounds (> 0)',
            iterates=False, resume=('run',),
            check=positive_count),
+    Option("eval_clients", "evaluation", 'int?', None,
+           'evaluate a fixed random subset of this many clients at the evaluations '
+           'before the last (the same clients for every seed and method); the final '
+           'evaluation covers every client; none: every client every time',
+           commands=("run", "compare"), iterates=False, later=True,
+           check=positive_count),
     Option("execution", "execution", 'str', 'auto',
            'cohort execution strategy',
            choices=_names("fedjax_fair.core.execution", "STRATEGIES")),

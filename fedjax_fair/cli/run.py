@@ -58,7 +58,7 @@ def cmd_run(args) -> int:
     cfg_dict["scenarios"] = transforms.announce(cfg, {cfg.algorithm: alg})[cfg.algorithm]
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
-        _verify_checkpoint(ckdir, alg, model, ds.num_clients)
+        _verify_checkpoint(ckdir, alg, model, ds.num_clients, cfg.eval_clients)
         _check_checkpoint_owner(cfg, cfg_dict)
 
     primary = _is_primary()
@@ -308,13 +308,14 @@ def _committed_logs(ckdir: str) -> tuple:
     return done, meta["history"], rounds
 
 
-def _verify_checkpoint(directory: str, alg, model, num_clients: int) -> None:
+def _verify_checkpoint(directory: str, alg, model, num_clients: int,
+                       eval_clients=None) -> None:
     """The checkpoint's arrays have this run's state shapes (read from file headers),
     and its meta, per-client history and round log are of the state's round
     (``runner.verify_resumable``)."""
     template = jax.eval_shape(lambda k: alg.init(model.init(k), num_clients),
                               jax.random.key(0))
     try:
-        verify_resumable(directory, template, num_clients)
+        verify_resumable(directory, template, num_clients, eval_clients)
     except ValueError as e:
         raise C.ConfigError("resume", str(e).split(": ", 1)[-1]) from None

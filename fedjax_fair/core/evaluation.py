@@ -9,6 +9,10 @@ or each client's own model (``make_personal_evaluator``: Ditto, SuPerFed, FedRep
 whose parameters are gathered from the client table one chunk at a time, so a
 personalised evaluation never holds N models at once.
 
+A generated split (``data/generated.py``: rows computed from the client id) is
+evaluated at the client ids passed: each chunk's rows are computed inside the map,
+so evaluating a million generated clients holds one chunk's rows at a time.
+
 Over a device mesh (sharding.py) whose ``clients`` axis splits the split's clients,
 ``make_state_evaluator(..., mesh=mesh)`` evaluates the global model with
 ``jax.shard_map``: each device evaluates its own clients (left to XLA's partitioner,
@@ -23,13 +27,36 @@ import jax
 import numpy as np
 
 from fedjax_fair.core.client import data_metrics
+from fedjax_fair.data.generated import is_generated
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import ClientData
 
 
+def per_client(fn: Callable, split, client_ids, chunk_size: int) -> dict:
+    """``fn(client_id, rows)`` of every client, ``chunk_size`` clients at a time
+    (vmapped inside a chunk, ``lax.map`` across chunks), with ``"num_examples"``. A
+    stored split holds the rows of ``client_ids`` ([n, M, ...]); a generated split
+    computes them per chunk (``client_ids`` None: every client)."""
+    if is_generated(split):
+        if client_ids is None:
+            client_ids = jax.numpy.arange(split.num_clients, dtype=jax.numpy.int32)
+
+        def one(i):
+            rows = split.take(i[None])
+            return {**fn(i, jax.tree.map(lambda v: v[0], rows)),
+                    "num_examples": rows.num_examples[0]}
+
+        return jax.lax.map(one, client_ids, batch_size=chunk_size)
+    if client_ids is None:
+        client_ids = jax.numpy.arange(split.mask.shape[0], dtype=jax.numpy.int32)
+    out = jax.lax.map(lambda a: fn(*a), (client_ids, split), batch_size=chunk_size)
+    return {**out, "num_examples": split.num_examples}
+
+
 @functools.lru_cache(maxsize=32)
 def make_evaluator(model: Model, chunk_size: int = 64) -> Callable:
-    """A jitted ``(params, split: ClientData [N, ...]) -> {metric: [N]}``.
+    """A jitted ``(params, split: ClientData [N, ...], client_ids=None) -> {metric: [N]}``
+    (a generated split: the clients ``client_ids``, default every client).
 
     Cached per (model, chunk_size), so repeated runs of one model share compilations.
 
@@ -39,10 +66,9 @@ def make_evaluator(model: Model, chunk_size: int = 64) -> Callable:
     """
 
     @jax.jit
-    def evaluate(params, split: ClientData):
-        per_client = jax.lax.map(lambda d: data_metrics(model, params, d), split,
-                                 batch_size=chunk_size)
-        return {**per_client, "num_examples": split.num_examples}
+    def evaluate(params, split: ClientData, client_ids=None):
+        return per_client(lambda _, d: data_metrics(model, params, d), split, client_ids,
+                          chunk_size)
 
     return evaluate
 
@@ -58,9 +84,7 @@ def make_personal_evaluator(model: Model, personal: Callable, chunk_size: int = 
 
     @jax.jit
     def evaluate(state, split: ClientData, client_ids):
-        per_client = jax.lax.map(lambda a: one(state, *a), (client_ids, split),
-                                 batch_size=chunk_size)
-        return {**per_client, "num_examples": split.num_examples}
+        return per_client(lambda i, d: one(state, i, d), split, client_ids, chunk_size)
 
     return evaluate
 
@@ -92,8 +116,9 @@ def make_state_evaluator(model: Model, personal: Optional[Callable] = None,
     evaluate = make_evaluator(model) if mesh is None else make_sharded_evaluator(model, mesh)
 
     def evaluate_clients(state, split, client_ids):  # the name compile_programs reports
-        del client_ids
         params = state.params if evaluated_params is None else evaluated_params(state)
+        if is_generated(split):  # the rows of client_ids are computed
+            return make_evaluator(model)(params, split, client_ids)
         return evaluate(params, split)
 
     return evaluate_clients

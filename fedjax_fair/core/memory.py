@@ -117,6 +117,9 @@ class MemoryPlan(NamedTuple):
     capacity: free device bytes, or None when unknown (then nothing is checked).
     devices: how many devices share the run (a mesh); every byte count above is
       then per device.
+    generated: the federation's rows are computed inside the round
+      (``data/generated.py``; placement "device", nothing of it resident but the client
+      sizes), so the program's bytes are the whole bill.
     """
 
     placement: str
@@ -124,6 +127,7 @@ class MemoryPlan(NamedTuple):
     program_bytes: int
     capacity: Optional[int]
     devices: int = 1
+    generated: bool = False
 
     @property
     def total(self) -> int:
@@ -135,12 +139,14 @@ class MemoryPlan(NamedTuple):
 
     def describe(self) -> str:
         cap = "unknown" if self.capacity is None else _mib(self.capacity)
-        where = ("federation on the device" if self.placement == "device"
+        where = ("federation generated in the round" if self.generated else
+                 "federation on the device" if self.placement == "device"
                  else "federation on the host, cohorts streamed per chunk")
         if self.devices > 1:
             where = where.replace("the device", "the devices")
-            return (f"memory: {_mib(self.total)} needed per device ({where}, split by "
-                    f"client: {_mib(self.resident_bytes)} resident + "
+            split = "" if self.generated else ", split by client"
+            return (f"memory: {_mib(self.total)} needed per device ({where}{split}: "
+                    f"{_mib(self.resident_bytes)} resident + "
                     f"{_mib(self.program_bytes)} per chunk program), {cap} free per device "
                     f"on {self.devices} {jax.devices()[0].platform} devices")
         return (f"memory: {_mib(self.total)} needed ({where}: {_mib(self.resident_bytes)} "

@@ -374,9 +374,13 @@ def constrain_state(state, mesh: Optional[Mesh]):
 def federation_shardings(mesh: Mesh, data) -> tuple[object, Optional[str]]:
     """(layout of a ``FederatedData``, note or None): every split's leaves
     [N, ...] split by client when N divides the shard count, else replicated, with a
-    note saying so."""
+    note saying so. A generated federation (``data/generated.py``: client sizes and the
+    generator's small shared arrays) is replicated, without a note."""
+    from fedjax_fair.data.generated import is_generated
     shards = num_shards(mesh)
     n = data.num_clients
+    if is_generated(data.train):
+        return jax.tree.map(lambda _: replicated(mesh), data), None
     if n % shards == 0:
         return jax.tree.map(lambda _: by_client(mesh), data), None
     note = (f"sharding: the federation's {n} clients do not split evenly over {shards} "

@@ -412,7 +412,9 @@ def resplit(dataset: Dataset, fractions=(0.8, 0.1, 0.1), seed: int = 0) -> Datas
       seed: the partition seed (different seeds give the q-FFL paper's repeated
         partitions).
     """
+    from fedjax_fair.data.generated import require_stored
     fractions = _check_fractions(fractions)
+    require_stored(dataset, "resplit", "pooling and re-splitting every client's rows")
     rng = np.random.default_rng(_check_seed(seed))
     host = dataset.host_data
     pools = [s for s in (host.train, host.test, host.validation) if s is not None]
@@ -456,9 +458,11 @@ def hold_out_validation(dataset: Dataset, fraction: float = 0.1, seed: int = 0) 
       fraction: in (0, 1): the share of each client's training rows held out.
       seed: the draw's seed.
     """
+    from fedjax_fair.data.generated import require_stored
     fraction = _check_fraction(fraction, "fraction")
     if not 0 < fraction < 1:
         raise FieldError("fraction", f"must lie in (0, 1), got {fraction}")
+    require_stored(dataset, "validation_fraction", "holding out validation rows")
     host = dataset.host_data
     if host.validation is not None:
         return dataset

@@ -39,11 +39,24 @@ x ~ N(0, Sigma) and labels from the same model; alpha and beta are then unused.
 Each client's examples are split into train/test with ``split_per_client``:
 ``n_train = floor((1 - test_fraction) n)``. The default ``test_fraction=0.1`` matches
 both reference generators (FedProx and q-FFL write ``train_len = int(0.9 * n)``).
+
+``procedural=True`` holds no rows: client k's model and rows are computed from
+(seed, k) inside each round (``generated.py``), with the same generative model, in
+float32 (labels are the argmax of float32 logits; the in-memory builder takes them in
+float64, so a row on a class boundary may differ), so a federation of a million
+clients costs memory in the cohort only. Its values differ from the in-memory
+federation's at the same seed (JAX's counter-based keys, one per client, instead of
+one sequential NumPy stream); it needs a finite ``max_examples``.
 """
 from __future__ import annotations
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from fedjax_fair.data import generated
 from fedjax_fair.data.federated import (Dataset, _check_seed,
                                         from_client_arrays, split_per_client)
 from fedjax_fair.hparams import FieldError, count
@@ -103,7 +116,7 @@ def _generate_clients(alpha: float, beta: float, num_clients: int, iid: bool,
 def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
               iid: bool = False, test_fraction: float = 0.1, max_examples: int | None = 1000,
               seed: int = 0, alpha_beta_as_std: bool = False,
-              alpha_per_class: bool = False) -> Dataset:
+              alpha_per_class: bool = False, procedural: bool = False) -> Dataset:
     """Synthetic(alpha, beta) of FedProx / q-FFL: 60 features, 10 classes.
 
     Args:
@@ -120,6 +133,8 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
         reference script does.
       alpha_per_class: one model shift per class, u_kc ~ N(0, alpha), instead of the
         reference's one per client (a variant; not the published data).
+      procedural: compute each client's rows from (seed, client id) inside the round
+        instead of holding them (the splits are ``generated.GeneratedClients``).
 
     Returns a Dataset named "synthetic" with input_shape (60,).
     """
@@ -128,6 +143,12 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
     seed = _check_seed(seed)
     if max_examples is not None:
         max_examples = count(max_examples, "max_examples")
+    if procedural:
+        if max_examples is None:
+            raise FieldError("max_examples", "a procedural federation needs a finite cap "
+                                             "(every client's rows are padded to it)")
+        return _procedural(alpha, beta, num_clients, bool(iid), float(test_fraction),
+                           max_examples, seed, bool(alpha_beta_as_std), bool(alpha_per_class))
     clients = _generate_clients(alpha, beta, num_clients, bool(iid), max_examples, seed,
                                 bool(alpha_beta_as_std), bool(alpha_per_class))
     split = split_per_client(np.random.default_rng([seed, 1]), [c["x"] for c in clients],
@@ -139,3 +160,77 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
             "client_sizes": [int(len(c["y"])) for c in clients],
             "source": "FedProx (Li et al. 2020) Synthetic(alpha, beta)"}
     return from_client_arrays(*split, name="synthetic", num_classes=NUM_CLASSES, info=info)
+
+
+# ------------------------------------------------------------------ procedural
+
+
+@dataclasses.dataclass(frozen=True)
+class _ClientRows:
+    """Client k's rows of one split (``generated.GeneratedClients.rows``), drawn from
+    its key ``fold_in(key, k)``: its size from ``fold_in(., 0)``, u_k, B_k, v_k, W_k,
+    b_k from ``fold_in(., 1..5)`` and split s's inputs from ``fold_in(., 6 + s)``; the
+    IID form's shared W, b are ``shared``."""
+
+    split: int  # 0 train, 1 test
+    max_examples: int
+    scale_u: float
+    scale_b: float
+    iid: bool
+    alpha_per_class: bool
+
+    def __call__(self, shared, key, client_id):
+        del client_id
+        f, c = NUM_FEATURES, NUM_CLASSES
+        normal = lambda i, shape: jax.random.normal(jax.random.fold_in(key, i), shape,
+                                                    jnp.float32)
+        if self.iid:
+            w, b, v = shared["W"], shared["b"], jnp.zeros((f,), jnp.float32)
+        else:
+            u = self.scale_u * normal(1, (c,) if self.alpha_per_class else ())
+            big_b = self.scale_b * normal(2, ())
+            v = big_b + normal(3, (f,))
+            shift = u[:, None] if self.alpha_per_class else u
+            w = shift + normal(4, (c, f))
+            b = u + normal(5, (c,))
+        x = v[None] + shared["std"][None] * normal(6 + self.split, (self.max_examples, f))
+        y = jnp.argmax(x @ w.T + b[None], axis=1).astype(jnp.int32)
+        return {"x": x, "y": y}
+
+
+def _procedural(alpha, beta, num_clients, iid, test_fraction, max_examples, seed,
+                alpha_beta_as_std, alpha_per_class) -> Dataset:
+    root = jax.random.key(seed)
+    clients = jax.random.fold_in(root, 0)
+    cap = float(max_examples - 50) if max_examples > 50 else 0.0
+
+    def size(k):  # floor(lognormal(4, 2)) + 50, capped (computed below the cap in float)
+        z = jax.random.normal(jax.random.fold_in(k, 0), (), jnp.float32)
+        return jnp.minimum(jnp.floor(jnp.exp(4.0 + 2.0 * z)), cap).astype(jnp.int32) + 50
+
+    sizes = np.minimum(generated.client_draws(clients, num_clients, size), max_examples)
+    # _num_train's rule, for every client at once (every size is at least 50)
+    train_sizes = np.maximum(1, np.floor((1.0 - test_fraction) * sizes + 1e-9)).astype(np.int32)
+    test_sizes = (sizes - train_sizes).astype(np.int32)
+    std = np.sqrt(np.arange(1, NUM_FEATURES + 1, dtype=np.float64) ** -1.2).astype(np.float32)
+    shared = {"std": std}
+    if iid:
+        w_key, b_key = jax.random.split(jax.random.fold_in(root, 1))
+        shared["W"] = np.asarray(jax.random.normal(w_key, (NUM_CLASSES, NUM_FEATURES)))
+        shared["b"] = np.asarray(jax.random.normal(b_key, (NUM_CLASSES,)))
+    scale_u, scale_b = (alpha, beta) if alpha_beta_as_std else (np.sqrt(alpha), np.sqrt(beta))
+    spec = (("x", (NUM_FEATURES,), "float32"), ("y", (), "int32"))
+    key_data = np.asarray(jax.random.key_data(clients))
+
+    def split(index: int, num_examples: np.ndarray):
+        m = max(int(num_examples.max()), 1)
+        rows = _ClientRows(index, m, float(scale_u), float(scale_b), iid, alpha_per_class)
+        return generated.GeneratedClients(num_examples, shared, key_data, rows, m, spec)
+
+    info = {"alpha": alpha, "beta": beta, "num_clients": num_clients, "iid": iid,
+            "test_fraction": test_fraction, "max_examples": max_examples, "seed": int(seed),
+            "alpha_beta_as_std": alpha_beta_as_std, "alpha_per_class": alpha_per_class,
+            "procedural": True,
+            "source": "FedProx (Li et al. 2020) Synthetic(alpha, beta), procedural"}
+    return generated.dataset("synthetic", split(0, train_sizes), split(1, test_sizes),
+                             NUM_CLASSES, (NUM_FEATURES,), info)

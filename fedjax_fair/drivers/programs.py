@@ -41,8 +41,9 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
 from fedjax_fair.core.execution import CLIENT_AXIS, compiler_options
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
+from fedjax_fair.data.generated import is_generated
 from fedjax_fair.drivers.simulate import simulate, simulate_cohorts
-from fedjax_fair.drivers.spec import RunSpec
+from fedjax_fair.drivers.spec import RunSpec, eval_subset
 from fedjax_fair.scenarios.heterogeneity import StepBudgets
 
 
@@ -326,9 +327,13 @@ def _memory_plan(program: Callable, first: int, data: FederatedData, mesh, place
         resident = (mem.tree_bytes(evaluated) if mesh is None else sharding.device_bytes(
             evaluated, sharding.federation_shardings(mesh, data)[0][1:]))
         plan = mem.MemoryPlan("device", resident, mem.program_bytes(program(first)),
-                              capacity, devices)
+                              capacity, devices, is_generated(data.train))
         if plan.fits:
             return plan
+        if is_generated(data.train):  # nothing to stream: its rows are computed in the round
+            raise mem.too_big(plan, "A generated federation's rounds compute their cohort "
+                                    "inside the program: lower cohort_size, or use "
+                                    "execution='chunked' with a smaller chunk_size.")
         if placement == "device":
             raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
                                     "memory and stream each chunk's cohorts, or a smaller "
@@ -356,6 +361,29 @@ def _place(plan: mem.MemoryPlan, data: FederatedData, data_layout, step_budgets,
 
 
 _EVAL_CLIENTS = 256  # clients per evaluation call of a streamed (host) federation
+_GENERATED_BLOCK = 1 << 16  # clients per evaluation call of a generated federation
+
+
+def generated_block(num_clients: int) -> int:
+    """Clients per evaluation call of a generated federation: every client in one call
+    up to ``_GENERATED_BLOCK``, else blocks of it (a progress step each)."""
+    return min(num_clients, _GENERATED_BLOCK)
+
+
+def _evaluate_generated(evaluate, state, split, client_ids: np.ndarray, block: int,
+                        progress=None) -> dict:
+    """``evaluate(state, split, ids)`` of a generated split over ``client_ids`` [n], a
+    block of ``block`` ids per call (the last padded with repeats of its first, whose
+    results are dropped), so one compiled program serves every call; ``progress(done)``
+    after each block."""
+    parts = []
+    for start in range(0, len(client_ids), block):
+        ids = client_ids[start:start + block]
+        out = sharding.to_host(evaluate(state, split, np.resize(ids, block)))
+        parts.append({k: np.asarray(v)[:len(ids)] for k, v in out.items()})
+        if progress is not None:
+            progress(start + len(ids))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 _COMPILER = None  # one background thread compiling evaluators for every run
 
 
@@ -378,12 +406,15 @@ def _compile_evaluators(model, algorithm, state, data: FederatedData, num_client
     where = "host" if placement == "host" else "device"  # "auto" mostly stays
     out = {}
     n = num_clients if where == "device" else _EVAL_CLIENTS
+    generated = is_generated(data.train)
+    if generated:  # evaluated on the device, a block of client ids per call
+        where, n = "device", generated_block(num_clients)
     if mesh is not None and (where == "host" or algorithm.personal is not None
-                             or n % sharding.num_shards(mesh)):
+                             or n % sharding.num_shards(mesh) or generated):
         return out  # left to the jitted evaluator
     for name, split in splits:
-        shapes = jax.tree.map(lambda v: jax.ShapeDtypeStruct((n, *np.shape(v)[1:]), v.dtype),
-                              split)
+        shapes = (_abstract(split) if generated else jax.tree.map(
+            lambda v: jax.ShapeDtypeStruct((n, *np.shape(v)[1:]), v.dtype), split))
         ids = jax.ShapeDtypeStruct((n,), np.int32)
         if mesh is not None:
             shapes = sharding.abstract(shapes, getattr(data_layout, name))
@@ -413,11 +444,13 @@ def _sharded_aval(x):
 
 
 def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: int,
-                        layout=None) -> dict:
+                        layout=None, client_ids: Optional[np.ndarray] = None) -> dict:
     """``evaluate`` over a host split, ``clients_per_call`` clients at a time (the last
     call padded with empty clients, so one compiled program serves every call); each
-    part placed as ``layout`` (a mesh's replicated sharding) when given."""
+    part placed as ``layout`` (a mesh's replicated sharding) when given. ``client_ids``:
+    the ids of the split's rows (default 0..n-1)."""
     n = split.mask.shape[0]
+    ids = np.arange(n, dtype=np.int32) if client_ids is None else client_ids
     parts = []
     for start in range(0, n, clients_per_call):
         rows = np.minimum(np.arange(start, start + clients_per_call), n - 1)
@@ -426,7 +459,7 @@ def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: in
         part = part._replace(mask=part.mask & ~empty[:, None],
                              num_examples=np.where(empty, 0, part.num_examples))
         part = jax.device_put(part) if layout is None else sharding.put(part, layout)
-        parts.append(sharding.to_host(evaluate(state, part, rows.astype(np.int32))))
+        parts.append(sharding.to_host(evaluate(state, part, ids[rows].astype(np.int32))))
     return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
 
 
@@ -459,11 +492,15 @@ class Evaluation:
         self.plan, self.data = plan, data
         mesh, num_clients = self.mesh, data.num_clients
         split_by_client = (mesh is not None and plan.placement == "device"
-                           and num_clients % sharding.num_shards(mesh) == 0)
+                           and num_clients % sharding.num_shards(mesh) == 0
+                           and not is_generated(data.train))
         self.jitted = make_state_evaluator(self.model, self.algorithm.personal,
                                            self.algorithm.evaluated_params,
                                            mesh if split_by_client else None)
         self.all_ids = np.arange(num_clients, dtype=np.int32)  # host: valid on every process
+        self.subset = eval_subset(num_clients, self.spec.eval_clients)
+        self.of_subset = make_state_evaluator(self.model, self.algorithm.personal,
+                                              self.algorithm.evaluated_params)
 
     def program(self, name: str):
         """The ahead-of-time compiled evaluator of split ``name`` when it was compiled
@@ -476,21 +513,46 @@ class Evaluation:
                 self.pending.pop((name, self.plan.placement))
         return self.jitted
 
-    def split(self, state, name: str) -> dict:
-        """Per-client metrics of split ``name`` (host arrays [N])."""
+    def split(self, state, name: str, ids: Optional[np.ndarray] = None) -> dict:
+        """Per-client metrics of split ``name`` (host arrays [N]; of the clients ``ids``
+        when given, [len(ids)], by the jitted evaluator)."""
         split = getattr(self.data, name)
+        if is_generated(split):  # a subset by the jitted evaluator, compiled for its size
+            program = self.program(name) if ids is None else self.of_subset
+            ids = self.all_ids if ids is None else ids
+            return _evaluate_generated(program, state, split, ids, generated_block(len(ids)))
+        if ids is not None:
+            part = jax.tree.map(lambda v: v[ids], split)  # host or device rows
+            if self.plan.placement == "device":
+                return sharding.to_host(self.of_subset(state, part, ids))
+            return _evaluate_in_chunks(self.of_subset, state, part, _EVAL_CLIENTS,
+                                       _replicated(self.mesh), ids)
         if self.plan.placement == "device":
             return sharding.to_host(self.program(name)(state, split, self.all_ids))
         return _evaluate_in_chunks(self.program(name), state, split, _EVAL_CLIENTS,
                                    _replicated(self.mesh))
 
+    def clients(self, state) -> Optional[np.ndarray]:
+        """The clients evaluated at ``state``: None (every client) at the run's last
+        round or without ``spec.eval_clients``, else the fixed subset."""
+        if len(self.subset) == len(self.all_ids) or int(state.round) >= self.spec.num_rounds:
+            return None
+        return self.subset
+
     def __call__(self, state) -> tuple:
-        """Per-client test metrics and the summary of test (and validation) accuracy."""
-        per_client = self.split(state, "test")
+        """Per-client test metrics and the summary of test (and validation) accuracy, of
+        every client, or of the subset ``clients(state)`` (the summaries then over it)."""
+        ids = self.clients(state)
+        per_client = self.split(state, "test", ids)
         # a validation split without examples has nothing to summarise
-        validation = self.split(state, "validation") if self.validate else None
-        return per_client, summarise_clients(per_client, validation,
-                                             self.spec.summary_clients)
+        validation = self.split(state, "validation", ids) if self.validate else None
+        keep = self.spec.summary_clients
+        if ids is not None and keep is not None:
+            keep = np.asarray(keep)[ids]
+        summary = summarise_clients(per_client, validation, keep)
+        if self.spec.eval_clients is not None:  # how many clients this evaluation covers
+            summary["clients_evaluated"] = len(self.all_ids if ids is None else ids)
+        return per_client, summary
 
 
 def split_summary(per_client: dict, split: str, keep=None) -> dict:

@@ -43,7 +43,7 @@ from fedjax_fair.drivers.simulate import (budget_tables, gather_cohorts, plan_ro
                                           sample_client_ids, simulate)
 from fedjax_fair.drivers.spec import (DEFAULT, RunSpec, as_spec, check_capacity, check_cohort,
                                       check_count, check_run, check_summary_clients,
-                                      check_system, one_example)
+                                      check_system, eval_subset, one_example)
 from fedjax_fair.core.types import FederatedData
 
 __all__ = [
@@ -252,13 +252,15 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         donate: Optional[bool] = DEFAULT, stream_layout: str = DEFAULT,
         commit_seconds: float = DEFAULT, system: Optional[System] = DEFAULT,
         on_clients: Optional[Callable[[dict, dict], None]] = None,
-        summary_clients=DEFAULT, spec: Optional[RunSpec] = None) -> RunResult:
+        summary_clients=DEFAULT, eval_clients: Optional[int] = DEFAULT,
+        spec: Optional[RunSpec] = None) -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     The settings are ``spec`` (a ``RunSpec``) or the keywords of the same names
     (``num_rounds``, ``cohort_size``, ``eval_every=10``, ``sampler``,
     ``step_budgets``, ``system``, ``execution``, ``placement``, ``stream_layout``,
-    ``memory_limit``, ``summary_clients``, ``checkpoint_dir``, ``commit_seconds``,
+    ``memory_limit``, ``summary_clients``, ``eval_clients``, ``checkpoint_dir``,
+    ``commit_seconds``,
     ``donate``; ``RunSpec`` says what each does), one or the other: a settings keyword
     given with ``spec`` raises ``TypeError`` naming it.
 
@@ -299,8 +301,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         num_rounds=num_rounds, cohort_size=cohort_size, eval_every=eval_every,
         sampler=sampler, step_budgets=step_budgets, system=system, execution=execution,
         placement=placement, stream_layout=stream_layout, memory_limit=memory_limit,
-        summary_clients=summary_clients, checkpoint_dir=checkpoint_dir,
-        commit_seconds=commit_seconds, donate=donate))
+        summary_clients=summary_clients, eval_clients=eval_clients,
+        checkpoint_dir=checkpoint_dir, commit_seconds=commit_seconds, donate=donate))
     spec, key, validate = check_run(algorithm, params, data, key, model, spec)
     clock = CompileClock().start()  # every compile from here on counts
     try:
@@ -329,6 +331,14 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         clock.stop()
 
 
+def history_ids(num_clients: int, spec: RunSpec) -> Optional[np.ndarray]:
+    """The clients a run's per-client history keeps: None (every client) unless
+    ``spec.eval_clients`` names fewer than N (then ``spec.eval_subset``'s)."""
+    if spec.eval_clients is None or spec.eval_clients >= num_clients:
+        return None
+    return eval_subset(num_clients, spec.eval_clients)
+
+
 def _start(algorithm: FederatedAlgorithm, params, num_clients: int, key, spec: RunSpec,
            resume: bool, observers: dict) -> tuple:
     """``(starting state, Record, key)`` of a run: ``algorithm.init``'s state, or the
@@ -336,7 +346,7 @@ def _start(algorithm: FederatedAlgorithm, params, num_clients: int, key, spec: R
     table split by client) and the key replicated."""
     state = algorithm.init(params, num_clients)
     record = Record(spec.checkpoint_dir, **observers, commit_seconds=spec.commit_seconds,
-                    donated=spec.donate)
+                    donated=spec.donate, history_ids=history_ids(num_clients, spec))
     if resume:
         state = record.resume(state, num_clients)
     mesh = spec.execution.mesh
@@ -490,11 +500,14 @@ class Record:
     (its end, a stop request, a divergence)."""
 
     def __init__(self, checkpoint_dir: Optional[str] = None, *, on_eval=None, on_rounds=None,
-                 commit_seconds: float = 0.0, donated: bool = False, on_clients=None):
+                 commit_seconds: float = 0.0, donated: bool = False, on_clients=None,
+                 history_ids: Optional[np.ndarray] = None):
         self.checkpoint_dir = checkpoint_dir
         self.on_eval, self.on_rounds, self.on_clients = on_eval, on_rounds, on_clients
         self.commit_seconds = float(commit_seconds)
         self.donated = donated  # the state's buffers go to the next chunk
+        # the clients of the per-client history (None: every client; ``history_ids``)
+        self.history_ids = history_ids
         self.history: list = []
         self.clients: dict = {}  # metric -> per-client rows [N], one per evaluation
         self.rounds: dict = {}  # metric -> arrays [rounds, ...], one per chunk
@@ -516,8 +529,9 @@ class Record:
         self.history = meta["history"]
         self.compile_before = meta.get("compile_seconds", 0.0)
         self.run_s = meta.get("run_seconds", 0.0)
-        self.clients = _load_client_history(self.checkpoint_dir, len(self.history),
-                                            num_clients)
+        self.clients = _load_client_history(
+            self.checkpoint_dir, len(self.history),
+            num_clients if self.history_ids is None else len(self.history_ids))
         self.rounds = {k: [v] for k, v in
                        load_round_log(self.checkpoint_dir, int(state.round)).items()}
         self._saved, self.state = True, state
@@ -542,9 +556,12 @@ class Record:
 
     def evaluation(self, state, test: dict, entry: dict, clock: "CompileClock") -> None:
         self.state, self.last_test = state, test
+        ids = self.history_ids
         for k, v in test.items():
             if k != "num_examples":
                 row = np.asarray(v, np.float32)
+                if ids is not None and len(row) != len(ids):  # a final evaluation: [N]
+                    row = row[ids]
                 self.clients.setdefault(k, []).append(row)
                 self._pending[1].setdefault(k, []).append(row)
         self.history.append(entry)
@@ -600,6 +617,8 @@ class Record:
             run_seconds=self.run_s, memory=plan, evaluated=algorithm.evaluates,
             client_table=table,
             client_history={"round": np.asarray([h["round"] for h in self.history]),
+                            **({} if self.history_ids is None else
+                               {"client_ids": self.history_ids}),
                             **{k: np.stack(v) for k, v in self.clients.items()}},
             rounds=rounds, compile_programs={} if compile_seconds == 0.0 else clock.programs)
 
@@ -709,7 +728,8 @@ def attacked_summary(per_client: dict, is_malicious, split: str = "test") -> dic
 
 def _load_client_history(directory: str, evaluations: int, num_clients: int) -> dict:
     """The per-client metrics of the ``evaluations`` evaluations saved with the newest
-    checkpoint (one row each; anything else raises ``ValueError("checkpoint: ...")``)."""
+    checkpoint (one row of ``num_clients`` each: the clients the run's history keeps;
+    anything else raises ``ValueError("checkpoint: ...")``)."""
     stored = ckpt.load_arrays(directory, CLIENT_HISTORY)
     step = ckpt.latest(directory)
     if not stored:
@@ -719,7 +739,7 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
     for k, v in stored.items():
         if v.ndim != 2 or v.shape[1] != num_clients:
             raise H.FieldError("checkpoint", f"{CLIENT_HISTORY} in {step!r} holds {k!r} of "
-                                             f"shape {v.shape}, this run has {num_clients} "
+                                             f"shape {v.shape}, this run records {num_clients} "
                                              f"clients; the run "
                                              f"cannot resume from it (was it made by another "
                                              f"config?)")
@@ -732,7 +752,8 @@ def _load_client_history(directory: str, evaluations: int, num_clients: int) -> 
     return out
 
 
-def verify_resumable(directory: str, template, num_clients: int) -> dict:
+def verify_resumable(directory: str, template, num_clients: int,
+                     eval_clients: Optional[int] = None) -> dict:
     """What ``run(resume=True)`` checks of the newest save in ``directory``, without
     loading the state (``template``: the state's shapes, e.g. ``jax.eval_shape`` of
     ``algorithm.init``): the leaves' shapes and dtypes (``checkpoint.verify``), the
@@ -747,7 +768,9 @@ def verify_resumable(directory: str, template, num_clients: int) -> dict:
     if ".round" in paths:  # the ServerState's round, read alone
         state_round = int(ckpt.read_leaf(directory, paths.index(".round")))
     _check_meta(meta, directory, state_round)
-    _load_client_history(directory, len(meta["history"]), num_clients)
+    _load_client_history(directory, len(meta["history"]),
+                         num_clients if eval_clients is None else min(eval_clients,
+                                                                      num_clients))
     load_round_log(directory, state_round)
     return meta
 

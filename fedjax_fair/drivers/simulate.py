@@ -32,20 +32,24 @@ from fedjax_fair.scenarios.system import System, plan_round
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import gather
 from fedjax_fair.core.execution import as_execution
+from fedjax_fair.data.generated import is_generated
 from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 from fedjax_fair import hparams as H
 
 
 def make_cohort(data: FederatedData, client_ids, step_budgets=None, mesh=None) -> Cohort:
-    """Gathers the cohort's training rows; ``step_budgets`` is an int32 table [N].
+    """Gathers the cohort's training rows (a generated federation's are computed here,
+    inside the round); ``step_budgets`` is an int32 table [N].
 
     ``mesh``: when the federation's N splits over the mesh's ``clients`` axis, each
     device receives only its share of the cohort's rows (``sharding.gather_clients``)."""
     k = client_ids.shape[0]
     budgets = (jnp.full((k,), UNLIMITED_STEPS, jnp.int32) if step_budgets is None
                else step_budgets[client_ids])
-    if mesh is not None and data.num_clients % sharding.num_shards(mesh) == 0:
+    if is_generated(data.train):
+        rows = data.train.take(client_ids)
+    elif mesh is not None and data.num_clients % sharding.num_shards(mesh) == 0:
         rows = sharding.gather_clients(data.train, client_ids, mesh)
     else:
         rows = gather(data.train, client_ids)

@@ -76,6 +76,11 @@ class RunSpec(NamedTuple):
       memory.
     summary_clients: bool [N], the clients the summaries cover (e.g. the benign ones
       of a run under attack); None: every client. Per-client metrics keep every one.
+    eval_clients: evaluate a fixed random subset of this many clients at round 0 and
+      after each chunk but the last (``eval_subset``: the same clients for every
+      seed and method of a federation); the final evaluation covers every client.
+      The per-client history (``RunResult.client_history``) keeps the subset's rows,
+      with their ``client_ids``. None: every client at every evaluation.
     checkpoint_dir: commit the state with the logs here after evaluations (one step
       directory per commit, ``checkpoint.py``); None: no checkpoints.
     commit_seconds: commit after the first evaluation at least this long after the
@@ -98,6 +103,7 @@ class RunSpec(NamedTuple):
     stream_layout: str = "compact"
     memory_limit: Optional[int] = None
     summary_clients: Any = None
+    eval_clients: Optional[int] = None
     checkpoint_dir: Optional[str] = None
     commit_seconds: float = 0.0
     donate: Optional[bool] = None
@@ -117,6 +123,7 @@ class RunSpec(NamedTuple):
             cohort_size=check_cohort(self.cohort_size, num_clients))
         spec = spec._replace(
             summary_clients=check_summary_clients(self.summary_clients, num_clients),
+            eval_clients=check_eval_clients(self.eval_clients, num_clients),
             step_budgets=check_step_budgets(self.step_budgets, num_clients))
         check_choices(spec.placement, spec.stream_layout, spec.commit_seconds)
         as_execution(spec.execution)
@@ -246,6 +253,28 @@ def check_cohort(cohort_size, num_clients: int) -> int:
         raise H.FieldError("cohort_size", f"{cohort_size} is more than the {num_clients} "
                                           f"clients of the federation")
     return cohort_size
+
+
+def check_eval_clients(size, num_clients: int) -> Optional[int]:
+    """``size`` as an int in [1, N] (None stays None)."""
+    if size is None:
+        return None
+    size = H.count(size, "eval_clients")
+    if size > num_clients:
+        raise H.FieldError("eval_clients", f"{size} is more than the {num_clients} clients "
+                                           f"of the federation")
+    return size
+
+
+def eval_subset(num_clients: int, size: Optional[int]) -> np.ndarray:
+    """The clients the intermediate evaluations cover (int32, sorted): every client when
+    ``size`` is None or N, else ``size`` of them drawn without replacement by NumPy's
+    generator seeded 0, a function of (N, size) alone, so every seed and method of a
+    comparison is measured on the same clients."""
+    if size is None or size >= num_clients:
+        return np.arange(num_clients, dtype=np.int32)
+    ids = np.random.default_rng(0).choice(num_clients, size, replace=False)
+    return np.sort(ids).astype(np.int32)
 
 
 def check_summary_clients(keep, num_clients: int):

@@ -111,6 +111,7 @@ import numpy as np
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_personal_evaluator, state_evaluator_program
+from fedjax_fair.data.generated import require_stored
 from fedjax_fair.core.execution import Execution, resolve
 from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
@@ -222,6 +223,7 @@ def hold_out(dataset: Dataset, fraction: float, seed: int) -> SeenDataset:
     ``.unseen`` (``HeldOut``). The seen dataset's padding report is its own, its
     per-client ``info`` lists (``PER_CLIENT_INFO``) keep the seen clients' entries, and
     ``info["unseen_clients"]`` records the split."""
+    require_stored(dataset, "unseen_clients", "holding clients out")
     seen, unseen, unseen_ids = split_clients(dataset.host_data, fraction, seed)
     seen_ids = np.setdiff1d(np.arange(dataset.num_clients), unseen_ids)
     info = {k: v for k, v in dataset.info.items() if k != "padding"}

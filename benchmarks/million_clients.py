@@ -1,0 +1,124 @@
+"""A million clients on one machine: rounds, peak memory and the final evaluation.
+
+Run:   python benchmarks/million_clients.py
+       python benchmarks/million_clients.py --methods fedavg --clients 1000000 --cohort 10000
+       python benchmarks/million_clients.py --quick       # a CPU smoke test (seconds)
+
+For each method (FedAvg, q-FFL, AAggFF-D), in a fresh process each, side by side:
+
+* **procedural**: ``femnist_like(num_clients=N, procedural=True)``, every writer's 20
+  training and 5 test rows computed from (seed, writer id) inside the round
+  (``fedjax_fair/data/generated.py``), cohorts of K;
+* **stored**: the in-memory ``femnist_like`` federation of K writers of the same
+  sizes, every writer in every round: the same cohort shapes, drawn from memory.
+
+Both run the MLP 784-200-200-62, one local step of batch 20, ``chunked`` execution on
+one device, a checkpoint directory (the chunk program donates its state, as the CLI
+runs), ``--rounds`` rounds as one chunk. The procedural run evaluates a subset of
+``--eval-clients`` writers at round 0 (``eval_clients``) and every writer at the end.
+
+Columns: seconds per round (``RunResult.run_seconds`` / rounds: sampling, the rows'
+generation and training; not compiling), the final evaluation's seconds (the wall
+time from the round-0 evaluation to the final one, less the rounds), the process's
+RSS once the data is built and its peak (``VmHWM``: training and evaluation), and
+the memory plan the runner printed before anything was allocated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+
+_CHILD = r"""
+import json, sys, tempfile, time
+import jax
+from fedjax_fair import runner
+from fedjax_fair.algorithms import build
+from fedjax_fair.data import femnist_like
+from fedjax_fair.models import get_model
+
+def rss():
+    with open("/proc/self/status") as f:
+        d = dict(l.split(":", 1) for l in f)
+    return int(d["VmRSS"].split()[0]) * 1024, int(d["VmHWM"].split()[0]) * 1024
+
+method, n, cohort, rounds, eval_clients, procedural = sys.argv[1:7]
+n, cohort, rounds, eval_clients = int(n), int(cohort), int(rounds), int(eval_clients)
+procedural = procedural == "1"
+t0 = time.perf_counter()
+ds = femnist_like(num_clients=n, min_examples=20, max_examples=20, test_examples=5,
+                  procedural=procedural)
+build_s = time.perf_counter() - t0
+model = get_model("mlp", ds.input_shape, ds.num_classes)
+params = jax.jit(model.init)(jax.random.key(0))
+alg = build(method, model, client_lr=0.05, batch_size=20, num_epochs=1)
+data_rss = rss()[0]
+lines, marks = [], []
+res = runner.run(alg, params, ds.host_data, jax.random.key(0), model=model,
+                 num_rounds=rounds, cohort_size=cohort, eval_every=rounds,
+                 eval_clients=min(eval_clients, n) if procedural else None,
+                 progress=False, log=lines.append, execution="chunked",
+                 on_eval=lambda e: marks.append(time.perf_counter()),
+                 checkpoint_dir=tempfile.mkdtemp(), donate=True)
+print(json.dumps({"build_s": build_s, "data_rss": data_rss, "peak_rss": rss()[1],
+                  "plan": lines[-1], "round_s": res.run_seconds / rounds,
+                  "compile_s": res.compile_seconds,
+                  "eval_s": marks[-1] - marks[0] - res.run_seconds,
+                  "accuracy": res.history[-1]["accuracy_mean"],
+                  "evaluated": len(res.client_metrics["accuracy"])}))
+"""
+
+
+def child(method: str, n: int, cohort: int, rounds: int, eval_clients: int,
+          procedural: bool) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, method, str(n), str(cohort),
+                           str(rounds), str(eval_clients), "1" if procedural else "0"],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode:
+        return {"failed": (proc.stderr.strip().splitlines() or ["?"])[-1][:160]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--methods", default="fedavg,qffl,aaggff_d")
+    p.add_argument("--clients", type=int, default=1_000_000)
+    p.add_argument("--cohort", type=int, default=10_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--eval-clients", type=int, default=1000)
+    p.add_argument("--quick", action="store_true",
+                   help="2,000 clients, cohorts of 100, 2 rounds: checks the script runs")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.clients, args.cohort, args.rounds, args.eval_clients = 2000, 100, 2, 100
+    import jax
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__}; "
+          f"N = {args.clients:,} procedural against {args.cohort:,} stored, cohorts of "
+          f"{args.cohort:,}, {args.rounds} rounds\n")
+    gib = lambda b: f"{b / 2 ** 30:.2f}"
+    print("| method | federation | round s | procedural / stored | final evaluation s "
+          "(clients) | data RSS GiB | peak RSS GiB | memory plan |")
+    print("|---|---|---|---|---|---|---|---|")
+    for method in args.methods.split(","):
+        stored = child(method, args.cohort, args.cohort, args.rounds, args.eval_clients, False)
+        made = child(method, args.clients, args.cohort, args.rounds, args.eval_clients, True)
+        for label, r in ((f"{args.clients:,} procedural", made),
+                         (f"{args.cohort:,} stored", stored)):
+            if "failed" in r:
+                print(f"| {method} | {label} | failed: {r['failed']} |||||")
+                continue
+            ratio = (f"**{made['round_s'] / stored['round_s']:.2f}**"
+                     if r is made and "round_s" in stored else "")
+            print(f"| {method} | {label} | {r['round_s']:.2f} | {ratio} | "
+                  f"{r['eval_s']:.1f} ({r['evaluated']:,}) | {gib(r['data_rss'])} | "
+                  f"{gib(r['peak_rss'])} | {r['plan'].removeprefix('memory: ')} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

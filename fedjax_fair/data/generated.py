@@ -1,0 +1,184 @@
+"""Federations computed client by client: a federation of any N costs memory in the
+cohort only (docs/scaling.md, "A million clients").
+
+A ``GeneratedClients`` split holds no rows. Client k's rows are a pure function of
+the dataset's key and k: ``take(client_ids)`` computes the cohort's rows inside the
+compiled round (jittable, vmappable), so a round of 10,000 clients of a
+1,000,000-client federation holds 10,000 clients' rows, never N. What it keeps is
+[N]-sized only for the client sizes (``num_examples``, int32) and the generator's
+shared arrays (FEMNIST-like's class templates).
+
+Randomness: client k of a dataset keyed ``key`` draws from ``fold_in(key, k)``, and
+each of its quantities (style, contrast, size, each split's rows) from a further
+``fold_in`` of that key, so a client's rows do not depend on N, on the cohort it is
+drawn in, or on which other clients exist. The values differ from the in-memory
+builders' at the same seed: those draw every client in turn from one sequential
+NumPy stream (which cannot be indexed by client), these from JAX's counter-based
+keys. The generative models are the same (``femnist_like.py``, ``synthetic.py``).
+
+``materialize(split)`` computes every row on the host as an ordinary ``ClientData``:
+the same federation held in memory, which ``tests/data/test_generated.py`` runs
+against the generated one (the same rounds, to the bit on a CPU).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_fair.core.types import ClientData
+
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["num_examples", "shared", "key_data"],
+                   meta_fields=["rows", "max_examples", "example_spec"])
+@dataclasses.dataclass(frozen=True)
+class GeneratedClients:
+    """One split of a generated federation.
+
+    num_examples: int32 [N], client k's real rows in this split.
+    shared: the generator's arrays common to every client (a pytree).
+    key_data: uint32 key data of the dataset's key (``jax.random.key_data``).
+    rows: ``(shared, client_key, client_id) -> {name: [max_examples, ...]}``, every row
+      a client could hold (rows past its ``num_examples`` are zeroed by ``take``); a
+      hashable value (a frozen dataclass), so two builds of one dataset share their
+      compiled programs.
+    max_examples: M, the padded rows per client (the largest of ``num_examples``).
+    example_spec: ``((name, shape of one example, dtype name), ...)``.
+
+    It answers what code reads of a stored split's shapes: ``examples`` and ``mask``
+    are ``jax.ShapeDtypeStruct``s [N, M, ...] (nothing is allocated).
+    """
+
+    num_examples: Any
+    shared: Any
+    key_data: Any
+    rows: Callable
+    max_examples: int
+    example_spec: tuple
+
+    @property
+    def num_clients(self) -> int:
+        return int(np.shape(self.num_examples)[0])
+
+    @property
+    def examples(self) -> dict:
+        lead = (self.num_clients, self.max_examples)
+        return {name: jax.ShapeDtypeStruct((*lead, *shape), np.dtype(dtype))
+                for name, shape, dtype in self.example_spec}
+
+    @property
+    def mask(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((self.num_clients, self.max_examples), np.dtype(bool))
+
+    def take(self, client_ids) -> ClientData:
+        """The clients ``client_ids`` [K] as a ``ClientData`` [K, M, ...]: real rows
+        first, then zero rows, as a stored federation holds them."""
+        key = jax.random.wrap_key_data(jnp.asarray(self.key_data))
+        client_ids = jnp.asarray(client_ids, jnp.int32)
+        examples = jax.vmap(lambda k: self.rows(self.shared, jax.random.fold_in(key, k), k)
+                            )(client_ids)
+        sizes = jnp.asarray(self.num_examples)[client_ids]
+        mask = jnp.arange(self.max_examples)[None, :] < sizes[:, None]
+        examples = {name: jnp.where(mask.reshape(mask.shape + (1,) * (v.ndim - 2)), v,
+                                    jnp.zeros((), v.dtype))
+                    for name, v in examples.items()}
+        return ClientData(examples=examples, mask=mask, num_examples=sizes)
+
+
+def is_generated(split) -> bool:
+    return isinstance(split, GeneratedClients)
+
+
+def take(split, client_ids) -> ClientData:
+    """Rows of ``client_ids`` of a stored split (a gather) or a generated one."""
+    if is_generated(split):
+        return split.take(client_ids)
+    return jax.tree.map(lambda t: t[client_ids], split)
+
+
+_MATERIALIZE_CLIENTS = 1024
+
+
+@functools.lru_cache(maxsize=8)
+def _take_program(rows: Callable, max_examples: int, example_spec: tuple) -> Callable:
+    del rows, max_examples, example_spec  # the cache key: one program per generator
+    return jax.jit(lambda split, ids: split.take(ids))
+
+
+def materialize(split, client_ids=None) -> ClientData:
+    """Host rows (NumPy) of ``client_ids`` (default: every client) of a generated split,
+    computed ``_MATERIALIZE_CLIENTS`` clients per call; a stored split's rows as they are."""
+    if not is_generated(split):
+        ids = slice(None) if client_ids is None else np.asarray(client_ids)
+        return jax.tree.map(lambda v: np.asarray(v)[ids], split)
+    ids = (np.arange(split.num_clients, dtype=np.int32) if client_ids is None
+           else np.asarray(client_ids, np.int32))
+    fn = _take_program(split.rows, split.max_examples, split.example_spec)
+    parts = []
+    for start in range(0, len(ids), _MATERIALIZE_CLIENTS):
+        part = ids[start:start + _MATERIALIZE_CLIENTS]
+        padded = np.resize(part, _MATERIALIZE_CLIENTS) if len(part) else part
+        out = jax.tree.map(np.asarray, fn(split, padded))
+        parts.append(jax.tree.map(lambda v: v[:len(part)], out))
+    return jax.tree.map(lambda *v: np.concatenate(v), *parts)
+
+
+def client_draws(key, num_clients: int, draw: Callable) -> np.ndarray:
+    """``draw(client_key)`` for every client k (``fold_in(key, k)``) as a host array
+    [N, ...], computed in blocks of clients (a million scalars in well under a second)."""
+    block = 1 << 16
+    fn = jax.jit(jax.vmap(lambda k: draw(jax.random.fold_in(key, k))))
+    parts = []
+    for start in range(0, num_clients, block):
+        ids = np.arange(start, min(start + block, num_clients), dtype=np.int32)
+        parts.append(np.asarray(fn(np.resize(ids, block)))[:len(ids)])
+    return np.concatenate(parts)
+
+
+def stream_bytes(key, shape) -> jax.Array:
+    """uint8 values in [0, 256) of ``shape`` (last axis a multiple of 4), drawn four to a
+    32-bit word: a quarter of the counter-based generator's work of one word per byte."""
+    words = jax.random.bits(key, (*shape[:-1], shape[-1] // 4), jnp.uint32)
+    return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(shape)
+
+
+def report(split: GeneratedClients) -> dict:
+    """``federated.padding_report``'s fields for a generated split; ``bytes`` is what it
+    holds (sizes and shared arrays), ``generated`` True."""
+    sizes = np.asarray(split.num_examples)
+    n, m = split.num_clients, split.max_examples
+    real, slots = int(sizes.sum()), n * m
+    return {"num_clients": n, "padded_size": m, "num_examples": real, "num_slots": slots,
+            "padding_fraction": 1.0 - real / slots if slots else 0.0,
+            "min_examples": int(sizes.min()), "median_examples": float(np.median(sizes)),
+            "max_examples": int(sizes.max()), "generated": True,
+            "bytes": int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(split)))}
+
+
+def dataset(name: str, train: GeneratedClients, test: GeneratedClients, num_classes: int,
+            input_shape: tuple, info: dict):
+    """A ``Dataset`` whose splits are generated (``host_data`` holds no rows)."""
+    from fedjax_fair.core.types import FederatedData
+    from fedjax_fair.data.federated import Dataset
+    for field, split in (("train", train), ("test", test)):
+        if not int(np.asarray(split.num_examples).sum()) > 0:
+            raise ValueError(f"{field}_xs: every one of the {split.num_clients} clients has "
+                             f"an empty {field} split")
+    info = {**info, "padding": {"train": report(train), "test": report(test)}}
+    return Dataset(name=name, host_data=FederatedData(train=train, test=test),
+                   num_classes=num_classes, input_shape=tuple(input_shape), info=info)
+
+
+def require_stored(dataset, field: str, what: str) -> None:
+    """``FieldError(field)`` when ``dataset``'s splits are generated: ``what`` (a
+    re-split, a hold-out) needs every row in memory."""
+    from fedjax_fair.hparams import FieldError
+    if is_generated(dataset.host_data.train):
+        raise FieldError(field, f"{what} needs the federation's rows in memory; a procedural "
+                                f"federation computes them per round (build it without "
+                                f"procedural=True)")
