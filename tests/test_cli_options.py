@@ -91,8 +91,21 @@ def test_every_group_names_a_builder_that_exists():
             assert callable(getattr(importlib.import_module(f"fedjax_fair.cli.{module}"), name))
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["compare"], ["sweep"], ["report"],
-                                     ["list"]])
+def _commands() -> list:
+    """``fedjax-fair`` itself and every sub-command its parser has."""
+    import argparse
+    from fedjax_fair.cli.parser import build_parser
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    return [[]] + [[name] for name in sub.choices]
+
+
+def test_the_commands_include_those_the_guide_names():
+    assert {"run", "compare", "sweep", "report", "prepare", "list"} <= {
+        c[0] for c in _commands() if c}
+
+
+@pytest.mark.parametrize("command", _commands())
 def test_every_commands_help_prints(command):
     """``--help`` of every command prints its usage and exits 0 (a ``%`` in a declared
     help text, as in ``--metric``'s default accuracy_worst_10%, once crashed it)."""

@@ -95,8 +95,9 @@ def test_every_method_runs_the_same_rounds_on_generated_and_stored_rows(name):
     """Two rounds of every registered method on the generated federation and on its
     rows held in memory: the same server state, to float rounding. (The programs
     differ: XLA compiles the rows' generator into the round, and may round a value
-    of it differently from the program that materialised the rows; 45 of the 46
-    methods came out bit-identical, FedCVAE 2 parameters of 10 one ulp apart.)"""
+    of it differently from the program that materialised the rows: run as a script,
+    all 46 methods came out bit-identical; under this suite's configuration FedCVAE's
+    parameters were one ulp apart in 2 of 10 entries.)"""
     model, params = _model_for(name)
     alg = helpers.bind_execution(build(name, model), Execution("sequential"))
     full = get_method(name).participation == "full"

@@ -131,7 +131,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             parser.print_help(sys.stderr)
-            raise C.ConfigError("command", "choose one of run, compare, sweep, report, list")
+            raise C.ConfigError("command", "choose one of run, compare, sweep, report, prepare, "
+                                           "list")
         try:  # an experiment's XLA options, checked before any work
             compile_options_override()
         except FieldError as e:

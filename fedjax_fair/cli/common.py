@@ -267,6 +267,12 @@ def build_dataset(cfg):
                   f"rows computed from (seed, client id) inside the round "
                   f"({p['min_examples']}-{p['max_examples']} rows, median "
                   f"{p['median_examples']:g}); {p['bytes'] / 2**20:.1f} MiB held")
+        elif split in pad and pad[split].get("on_disk"):
+            p = pad[split]
+            print(f"data: {ds.name} {split}: {p['num_clients']:,} clients x {p['padded_size']} "
+                  f"rows ({p['min_examples']}-{p['max_examples']} real, median "
+                  f"{p['median_examples']:g}), {p['bytes'] / 2**20:,.1f} MiB memory-mapped "
+                  f"from {ds.info.get('prepared', 'disk')}")
         elif split in pad:
             p = pad[split]
             print(f"data: {ds.name} {split}: {p['num_clients']} clients x {p['padded_size']} rows "

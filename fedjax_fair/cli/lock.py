@@ -211,7 +211,23 @@ def _leaf_files(cfg_dict: dict) -> Optional[tuple]:
                   for f in sorted(glob.glob(os.path.join(glob.escape(root), split, "*.json")))]
 
 
-INPUTS = (("availability", _trace_file), ("dataset_args.path", _leaf_files))
+def _prepared_files(cfg_dict: dict) -> Optional[tuple]:
+    """A prepared federation's ``path`` (``--dataset disk``): its ``federation.json``,
+    which records the sha256 of every array file ``fedjax-fair prepare`` wrote (the
+    arrays, gigabytes at scale, are not read again; ``disk.read`` checks their sizes)."""
+    from fedjax_fair.data.disk import MANIFEST
+    path = (cfg_dict.get("dataset_args") or {}).get("path")
+    if cfg_dict.get("dataset") != "disk" or not isinstance(path, str) or not path:
+        return None
+    root = os.path.expanduser(path)
+    return root, [os.path.join(root, MANIFEST)]
+
+
+def _dataset_files(cfg_dict: dict) -> Optional[tuple]:
+    return _leaf_files(cfg_dict) or _prepared_files(cfg_dict)
+
+
+INPUTS = (("availability", _trace_file), ("dataset_args.path", _dataset_files))
 """Every option that names files a run reads: (its field, ``(root, files)`` of a config
 dict: a file alone is ``(path, None)``, a folder its root and the files read in it, in
 reading order). A ``--config`` file is not one: its values are the config. TFDS

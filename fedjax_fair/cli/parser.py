@@ -9,6 +9,7 @@ from fedjax_fair.cli import config as C, options as O
 from fedjax_fair.cli.common import DATASET_SHORTCUTS, _Exit
 from fedjax_fair.cli.compare import cmd_compare
 from fedjax_fair.cli.listing import LIST_SECTIONS, cmd_list
+from fedjax_fair.cli.prepare import add_parser as add_prepare
 from fedjax_fair.cli.rebuild import cmd_report
 from fedjax_fair.cli.run import cmd_run
 from fedjax_fair.cli.sweep import cmd_sweep
@@ -88,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "  fedjax-fair sweep --algorithm qffl --grid q=0,1,5 "
                             "--grid client_lr=0.01,0.1 --seeds 0-2\n"
                             "  fedjax-fair list algorithms")
-    sub = parser.add_subparsers(dest="command", metavar="{run,compare,sweep,report,list}")
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{run,compare,sweep,report,prepare,list}")
 
     p = sub.add_parser("run", help="one simulation; writes metrics, plots and a checkpoint",
                        description="Run one federated simulation and write metrics.jsonl, "
@@ -151,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=S, help=O.BY_NAME["grid"].help
                    + "; e.g. --grid q=0,0.5,1 --grid client_lr=0.01,0.03")
     p.set_defaults(func=cmd_sweep)
+
+    add_prepare(sub)
 
     p = sub.add_parser("list", help="algorithms, datasets, models, strategies, samplers, metrics")
     p.add_argument("what", nargs="*", metavar="SECTION",

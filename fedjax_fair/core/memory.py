@@ -111,7 +111,8 @@ class MemoryPlan(NamedTuple):
 
     placement: "device" (federation resident) or "host" (cohorts streamed).
     resident_bytes: arrays kept on the device for the whole run besides the
-      program's arguments (the evaluation split when the federation is resident).
+      program's arguments (the evaluation split when the federation is resident; the
+      next chunk's cohorts, read meanwhile, when they are streamed).
     program_bytes: XLA's accounting of one chunk's compiled program: arguments
       (state, and the training split or the streamed cohorts), outputs and temps.
     capacity: free device bytes, or None when unknown (then nothing is checked).

@@ -9,6 +9,7 @@ import inspect
 
 from fedjax_fair.data.builders import LEAF_DATASETS, TFDS_DATASETS, federate
 from fedjax_fair.data.digits import digits
+from fedjax_fair.data.disk import disk_federation
 from fedjax_fair.data.federated import (Dataset, from_client_arrays, from_padded,
                                         hold_out_validation, padding_report, resplit,
                                         split_per_client,
@@ -19,7 +20,7 @@ from fedjax_fair.data.synthetic import synthetic
 from fedjax_fair import hparams as H
 
 DATASETS = {"synthetic": synthetic, "digits": digits, "femnist_like": femnist_like,
-            **TFDS_DATASETS, **LEAF_DATASETS}
+            **TFDS_DATASETS, **LEAF_DATASETS, "disk": disk_federation}
 
 
 def _params(builder) -> dict:
@@ -40,7 +41,7 @@ def get_dataset(name: str, **kwargs) -> Dataset:
     return DATASETS[name](**kwargs)
 
 
-__all__ = ["DATASETS", "DATASET_PARAMS", "Dataset", "PARTITIONERS", "digits", "dirichlet",
+__all__ = ["DATASETS", "DATASET_PARAMS", "Dataset", "PARTITIONERS", "digits", "dirichlet", "disk_federation",
            "federate",
            "femnist_like", "from_client_arrays", "from_padded", "get_dataset", "iid",
            "hold_out_validation", "padding_report", "resplit", "shards", "split_per_client", "stack_clients", "synthetic",

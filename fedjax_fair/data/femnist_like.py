@@ -98,6 +98,9 @@ def femnist_like(num_clients: int = 1000, min_examples: int = 50, max_examples: 
             "source": "synthetic, FEMNIST-shaped (not real FEMNIST)"}
     if procedural:
         return _procedural(info, norm)
+    row = SIDE * SIDE * 4 + 4 + 1  # an input, its label and its mask entry
+    generated.check_held(num_clients, num_clients * (max_examples + test_examples) * row,
+                         "writers")
     rng = np.random.default_rng(seed)
     templates = np.float32(norm) * _smooth_patterns(rng, num_classes)
     shifts = np.float32(norm * style) * _smooth_patterns(rng, num_clients)

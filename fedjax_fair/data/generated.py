@@ -182,3 +182,33 @@ def require_stored(dataset, field: str, what: str) -> None:
         raise FieldError(field, f"{what} needs the federation's rows in memory; a procedural "
                                 f"federation computes them per round (build it without "
                                 f"procedural=True)")
+
+
+def host_available() -> int | None:
+    """Bytes of host memory available to a new allocation (``MemAvailable`` of
+    /proc/meminfo, else the free physical pages), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import os
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_held(num_clients: int, nbytes: int, what: str) -> None:
+    """``FieldError("num_clients")`` before an in-memory build of ``nbytes`` that the
+    host cannot hold, pointing at ``procedural=True``."""
+    from fedjax_fair.hparams import FieldError
+    free = host_available()
+    if free is not None and nbytes > free:
+        raise FieldError("num_clients", f"{num_clients:,} {what} held in memory take about "
+                                        f"{nbytes / 2 ** 30:,.1f} GiB, {free / 2 ** 30:,.1f} GiB "
+                                        f"is available; procedural=True (--dataset-arg "
+                                        f"procedural=true) computes each client's rows inside "
+                                        f"the round instead")

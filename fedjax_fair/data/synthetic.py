@@ -149,6 +149,9 @@ def synthetic(alpha: float = 1.0, beta: float = 1.0, num_clients: int = 30,
                                              "(every client's rows are padded to it)")
         return _procedural(alpha, beta, num_clients, bool(iid), float(test_fraction),
                            max_examples, seed, bool(alpha_beta_as_std), bool(alpha_per_class))
+    if max_examples is not None:  # per-client arrays, then the padded blocks
+        generated.check_held(num_clients, 2 * num_clients * max_examples * (NUM_FEATURES + 2)
+                             * 4, "clients")
     clients = _generate_clients(alpha, beta, num_clients, bool(iid), max_examples, seed,
                                 bool(alpha_beta_as_std), bool(alpha_per_class))
     split = split_per_client(np.random.default_rng([seed, 1]), [c["x"] for c in clients],

@@ -41,6 +41,7 @@ from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_program
 from fedjax_fair.core.execution import CLIENT_AXIS, compiler_options
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
+from fedjax_fair.data.disk import is_on_disk
 from fedjax_fair.data.generated import is_generated
 from fedjax_fair.drivers.simulate import simulate, simulate_cohorts
 from fedjax_fair.drivers.spec import RunSpec, eval_subset
@@ -145,7 +146,9 @@ def make_programs(algorithm: FederatedAlgorithm, model, data: FederatedData, spe
     chunk = RunPrograms(algorithm, spec, state, data, data_layout, key, step_budgets, drawn,
                         one_program, _PROGRAMS if cache is None else cache, clock, bar,
                         on_lowered=evaluation.start)
-    plan = _memory_plan(chunk, first, data, mesh, spec.placement, spec.memory_limit)
+    plan = _memory_plan(chunk, first, data, mesh, spec.placement, spec.memory_limit,
+                        _cohort_shapes(data.train, first, spec.cohort_size,
+                                       data.train.mask.shape[1]) if spec.prefetch else None)
     evaluation.start()  # (the chunk program came from this process's cache)
     if log:
         log(plan.describe())
@@ -313,16 +316,19 @@ def _cohort_shapes(train: ClientData, num_rounds: int, cohort_size: int,
 
 
 def _memory_plan(program: Callable, first: int, data: FederatedData, mesh, placement: str,
-                 memory_limit: Optional[int]) -> mem.MemoryPlan:
+                 memory_limit: Optional[int], prefetched=None) -> mem.MemoryPlan:
     """Where the federation goes: on the device when the first chunk's ``program`` plus
     the resident evaluation splits fit (``placement`` "auto" or "device"), else on the
     host with each chunk's cohorts streamed in, planned at the worst case (every
     cohort padded to the federation's M; the chunks then compile per size bucket
-    actually sampled). ``memory.MemoryBudgetError`` when no plan fits."""
+    actually sampled), plus the next chunk's cohorts read meanwhile (``prefetched``,
+    their shapes; None: no prefetch). ``memory.MemoryBudgetError`` when no plan fits."""
     devices = 1 if mesh is None else mesh.devices.size
     capacity = ((mem.device_capacity() if mesh is None else mem.mesh_capacity(mesh))
                 if memory_limit is None else int(memory_limit))
-    if placement in ("auto", "device"):
+    # a federation memory-mapped from disk (data/disk.py) is streamed unless told
+    # otherwise: the point of preparing it is not to hold it
+    if placement == "device" or (placement == "auto" and not is_on_disk(data)):
         evaluated = (data.test, data.validation)
         resident = (mem.tree_bytes(evaluated) if mesh is None else sharding.device_bytes(
             evaluated, sharding.federation_shardings(mesh, data)[0][1:]))
@@ -338,7 +344,8 @@ def _memory_plan(program: Callable, first: int, data: FederatedData, mesh, place
             raise mem.too_big(plan, "Use placement='host' to keep the federation in host "
                                     "memory and stream each chunk's cohorts, or a smaller "
                                     "cohort_size / chunk_size.")
-    plan = mem.MemoryPlan("host", 0, mem.program_bytes(
+    ahead = 0 if prefetched is None else mem.tree_bytes(prefetched) // devices
+    plan = mem.MemoryPlan("host", ahead, mem.program_bytes(
         program(first, data.train.mask.shape[1])), capacity, devices)
     if not plan.fits:
         raise mem.too_big(plan, "Streamed cohorts of one chunk must fit: lower eval_every "

@@ -253,14 +253,14 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         commit_seconds: float = DEFAULT, system: Optional[System] = DEFAULT,
         on_clients: Optional[Callable[[dict, dict], None]] = None,
         summary_clients=DEFAULT, eval_clients: Optional[int] = DEFAULT,
-        spec: Optional[RunSpec] = None) -> RunResult:
+        prefetch: bool = DEFAULT, spec: Optional[RunSpec] = None) -> RunResult:
     """Runs a whole simulation in chunks of ``eval_every`` rounds.
 
     The settings are ``spec`` (a ``RunSpec``) or the keywords of the same names
     (``num_rounds``, ``cohort_size``, ``eval_every=10``, ``sampler``,
     ``step_budgets``, ``system``, ``execution``, ``placement``, ``stream_layout``,
-    ``memory_limit``, ``summary_clients``, ``eval_clients``, ``checkpoint_dir``,
-    ``commit_seconds``,
+    ``memory_limit``, ``summary_clients``, ``eval_clients``, ``prefetch``,
+    ``checkpoint_dir``, ``commit_seconds``,
     ``donate``; ``RunSpec`` says what each does), one or the other: a settings keyword
     given with ``spec`` raises ``TypeError`` naming it.
 
@@ -302,7 +302,8 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
         sampler=sampler, step_budgets=step_budgets, system=system, execution=execution,
         placement=placement, stream_layout=stream_layout, memory_limit=memory_limit,
         summary_clients=summary_clients, eval_clients=eval_clients,
-        checkpoint_dir=checkpoint_dir, commit_seconds=commit_seconds, donate=donate))
+        checkpoint_dir=checkpoint_dir, commit_seconds=commit_seconds, donate=donate,
+        prefetch=prefetch))
     spec, key, validate = check_run(algorithm, params, data, key, model, spec)
     clock = CompileClock().start()  # every compile from here on counts
     try:
@@ -382,6 +383,17 @@ def _non_finite(record: "Record", algorithm: FederatedAlgorithm, params, num_cli
     return error
 
 
+_READER = None  # one background thread reading the next chunk's cohorts (prefetch)
+
+
+def _reader():
+    import concurrent.futures
+    global _READER
+    if _READER is None:
+        _READER = concurrent.futures.ThreadPoolExecutor(1, "fedjax-fair-prefetch")
+    return _READER
+
+
 class _RunLoop:
     """``run``'s side of ``drive``: ``initial()`` evaluates the starting state;
     ``advance(r0, length)`` runs the next chunk of ``length`` rounds from round ``r0``
@@ -394,6 +406,7 @@ class _RunLoop:
         self.state, self.model_bytes = state, model_bytes
         # a mesh streams padded cohorts
         self.compact = spec.stream_layout == "compact" and spec.execution.mesh is None
+        self.pending = None  # ((first round, length), future of _cohorts) being read
 
     def initial(self) -> list:
         per_client, summary = self.programs.evaluate(self.state)
@@ -429,17 +442,35 @@ class _RunLoop:
 
     def _streamed(self, r0: int, length: int) -> tuple:
         """``(state, metrics, start time)`` of a chunk on cohorts streamed from the host
-        (a first compile of the chunk's program is not run time)."""
-        p = self.programs
+        (a first compile of the chunk's program is not run time). With
+        ``spec.prefetch`` the next chunk's cohorts are drawn, read and sent in a
+        background thread while this chunk computes (they depend on the key and the
+        round alone, never on the state); waiting for them counts as run time."""
+        p, spec = self.programs, self.spec
         t = time.perf_counter()
-        ids, tables, budgets, mask, planned = self._draw(r0, length)
-        m = mem.size_bucket(p.data.train.num_examples[ids].max(), p.data.train.mask.shape[1])
-        cohorts, rows = self._gather(ids, tables, budgets, mask, m)
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] == (r0, length):
+            cohorts, rows, m, planned = pending[1].result()
+        else:
+            cohorts, rows, m, planned = self._cohorts(r0, length)
+        following = min(spec.eval_every, spec.num_rounds - r0 - length)
+        if spec.prefetch and following > 0:
+            self.pending = ((r0 + length, following),
+                            _reader().submit(self._cohorts, r0 + length, following))
         t_compile = time.perf_counter()
         fn = p.chunk(length, m, rows)
         t += time.perf_counter() - t_compile  # a first compile is not run time
         new_state, metrics = fn(self.state, cohorts, self.key)
         return new_state, {**metrics, **planned}, t
+
+    def _cohorts(self, r0: int, length: int) -> tuple:
+        """``(cohorts on the device, rows, size bucket, the system's metrics)`` of the
+        chunk of ``length`` rounds from round ``r0``."""
+        p = self.programs
+        ids, tables, budgets, mask, planned = self._draw(r0, length)
+        m = mem.size_bucket(p.data.train.num_examples[ids].max(), p.data.train.mask.shape[1])
+        cohorts, rows = self._gather(ids, tables, budgets, mask, m)
+        return cohorts, rows, m, planned
 
     def _draw(self, r0: int, length: int) -> tuple:
         """The chunk's cohorts as the device would draw them: ``(client ids [R, K], the

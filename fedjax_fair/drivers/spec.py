@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair import hparams as H
+from fedjax_fair.data.generated import is_generated
 from fedjax_fair.core import memory as mem
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core.algorithm import FederatedAlgorithm
@@ -71,6 +72,9 @@ class RunSpec(NamedTuple):
       only the chunk's real rows and each round reads its clients' windows through
       their offsets; ``"padded"`` (always under a mesh) gathers every cohort padded
       to the chunk's size bucket. Both give the same results.
+    prefetch: streamed cohorts only: read and send the next chunk's cohorts in a
+      background thread while the current chunk computes (the plan then counts one
+      chunk's cohorts more). The same results either way.
     memory_limit: bytes the memory plan (XLA's accounting of the compiled chunk
       program plus the resident evaluation split) must fit; None: the device's free
       memory.
@@ -101,6 +105,7 @@ class RunSpec(NamedTuple):
     execution: Any = "auto"
     placement: str = "auto"
     stream_layout: str = "compact"
+    prefetch: bool = True
     memory_limit: Optional[int] = None
     summary_clients: Any = None
     eval_clients: Optional[int] = None
@@ -126,6 +131,12 @@ class RunSpec(NamedTuple):
             eval_clients=check_eval_clients(self.eval_clients, num_clients),
             step_budgets=check_step_budgets(self.step_budgets, num_clients))
         check_choices(spec.placement, spec.stream_layout, spec.commit_seconds)
+        if not isinstance(spec.prefetch, (bool, np.bool_)):
+            raise H.FieldError("prefetch", f"must be True or False, got {spec.prefetch!r}")
+        if spec.placement == "host" and is_generated(data.train):
+            raise H.FieldError("placement", "a procedural federation computes each cohort's "
+                                            "rows inside the round; it has no rows on the "
+                                            "host to stream (use auto or device)")
         as_execution(spec.execution)
         spec = spec._replace(sampler=check_sampler(spec.sampler, data),
                              checkpoint_dir=ckpt.check_directory(spec.checkpoint_dir))
