@@ -417,7 +417,7 @@ def test_registry():
     assert set(fd.DATASETS) == {
         "synthetic", "digits", "femnist_like", "mnist", "fashion_mnist", "emnist_byclass",
         "emnist_letters", "emnist_digits", "cifar10", "cifar100", "tfds", "femnist",
-        "shakespeare", "leaf"}
+        "shakespeare", "leaf", "disk"}
     assert fd.DATASET_PARAMS["digits"]["num_clients"] == 20
     assert fd.DATASET_PARAMS["synthetic"]["alpha"] == 1.0
     ds = fd.get_dataset("synthetic", num_clients=3, max_examples=60)

@@ -124,10 +124,13 @@ def test_streamed_run_matches_the_resident_run():
 
 
 def test_auto_placement_streams_when_the_federation_does_not_fit():
-    device, host = _plain_run("device"), _plain_run("host")
+    # without the next chunk's cohorts (prefetch), which outweigh this tiny federation
+    device, host = _plain_run("device"), _run("host", prefetch=False)
     assert host.memory.total < device.memory.total  # small cohorts, one big client
     limit = (host.memory.total + device.memory.total) // 2
-    assert _run("auto", memory_limit=limit).memory.placement == "host"
+    assert _run("auto", memory_limit=limit, prefetch=False).memory.placement == "host"
+    streamed = _plain_run("host").memory  # prefetching: one chunk's cohorts more
+    assert streamed.resident_bytes > 0 and streamed.program_bytes == host.memory.program_bytes
     assert _plain_run("auto").memory.placement == "device"  # no limit: the device fits
     with pytest.raises(mem.MemoryBudgetError, match="placement: .*placement='host'"):
         _run("device", memory_limit=limit)

@@ -34,6 +34,13 @@ from fedjax_fair.hparams import FieldError
 COMMANDS = ("run", "compare", "sweep")
 MIXINGS = ("default", "size", "uniform")
 
+def flag_names(name: str) -> list[str]:
+    """The command-line spellings of option ``name``: ``--with-dashes`` and, when it
+    has underscores, ``--with_underscores`` too."""
+    dashed = "--" + name.replace("_", "-")
+    return [dashed] if "_" not in name else [dashed, "--" + name]
+
+
 class Group(NamedTuple):
     """An option group: what its options describe, and the function of the command line
     that reads them to build the group's library value (``module:function`` under

@@ -34,9 +34,7 @@ class _Parser(argparse.ArgumentParser):
         raise _Exit(status)
 
 
-def _flag(name: str) -> list[str]:
-    dashed = "--" + name.replace("_", "-")
-    return [dashed] if "_" not in name else [dashed, "--" + name]
+
 
 
 def _add_common(p: argparse.ArgumentParser, cls) -> None:
@@ -55,7 +53,7 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
     p.add_argument("--dataset-args", "--dataset_args", metavar="JSON", default=S,
                    help="dataset builder arguments as a JSON object")
     for name, help_text in DATASET_SHORTCUTS:
-        p.add_argument(*_flag(name), dest=f"ds_{name}", metavar="VALUE", default=S,
+        p.add_argument(*O.flag_names(name), dest=f"ds_{name}", metavar="VALUE", default=S,
                        help=help_text)
     p.add_argument("--model-arg", "--model_arg", metavar="NAME=VALUE", action="append",
                    default=S, help="model builder argument (repeatable), e.g. groups=32")

@@ -18,11 +18,7 @@ import time
 
 from fedjax_fair.cli import config as C
 from fedjax_fair.cli.common import DATASET_SHORTCUTS
-
-
-def _flag(name: str) -> list[str]:
-    from fedjax_fair.cli.parser import _flag as flag
-    return flag(name)
+from fedjax_fair.cli.options import flag_names
 
 
 def add_parser(sub) -> None:
@@ -37,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dataset-args", "--dataset_args", metavar="JSON", default=S,
                    help="dataset builder arguments as a JSON object")
     for name, help_text in DATASET_SHORTCUTS:
-        p.add_argument(*_flag(name), dest=f"ds_{name}", metavar="VALUE", default=S,
+        p.add_argument(*flag_names(name), dest=f"ds_{name}", metavar="VALUE", default=S,
                        help=help_text)
     p.add_argument("--output-dir", "--output_dir", "-o", dest="output_dir", required=True,
                    metavar="DIR", help="the folder to write (must not exist)")

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from fedjax_fair.core.client import data_metrics
-from fedjax_fair.data.generated import is_generated
+from fedjax_fair.core.generated import is_generated
 from fedjax_fair.models.base import Model
 from fedjax_fair.core.types import ClientData
 

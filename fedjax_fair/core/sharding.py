@@ -376,7 +376,7 @@ def federation_shardings(mesh: Mesh, data) -> tuple[object, Optional[str]]:
     [N, ...] split by client when N divides the shard count, else replicated, with a
     note saying so. A generated federation (``data/generated.py``: client sizes and the
     generator's small shared arrays) is replicated, without a note."""
-    from fedjax_fair.data.generated import is_generated
+    from fedjax_fair.core.generated import is_generated
     shards = num_shards(mesh)
     n = data.num_clients
     if is_generated(data.train):

@@ -20,6 +20,7 @@ import numpy as np
 
 from fedjax_fair.hparams import FieldError, count
 from fedjax_fair.core.memory import bucket_report
+from fedjax_fair.core.generated import is_generated
 from fedjax_fair.core.types import ClientData, FederatedData
 
 
@@ -58,6 +59,15 @@ class Dataset:
 
 
 # --------------------------------------------------------------------------- checks
+
+
+def require_stored(dataset, field: str, what: str) -> None:
+    """``FieldError(field)`` when ``dataset``'s splits are generated: ``what`` (a
+    re-split, a hold-out) needs every row in memory."""
+    if is_generated(dataset.host_data.train):
+        raise FieldError(field, f"{what} needs the federation's rows in memory; a procedural "
+                                f"federation computes them per round (build it without "
+                                f"procedural=True)")
 
 
 
@@ -412,7 +422,6 @@ def resplit(dataset: Dataset, fractions=(0.8, 0.1, 0.1), seed: int = 0) -> Datas
       seed: the partition seed (different seeds give the q-FFL paper's repeated
         partitions).
     """
-    from fedjax_fair.data.generated import require_stored
     fractions = _check_fractions(fractions)
     require_stored(dataset, "resplit", "pooling and re-splitting every client's rows")
     rng = np.random.default_rng(_check_seed(seed))
@@ -458,7 +467,6 @@ def hold_out_validation(dataset: Dataset, fraction: float = 0.1, seed: int = 0) 
       fraction: in (0, 1): the share of each client's training rows held out.
       seed: the draw's seed.
     """
-    from fedjax_fair.data.generated import require_stored
     fraction = _check_fraction(fraction, "fraction")
     if not 0 < fraction < 1:
         raise FieldError("fraction", f"must lie in (0, 1), got {fraction}")

@@ -17,88 +17,26 @@ NumPy stream (which cannot be indexed by client), these from JAX's counter-based
 keys. The generative models are the same (``femnist_like.py``, ``synthetic.py``).
 
 ``materialize(split)`` computes every row on the host as an ordinary ``ClientData``:
-the same federation held in memory, which ``tests/data/test_generated.py`` runs
-against the generated one (the same rounds, to the bit on a CPU).
+the same federation held in memory, which ``tests/test_data_generated.py`` runs
+against the generated one (the same rounds, to float rounding; to the bit as XLA
+compiles them by default on a CPU). The split type itself is
+``core/generated.py``'s ``GeneratedClients``.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_fair.core.generated import GeneratedClients, is_generated, take
 from fedjax_fair.core.types import ClientData
+from fedjax_fair.data.federated import Dataset
 
-
-@functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["num_examples", "shared", "key_data"],
-                   meta_fields=["rows", "max_examples", "example_spec"])
-@dataclasses.dataclass(frozen=True)
-class GeneratedClients:
-    """One split of a generated federation.
-
-    num_examples: int32 [N], client k's real rows in this split.
-    shared: the generator's arrays common to every client (a pytree).
-    key_data: uint32 key data of the dataset's key (``jax.random.key_data``).
-    rows: ``(shared, client_key, client_id) -> {name: [max_examples, ...]}``, every row
-      a client could hold (rows past its ``num_examples`` are zeroed by ``take``); a
-      hashable value (a frozen dataclass), so two builds of one dataset share their
-      compiled programs.
-    max_examples: M, the padded rows per client (the largest of ``num_examples``).
-    example_spec: ``((name, shape of one example, dtype name), ...)``.
-
-    It answers what code reads of a stored split's shapes: ``examples`` and ``mask``
-    are ``jax.ShapeDtypeStruct``s [N, M, ...] (nothing is allocated).
-    """
-
-    num_examples: Any
-    shared: Any
-    key_data: Any
-    rows: Callable
-    max_examples: int
-    example_spec: tuple
-
-    @property
-    def num_clients(self) -> int:
-        return int(np.shape(self.num_examples)[0])
-
-    @property
-    def examples(self) -> dict:
-        lead = (self.num_clients, self.max_examples)
-        return {name: jax.ShapeDtypeStruct((*lead, *shape), np.dtype(dtype))
-                for name, shape, dtype in self.example_spec}
-
-    @property
-    def mask(self) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((self.num_clients, self.max_examples), np.dtype(bool))
-
-    def take(self, client_ids) -> ClientData:
-        """The clients ``client_ids`` [K] as a ``ClientData`` [K, M, ...]: real rows
-        first, then zero rows, as a stored federation holds them."""
-        key = jax.random.wrap_key_data(jnp.asarray(self.key_data))
-        client_ids = jnp.asarray(client_ids, jnp.int32)
-        examples = jax.vmap(lambda k: self.rows(self.shared, jax.random.fold_in(key, k), k)
-                            )(client_ids)
-        sizes = jnp.asarray(self.num_examples)[client_ids]
-        mask = jnp.arange(self.max_examples)[None, :] < sizes[:, None]
-        examples = {name: jnp.where(mask.reshape(mask.shape + (1,) * (v.ndim - 2)), v,
-                                    jnp.zeros((), v.dtype))
-                    for name, v in examples.items()}
-        return ClientData(examples=examples, mask=mask, num_examples=sizes)
-
-
-def is_generated(split) -> bool:
-    return isinstance(split, GeneratedClients)
-
-
-def take(split, client_ids) -> ClientData:
-    """Rows of ``client_ids`` of a stored split (a gather) or a generated one."""
-    if is_generated(split):
-        return split.take(client_ids)
-    return jax.tree.map(lambda t: t[client_ids], split)
+__all__ = ["GeneratedClients", "check_held", "client_draws", "dataset", "host_available",
+           "is_generated", "materialize", "report", "stream_bytes", "take"]
 
 
 _MATERIALIZE_CLIENTS = 1024
@@ -164,7 +102,6 @@ def dataset(name: str, train: GeneratedClients, test: GeneratedClients, num_clas
             input_shape: tuple, info: dict):
     """A ``Dataset`` whose splits are generated (``host_data`` holds no rows)."""
     from fedjax_fair.core.types import FederatedData
-    from fedjax_fair.data.federated import Dataset
     for field, split in (("train", train), ("test", test)):
         if not int(np.asarray(split.num_examples).sum()) > 0:
             raise ValueError(f"{field}_xs: every one of the {split.num_clients} clients has "
@@ -172,16 +109,6 @@ def dataset(name: str, train: GeneratedClients, test: GeneratedClients, num_clas
     info = {**info, "padding": {"train": report(train), "test": report(test)}}
     return Dataset(name=name, host_data=FederatedData(train=train, test=test),
                    num_classes=num_classes, input_shape=tuple(input_shape), info=info)
-
-
-def require_stored(dataset, field: str, what: str) -> None:
-    """``FieldError(field)`` when ``dataset``'s splits are generated: ``what`` (a
-    re-split, a hold-out) needs every row in memory."""
-    from fedjax_fair.hparams import FieldError
-    if is_generated(dataset.host_data.train):
-        raise FieldError(field, f"{what} needs the federation's rows in memory; a procedural "
-                                f"federation computes them per round (build it without "
-                                f"procedural=True)")
 
 
 def host_available() -> int | None:

@@ -42,7 +42,7 @@ from fedjax_fair.core.evaluation import make_state_evaluator, state_evaluator_pr
 from fedjax_fair.core.execution import CLIENT_AXIS, compiler_options
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 from fedjax_fair.data.disk import is_on_disk
-from fedjax_fair.data.generated import is_generated
+from fedjax_fair.core.generated import is_generated
 from fedjax_fair.drivers.simulate import simulate, simulate_cohorts
 from fedjax_fair.drivers.spec import RunSpec, eval_subset
 from fedjax_fair.scenarios.heterogeneity import StepBudgets
@@ -142,7 +142,7 @@ def make_programs(algorithm: FederatedAlgorithm, model, data: FederatedData, spe
         data_layout, note = sharding.federation_shardings(mesh, data)
         if note and log:
             log(note)
-    evaluation = Evaluation(model, algorithm, spec, state, data, validate, data_layout)
+    evaluation = Evaluation(model, algorithm, spec, state, data, validate, data_layout, bar)
     chunk = RunPrograms(algorithm, spec, state, data, data_layout, key, step_budgets, drawn,
                         one_program, _PROGRAMS if cache is None else cache, clock, bar,
                         on_lowered=evaluation.start)
@@ -451,11 +451,12 @@ def _sharded_aval(x):
 
 
 def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: int,
-                        layout=None, client_ids: Optional[np.ndarray] = None) -> dict:
+                        layout=None, client_ids: Optional[np.ndarray] = None,
+                        progress=None) -> dict:
     """``evaluate`` over a host split, ``clients_per_call`` clients at a time (the last
     call padded with empty clients, so one compiled program serves every call); each
     part placed as ``layout`` (a mesh's replicated sharding) when given. ``client_ids``:
-    the ids of the split's rows (default 0..n-1)."""
+    the ids of the split's rows (default 0..n-1); ``progress(done)`` after each call."""
     n = split.mask.shape[0]
     ids = np.arange(n, dtype=np.int32) if client_ids is None else client_ids
     parts = []
@@ -467,6 +468,8 @@ def _evaluate_in_chunks(evaluate, state, split: ClientData, clients_per_call: in
                              num_examples=np.where(empty, 0, part.num_examples))
         part = jax.device_put(part) if layout is None else sharding.put(part, layout)
         parts.append(sharding.to_host(evaluate(state, part, ids[rows].astype(np.int32))))
+        if progress is not None:
+            progress(min(start + clients_per_call, n))
     return {k: np.concatenate([p[k] for p in parts])[:n] for k in parts[0]}
 
 
@@ -481,9 +484,10 @@ class Evaluation:
     ``_EVAL_CLIENTS`` clients per call)."""
 
     def __init__(self, model, algorithm: FederatedAlgorithm, spec: RunSpec, state,
-                 data: FederatedData, validate: bool, data_layout=None):
+                 data: FederatedData, validate: bool, data_layout=None, bar=None):
         self.model, self.algorithm, self.spec, self.state = model, algorithm, spec, state
         self.data, self.validate, self.data_layout = data, validate, data_layout
+        self.bar = bar  # a long evaluation's progress goes to its postfix
         self.mesh = spec.execution.mesh
         self.pending: Optional[dict] = None  # {(split, placement): Future} once started
         self.plan = self.jitted = None
@@ -527,17 +531,27 @@ class Evaluation:
         if is_generated(split):  # a subset by the jitted evaluator, compiled for its size
             program = self.program(name) if ids is None else self.of_subset
             ids = self.all_ids if ids is None else ids
-            return _evaluate_generated(program, state, split, ids, generated_block(len(ids)))
+            return _evaluate_generated(program, state, split, ids, generated_block(len(ids)),
+                                       self._progress(name, len(ids)))
         if ids is not None:
             part = jax.tree.map(lambda v: v[ids], split)  # host or device rows
             if self.plan.placement == "device":
                 return sharding.to_host(self.of_subset(state, part, ids))
             return _evaluate_in_chunks(self.of_subset, state, part, _EVAL_CLIENTS,
-                                       _replicated(self.mesh), ids)
+                                       _replicated(self.mesh), ids,
+                                       self._progress(name, len(ids)))
         if self.plan.placement == "device":
             return sharding.to_host(self.program(name)(state, split, self.all_ids))
         return _evaluate_in_chunks(self.program(name), state, split, _EVAL_CLIENTS,
-                                   _replicated(self.mesh))
+                                   _replicated(self.mesh),
+                                   progress=self._progress(name, len(self.all_ids)))
+
+    def _progress(self, name: str, total: int):
+        """``progress(done)`` showing an evaluation's clients in the bar's postfix."""
+        if self.bar is None:
+            return None
+        return lambda done: self.bar.set_postfix_str(
+            "" if done >= total else f"evaluating {name}: {done:,}/{total:,} clients")
 
     def clients(self, state) -> Optional[np.ndarray]:
         """The clients evaluated at ``state``: None (every client) at the run's last

@@ -32,7 +32,7 @@ from fedjax_fair.scenarios.system import System, plan_round
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.client_states import gather
 from fedjax_fair.core.execution import as_execution
-from fedjax_fair.data.generated import is_generated
+from fedjax_fair.core.generated import is_generated
 from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS, StepBudgets, budget_table
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
 from fedjax_fair import hparams as H

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_fair import hparams as H
-from fedjax_fair.data.generated import is_generated
+from fedjax_fair.core.generated import is_generated
 from fedjax_fair.core import memory as mem
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.core.algorithm import FederatedAlgorithm
@@ -192,6 +192,8 @@ def _is_default(name: str, value) -> bool:
     default = RunSpec._field_defaults[name]
     if default is None or value is None:
         return value is default
+    if isinstance(default, bool):  # True is not the default 1, nor 1 the default True
+        return isinstance(value, (bool, np.bool_)) and bool(value) is default
     try:
         return not isinstance(value, bool) and bool(value == default)
     except Exception:  # noqa: BLE001 - an array compared with a default

@@ -111,7 +111,7 @@ import numpy as np
 from fedjax_fair import hparams as H
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
 from fedjax_fair.core.evaluation import make_personal_evaluator, state_evaluator_program
-from fedjax_fair.data.generated import require_stored
+from fedjax_fair.data.federated import require_stored
 from fedjax_fair.core.execution import Execution, resolve
 from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS
 from fedjax_fair.core.types import ClientData, Cohort, FederatedData
