@@ -13,10 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-import helpers
 from fedjax_fair import runner
 from fedjax_fair.algorithms import build
-from fedjax_fair.data import disk, femnist_like, from_padded, generated
+from fedjax_fair.data import disk, femnist_like, generated
 from fedjax_fair.hparams import FieldError
 from fedjax_fair.models import get_model
 

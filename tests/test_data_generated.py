@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -20,7 +19,7 @@ from fedjax_fair.algorithms import REGISTRY, build, get_method
 from fedjax_fair.core.evaluation import make_evaluator
 from fedjax_fair.core.execution import Execution
 from fedjax_fair.core.types import FederatedData
-from fedjax_fair.data import femnist_like, from_padded, generated, synthetic
+from fedjax_fair.data import femnist_like, generated, synthetic
 from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.hparams import FieldError
 from fedjax_fair.models import get_model

@@ -103,3 +103,37 @@ def test_weighted_sampler_never_picks_zero_probability_clients():
     ids = np.stack([sampler(jax.random.key(s), 6, 3) for s in range(32)])
     assert set(ids.ravel()) <= {1, 2, 4, 5}
     assert all(len(set(row)) == 3 for row in ids)
+
+
+# ------------------------------------------------ uniform sampling of large federations
+
+
+def test_uniform_below_a_large_federation_is_the_permutation_draw():
+    """Recorded runs keep their cohorts: below ``LARGE_FEDERATION`` clients (or with
+    K above N / 16) ``uniform`` is ``jax.random.choice`` without replacement."""
+    from fedjax_fair.scenarios import sampling
+    key = jax.random.key(5)
+    for n, k in ((1000, 10), (sampling.LARGE_FEDERATION, sampling.LARGE_FEDERATION // 8)):
+        np.testing.assert_array_equal(
+            np.asarray(sampling.uniform(key, n, k)),
+            np.asarray(jax.random.choice(key, n, (k,), replace=False)))
+
+
+def test_distinct_draws_sample_uniform_subsets_without_replacement():
+    """K distinct clients in [0, N); every client and every (client, position) equally
+    likely (a chi-square test over 100,000 draws), at the large-federation switch
+    too; fewer distinct draws than K falls back to the permutation."""
+    from fedjax_fair.scenarios import sampling
+    n, k, draws = 40, 4, 100_000
+    ids = np.asarray(jax.jit(jax.vmap(lambda key: sampling.distinct_draws(key, n, k)))(
+        jax.random.split(jax.random.key(0), draws)))
+    assert ((ids >= 0) & (ids < n)).all()
+    assert all(len(set(row)) == k for row in ids[:2000])
+    for counts, expected in ((np.bincount(ids.ravel(), minlength=n), draws * k / n),
+                             (np.bincount(ids[:, 0], minlength=n), draws / n)):
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 80, chi2  # 39 degrees of freedom: p < 1e-4 above 80
+    big = sampling.uniform(jax.random.key(1), sampling.LARGE_FEDERATION, 1000)
+    assert len(set(np.asarray(big).tolist())) == 1000
+    crowded = np.asarray(sampling.distinct_draws(jax.random.key(2), 100, 95))
+    assert sorted(set(crowded.tolist())) == sorted(crowded.tolist()) and len(crowded) == 95

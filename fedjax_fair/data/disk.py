@@ -251,7 +251,7 @@ def read(directory: str):
                    input_shape=tuple(manifest["input_shape"]), info=info)
 
 
-def disk_federation(path: str = "") -> "Dataset":
+def disk_federation(path: str = ""):
     """The federation ``fedjax-fair prepare`` wrote to ``path`` (``read``)."""
     if not isinstance(path, str) or not path:
         raise FieldError("path", "give the prepared federation's folder: --dataset-arg "
@@ -263,3 +263,43 @@ def is_on_disk(data) -> bool:
     """Whether ``data``'s arrays are memory-mapped files (``read``'s)."""
     import jax
     return any(isinstance(x, np.memmap) for x in jax.tree.leaves(data))
+
+
+def _mapping(array):
+    """``(mmap, offset of array's first byte in it)`` when ``array`` is a whole
+    memory-mapped array (``read``'s, or a plain view of one), else None."""
+    import mmap as _mm
+    base = array
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    if base is None or getattr(base, "_mmap", None) is None:
+        return None
+    if array.__array_interface__["data"][0] != base.__array_interface__["data"][0]:
+        return None
+    return base._mmap, base.offset % _mm.ALLOCATIONGRANULARITY
+
+
+def will_need(split, client_ids) -> None:
+    """Asks the kernel to start reading the rows of ``client_ids`` of a memory-mapped
+    split (``madvise(MADV_WILLNEED)`` per client: asynchronous, many reads in flight),
+    so the gather that follows copies from the page cache instead of faulting its
+    pages in one at a time. Nothing for arrays in memory, or where ``madvise`` is
+    missing."""
+    import mmap as _mm
+    if not hasattr(_mm, "MADV_WILLNEED"):
+        return
+    ids = np.unique(np.asarray(client_ids).ravel())
+    page = _mm.PAGESIZE
+    for array in [*split.examples.values(), split.mask]:
+        found = _mapping(array)
+        if found is None:
+            continue
+        mapping, start = found
+        stride = array.strides[0]
+        for k in ids:
+            first = start + int(k) * stride
+            aligned = first - first % page
+            try:
+                mapping.madvise(_mm.MADV_WILLNEED, aligned, first + stride - aligned)
+            except (OSError, ValueError):
+                return

@@ -45,6 +45,7 @@ from fedjax_fair.drivers.spec import (DEFAULT, RunSpec, as_spec, check_capacity,
                                       check_count, check_run, check_summary_clients,
                                       check_system, eval_subset, one_example)
 from fedjax_fair.core.types import FederatedData
+from fedjax_fair.data.disk import will_need
 
 __all__ = [
     "CLIENT_HISTORY", "CLOCK_METRICS", "Chunk", "CompileClock", "HISTORY", "Interrupted",
@@ -468,6 +469,7 @@ class _RunLoop:
         chunk of ``length`` rounds from round ``r0``."""
         p = self.programs
         ids, tables, budgets, mask, planned = self._draw(r0, length)
+        will_need(p.data.train, ids)  # a memory-mapped federation: reads start at once
         m = mem.size_bucket(p.data.train.num_examples[ids].max(), p.data.train.mask.shape[1])
         cohorts, rows = self._gather(ids, tables, budgets, mask, m)
         return cohorts, rows, m, planned

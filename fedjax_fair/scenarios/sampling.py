@@ -14,9 +14,42 @@ import numpy as np
 from fedjax_fair import hparams as H
 
 
+LARGE_FEDERATION = 1 << 17  # uniform's draw switches to distinct_draws from here
+
+
 def uniform(key, num_clients: int, cohort_size: int):
-    """K distinct clients, uniformly at random without replacement."""
+    """K distinct clients, uniformly at random without replacement.
+
+    ``jax.random.choice(replace=False)``, which permutes all N clients (sorts of N
+    random keys: 0.65 s a round at N = 10^6 on a 2-core CPU, more than a 10,000-client
+    round's sampled training needs); from ``LARGE_FEDERATION`` clients with K at most
+    N / 16, ``distinct_draws`` instead (the same distribution, O(K log K))."""
+    if num_clients >= LARGE_FEDERATION and 16 * cohort_size <= num_clients:
+        return distinct_draws(key, num_clients, cohort_size)
     return jax.random.choice(key, num_clients, (cohort_size,), replace=False).astype(jnp.int32)
+
+
+def distinct_draws(key, num_clients: int, cohort_size: int):
+    """The first K distinct values of K + K/8 + 64 independent uniform draws from
+    [0, N): a uniformly random K-subset in uniformly random order (each ordered
+    K-tuple of distinct clients is equally likely, by symmetry), which is what
+    sampling without replacement gives. Should the draws hold fewer than K distinct
+    values (for K <= N / 16 the expected repeats are under K / 30), the permutation
+    of ``jax.random.choice`` is used instead."""
+    n, k = num_clients, cohort_size
+    m = k + k // 8 + 64
+    draws = jax.random.randint(key, (m,), 0, n, dtype=jnp.int32)
+    order = jnp.argsort(draws, stable=True)  # equal values keep their draw order
+    ranked = draws[order]
+    first = jnp.concatenate([jnp.ones((1,), bool), ranked[1:] != ranked[:-1]])
+    fresh = jnp.zeros((m,), bool).at[order].set(first)  # first occurrence, in draw order
+    position = jnp.cumsum(fresh) - 1
+    slot = jnp.where(fresh & (position < k), position, k)
+    picked = jnp.zeros((k,), jnp.int32).at[slot].set(draws, mode="drop")
+    return jax.lax.cond(
+        jnp.sum(fresh) >= k, lambda: picked,
+        lambda: jax.random.choice(jax.random.fold_in(key, 1), n, (k,),
+                                  replace=False).astype(jnp.int32))
 
 
 def full(key, num_clients: int, cohort_size: int):
