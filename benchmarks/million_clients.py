@@ -3,6 +3,11 @@
 Run:   python benchmarks/million_clients.py
        python benchmarks/million_clients.py --methods fedavg --clients 1000000 --cohort 10000
        python benchmarks/million_clients.py --quick       # a CPU smoke test (seconds)
+       python benchmarks/million_clients.py --tables --clients 100000 --cohort 1000 --rounds 5
+
+``--tables``: SCAFFOLD and MIFA on ``--clients`` procedural writers with lazy client
+tables of min(N, cohort x rounds) rows (``client_states.lazy``: rows only for the
+clients the run can reach), the memory plan's bill against the process's peak RSS.
 
 For each method (FedAvg, q-FFL, AAggFF-D), in a fresh process each, side by side:
 
@@ -72,6 +77,67 @@ print(json.dumps({"build_s": build_s, "data_rss": data_rss, "peak_rss": rss()[1]
 """
 
 
+_TABLE_CHILD = r"""
+import json, sys, tempfile, time
+import jax
+from fedjax_fair import runner
+from fedjax_fair.algorithms import build
+from fedjax_fair.data import femnist_like
+from fedjax_fair.models import get_model
+
+def rss():
+    with open("/proc/self/status") as f:
+        d = dict(l.split(":", 1) for l in f)
+    return int(d["VmRSS"].split()[0]) * 1024, int(d["VmHWM"].split()[0]) * 1024
+
+method, n, cohort, rounds = sys.argv[1], *map(int, sys.argv[2:5])
+ds = femnist_like(num_clients=n, min_examples=20, max_examples=20, test_examples=5,
+                  procedural=True)
+model = get_model("mlp", ds.input_shape, ds.num_classes)
+params = jax.jit(model.init)(jax.random.key(0))
+capacity = min(n, cohort * rounds)  # every client the run can write
+table = {"scaffold": "client_table", "mifa": "table"}[method]
+alg = build(method, model, client_lr=0.05, batch_size=20, num_epochs=1,
+            **{table: f"lazy:{capacity}"})
+before = rss()[0]
+lines = []
+res = runner.run(alg, params, ds.host_data, jax.random.key(0), model=model,
+                 num_rounds=rounds, cohort_size=cohort, eval_every=rounds,
+                 eval_clients=1000, progress=False, log=lines.append,
+                 execution="chunked", checkpoint_dir=tempfile.mkdtemp(), donate=True)
+print(json.dumps({"data_rss": before, "peak_rss": rss()[1], "plan": lines[-1],
+                  "plan_bytes": res.memory.total, "table": res.client_table,
+                  "round_s": res.run_seconds / rounds}))
+"""
+
+
+def tables(args) -> None:
+    """SCAFFOLD's and MIFA's lazy client tables on ``--clients`` procedural writers:
+    the plan's bill against the process's peak."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+               JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    gib = lambda b: f"{b / 2 ** 30:.2f}"
+    print("| method | clients | cohort x rounds | table rows x row MiB | table GiB | plan GiB "
+          "| RSS with the data built GiB | peak RSS GiB | round s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for method in ("scaffold", "mifa"):
+        proc = subprocess.run([sys.executable, "-c", _TABLE_CHILD, method, str(args.clients),
+                               str(args.cohort), str(args.rounds)], env=env,
+                              capture_output=True, text=True)
+        if proc.returncode:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:160]
+            print(f"| {method} | {args.clients:,} | failed: {tail} |||||||")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        t = r["table"]
+        print(f"| {method} | {args.clients:,} | {args.cohort:,} x {args.rounds} | "
+              f"{t['rows_stored']:,} x {t['bytes_per_row'] / 2 ** 20:.2f} | {gib(t['bytes'])} | "
+              f"{gib(r['plan_bytes'])} | {gib(r['data_rss'])} | {gib(r['peak_rss'])} | "
+              f"{r['round_s']:.2f} |", flush=True)
+
+
 def child(method: str, n: int, cohort: int, rounds: int, eval_clients: int,
           procedural: bool) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,9 +160,14 @@ def main(argv=None) -> None:
     p.add_argument("--eval-clients", type=int, default=1000)
     p.add_argument("--quick", action="store_true",
                    help="2,000 clients, cohorts of 100, 2 rounds: checks the script runs")
+    p.add_argument("--tables", action="store_true",
+                   help="SCAFFOLD and MIFA with lazy client tables instead (e.g. --clients "
+                        "100000 --cohort 1000 --rounds 5): the plan's bill and the peak")
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.cohort, args.rounds, args.eval_clients = 2000, 100, 2, 100
+    if args.tables:
+        return tables(args)
     import jax
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__}; "
           f"N = {args.clients:,} procedural against {args.cohort:,} stored, cohorts of "

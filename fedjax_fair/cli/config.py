@@ -1124,13 +1124,17 @@ def check_local_steps(cfg, names, num_examples) -> None:
 
 def check_data_range(name: str, hparams: dict, train, field: str = "hparams") -> None:
     """A method that keeps its samples in ``data_range`` (FedEvg, FedCVAE) must get
-    training inputs inside that range: checked on the data before anything compiles."""
+    training inputs inside that range: checked on the data before anything compiles
+    (a procedural federation: on its first 1,024 clients' rows)."""
     every = method_hparams(name)
     if "data_range" not in every:
         return
     bounds = hparams.get("data_range", every["data_range"].default)
     if bounds is None:
         return
+    from fedjax_fair.core.generated import is_generated, materialize
+    if is_generated(train):  # a procedural federation: its first clients' rows
+        train = materialize(train, np.arange(min(train.num_clients, 1024)))
     x = np.asarray(train.examples["x"])[np.asarray(train.mask, bool)]
     if x.size == 0:
         return

@@ -85,3 +85,39 @@ def take(split, client_ids) -> ClientData:
     if is_generated(split):
         return split.take(client_ids)
     return jax.tree.map(lambda t: t[client_ids], split)
+
+
+_MATERIALIZE_CLIENTS = 1024
+
+
+@functools.lru_cache(maxsize=8)
+def _take_program(rows: Callable, max_examples: int, example_spec: tuple) -> Callable:
+    del rows, max_examples, example_spec  # the cache key: one program per generator
+    return jax.jit(lambda split, ids: split.take(ids))
+
+
+def materialize(split, client_ids=None) -> ClientData:
+    """Host rows (NumPy) of ``client_ids`` (default: every client) of a generated split,
+    computed ``_MATERIALIZE_CLIENTS`` clients per call; a stored split's rows as they are."""
+    if not is_generated(split):
+        ids = slice(None) if client_ids is None else np.asarray(client_ids)
+        return jax.tree.map(lambda v: np.asarray(v)[ids], split)
+    ids = (np.arange(split.num_clients, dtype=np.int32) if client_ids is None
+           else np.asarray(client_ids, np.int32))
+    fn = _take_program(split.rows, split.max_examples, split.example_spec)
+    parts = []
+    for start in range(0, len(ids), _MATERIALIZE_CLIENTS):
+        part = ids[start:start + _MATERIALIZE_CLIENTS]
+        padded = np.resize(part, _MATERIALIZE_CLIENTS) if len(part) else part
+        out = jax.tree.map(np.asarray, fn(split, padded))
+        parts.append(jax.tree.map(lambda v: v[:len(part)], out))
+    return jax.tree.map(lambda *v: np.concatenate(v), *parts)
+
+
+def client_blocks(split, size: int = _MATERIALIZE_CLIENTS):
+    """``(ids, host rows)`` of a split's clients, ``size`` at a time (``materialize``):
+    per-client statistics of a federation too large to hold."""
+    n = int(np.shape(split.num_examples)[0])
+    for start in range(0, n, size):
+        ids = np.arange(start, min(start + size, n), dtype=np.int32)
+        yield ids, materialize(split, ids)

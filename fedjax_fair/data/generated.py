@@ -24,46 +24,17 @@ compiles them by default on a CPU). The split type itself is
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_fair.core.generated import GeneratedClients, is_generated, take
-from fedjax_fair.core.types import ClientData
+from fedjax_fair.core.generated import GeneratedClients, is_generated, materialize, take
 from fedjax_fair.data.federated import Dataset
 
 __all__ = ["GeneratedClients", "check_held", "client_draws", "dataset", "host_available",
            "is_generated", "materialize", "report", "stream_bytes", "take"]
-
-
-_MATERIALIZE_CLIENTS = 1024
-
-
-@functools.lru_cache(maxsize=8)
-def _take_program(rows: Callable, max_examples: int, example_spec: tuple) -> Callable:
-    del rows, max_examples, example_spec  # the cache key: one program per generator
-    return jax.jit(lambda split, ids: split.take(ids))
-
-
-def materialize(split, client_ids=None) -> ClientData:
-    """Host rows (NumPy) of ``client_ids`` (default: every client) of a generated split,
-    computed ``_MATERIALIZE_CLIENTS`` clients per call; a stored split's rows as they are."""
-    if not is_generated(split):
-        ids = slice(None) if client_ids is None else np.asarray(client_ids)
-        return jax.tree.map(lambda v: np.asarray(v)[ids], split)
-    ids = (np.arange(split.num_clients, dtype=np.int32) if client_ids is None
-           else np.asarray(client_ids, np.int32))
-    fn = _take_program(split.rows, split.max_examples, split.example_spec)
-    parts = []
-    for start in range(0, len(ids), _MATERIALIZE_CLIENTS):
-        part = ids[start:start + _MATERIALIZE_CLIENTS]
-        padded = np.resize(part, _MATERIALIZE_CLIENTS) if len(part) else part
-        out = jax.tree.map(np.asarray, fn(split, padded))
-        parts.append(jax.tree.map(lambda v: v[:len(part)], out))
-    return jax.tree.map(lambda *v: np.concatenate(v), *parts)
 
 
 def client_draws(key, num_clients: int, draw: Callable) -> np.ndarray:

@@ -131,6 +131,9 @@ def label_share(train, labels) -> np.ndarray:
     """The share of each client's training examples whose label is in ``labels``
     ([N]; 0 for a client without examples): a property to tie availability to a
     client's label distribution (``from_property(label_share(train, [0, 1]), ...)``)."""
+    from fedjax_fair.core.generated import client_blocks, is_generated
+    if is_generated(train):  # computed a block of clients at a time
+        return np.concatenate([label_share(rows, labels) for _, rows in client_blocks(train)])
     y = np.asarray(train.examples["y"])
     mask = np.asarray(train.mask)
     hit = np.isin(y, np.asarray(labels)) & mask

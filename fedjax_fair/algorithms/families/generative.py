@@ -306,7 +306,10 @@ def feature_distance(model: Model, params, x_synth, x_real):
 
 def pooled_examples(split: ClientData):
     """Every client's valid rows of a (host or device) split, stacked in client order:
-    (x [n, *X], y int32 [n]) as NumPy arrays (the padding rows dropped)."""
+    (x [n, *X], y int32 [n]) as NumPy arrays (the padding rows dropped); a generated
+    split's rows are computed (every client's: mind its size)."""
+    from fedjax_fair.core.generated import materialize
+    split = materialize(split)
     mask = np.asarray(split.mask, bool)
     x = np.asarray(split.examples["x"])[mask]
     y = np.asarray(split.examples["y"])[mask].astype(np.int32)
