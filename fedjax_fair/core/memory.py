@@ -48,13 +48,28 @@ def tree_bytes(tree) -> int:
 def device_capacity(device=None) -> Optional[int]:
     """Free bytes on ``device`` (default: the first device), or None if unknown.
 
-    Accelerators report ``bytes_limit - bytes_in_use``; on CPU the available
-    physical memory of the host is used.
+    Accelerators report ``bytes_limit - bytes_in_use``; on CPU the host's available
+    memory (``host_available``).
     """
     device = device or jax.devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return host_available()
+
+
+def host_available() -> Optional[int]:
+    """Bytes of host memory a new allocation can have: ``MemAvailable`` of
+    /proc/meminfo (free pages plus the page cache the kernel can reclaim: a federation
+    just read from disk stays cached without being in use), else the free physical
+    pages, or None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError):

@@ -33,7 +33,7 @@ import numpy as np
 from fedjax_fair.core.generated import GeneratedClients, is_generated, materialize, take
 from fedjax_fair.data.federated import Dataset
 
-__all__ = ["GeneratedClients", "check_held", "client_draws", "dataset", "host_available",
+__all__ = ["GeneratedClients", "check_held", "client_draws", "dataset",
            "is_generated", "materialize", "report", "stream_bytes", "take"]
 
 
@@ -94,26 +94,10 @@ def dataset(name: str, train: GeneratedClients, test: GeneratedClients, num_clas
                    num_classes=num_classes, input_shape=tuple(input_shape), info=info)
 
 
-def host_available() -> int | None:
-    """Bytes of host memory available to a new allocation (``MemAvailable`` of
-    /proc/meminfo, else the free physical pages), or None when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import os
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def check_held(num_clients: int, nbytes: int, what: str) -> None:
     """``FieldError("num_clients")`` before an in-memory build of ``nbytes`` that the
     host cannot hold, pointing at ``procedural=True``."""
+    from fedjax_fair.core.memory import host_available
     from fedjax_fair.hparams import FieldError
     free = host_available()
     if free is not None and nbytes > free:
