@@ -4,6 +4,11 @@ Run:   python benchmarks/million_clients.py
        python benchmarks/million_clients.py --methods fedavg --clients 1000000 --cohort 10000
        python benchmarks/million_clients.py --quick       # a CPU smoke test (seconds)
        python benchmarks/million_clients.py --tables --clients 100000 --cohort 1000 --rounds 5
+       python benchmarks/million_clients.py --fedjax --cohort 1000 --rounds 5
+
+``--fedjax``: FedAvg against fedjax 0.0.17 (its own interpreter, ``.venv-fedjax``)
+holding 10,000 and 100,000 clients as its users do (``InMemoryFederatedData``,
+``UniformGetClientSampler``), beside ours in memory and procedural.
 
 ``--tables``: SCAFFOLD and MIFA on ``--clients`` procedural writers with lazy client
 tables of min(N, cohort x rounds) rows (``client_states.lazy``: rows only for the
@@ -143,6 +148,35 @@ def tables(args) -> None:
               f"{r['round_s']:.2f} |", flush=True)
 
 
+def fedjax_side(args) -> None:
+    """FedAvg against fedjax 0.0.17 at federations of ``--fedjax-sizes`` clients:
+    fedjax holding them as its users do (benchmarks/references/fedjax_scale.py, in
+    its own interpreter ``--fedjax-python``), ours held in memory and procedural."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "references", "fedjax_scale.py")
+    gib = lambda b: f"{b / 2 ** 30:.2f}"
+    print("| N | fedjax: build s | fedjax: round s | fedjax: peak RSS GiB | ours in memory: "
+          "round s | peak GiB | ours procedural: round s | peak GiB | fedjax / ours in memory |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in map(int, args.fedjax_sizes.split(",")):
+        proc = subprocess.run([args.fedjax_python, script, str(n), str(args.cohort),
+                               str(args.rounds)], capture_output=True, text=True)
+        fj = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
+              else {"failed": f"exit {proc.returncode}: " + (
+                  proc.stderr.strip().splitlines() or ["killed"])[-1][:100]})
+        held = child("fedavg", n, args.cohort, args.rounds, args.eval_clients, False)
+        made = child("fedavg", n, args.cohort, args.rounds, args.eval_clients, True)
+        cells = ([f"{fj['build_s']:.1f}", f"{fj['round_s']:.2f}", gib(fj["peak_rss"])]
+                 if "failed" not in fj else [fj["failed"], "", ""])
+        for r in (held, made):
+            cells += ([f"{r['round_s']:.2f}", gib(r["peak_rss"])] if "failed" not in r
+                      else [r["failed"], ""])
+        ratio = (f"**{fj['round_s'] / held['round_s']:.2f}**"
+                 if "failed" not in fj and "failed" not in held else "")
+        print(f"| {n:,} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
+
+
 def child(method: str, n: int, cohort: int, rounds: int, eval_clients: int,
           procedural: bool) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,7 +202,16 @@ def main(argv=None) -> None:
     p.add_argument("--tables", action="store_true",
                    help="SCAFFOLD and MIFA with lazy client tables instead (e.g. --clients "
                         "100000 --cohort 1000 --rounds 5): the plan's bill and the peak")
+    p.add_argument("--fedjax", action="store_true",
+                   help="FedAvg against fedjax 0.0.17 at --fedjax-sizes clients instead "
+                        "(e.g. --cohort 1000 --rounds 5)")
+    p.add_argument("--fedjax-sizes", default="10000,100000")
+    p.add_argument("--fedjax-python", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-fedjax", "bin",
+        "python"))
     args = p.parse_args(argv)
+    if args.fedjax:
+        return fedjax_side(args)
     if args.quick:
         args.clients, args.cohort, args.rounds, args.eval_clients = 2000, 100, 2, 100
     if args.tables:
