@@ -19,6 +19,7 @@ import numpy as np
 from fedjax_fair.algorithms import (REGISTRY, base_name, build, default_training, get_method,
                                     method_hparams)
 from fedjax_fair.cli import config as C, lock
+from fedjax_fair.cli.options import flag_names
 from fedjax_fair.core import interrupts, memory
 from fedjax_fair.scenarios import sampling
 from fedjax_fair.core.client import FIELDS
@@ -53,6 +54,32 @@ DATASET_SHORTCUTS = (("num_clients", "number of clients (dataset argument)"),
                      ("alpha", "dataset alpha, e.g. Synthetic(alpha, .) or Dirichlet alpha "
                                "(dataset argument)"),
                      ("beta", "dataset beta, e.g. Synthetic(., beta) (dataset argument)"))
+
+
+def add_dataset_flags(p: argparse.ArgumentParser) -> None:
+    """``--dataset-arg``, ``--dataset-args`` and the dataset shortcuts (``--num-clients``,
+    ...): how every command that builds a federation takes its builder's arguments."""
+    S = argparse.SUPPRESS
+    p.add_argument("--dataset-arg", "--dataset_arg", metavar="NAME=VALUE", action="append",
+                   default=S, help="dataset builder argument (repeatable)")
+    p.add_argument("--dataset-args", "--dataset_args", metavar="JSON", default=S,
+                   help="dataset builder arguments as a JSON object")
+    for name, help_text in DATASET_SHORTCUTS:
+        p.add_argument(*flag_names(name), dest=f"ds_{name}", metavar="VALUE", default=S,
+                       help=help_text)
+
+
+def dataset_args_of(ns: dict) -> dict:
+    """The dataset builder's arguments ``add_dataset_flags``' flags gave (the JSON
+    object, then each ``NAME=VALUE``, then the shortcuts)."""
+    dargs = {}
+    if "dataset_args" in ns:
+        dargs.update(C.parse_json_object(ns["dataset_args"], "dataset_args"))
+    dargs.update(C.parse_assignments(ns.get("dataset_arg"), "dataset_arg"))
+    for name, _ in DATASET_SHORTCUTS:
+        if f"ds_{name}" in ns:
+            dargs[name] = C.parse_value(ns[f"ds_{name}"])
+    return dargs
 
 
 class _Exit(Exception):
@@ -96,13 +123,7 @@ def config_layers(args: argparse.Namespace, cls) -> tuple[dict, dict, str]:
     hparams.update(C.parse_assignments(ns.get("hp"), "hp"))
     if hparams:
         overrides["hparams"] = hparams
-    dargs = {}
-    if "dataset_args" in ns:
-        dargs.update(C.parse_json_object(ns["dataset_args"], "dataset_args"))
-    dargs.update(C.parse_assignments(ns.get("dataset_arg"), "dataset_arg"))
-    for name, _ in DATASET_SHORTCUTS:
-        if f"ds_{name}" in ns:
-            dargs[name] = C.parse_value(ns[f"ds_{name}"])
+    dargs = dataset_args_of(ns)
     if dargs:
         overrides["dataset_args"] = dargs
     if cls is C.CompareConfig and "algorithms" in overrides and "hparams" in file_values:
@@ -261,18 +282,16 @@ def build_dataset(cfg):
     ds = _hold_out(ds, getattr(cfg, "unseen_clients", 0.0))
     pad = ds.info.get("padding", {})
     for split in ("train", "validation", "test"):
-        if split in pad and pad[split].get("generated"):
-            p = pad[split]
-            print(f"data: {ds.name} {split}: {p['num_clients']:,} clients, each client's "
-                  f"rows computed from (seed, client id) inside the round "
-                  f"({p['min_examples']}-{p['max_examples']} rows, median "
-                  f"{p['median_examples']:g}); {p['bytes'] / 2**20:.1f} MiB held")
-        elif split in pad and pad[split].get("on_disk"):
-            p = pad[split]
-            print(f"data: {ds.name} {split}: {p['num_clients']:,} clients x {p['padded_size']} "
-                  f"rows ({p['min_examples']}-{p['max_examples']} real, median "
-                  f"{p['median_examples']:g}), {p['bytes'] / 2**20:,.1f} MiB memory-mapped "
-                  f"from {ds.info.get('prepared', 'disk')}")
+        p = pad.get(split)
+        if p is not None and (p.get("generated") or p.get("on_disk")):
+            held = (f"{p['num_clients']:,} clients, each client's rows computed from (seed, "
+                    f"client id) inside the round" if p.get("generated") else
+                    f"{p['num_clients']:,} clients x {p['padded_size']} rows")
+            where = ("held" if p.get("generated") else
+                     f"memory-mapped from {ds.info.get('prepared', 'disk')}")
+            print(f"data: {ds.name} {split}: {held} ({p['min_examples']}-{p['max_examples']} "
+                  f"rows, median {p['median_examples']:g}); {p['bytes'] / 2**20:,.1f} MiB "
+                  f"{where}")
         elif split in pad:
             p = pad[split]
             print(f"data: {ds.name} {split}: {p['num_clients']} clients x {p['padded_size']} rows "

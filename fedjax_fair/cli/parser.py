@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from fedjax_fair.cli import config as C, options as O
-from fedjax_fair.cli.common import DATASET_SHORTCUTS, _Exit
+from fedjax_fair.cli.common import _Exit, add_dataset_flags
 from fedjax_fair.cli.compare import cmd_compare
 from fedjax_fair.cli.listing import LIST_SECTIONS, cmd_list
 from fedjax_fair.cli.prepare import add_parser as add_prepare
@@ -48,13 +48,7 @@ def _add_common(p: argparse.ArgumentParser, cls) -> None:
                         + (", NAME or ALGORITHM.NAME" if cls is C.CompareConfig else ""))
     p.add_argument("--hparams", metavar="JSON", default=S,
                    help="hyper-parameters as a JSON object, e.g. '{\"mu\": 0.01}'")
-    p.add_argument("--dataset-arg", "--dataset_arg", metavar="NAME=VALUE", action="append",
-                   default=S, help="dataset builder argument (repeatable)")
-    p.add_argument("--dataset-args", "--dataset_args", metavar="JSON", default=S,
-                   help="dataset builder arguments as a JSON object")
-    for name, help_text in DATASET_SHORTCUTS:
-        p.add_argument(*O.flag_names(name), dest=f"ds_{name}", metavar="VALUE", default=S,
-                       help=help_text)
+    add_dataset_flags(p)
     p.add_argument("--model-arg", "--model_arg", metavar="NAME=VALUE", action="append",
                    default=S, help="model builder argument (repeatable), e.g. groups=32")
     command = cls.command

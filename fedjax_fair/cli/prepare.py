@@ -12,29 +12,20 @@ An interrupted prepare (Ctrl-C, a kill) leaves no ``DIR`` that a run would read.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from fedjax_fair.cli import config as C
-from fedjax_fair.cli.common import DATASET_SHORTCUTS
-from fedjax_fair.cli.options import flag_names
+from fedjax_fair.cli.common import add_dataset_flags, dataset_args_of
 
 
 def add_parser(sub) -> None:
-    S = argparse.SUPPRESS
     p = sub.add_parser("prepare", help="write a federation to disk once, for runs that "
                                        "memory-map it (--dataset disk)",
                        description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--dataset", default="synthetic", metavar="DATASET",
                    help="the dataset to prepare, as run takes it (default: synthetic)")
-    p.add_argument("--dataset-arg", "--dataset_arg", metavar="NAME=VALUE", action="append",
-                   default=S, help="dataset builder argument (repeatable)")
-    p.add_argument("--dataset-args", "--dataset_args", metavar="JSON", default=S,
-                   help="dataset builder arguments as a JSON object")
-    for name, help_text in DATASET_SHORTCUTS:
-        p.add_argument(*flag_names(name), dest=f"ds_{name}", metavar="VALUE", default=S,
-                       help=help_text)
+    add_dataset_flags(p)
     p.add_argument("--output-dir", "--output_dir", "-o", dest="output_dir", required=True,
                    metavar="DIR", help="the folder to write (must not exist)")
     p.add_argument("--overwrite", action="store_true",
@@ -72,17 +63,10 @@ def cmd_prepare(args) -> int:
     from fedjax_fair.data import DATASETS, get_dataset
     from fedjax_fair.data.disk import write
     from fedjax_fair.hparams import FieldError
-    ns = vars(args)
     if args.dataset not in DATASETS:
         raise C.ConfigError("dataset", f"unknown name {args.dataset!r}; allowed: "
                                        f"{sorted(DATASETS)}")
-    dargs = {}
-    if "dataset_args" in ns:
-        dargs.update(C.parse_json_object(ns["dataset_args"], "dataset_args"))
-    dargs.update(C.parse_assignments(ns.get("dataset_arg"), "dataset_arg"))
-    for name, _ in DATASET_SHORTCUTS:
-        if f"ds_{name}" in ns:
-            dargs[name] = C.parse_value(ns[f"ds_{name}"])
+    dargs = dataset_args_of(vars(args))
     t = time.perf_counter()
     try:
         ds = get_dataset(args.dataset, **dargs)
