@@ -148,3 +148,18 @@ def test_prepare_then_run_then_resume_from_the_command_line(tmp_path):
     moved = _cli("run", "--resume", "--num-rounds", "6", "--no-progress", "-o", "half",
                  cwd=tmp_path)
     assert moved.returncode == 2 and "dataset_args.path" in moved.stderr
+
+
+def test_announcing_reads_touches_only_memory_mapped_arrays(tmp_path):
+    """``will_need`` finds the mapping of a whole memory-mapped array (or a plain view
+    of it, as the runner places it) and asks for the clients' rows; arrays in memory
+    and slices are left alone."""
+    disk.write(_small(False), str(tmp_path / "fed"))
+    train = disk.read(str(tmp_path / "fed")).host_data.train
+    x = train.examples["x"]
+    assert disk._mapping(x) is not None and disk._mapping(np.asarray(x)) is not None
+    assert disk._mapping(np.asarray(x)[1:]) is None and disk._mapping(np.zeros(3)) is None
+    disk.will_need(train, np.array([[0, 39], [5, 5]]))  # no error, no effect on values
+    disk.will_need(_small(False).host_data.train, np.array([1, 2]))
+    np.testing.assert_array_equal(
+        np.asarray(x[5]), generated.materialize(_small(False).host_data.train).examples["x"][5])

@@ -212,3 +212,17 @@ def test_the_command_line_runs_and_resumes_a_procedural_federation(tmp_path):
                str(tmp_path / "bad"), cwd=tmp_path)
     assert bad.returncode == 2 and "eval_clients" in bad.stderr
     assert not os.path.exists(tmp_path / "bad" / "summary.json")
+
+
+def test_per_client_statistics_of_a_generated_split_equal_the_stored_ones():
+    """``system.label_share`` (a property availability can follow) reads a generated
+    split a block of clients at a time; the same shares as its rows held in memory."""
+    from fedjax_fair.core.generated import client_blocks
+    from fedjax_fair.scenarios.system import label_share
+    held = stored(SYNTH)
+    np.testing.assert_array_equal(label_share(SYNTH.host_data.train, [0, 1]),
+                                  label_share(held.train, [0, 1]))
+    blocks = list(client_blocks(SYNTH.host_data.train, size=3))
+    assert [len(ids) for ids, _ in blocks] == [3, 3, 2]
+    np.testing.assert_array_equal(np.concatenate([r.examples["x"] for _, r in blocks]),
+                                  held.train.examples["x"])
