@@ -108,7 +108,7 @@ before = rss()[0]
 lines = []
 res = runner.run(alg, params, ds.host_data, jax.random.key(0), model=model,
                  num_rounds=rounds, cohort_size=cohort, eval_every=rounds,
-                 eval_clients=1000, progress=False, log=lines.append,
+                 eval_clients=min(1000, n), progress=False, log=lines.append,
                  execution="chunked", checkpoint_dir=tempfile.mkdtemp(), donate=True)
 table = res.client_table
 if table is None:  # MIFA keeps its table of updates in the aggregator's state

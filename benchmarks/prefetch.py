@@ -73,7 +73,8 @@ model = get_model("mlp", ds.input_shape, ds.num_classes)
 alg = build("fedavg", model, client_lr=0.05, batch_size=20, num_epochs=1)
 res = runner.run(alg, jax.jit(model.init)(jax.random.key(0)), ds.host_data,
                  jax.random.key(0), model=model, num_rounds=int(rounds),
-                 cohort_size=int(cohort), eval_every=int(every), eval_clients=1000,
+                 cohort_size=int(cohort), eval_every=int(every),
+                 eval_clients=min(1000, ds.num_clients),
                  progress=False, execution="chunked", prefetch=prefetch == "1")
 print(json.dumps({"run_s": res.run_seconds, "read_s": read[0], "waited_s": waited[0],
                   "accuracy": res.history[-1]["accuracy_mean"]}))
