@@ -532,16 +532,12 @@ def multi_cpu() -> bool:
 
 
 def available_bytes() -> float:
-    """MemAvailable of /proc/meminfo (inf where there is none): other jobs on a shared
-    machine hold memory too, and an out-of-memory kill would end the whole run."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float("inf")
+    """The host's available memory (``memory.host_available``; inf where unknown):
+    other jobs on a shared machine hold memory too, and an out-of-memory kill would
+    end the whole run."""
+    from fedjax_fair.core.memory import host_available
+    free = host_available()
+    return float("inf") if free is None else float(free)
 
 
 def _batch_shapes(model, rows):
