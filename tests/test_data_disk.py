@@ -39,6 +39,11 @@ def test_a_prepared_federation_reads_back_the_same_arrays(tmp_path, procedural):
         for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert seen[-1] == (80, 80) and all(d <= t for d, t in seen)
+    import hashlib
+    manifest = json.load(open(tmp_path / "fed" / disk.MANIFEST))
+    for entry in (e for split in manifest["splits"].values() for e in split["arrays"].values()):
+        data = (tmp_path / "fed" / entry["file"]).read_bytes()
+        assert entry["sha256"] == "sha256:" + hashlib.sha256(data).hexdigest()
     assert sorted(os.listdir(tmp_path)) == ["fed"]  # no partial folder left
 
 

@@ -63,44 +63,40 @@ def _arrays(split) -> dict:
     """{name: (shape, dtype)} of a split's arrays as written."""
     out = {f"{k}": (tuple(v.shape), np.dtype(v.dtype)) for k, v in split.examples.items()}
     out["mask"] = (tuple(split.mask.shape), np.dtype(bool))
-    out["num_examples"] = ((split.num_clients if generated.is_generated(split)
-                            else int(np.shape(split.num_examples)[0]),), np.dtype(np.int32))
+    out["num_examples"] = ((int(np.shape(split.num_examples)[0]),), np.dtype(np.int32))
     return out
 
 
 def _write_split(split, prefix: str, progress: Optional[Callable]) -> dict:
     """Writes one split's arrays at ``prefix + name + ".npy"``, ``_BLOCK`` clients at a
-    time; {name: its manifest entry}."""
+    time, hashing each file's bytes as they are written (its header, then its blocks
+    in file order); {name: its manifest entry}."""
     arrays = _arrays(split)
-    files = {name: np.lib.format.open_memmap(f"{prefix}{name}.npy", mode="w+", dtype=dtype,
-                                             shape=shape)
-             for name, (shape, dtype) in arrays.items()}
+    files, digests = {}, {}
+    for name, (shape, dtype) in arrays.items():
+        path = f"{prefix}{name}.npy"
+        files[name] = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+        with open(path, "rb") as f:  # the header open_memmap wrote
+            digests[name] = hashlib.sha256(f.read(files[name].offset))
     n = arrays["num_examples"][0][0]
     for start in range(0, n, _BLOCK):
         ids = np.arange(start, min(start + _BLOCK, n))
         rows = generated.materialize(split, ids)
-        for name, v in rows.examples.items():
-            files[name][start:start + len(ids)] = v
-        files["mask"][start:start + len(ids)] = rows.mask
-        files["num_examples"][start:start + len(ids)] = rows.num_examples
+        block = {**rows.examples, "mask": rows.mask, "num_examples": rows.num_examples}
+        for name, v in block.items():
+            part = np.ascontiguousarray(v, dtype=arrays[name][1])
+            files[name][start:start + len(ids)] = part
+            digests[name].update(part)
         if progress is not None:
             progress(len(ids))
     out = {}
     for name, f in files.items():
         f.flush()
         del f
-        path = f"{prefix}{name}.npy"
-        out[name] = {"file": os.path.basename(path), "shape": list(arrays[name][0]),
-                     "dtype": arrays[name][1].str, "sha256": _digest(path)}
+        out[name] = {"file": os.path.basename(f"{prefix}{name}.npy"),
+                     "shape": list(arrays[name][0]), "dtype": arrays[name][1].str,
+                     "sha256": "sha256:" + digests[name].hexdigest()}
     return out
-
-
-def _digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 def write(dataset, directory: str, *, overwrite: bool = False,
