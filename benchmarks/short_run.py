@@ -17,7 +17,7 @@ timed by the wall clock from launch to exit (imports, data, compiles, rounds,
 evaluations, outputs), the two alternating so that a change in the machine's load
 hits both. ``--variant "--devices all"`` times ``fedjax-fair run`` with those flags as
 another column (one XLA:CPU device per core, sharding.provide_cpu_devices); a single
-flag goes after an equals sign, ``--variant=--no-improvement``.
+flag goes after an equals sign, ``--variant=--improvement``.
 ``--ours-root DIR`` runs another checkout of fedjax_fair (e.g. a ``git worktree`` of
 the last commit) as another column, for before/after figures.
 

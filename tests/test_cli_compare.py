@@ -58,6 +58,8 @@ def test_compare_writes_table_and_plots(tmp_path, capsys):
     _png_ok(out / "improved_clients.png")
     page = (out / "report.html").read_text()  # self-contained: the figures inline
     assert page.count("data:image/png;base64,") >= 5 and "<table>" in page
+    # the improved-clients share is on by default in compare (off in run: issue 50)
+    assert json.loads((out / "config.json").read_text())["improvement"] is True
     rounds = report.read_jsonl(out / "fedprox" / "seed1" / "rounds.jsonl")
     assert [r["round"] for r in rounds] == [1, 2] and "improved_fraction" in rounds[0]
     run_summary = json.loads((out / "fedprox" / "seed1" / "summary.json").read_text())

@@ -45,6 +45,38 @@ def test_a_switch_sets_the_opposite_of_its_default(tmp_path):
     assert args.plots is False and args.overwrite is True
 
 
+def test_a_switch_is_spelled_after_each_commands_default():
+    """``flag=SWITCH``: ``--no-NAME`` where the command's default is True, ``--NAME``
+    where it is False (issue 50: the improvement share is off in run, on in compare)."""
+    assert O.switch_name("improvement", True) == "--no-improvement"
+    assert O.switch_name("plots_x", False) == "--plots-x"
+    flags = {c: O.BY_NAME["improvement"].for_command(c) for c in O.COMMANDS}
+    assert {c: (o.flag, o.default) for c, o in flags.items()} == {
+        "run": ("--improvement", False), "compare": ("--no-improvement", True),
+        "sweep": ("--no-improvement", True)}
+    parse = build_parser().parse_args
+    assert parse(["run", "--improvement"]).improvement is True
+    assert parse(["compare", "--no-improvement"]).improvement is False
+    assert parse(["sweep", "--no-improvement"]).improvement is False
+    for command, wrong, hint in (("run", "--no-improvement", "--improvement turns it on"),
+                                 ("compare", "--improvement", "--no-improvement turns it off")):
+        with pytest.raises(C.ConfigError, match="unrecognized") as info:
+            parse([command, wrong])
+        assert hint in str(info.value)  # the other command's spelling, named
+    assert C.RunConfig().improvement is False and C.CompareConfig().improvement is True
+
+
+@pytest.mark.parametrize("command", O.COMMANDS)
+@pytest.mark.parametrize("value", [True, False])
+def test_a_config_files_improvement_key_works_for_every_command(command, value, tmp_path,
+                                                                  monkeypatch):
+    from fedjax_fair.cli.common import config_from_args
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.yaml").write_text(f"improvement: {str(value).lower()}\n")
+    args = build_parser().parse_args([command, "--config", "job.yaml"])
+    assert config_from_args(args, C.CONFIGS[command]).improvement is value
+
+
 def test_the_fingerprint_covers_exactly_the_iterate_options():
     cfg = C.to_dict(C.RunConfig())
     fields = set(lock.iterate_config(cfg))
@@ -79,8 +111,10 @@ def test_list_options_shows_every_group_and_option():
                          capture_output=True, text=True, check=True).stdout
     for group in O.GROUPS:
         assert f"{group}:" in out
-    for o in O.OPTIONS:
-        assert (o.flags[0] if o.flag == "" else o.flag or o.name) in out
+    for command in O.COMMANDS:
+        for o in O.of(command):
+            assert (o.flags[0] if o.flag == "" else o.flag or o.name) in out
+    assert "--improvement [run] (default: False)" in out
 
 
 def test_every_group_names_a_builder_that_exists():

@@ -67,7 +67,8 @@ def test_run_writes_all_outputs(tmp_path, capsys):
     for key in ("accuracy_mean", "accuracy_worst_10%", "accuracy_best_10%", "accuracy_gini"):
         assert key in summary["final"]
     assert summary["timings"]["compile_seconds"] > 0 and summary["timings"]["run_seconds"] > 0
-    assert 0.0 <= summary["improved_fraction_mean"] <= 1.0
+    assert summary["improved_fraction_mean"] is None  # off by default in run (issue 50)
+    assert not (out / "improved_clients.png").exists()
     assert summary["dataset"]["num_clients"] == 6
     for name in ("accuracy.png", "loss.png", "client_accuracy_hist.png"):
         _png_ok(out / name)
@@ -103,6 +104,75 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, capsys):
     assert s_full["improved_fraction_mean"] == s_part["improved_fraction_mean"]
     assert s_part["resumed_from_round"] == 2
     assert not os.path.exists(os.path.join(part, "accuracy.png"))
+
+
+def _printed(out: str) -> tuple:
+    """(the lines ``run`` prints before its result line, those after it)."""
+    lines = out.splitlines()
+    result = next(i for i, l in enumerate(lines) if ", round " in l and "accuracy:" in l)
+    return lines[:result], lines[result + 1:]
+
+
+def _improvement_state(before: list) -> str:
+    """"on" or "off": what the run's first lines say of the improvement share."""
+    import re
+    said = [l for l in before if "improvement" in l]
+    assert len(said) == 1, before
+    states = set(re.findall(r"\b(on|off)\b", said[0]))
+    assert len(states) == 1, said
+    return states.pop()
+
+
+def test_run_logs_the_improvement_share_only_with_the_flag(tmp_path, capsys):
+    """Issue 50: ``run`` leaves the per-round improved-clients share (DQN-Fed eq. 29) off
+    unless ``--improvement``, says which before its rounds, and for a method whose paper
+    reports the share (DQN-Fed) suggests the flag at its end, only when it is off."""
+    args = [*TINY, "--num-rounds", "2", "--eval-every", "2"]
+    off = tmp_path / "off"
+    assert cli.main(["run", *args, "--algorithm", "dqn_fed", "--no-plots", "-o", str(off)]) == 0
+    before, after = _printed(capsys.readouterr().out)
+    assert _improvement_state(before) == "off"
+    assert any("--improvement" in l for l in after), after  # DQN-Fed's paper reports it
+    rounds = report.read_jsonl(off / "rounds.jsonl")
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert not any("improved_fraction" in r or "loss_after" in r for r in rounds)
+    saved = json.loads((off / "summary.json").read_text())
+    assert saved["config"]["improvement"] is False and saved["improved_fraction_mean"] is None
+
+    on = tmp_path / "on"
+    assert cli.main(["run", *args, "--algorithm", "dqn_fed", "--improvement",
+                     "-o", str(on)]) == 0
+    before, after = _printed(capsys.readouterr().out)
+    assert _improvement_state(before) == "on"
+    assert not any("--improvement" in l for l in after), after
+    rounds = report.read_jsonl(on / "rounds.jsonl")
+    assert all(0.0 <= r["improved_fraction"] <= 1.0 for r in rounds)
+    saved = json.loads((on / "summary.json").read_text())
+    assert saved["config"]["improvement"] is True
+    assert 0.0 <= saved["improved_fraction_mean"] <= 1.0
+    _png_ok(on / "improved_clients.png")
+
+    other = tmp_path / "fedavg"  # a method whose paper does not report it: no suggestion
+    assert cli.main(["run", *args, "--no-plots", "-o", str(other)]) == 0
+    before, after = _printed(capsys.readouterr().out)
+    assert _improvement_state(before) == "off"
+    assert not any("improvement" in l for l in after), after
+
+
+def test_a_run_recorded_with_the_improvement_share_resumes_with_it(tmp_path, capsys):
+    """A run directory whose config.json has ``improvement: true`` (every run before
+    issue 50 made it the flag) resumes without the flag: the share stays on."""
+    out = str(tmp_path / "old")
+    args = [*TINY, "--eval-every", "1", "--no-plots", "-o", out]
+    assert cli.main(["run", *args, "--num-rounds", "1", "--improvement"]) == 0
+    capsys.readouterr()
+    assert cli.main(["run", *args, "--num-rounds", "2", "--resume"]) == 0
+    before, _ = _printed(capsys.readouterr().out)
+    assert _improvement_state(before) == "on"
+    rounds = report.read_jsonl(os.path.join(out, "rounds.jsonl"))
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all("improved_fraction" in r for r in rounds)
+    assert json.loads(open(os.path.join(out, "config.json")).read())["improvement"] is True
 
 
 def test_nan_exits_3_with_round_and_keeps_checkpoint(tmp_path, capsys):

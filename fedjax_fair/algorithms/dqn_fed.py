@@ -601,4 +601,5 @@ def dqn_fed(model, *, server_lr: Rate = 0.5, mode: str = "pseudo_grad",
 
 register("dqn_fed", dqn_fed, HPARAMS, family="fair", server_rate="server_lr", size_prior=None,
          search_space={"server_lr": (0.1, 0.3, 1.0)},
-         search_source="not reported by DQN-Fed (OpenReview KbteA50cni): eta_g in {0.1, 0.3, 1}")
+         search_source="not reported by DQN-Fed (OpenReview KbteA50cni): eta_g in {0.1, 0.3, 1}",
+         reports_improvement=True)

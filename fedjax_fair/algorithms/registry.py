@@ -109,6 +109,10 @@ class Method(NamedTuple):
     where from); empty when it has none."""
     search_source: str = ""
     """Where ``search_space`` comes from (a paper's table or appendix), for the docs."""
+    reports_improvement: bool = False
+    """Its paper reports the per-round share of participants whose training loss did not
+    rise (DQN-Fed's eq. 29, ``improved_fraction``): a ``run`` without ``--improvement``
+    says so at its end."""
 
 
 FAMILIES = {
@@ -245,7 +249,8 @@ def register(name: str, factory: Callable, hparams: dict, *, family: str,
              size_prior: Optional[Callable[[bool], dict]] = WEIGHT_BY_SIZE,
              seeded: bool = False, clocked: bool = False,
              note: Optional[Callable[[int], Optional[str]]] = None,
-             search_space: Optional[dict] = None, search_source: str = "") -> Method:
+             search_space: Optional[dict] = None, search_source: str = "",
+             reports_improvement: bool = False) -> Method:
     """Registers ``factory`` under ``name`` (the keywords are ``Method``'s fields) and
     returns its ``Method``. A method's module ends with this call. Registering a name
     again with the same entry does nothing; with another factory or other fields it is
@@ -276,7 +281,8 @@ def register(name: str, factory: Callable, hparams: dict, *, family: str,
     space = _check_space(where, factory, search_space or {})
     method = Method(factory, hparams, participation, report, bool(generative), report_line,
                     tuple(training_fields), family, server_rate, size_prior, bool(seeded),
-                    bool(clocked), note, space, str(search_source))
+                    bool(clocked), note, space, str(search_source),
+                    bool(reports_improvement))
     existing = dict.get(REGISTRY, name)
     if existing is not None:
         if existing == method:

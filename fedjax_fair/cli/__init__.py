@@ -25,7 +25,8 @@ diagnostics), ``clients.csv`` (final per-client test metrics), ``clients_over_ti
 (per-client metrics at every evaluation), ``summary.json`` (config, final fairness
 summary, timings), ``accuracy.png`` (mean / worst 10% / std over rounds), ``loss.png``,
 ``client_accuracy_hist.png``, ``lorenz.png``, ``improved_clients.png`` (the share of
-each round's participants whose training loss did not rise) and ``checkpoint/`` (one
+each round's participants whose training loss did not rise; with ``--improvement``, which
+``run`` leaves off and ``compare`` turns on) and ``checkpoint/`` (one
 committed step directory per evaluation, the last two kept: ``checkpoint.save``).
 ``compare`` writes ``config.json``, ``comparison.md`` / ``comparison.csv``
 (the printed table), ``summary.json``, ``accuracy.png``, ``client_accuracy_hist.png``

@@ -41,6 +41,17 @@ def flag_names(name: str) -> list[str]:
     return [dashed] if "_" not in name else [dashed, "--" + name]
 
 
+SWITCH = "switch"
+"""``Option.flag`` of a bool switch spelled after each command's default
+(``switch_name``), for an option whose default differs between commands."""
+
+
+def switch_name(name: str, default: bool) -> str:
+    """The switch of bool option ``name`` at ``default``: ``--no-name`` (it turns a true
+    default off), ``--name`` (it turns a false default on)."""
+    return ("--no-" if default is True else "--") + name.replace("_", "-")
+
+
 class Group(NamedTuple):
     """An option group: what its options describe, and the function of the command line
     that reads them to build the group's library value (``module:function`` under
@@ -74,8 +85,10 @@ class Option(NamedTuple):
     ``commands``: the commands that take it. ``helps`` / ``defaults`` / ``kinds``:
     per-command overrides. ``flag``: how the command line gives it: "" (the default)
     ``--name VALUE``; a switch such as ``"--no-plots"`` (sets the opposite of the
-    default) or ``"--overwrite"``; None: only a config file (or a flag of its own in
-    ``cli.parser``: ``--hp``, ``--grid``). ``iterates``: a change alters the run's
+    default) or ``"--overwrite"``; ``SWITCH``: a switch spelled after the command's
+    default (``switch_name``: ``--no-name`` where it is True, ``--name`` where False);
+    None: only a config file (or a flag of its own in ``cli.parser``: ``--hp``,
+    ``--grid``). ``iterates``: a change alters the run's
     iterates (part of its fingerprint). ``resume``: the commands whose ``--resume``
     may change it. ``branch``: ``run --resume --branch`` may change it (optimisation
     settings that keep the state's shapes). ``later``: added after runs were recorded
@@ -106,9 +119,10 @@ class Option(NamedTuple):
     def for_command(self, command: str) -> "Option":
         """This option as ``command`` takes it (its help, default and kind there)."""
         pick = lambda d, v: (d or {}).get(command, v)
-        return self._replace(help=pick(self.helps, self.help),
-                             default=pick(self.defaults, self.default),
-                             kind=pick(self.kinds, self.kind))
+        default = pick(self.defaults, self.default)
+        flag = switch_name(self.name, default) if self.flag == SWITCH else self.flag
+        return self._replace(help=pick(self.helps, self.help), default=default,
+                             kind=pick(self.kinds, self.kind), flag=flag)
 
     @property
     def flags(self) -> list:
@@ -159,6 +173,12 @@ def _names(module: str, attribute: str, *extra) -> Callable:
         return (*extra, *getattr(importlib.import_module(module), attribute))
     return choices
 
+
+
+_IMPROVEMENT = ('log every round the share of participants whose training loss did not '
+                'rise (improved_fraction in rounds.jsonl, DQN-Fed eq. 29, drawn as '
+                'improved_clients.png; one more forward pass over the cohort a round, two '
+                'for personalised methods)')
 
 
 OPTIONS = (
@@ -334,10 +354,13 @@ OPTIONS = (
            'write PNG plots (--no-plots: none)',
            flag='--no-plots', iterates=False, resume=('run', 'compare', 'sweep')),
     Option("improvement", "evaluation", 'bool', True,
-           'log every round the share of participants whose training loss did '
-           'not rise (improved_fraction; one more forward pass over the cohort '
-           'a round, two for personalised methods; --no-improvement saves it)',
-           flag='--no-improvement', iterates=False),
+           _IMPROVEMENT + '; on by default, --no-improvement saves it',
+           helps={'run': _IMPROVEMENT + '; off by default in run, --improvement turns it on',
+                  'sweep': "accepted as in run and compare, but a sweep keeps only each "
+                           "run's final state: it logs no per-round share "
+                           "(improved_fraction) whatever the value"},
+           defaults={'run': False},
+           flag=SWITCH, iterates=False),
     Option("robust", "robustness", 'str?', None,
            "a robust aggregator in place of the method's (docs/robustness.md): "
            'median, weighted_median, trimmed_mean[:TRIM], krum[:F], '
@@ -492,6 +515,25 @@ OPTIONS = (
 BY_NAME = {o.name: o for o in OPTIONS}
 
 
+def switch_hint(token: str) -> str:
+    """For ``token``, the spelling a ``SWITCH`` option has in other commands (``run
+    --no-improvement``): where it is not a flag and what is (else "")."""
+    for o in OPTIONS:
+        if o.flag != SWITCH:
+            continue
+        others: dict = {}  # (flag, default) -> the commands spelling it so
+        for c in o.commands:
+            here = o.for_command(c)
+            others.setdefault((here.flag, here.default), []).append(c)
+        if token not in {flag for flag, _ in others}:
+            continue
+        return "".join(f"; {token} is not a flag of {' or '.join(cs)}, where {o.name} is "
+                       f"{'on' if default else 'off'} by default ({flag} turns it "
+                       f"{'off' if default else 'on'})"
+                       for (flag, default), cs in others.items() if flag != token)
+    return ""
+
+
 def of(command: str) -> list:
     """The options ``command`` takes, as it takes them."""
     return [o.for_command(command) for o in OPTIONS if command in o.commands]
@@ -543,7 +585,9 @@ def error_from_message(message: str, default_field: str) -> ConfigError:
 
 def table(commands=COMMANDS) -> list:
     """``fedjax-fair list options``: every option by group, with its flag, default,
-    the commands that take it and its help."""
+    the commands that take it and its help (a line per flag and default where they
+    differ between commands: ``--improvement [run]``, ``--no-improvement [compare,
+    sweep]``)."""
     lines = []
     for group, (title, builder) in GROUPS.items():
         members = [o for o in OPTIONS if o.group == group
@@ -552,9 +596,16 @@ def table(commands=COMMANDS) -> list:
             continue
         lines.append(f"{group}: {title} (built by {builder})")
         for o in members:
-            flag = (o.flags[0] + " " + o.name.upper() if o.flag == ""
-                    else o.flag or f"(config file: {o.name})")
-            where = "" if o.commands == COMMANDS else f" [{', '.join(o.commands)}]"
-            lines.append(f"  {flag}{where} (default: {o.default!r})")
-            lines.append(f"      {o.help}")
+            variants: dict = {}  # (flag, default) -> the commands that take it so
+            for command in (c for c in o.commands if c in commands):
+                here = o.for_command(command)
+                flag = (o.flags[0] + " " + o.name.upper() if here.flag == ""
+                        else here.flag or f"(config file: {o.name})")
+                variants.setdefault((flag, repr(here.default)), []).append((command, here))
+            for (flag, default), takes in variants.items():
+                where = ("" if len(variants) == 1 and o.commands == COMMANDS
+                         else f" [{', '.join(o.commands)}]" if len(variants) == 1
+                         else f" [{', '.join(c for c, _ in takes)}]")
+                lines.append(f"  {flag}{where} (default: {default})")
+                lines.append(f"      {o.help if len(variants) == 1 else takes[0][1].help}")
     return lines

@@ -26,6 +26,8 @@ class _Parser(argparse.ArgumentParser):
             if field.startswith("{"):  # the sub-command positional
                 field = "command"
             raise C.ConfigError(field, rest)
+        if message.startswith("unrecognized arguments: "):
+            message += "".join(O.switch_hint(token) for token in message.split()[2:])
         raise C.ConfigError("arguments", message)
 
     def exit(self, status=0, message=None):

@@ -56,6 +56,7 @@ def cmd_run(args) -> int:
         print(f"system: {system.describe()}")
     alg = build_algorithm(cfg.algorithm, model, cfg, cfg.hparams, ds)
     cfg_dict["scenarios"] = transforms.announce(cfg, {cfg.algorithm: alg})[cfg.algorithm]
+    print(improvement_line(cfg.improvement))
     _check_capacity(alg, ds.num_clients, cfg)
     if cfg.resume:  # nothing in the directory is written before the checkpoint fits
         _verify_checkpoint(ckdir, alg, model, ds.num_clients, cfg.eval_clients)
@@ -203,12 +204,26 @@ def cmd_run(args) -> int:
     method = REGISTRY.get(base_name(cfg.algorithm))
     if summary.get("method_report") and method is not None and method.report_line:
         print(method.report_line(summary["method_report"]))
+    if method is not None and method.reports_improvement and not cfg.improvement:
+        print(f"{cfg.algorithm}: its paper reports the share of each round's participants "
+              f"whose training loss did not rise; run again with --improvement to log it "
+              f"(improved_fraction in rounds.jsonl)")
     sel = summary["selected"]
     if sel:
         print(f"selected by validation accuracy: round {sel['round']} (validation average "
               f"{sel['validation_accuracy_mean']:.4f}); test accuracy there: average "
               f"{sel['accuracy_mean']:.4f}, worst 10% {sel['accuracy_worst_10%']:.4f}")
     return 0
+
+
+def improvement_line(on: bool) -> str:
+    """The line ``run`` prints before its rounds: whether it logs the improvement share
+    (``--improvement``; off by default)."""
+    if on:
+        return ("improvement share: on (each round's share of participants whose training "
+                "loss did not rise, improved_fraction in rounds.jsonl)")
+    return ("improvement share: off (--improvement logs each round's share of participants "
+            "whose training loss did not rise)")
 
 
 def _unseen_line(block: dict, seen: dict) -> str:
