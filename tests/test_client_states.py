@@ -1,4 +1,6 @@
-"""Per-client state tables (fedjax_fair/core/client_states.py): the dense and lazy forms.
+"""Per-client state tables (fedjax_fair/core/client_states.py): the dense and lazy forms,
+and the host and disk forms (rows outside the device, core/row_store.py), which must
+give the lazy form's rows to the bit.
 
 Every table operation below runs under ``jax.jit`` (``_ops``), as it does inside
 ``compose``'s round. Rows are a small pytree with two float32 leaves of different
@@ -17,7 +19,8 @@ import pytest
 from fedjax_fair.core import client_states as cs
 
 N = 7  # clients in the federation
-FORMS = {"dense": cs.dense, "lazy": cs.lazy}
+FORMS = {"dense": cs.dense, "lazy": cs.lazy, "host": cs.host, "disk": cs.disk}
+OUTSIDE = ("host", "disk")
 
 
 def _row(seed=None, lead=()):
@@ -39,9 +42,10 @@ ROW_BYTES = (3 * 2 + 2) * 4 + 4  # float32 w and b, int32 n
 @functools.cache
 def _ops(form: str, capacity=None):
     """(ClientTable, jitted init, gather, scatter, drift) of one form."""
-    table = FORMS[form]() if capacity is None else cs.lazy(capacity)
-    return (table, jax.jit(table.init, static_argnums=1), jax.jit(table.gather),
-            jax.jit(table.scatter), jax.jit(table.drift))
+    table = FORMS[form]() if capacity is None else FORMS[form](capacity=capacity)
+    # a host or disk table's init makes its store: called, not traced once and reused
+    init = table.init if form in OUTSIDE else jax.jit(table.init, static_argnums=1)
+    return (table, init, jax.jit(table.gather), jax.jit(table.scatter), jax.jit(table.drift))
 
 
 def _np(tree):
@@ -74,7 +78,7 @@ def _all_rows(gather, table):
 # gather / scatter
 
 
-@pytest.mark.parametrize("form", ["dense", "lazy"])
+@pytest.mark.parametrize("form", list(FORMS))
 def test_init_gathers_the_initial_row_for_every_client(form):
     _, init, gather, _, _ = _ops(form)
     table = init(INITIAL, N)
@@ -84,7 +88,7 @@ def test_init_gathers_the_initial_row_for_every_client(form):
     np.testing.assert_array_equal(table.last_round, np.full(N, -1))
 
 
-@pytest.mark.parametrize("form", ["dense", "lazy"])
+@pytest.mark.parametrize("form", list(FORMS))
 def test_scatter_then_gather_round_trips(form):
     _, init, gather, scatter, _ = _ops(form)
     table = init(INITIAL, N)
@@ -160,7 +164,7 @@ def test_lazy_unwritten_clients_read_the_initial_row_and_store_nothing():
         _assert_rows_equal(_row_of(rows, i), _np(INITIAL))
 
 
-@pytest.mark.parametrize("form", ["dense", "lazy"])
+@pytest.mark.parametrize("form", list(FORMS))
 def test_last_round_records_the_round_of_the_last_write(form):
     _, init, _, scatter, _ = _ops(form)
     table = init(INITIAL, N)
@@ -228,6 +232,22 @@ def test_lazy_matches_dense_exactly_without_drift():
         _assert_rows_equal(l_rows, d_rows)
         np.testing.assert_array_equal(l_last, d_last)
     assert not bool(lazy_table.overflow)
+
+
+@pytest.mark.parametrize("form", OUTSIDE)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_host_and_disk_tables_give_the_lazy_rows_to_the_bit(form, seed):
+    """Rows outside the device are the lazy table's (deviations from the drift offset,
+    caught up when gathered), every round, to the bit, with and without drift."""
+    for with_drift in (False, True):
+        _, lazy_hist = _random_run("lazy", 20, with_drift, seed=seed)
+        table, hist = _random_run(form, 20, with_drift, seed=seed)
+        for (l_rows, l_last), (h_rows, h_last) in zip(lazy_hist, hist):
+            _assert_rows_equal(h_rows, l_rows)
+            np.testing.assert_array_equal(h_last, l_last)
+        report = FORMS[form]().memory(table)
+        assert report["form"] == form and report["rows_stored"] == int((hist[-1][1] >= 0).sum())
+        assert report["bytes"] < 1024  # the device holds no row
 
 
 @pytest.mark.parametrize("seed", [2, 3])
@@ -371,7 +391,9 @@ def test_get_table_resolves_names_and_rejects_unknown_ones():
     assert cs.get_table("lazy:7").name == "lazy(7)"
     table = cs.lazy(5)
     assert cs.get_table(table) is table
-    for bad in ("sparse", "lazy:0", "lazy:x", "dense:3"):
+    assert cs.get_table("host").where == "host" and cs.get_table("disk:9").name == "disk(9)"
+    assert cs.get_table("host:bf16").name == "host(bfloat16)"
+    for bad in ("sparse", "lazy:0", "lazy:x", "dense:3", "host:0", "disk:x"):
         with pytest.raises(ValueError):
             cs.get_table(bad)
 
@@ -405,6 +427,10 @@ def test_tables_work_inside_one_jitted_round():
     lazy_table, lazy_rows = rounds("lazy")
     _assert_rows_close(_np(lazy_rows), _np(dense_rows), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(lazy_table.last_round, dense_table.last_round)
+    for form in OUTSIDE:  # the rows read and written by host callbacks inside the scan
+        table, rows = rounds(form)
+        _assert_rows_equal(_np(rows), _np(lazy_rows))
+        np.testing.assert_array_equal(table.last_round, lazy_table.last_round)
 
 
 # Plain stacked-row helpers (gather / scatter of a pytree with a leading client axis).

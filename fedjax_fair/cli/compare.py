@@ -33,6 +33,7 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
 from fedjax_fair.scenarios import sampling
 from fedjax_fair.cli.parsing import parse_budgets
 from fedjax_fair.drivers.runner import verify_resumable
+from fedjax_fair.drivers.spec import holds_rows_outside
 from fedjax_fair.drivers import sweeps
 
 
@@ -127,7 +128,7 @@ def cmd_compare(args) -> int:
                 started = _in_step(out, name, started)
                 for start in sorted(set(started.values())):  # seeds of one round together
                     group = [s for s in missing if started[s] == start]
-                    if _seeds_fallback(name, cfg, group, ds, model) is None:
+                    if _seeds_fallback(name, cfg, group, ds, model, alg) is None:
                         if stop_requested():
                             raise Interrupted(0)
                         bar.set_postfix(algorithm=name, seeds=",".join(map(str, group)))
@@ -304,7 +305,7 @@ def _write_compare_outputs(name, alg, seed, run_dir, cfg_dict, hparams, model, d
     return summary, res.history, acc
 
 
-def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
+def _seeds_fallback(name: str, cfg, seeds: list, ds, model, alg=None) -> Optional[str]:
     """Why ``compare`` runs ``name``'s ``seeds`` one ``runner.run`` each instead of as one
     program (``_compare_seeds``), or None when one program runs them all."""
     if not cfg.sweep_seeds:
@@ -319,6 +320,8 @@ def _seeds_fallback(name: str, cfg, seeds: list, ds, model) -> Optional[str]:
         return "placement host (runner.run streams each chunk's cohorts)"
     if cfg.eval_clients is not None and cfg.eval_clients < ds.num_clients:
         return "eval_clients (runner.run evaluates a subset between chunks)"
+    if alg is not None and holds_rows_outside(alg, model, ds.num_clients):
+        return "a host or disk client table (runner.run keeps its rows)"
     return None
 
 

@@ -52,7 +52,8 @@ class ClientTable(NamedTuple):
     """init(row, num_clients) -> table; gather(table, client_ids) -> rows [K, ...];
     scatter(table, client_ids, rows, client_mask, round) -> table;
     drift(table, delta) -> table; memory(table) -> dict (host-side).
-    capacity: the most clients it can hold (None: every client)."""
+    capacity: the most clients it can hold (None: every client). where: "device", or
+    "host" / "disk" for rows outside the device (``host``, ``disk``)."""
 
     init: Callable
     gather: Callable
@@ -61,6 +62,7 @@ class ClientTable(NamedTuple):
     memory: Callable
     name: str
     capacity: Optional[int] = None
+    where: str = "device"  # where the rows live: "device", "host" or "disk"
 
 
 def init_table(row, num_clients: int):
@@ -111,6 +113,14 @@ def _stored(row, dtype):
         raise H.FieldError("dtype", "a 16-bit storage type holds floats as uint16 bits, so a row "
                                     "cannot have uint16 leaves of its own; store it in float32")
     return jax.tree.map(lambda x: _encode(jnp.asarray(x), dtype), row)
+
+
+def _shifted(rows, offset, sign: int):
+    """``rows`` [K, ...] plus (``sign`` 1) or minus (-1) the drift ``offset``; a boolean
+    leaf (a flag in a row) does not drift."""
+    if rows.dtype == bool:
+        return rows
+    return rows + offset[None] if sign > 0 else rows - offset[None]
 
 
 def _widened(rows, dtype):
@@ -210,7 +220,7 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
         def row(s, init, off):
             pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim),
                              _decode(s, dtype).astype(init.dtype), init[None])
-            return pick + off[None]
+            return _shifted(pick, off, 1)
 
         return jax.tree.map(row, stored, table.initial, table.offset)
 
@@ -230,7 +240,7 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
         writable = client_mask & (rows_slot >= 0)
         targets = jnp.where(writable, rows_slot, cap)
         rows = jax.tree.map(lambda t, r, off: t.at[targets].set(
-            _encode(r - off[None], dtype).astype(t.dtype), mode="drop"), table.rows, new_rows,
+            _encode(_shifted(r, off, -1), dtype).astype(t.dtype), mode="drop"), table.rows, new_rows,
             table.offset)
         last = table.last_round.at[_write_ids(client_ids, writable, n)].set(
             jnp.asarray(round_, jnp.int32), mode="drop")
@@ -252,6 +262,112 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
 
     return ClientTable(init, gather_, scatter_, drift, memory,
                        _name("lazy", capacity, dtype), capacity)
+
+
+# ----------------------------------------------------------------- host and disk
+
+
+class HostTable(NamedTuple):
+    """A client table whose rows live outside the device (``core/row_store.py``): on
+    the device, only what every round reads whole."""
+
+    initial: object  # pytree: the row of a client never written (before drift)
+    offset: object  # pytree: D, the drift accumulated since round 0
+    last_round: jax.Array  # int32 [N], -1 = never written
+    store: jax.Array  # int32 []: the handle of the rows' RowStore
+    version: jax.Array  # int32 []: the rows' version this state reads (row_store.py)
+
+
+def host(capacity: Optional[int] = None, dtype=None) -> ClientTable:
+    """Rows in host memory (``row_store.RowStore``), the cohort's rows read and written
+    by the compiled round through host callbacks: the device holds a cohort of rows
+    and two int32 [N] vectors. The same rows as ``lazy`` (rows stored as deviations
+    from the common drift), for a federation whose table outgrows the device. A state
+    can be continued once (no branches: ``runner.run`` and the CLI, not ``vmap`` over
+    seeds or ``jax.grad``)."""
+    return _outside("host", None, capacity, dtype)
+
+
+def disk(directory: Optional[str] = None, capacity: Optional[int] = None,
+         dtype=None) -> ClientTable:
+    """``host`` with the rows in memory-mapped files, in a folder of their own made in
+    ``directory`` (None: the system's temporary directory, ``$TMPDIR``) and removed
+    with the rows: a table larger than the host's memory, paged by the kernel.
+    Checkpoints keep their own copy of the rows (``runner.run``)."""
+    return _outside("disk", "" if directory is None else str(directory), capacity, dtype)
+
+
+def _outside(form: str, directory, capacity, dtype) -> ClientTable:
+    from fedjax_fair.core import row_store
+    from jax.experimental import io_callback
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity < 1):
+        raise H.FieldError("capacity", f"must be a positive integer or None, got {capacity!r}")
+    dtype = _check_dtype(dtype)
+
+    def init(row, num_clients: int) -> HostTable:
+        row = jax.tree.map(jnp.asarray, row)
+        stored = jax.tree.leaves(_stored(row, dtype))
+        rows = row_store.RowStore([(x.shape, x.dtype) for x in stored], num_clients,
+                                  capacity, directory)
+        return HostTable(initial=row, offset=jax.tree.map(jnp.zeros_like, row),
+                         last_round=jnp.full((num_clients,), -1, jnp.int32),
+                         store=jnp.asarray(row_store.register(rows), jnp.int32),
+                         version=jnp.zeros((), jnp.int32))
+
+    def stored_shapes(table: HostTable, k: int):
+        leaves, tree = jax.tree.flatten(_stored(table.initial, dtype))
+        return [jax.ShapeDtypeStruct((k, *x.shape), x.dtype) for x in leaves], tree
+
+    def gather_(table: HostTable, client_ids):
+        client_ids = jnp.asarray(client_ids, jnp.int32)
+        shapes, tree = stored_shapes(table, client_ids.shape[0])
+        seen, leaves = io_callback(
+            lambda h, ids, v: row_store.get(h).read(ids, v),
+            (jax.ShapeDtypeStruct(client_ids.shape, bool), shapes),
+            table.store, client_ids, table.version)
+        stored = jax.tree.unflatten(tree, leaves)
+
+        def row(s, init, off):
+            pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim),
+                             _decode(s, dtype).astype(init.dtype), init[None])
+            return _shifted(pick, off, 1)
+
+        return jax.tree.map(row, stored, table.initial, table.offset)
+
+    def scatter_(table: HostTable, client_ids, new_rows, client_mask, round_):
+        client_ids = jnp.asarray(client_ids, jnp.int32)
+        client_mask = jnp.broadcast_to(jnp.asarray(client_mask, bool), client_ids.shape)
+        encoded = jax.tree.map(lambda r, off, init: _encode(
+            _shifted(r, off, -1).astype(init.dtype), dtype), new_rows, table.offset, table.initial)
+        version = io_callback(
+            lambda h, ids, leaves, mask, v: row_store.get(h).write(ids, leaves, mask, v),
+            jax.ShapeDtypeStruct((), jnp.int32), table.store, client_ids,
+            jax.tree.leaves(encoded), client_mask, table.version)
+        n = table.last_round.shape[0]
+        last = table.last_round.at[_write_ids(client_ids, client_mask, n)].set(
+            jnp.asarray(round_, jnp.int32), mode="drop")
+        return table._replace(last_round=last, version=version)
+
+    def drift(table: HostTable, delta) -> HostTable:
+        return table._replace(offset=jax.tree.map(lambda o, d: o + d.astype(o.dtype),
+                                                  table.offset, delta))
+
+    def memory(table: HostTable) -> dict:
+        held = row_store.get(table.store).memory()
+        return {"form": form, "num_clients": int(table.last_round.shape[0]),
+                **({"capacity": capacity} if capacity is not None else {}), **held,
+                "bytes": tree_bytes(table)}
+
+    return ClientTable(init, gather_, scatter_, drift, memory,
+                       _name(form, capacity, dtype), capacity, where=form)
+
+
+def outside_tables(state) -> list:
+    """The ``HostTable`` nodes of a state (a method may keep more than one), in tree
+    order."""
+    return [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, HostTable))
+            if isinstance(x, HostTable)]
 
 
 DTYPES = {"bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16, "f16": jnp.float16,
@@ -285,27 +401,29 @@ def _first_occurrence(client_ids, client_mask):
     return ~jnp.any(same & earlier, axis=1)
 
 
-TABLES = {"dense": dense, "lazy": lazy}
+TABLES = {"dense": dense, "lazy": lazy, "host": host, "disk": disk}
 
 
 def get_table(table) -> ClientTable:
-    """A ``ClientTable`` from itself, or text: "dense", "lazy", "lazy:CAPACITY", each
-    optionally followed by ":DTYPE" (storage precision, e.g. "dense:bf16",
-    "lazy:500:bf16")."""
+    """A ``ClientTable`` from itself, or text: "dense", "lazy", "lazy:CAPACITY",
+    "host", "host:CAPACITY", "disk", "disk:CAPACITY", each optionally followed by
+    ":DTYPE" (storage precision, e.g. "dense:bf16", "lazy:500:bf16"). "disk" keeps
+    its rows in a scratch folder of ``$TMPDIR`` (``disk(directory=...)`` for another)."""
     if isinstance(table, ClientTable):
         return table
     name, *args = str(table).split(":")
     dtype = args.pop() if args and args[-1] in DTYPES else None
-    if name not in TABLES or len(args) > (name == "lazy"):
-        raise H.FieldError("client_table", f"must be dense, lazy, lazy:CAPACITY (each optionally "
-                                           f"with :bf16 or another storage type) or a ClientTable, "
-                                           f"got {table!r}")
+    if name not in TABLES or len(args) > (name != "dense"):
+        raise H.FieldError("client_table", f"must be dense, lazy, lazy:CAPACITY, host, "
+                                           f"host:CAPACITY, disk or disk:CAPACITY (each "
+                                           f"optionally with :bf16 or another storage type) or "
+                                           f"a ClientTable, got {table!r}")
     if not args:
         return TABLES[name](dtype=dtype)
     try:
-        return lazy(int(args[0]), dtype)
+        return TABLES[name](capacity=int(args[0]), dtype=dtype)
     except ValueError:
-        raise H.FieldError("client_table", f"the capacity of lazy:CAPACITY must be a positive "
+        raise H.FieldError("client_table", f"the capacity of {name}:CAPACITY must be a positive "
                                            f"integer, got {table!r}") from None
 
 

@@ -156,12 +156,14 @@ def latest(directory: str) -> Optional[str]:
 
 
 def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
-         fresh: bool = False, logs: Optional[dict] = None) -> str:
+         fresh: bool = False, logs: Optional[dict] = None, unmerged: tuple = ()) -> str:
     """Commits ``state``, ``meta``, ``arrays`` ({file name: {array name: array}}) and
     the new rows of ``logs`` ({log name: {array name: rows [n, ...]}} or a list of
     JSON values) as one new step directory; keeps the last ``KEEP`` (``fresh``: this
     one alone, the first save of a new run into a directory an earlier run used,
-    whose logs it does not continue). Returns the step directory."""
+    whose logs it does not continue). The logs named in ``unmerged`` keep one segment
+    per save, never merged (``log_segments`` reads them one at a time: a client
+    table's rows, which may not fit in memory twice). Returns the step directory."""
     os.makedirs(directory, exist_ok=True)
     found = steps(directory)
     step = (found[-1] + 1) if found else 1
@@ -183,7 +185,8 @@ def save(directory: str, state: Any, meta: dict, arrays: Optional[dict] = None,
         _fault(f"link {log}")
         os.makedirs(os.path.join(tmp, log))
         earlier = _segments(previous, log) if previous is not None else []
-        if rows:
+        saves = 1
+        if rows and log not in unmerged:
             rows, saves = _merge_tail(previous, log, earlier, rows)
         for seg in earlier:  # the segments this save does not merge, linked
             _link(os.path.join(previous, log, seg), os.path.join(tmp, log, seg))
@@ -368,6 +371,15 @@ def load_log(directory: str, name: str):
     ``ValueError("checkpoint: ...")``."""
     step = _step_dir(directory)
     return _read_log(step, name)
+
+
+def log_segments(directory: str, name: str):
+    """The array segments of log ``name`` of the newest save, oldest first, one
+    ``{array: rows}`` at a time (a generator)."""
+    step = _step_dir(directory)
+    folder = os.path.join(step, name)
+    for seg in _segments(step, name):
+        yield _read_npz(folder, seg)
 
 
 def _read_log(step: str, name: str):

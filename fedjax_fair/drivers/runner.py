@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -34,7 +35,8 @@ from fedjax_fair.core import interrupts, memory as mem
 from fedjax_fair import hparams as H
 from fedjax_fair.core import sharding
 from fedjax_fair.core.algorithm import FederatedAlgorithm, ServerState
-from fedjax_fair.core.client_states import table_memory
+from fedjax_fair.core import row_store
+from fedjax_fair.core.client_states import HostTable, outside_tables, table_memory
 from fedjax_fair.scenarios.heterogeneity import UNLIMITED_STEPS
 from fedjax_fair.scenarios.system import System
 from fedjax_fair.drivers.programs import _PROGRAMS as _SHARED_PROGRAMS
@@ -48,12 +50,12 @@ from fedjax_fair.core.types import FederatedData
 from fedjax_fair.data.disk import will_need
 
 __all__ = [
-    "CLIENT_HISTORY", "CLOCK_METRICS", "Chunk", "CompileClock", "HISTORY", "Interrupted",
-    "NonFiniteError", "ROUND_LOG", "ROUND_SCALARS", "Record", "RunResult", "RunSpec",
-    "attacked_summary", "check_capacity", "check_cohort", "check_count",
-    "check_summary_clients", "check_system", "drive", "has_clock", "load_round_log",
-    "make_programs", "one_example", "request_stop", "run", "split_summary", "stop_on_signals",
-    "stop_requested", "verify_resumable",
+    "CLIENT_HISTORY", "CLIENT_ROWS", "CLOCK_METRICS", "Chunk", "CompileClock", "HISTORY",
+    "Interrupted", "NonFiniteError", "ROUND_LOG", "ROUND_SCALARS", "Record", "RunResult",
+    "RunSpec", "attacked_summary", "check_capacity", "check_outside", "check_cohort",
+    "check_count", "check_summary_clients", "check_system", "drive", "has_clock",
+    "load_round_log", "make_programs", "one_example", "request_stop", "restore", "run",
+    "split_summary", "stop_on_signals", "stop_requested", "verify_resumable",
     "simulate",  # (tests replace runner.simulate to catch a compile)
 ]
 
@@ -310,7 +312,7 @@ def run(algorithm: FederatedAlgorithm, params, data: FederatedData, key, *, mode
     try:
         state, record, key = _start(algorithm, params, data.num_clients, key, spec, resume,
                                     dict(on_eval=on_eval, on_rounds=on_rounds,
-                                         on_clients=on_clients))
+                                         on_clients=on_clients), log)
         bar = _progress(progress, spec.num_rounds, int(state.round), description)
         try:
             programs = make_programs(algorithm, model, data, spec, state=state, key=key,
@@ -342,15 +344,17 @@ def history_ids(num_clients: int, spec: RunSpec) -> Optional[np.ndarray]:
 
 
 def _start(algorithm: FederatedAlgorithm, params, num_clients: int, key, spec: RunSpec,
-           resume: bool, observers: dict) -> tuple:
+           resume: bool, observers: dict, log=None) -> tuple:
     """``(starting state, Record, key)`` of a run: ``algorithm.init``'s state, or the
-    newest commit's (``resume``); under a mesh the state placed (replicated, the client
-    table split by client) and the key replicated."""
+    newest commit's (``resume``, with the rows of host and disk tables); under a mesh
+    the state placed (replicated, the client table split by client) and the key
+    replicated. The bill of host and disk tables is checked (``check_outside``)."""
     state = algorithm.init(params, num_clients)
     record = Record(spec.checkpoint_dir, **observers, commit_seconds=spec.commit_seconds,
                     donated=spec.donate, history_ids=history_ids(num_clients, spec))
     if resume:
         state = record.resume(state, num_clients)
+    check_outside(state, spec, num_clients, log)
     mesh = spec.execution.mesh
     if mesh is not None:  # replicated server state, client table split by client
         state = sharding.put(state, sharding.state_shardings(mesh, state))
@@ -372,7 +376,7 @@ def _non_finite(record: "Record", algorithm: FederatedAlgorithm, params, num_cli
     saved = spec.checkpoint_dir is not None
     if spec.donate:  # the chunk consumed its input
         saved = record.saved  # this run's commit (or the one it resumed from)
-        state = (ckpt.restore(spec.checkpoint_dir, algorithm.init(params, num_clients))[0]
+        state = (restore(spec.checkpoint_dir, algorithm.init(params, num_clients))[0]
                  if saved else algorithm.init(params, num_clients))
         last_good = int(state.round)
     where = (f", saved in {spec.checkpoint_dir}" if saved else
@@ -416,7 +420,10 @@ class _RunLoop:
         return [Chunk(self.state, None, per_client, summary, 0.0)]
 
     def advance(self, r0: int, length: int) -> list:
-        """The next chunk of ``length`` rounds from round ``r0``, evaluated."""
+        """The next chunk of ``length`` rounds from round ``r0``, evaluated. Host and
+        disk tables keep the chunk's rows when its rounds were finite, else go back to
+        the rows before it."""
+        held = [(row_store.get(t.store), int(t.version)) for t in outside_tables(self.state)]
         if self.programs.plan.placement == "device":
             new_state, metrics, t = self._resident(length)
         else:  # sampling, gathering and the transfer count as run time
@@ -424,7 +431,13 @@ class _RunLoop:
         metrics = jax.tree.map(lambda m: m[:length], sharding.to_host(metrics))
         seconds = time.perf_counter() - t
         self.state = new_state
-        if not np.asarray(metrics["finite"]).all():
+        finite = np.asarray(metrics["finite"]).all()
+        for store, version in held:
+            if finite:
+                store.settle()
+            else:
+                store.rollback(version)
+        if not finite:
             return [Chunk(new_state, metrics, None, None, seconds)]
         _check_table(new_state)
         per_client, summary = self.programs.evaluate(new_state)
@@ -557,7 +570,7 @@ class Record:
         if self.checkpoint_dir is None or not ckpt.exists(self.checkpoint_dir):
             raise FileNotFoundError(f"resume: no checkpoint in "
                                     f"checkpoint_dir={self.checkpoint_dir!r}")
-        state, meta = ckpt.restore(self.checkpoint_dir, template)
+        state, meta = restore(self.checkpoint_dir, template)
         _check_meta(meta, self.checkpoint_dir, int(state.round))
         self.history = meta["history"]
         self.compile_before = meta.get("compile_seconds", 0.0)
@@ -622,15 +635,21 @@ class Record:
         if jax.process_count() > 1:  # every process gathers; process 0 writes
             state = sharding.to_host(state)
             write = jax.process_index() == 0
+        stores = [row_store.get(t.store) for t in outside_tables(state)]
         if write:
+            rows = {f"{CLIENT_ROWS}_{i}": store.dirty() for i, store in enumerate(stores)}
             ckpt.save(self.checkpoint_dir, state,
                       {"round": int(state.round),
                        "compile_seconds": self.compile_before + clock.seconds,
                        "run_seconds": self.run_s},
                       logs={HISTORY: list(history),
                             CLIENT_HISTORY: {k: np.stack(v) for k, v in clients.items()},
-                            ROUND_LOG: {k: np.concatenate(v) for k, v in rounds.items()}},
-                      fresh=not self._saved)  # an earlier run's saves go at the first
+                            ROUND_LOG: {k: np.concatenate(v) for k, v in rounds.items()},
+                            **{k: v for k, v in rows.items() if len(v["client"])}},
+                      fresh=not self._saved,  # an earlier run's saves go at the first
+                      unmerged=tuple(rows))
+        for store in stores:
+            store.clean()
         self._pending = ([], {}, {})
         self._saved = True
         self._last_commit = time.monotonic()
@@ -722,6 +741,59 @@ def has_clock(algorithm: FederatedAlgorithm, system) -> bool:
 HISTORY = "history"  # the checkpoint's log of evaluations (one JSON object each)
 CLIENT_HISTORY = "client_history"  # per-client test metrics, a row [N] per evaluation
 ROUND_LOG = "rounds"  # every round's metrics (as on_rounds receives them)
+# the rows a host or disk table wrote since the last commit, one log per table
+# ("client_rows_0", ...; row_store.RowStore.dirty), a segment per commit
+CLIENT_ROWS = "client_rows"
+
+
+def restore(directory: str, template) -> tuple:
+    """``checkpoint.restore`` of ``template``, with the rows of its host and disk
+    tables (``client_states.host`` / ``disk``) replayed from the checkpoint into the
+    template's own stores, which the restored state then reads."""
+    state, meta = ckpt.restore(directory, template)
+    tables = iter(range(len(outside_tables(template))))
+
+    def reattach(fresh, restored):
+        if not isinstance(fresh, HostTable):
+            return restored
+        i, store = next(tables), row_store.get(fresh.store)
+        for segment in ckpt.log_segments(directory, f"{CLIENT_ROWS}_{i}"):
+            store.load(segment)
+        store.set_version(int(restored.version))
+        return restored._replace(store=fresh.store)
+
+    return jax.tree.map(reattach, template, state,
+                        is_leaf=lambda x: isinstance(x, HostTable)), meta
+
+
+def check_outside(state, spec: RunSpec, num_clients: int, log=None) -> None:
+    """Before compute: the host or disk tables of ``state`` (one device, no mesh) and
+    their bill, logged, against the host's available memory or the folder's free disk:
+    min(N, cohort x rounds, capacity) rows, plus a chunk's journal (the old rows a
+    chunk overwrites, kept until its rounds are known to be finite)."""
+    import shutil
+    for table in outside_tables(state):
+        if spec.execution.mesh is not None:
+            raise H.FieldError("client_table", "host and disk tables run on one device; "
+                                               "under a mesh use the dense or lazy table")
+        store = row_store.get(table.store)
+        rows = min(store.capacity, spec.cohort_size * spec.num_rounds)
+        journal = min(rows, spec.cohort_size * spec.eval_every)
+        bill = (rows + journal) * store.row_bytes
+        if store.disk:
+            os.makedirs(store.parent, exist_ok=True)
+        where = store.parent if store.disk else "host memory"
+        free = (shutil.disk_usage(store.parent).free if store.disk
+                else mem.host_available())
+        gib = lambda b: f"{b / 2**30:.2f} GiB"
+        line = (f"client rows in {where}: up to {gib(bill)} ({rows:,} rows of "
+                f"{store.row_bytes:,} bytes and a chunk's journal of {journal:,})")
+        if free is not None and bill > free:
+            raise H.FieldError("client_table", f"{line}, but {gib(free)} is available; use "
+                                               f"the disk table, another folder or a "
+                                               f"capacity")
+        if log:
+            log(line)
 
 
 def load_round_log(directory: str, rounds: int) -> dict:

@@ -460,6 +460,26 @@ def check_capacity(algorithm: FederatedAlgorithm, num_clients: int, cohort_size:
                                            f"capacity of at least {needed}")
 
 
+def require_device_tables(state, what: str) -> None:
+    """Host and disk client tables (``client_states.host`` / ``disk``) hold one run's
+    rows outside the program, continued by ``runner.run`` alone: ``what`` (runs vmapped
+    or differentiated together) refuses them, before compute."""
+    from fedjax_fair.core.client_states import outside_tables
+    if outside_tables(state):
+        raise H.FieldError("client_table", f"a host or disk table keeps one run's rows outside "
+                                           f"the program; {what} needs the dense or lazy "
+                                           f"table (runner.run takes host and disk tables)")
+
+
+def holds_rows_outside(algorithm: FederatedAlgorithm, model, num_clients: int) -> bool:
+    """Whether ``algorithm``'s state has a host or disk client table (from its
+    shapes: nothing is allocated)."""
+    from fedjax_fair.core.client_states import outside_tables
+    shapes = jax.eval_shape(lambda k: algorithm.init(model.init(k), num_clients),
+                            jax.random.key(0))
+    return bool(outside_tables(shapes))
+
+
 def one_example(data: FederatedData) -> dict:
     """Shapes and dtypes of one training example of ``data`` (no client or row axis)."""
     return {k: jax.ShapeDtypeStruct(np.shape(v)[2:], v.dtype)

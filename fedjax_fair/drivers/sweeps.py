@@ -72,7 +72,7 @@ from fedjax_fair.drivers.simulate import simulate
 from fedjax_fair.drivers import checkpoint as ckpt
 from fedjax_fair.drivers.spec import (DEFAULT, RunSpec, as_spec, check_cohort, check_count,
                                       check_model, check_model_fits, check_summary_clients,
-                                      require_sampler,
+                                      require_device_tables, require_sampler,
                                       check_system)
 from fedjax_fair.core.types import ClientData, FederatedData
 from fedjax_fair.hparams import FieldError, FieldTypeError
@@ -299,6 +299,7 @@ def final_state(algorithm: FederatedAlgorithm, params, data: FederatedData, key,
                 remat: bool = False, step_budgets=None) -> ServerState:
     """The state after ``num_rounds`` rounds of ``simulate`` from ``algorithm.init``."""
     state = algorithm.init(params, data.num_clients)
+    require_device_tables(state, "a differentiated or vmapped run (final_state)")
     state, _ = simulate(algorithm, state, data, key, num_rounds=num_rounds,
                         cohort_size=cohort_size, sampler=sampler, remat=remat,
                         execution=execution, step_budgets=step_budgets)
@@ -316,6 +317,7 @@ def _run_fn(build: Callable, model, data_has_validation: bool, spec: RunSpec,
         key = jax.random.key(seed)
         algorithm = build(hp)
         state = algorithm.init(params, data.num_clients)
+        require_device_tables(state, "a sweep (its runs vmapped together)")
         state, _ = simulate_chunk(algorithm, spec, spec.num_rounds, state, data, key, budgets)
         test = evaluate_state(model, algorithm, state, data.test)
         val = (evaluate_state(model, algorithm, state, data.validation)
@@ -827,6 +829,7 @@ def run_seeds(algorithm: FederatedAlgorithm, model, data: FederatedData, seeds: 
     try:
         states, records = _seed_states(algorithm, model, data.num_clients, seed_values, inits,
                                        checkpoint_dirs, resume, spec.commit_seconds)
+        require_device_tables(states, "run_seeds (its seeds run as one program)")
         seeds32 = seed_values.astype(np.uint32)
         current = [_stack(states)] if vmap_seeds else list(states)
         programs = make_programs(algorithm, model, data, spec, state=current[0],
