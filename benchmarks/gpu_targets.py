@@ -63,6 +63,36 @@ written to the JSON as it completes, and rows that would pass the budget print
 3. The targets table (target, measured, met / missed), after part 1 and again at the
    end of the run.
 
+4. ``--large-cohort`` (only this part: no targets, zoo, torch loop or roofline): issue
+   50's cohort of 100,000 clients in one round of the MLP (784-200-200-62, S = 10 steps
+   of B = 20, every client S x B rows), ``chunked`` execution (``--chunk-sizes``,
+   default 8, 100 and 1,000) with the streamed aggregation (``compose``'s round sums the
+   clients' terms as they finish, never a [K, d] stack: ``FederatedAlgorithm.streamed``),
+   against the 1,000-client round of the same setup times 100 (target: within 1.2x).
+   The clients are writers of ``femnist_like(procedural=True)``, whose rows each client
+   computes from its id inside the client map (``GeneratedClients.take`` of its own id
+   in the client update), so a chunk of c clients holds c clients' rows. The rows of a
+   100,000-client cohort at once ([K, 200, 28, 28, 1], what ``simulate.make_cohort``'s
+   ``take`` of the whole cohort builds) would be 58 GiB and 15.7e9 elements, past the
+   2^31 - 1 elements XLA indexes (``memory.MAX_ARRAY_ELEMENTS``). ``held`` rows: the
+   smallest cohort with the same rows computed before the round and held on the device
+   (what computing them costs). Rows run by chunk size, then cohort, ascending (the
+   process's peak only grows), the held ones last.
+
+       timeout 540 python benchmarks/gpu_targets.py --large-cohort --budget-s 480 \
+           --json $OUT/large.json
+       python benchmarks/gpu_targets.py --large-cohort --quick   (cohorts 20 / 200, 2 x 4)
+       python benchmarks/gpu_targets.py --large-cohort --cohorts 1000,100000 --steps 10 \
+           --batch 20 --chunk-sizes 8
+
+   Columns: s/round, the median of ``--reps`` rounds after a warm-up one (``min s``:
+   the fastest); us/client: s/round over K; x linear: s/round over (K / K0) x the
+   smallest cohort K0's s/round at the same chunk size (1: per-client cost flat); XLA
+   GiB: the compiled round's temporaries and outputs; plan GiB: the memory plan
+   ``runner.run`` bills for a generated federation (``memory.MemoryPlan``: the program's
+   arguments, outputs and temporaries plus the resident test split's sizes and
+   templates), the largest cohort's printed in full; peak GiB as in part 1.
+
 Memory: a round is skipped ("skipped: out of memory", with a note) without compiling
 when one client's step working set times the clients it runs together exceeds twice
 the free device memory, after compiling when XLA's memory analysis of the round
@@ -95,6 +125,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from typing import Callable, NamedTuple, Optional  # noqa: E402
@@ -112,10 +143,12 @@ from protocol import Reference, ReferenceFailed  # noqa: E402
 from round_throughput import available_bytes, save_params, sgd_step_fn  # noqa: E402
 
 from fedjax_fair.core.algorithm import compose  # noqa: E402
+from fedjax_fair.core import memory as mem  # noqa: E402
 from fedjax_fair.core.client import ClientTraining, local_training  # noqa: E402
 from fedjax_fair.core.execution import (  # noqa: E402
     CONV_GROUP, HEAVY_CONV_EXAMPLE_FLOPS, Execution, model_profile, resolve)
 from fedjax_fair.core.types import ClientData, Cohort  # noqa: E402
+from fedjax_fair.data import femnist_like  # noqa: E402
 from fedjax_fair.models import MODELS, cnn, get_model, mlp  # noqa: E402
 from fedjax_fair.models.base import example_flops  # noqa: E402
 from fedjax_fair.models.resnet import resnet18_gn  # noqa: E402
@@ -239,7 +272,8 @@ def is_oom(e: Exception) -> bool:
 
 def time_round(alg, params, cohort: Cohort, execution: Execution, reps: int) -> dict:
     """Compiles one round, refuses it when XLA's memory analysis exceeds the free
-    memory, runs it once, then returns the fastest of ``reps`` rounds."""
+    memory, runs it once, then times ``reps`` rounds: the fastest (``s_per_round``),
+    the median (``s_median``) and each (``s_all``)."""
     k = cohort.client_ids.shape[0]
     state = alg.init(params, k)
     fn = jax.jit(functools.partial(alg.apply, execution=execution))
@@ -254,13 +288,15 @@ def time_round(alg, params, cohort: Cohort, execution: Execution, reps: int) -> 
                           f"outputs, {free / GiB:.1f} GiB free")
     before = peak_bytes()
     jax.block_until_ready(compiled(state, cohort, jax.random.key(0)))
-    best = float("inf")
+    times = []
     for rep in range(reps):
         t = time.perf_counter()
         jax.block_until_ready(compiled(state, cohort, jax.random.key(rep + 1)))
-        best = min(best, time.perf_counter() - t)
+        times.append(time.perf_counter() - t)
     after = peak_bytes()
-    return {"s_per_round": best, "compile_s": compile_s, "xla_bytes": int(need),
+    return {"s_per_round": min(times), "s_median": statistics.median(times), "s_all": times,
+            "compile_s": compile_s, "xla_bytes": int(need),
+            "program_bytes": mem.program_bytes(compiled),
             "peak_bytes": after, "peak_rose": after is not None and after != before}
 
 
@@ -275,6 +311,7 @@ class Run:
         # (model, contender) -> (K, clients at once, setup s, s/round) last measured
         self.history = {}
         self.rows, self.zoo, self.targets, self.notes = [], [], [], []
+        self.large = []  # part 4, --large-cohort
         self.rates = None
         self.torch = None
         self.described = set()  # what the notes have described once
@@ -323,7 +360,8 @@ class Run:
         dev = jax.devices()[0]
         out = {"device": f"{dev.device_kind} ({dev.platform})", "jax": jax.__version__,
                "rates": self.rates.to_json() if self.rates else None, "rows": self.rows,
-               "zoo": self.zoo, "targets": self.targets, "notes": self.notes,
+               "zoo": self.zoo, "large": self.large, "targets": self.targets,
+               "notes": self.notes,
                "args": {k: v for k, v in vars(self.args).items() if k != "target_jobs"},
                "wall_s": self.elapsed()}
         tmp = self.args.json + ".tmp"
@@ -715,6 +753,178 @@ def print_zoo_summary(run: Run) -> None:
     print(f"# auto within 10% of the fastest in {agree} of {len(cells)} cells", flush=True)
 
 
+# ------------------------------------------------------------------ 4. large cohort
+
+LARGE_COHORTS, QUICK_LARGE_COHORTS = (1000, 100_000), (20, 200)
+LARGE_CHUNKS, QUICK_LARGE_CHUNKS = (8, 100, 1000), (4,)
+LARGE_STEPS, LARGE_BATCH, QUICK_LARGE_STEPS, QUICK_LARGE_BATCH = 10, 20, 2, 4
+LARGE_RATIO = 1.2  # issue 50: the 100,000-client round within 1.2x of 100 x the 1,000
+LARGE_HEADER = ("K", "execution", "rows", "s/round", "min s", "us/client", "x linear",
+                "compile s", "XLA GiB", "plan GiB", "peak GiB")
+
+
+def generated_round(model, split, steps: int, batch: int):
+    """FedAvg (``fedavg_round``'s pieces) whose client update computes its own rows
+    from its id (``data.examples["id"]``) with the generated ``split``: inside the
+    client map, so a chunk of c clients holds c clients' rows, never the cohort's."""
+    inner = local_training(model, ClientTraining(lr=LR, batch_size=batch, num_epochs=1,
+                                                 max_steps=steps), track_loss=False)
+
+    def update(broadcast, client_state, data, local_steps, key):
+        rows = jax.tree.map(lambda v: v[0], split.take(data.examples["id"][None]))
+        return inner(broadcast, client_state, rows, local_steps, key)
+
+    return compose(update)
+
+
+def id_cohort(k: int, rows: int) -> Cohort:
+    """Clients 0 .. K-1, each carrying only its id (its rows are computed in the round)."""
+    ids = jnp.arange(k, dtype=jnp.int32)
+    data = ClientData({"id": ids}, jnp.ones((k, rows), bool), jnp.full((k,), rows, jnp.int32))
+    return Cohort(ids, data, jnp.ones((k,), bool), jnp.full((k,), 2 ** 30, jnp.int32))
+
+
+def held_cohort(split, k: int) -> Cohort:
+    """Clients 0 .. K-1 with the same rows computed before the round, on the device."""
+    ids = jnp.arange(k, dtype=jnp.int32)
+    return Cohort(ids, jax.jit(lambda s, i: s.take(i))(split, ids), jnp.ones((k,), bool),
+                  jnp.full((k,), 2 ** 30, jnp.int32))
+
+
+def fmt_us(v: float) -> str:
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def fmt_gib(v) -> str:
+    return "" if v is None else f"{v / GiB:.2f}"
+
+
+def print_large_row(row) -> None:
+    s = row["s_per_round"]
+    if not isinstance(s, float):
+        cells = [f"{row['cohort']:,}", row["execution"], row["rows"], s] + [""] * 7
+    else:
+        cells = [f"{row['cohort']:,}", row["execution"], row["rows"], fmt_s(row["s_median"]),
+                 fmt_s(s), fmt_us(row["us_per_client"]), fmt_x(row.get("x_linear")),
+                 f"{row['compile_s']:.1f}", fmt_gib(row["xla_bytes"]),
+                 fmt_gib(row["plan_bytes"]), fmt_peak(row)]
+    print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def large_cell(run: Run, prep: Prepared, resident: int, k: int, chunk: int, rows: str,
+               alg, make) -> dict:
+    """One row: the round of ``alg`` on ``make()`` (a cohort of K) with ``chunked``
+    (``chunk``) execution, timed by ``time_round`` unless the budget or the memory
+    rule it out; its memory plan as ``runner.run`` bills a generated federation."""
+    args = run.args
+    execution = Execution("chunked", chunk_size=chunk)
+    concrete = resolve("chunked", k, chunk_size=chunk)
+    label = describe(concrete)
+    row = {"part": "large", "model": prep.name, "cohort": k, "chunk": chunk,
+           "execution": label, "rows": rows, "steps": args.steps, "batch": args.batch,
+           "show_peak": True}
+
+    res = time_contender(run, prep, f"chunked {chunk} {rows}", label, k, args.reps,
+                         lambda: time_round(alg, prep.params, make(), execution, args.reps),
+                         group_of(concrete, k))
+    if isinstance(res, dict):
+        row.update(res)
+        plan = mem.MemoryPlan("device", resident, res["program_bytes"], mem.device_capacity(),
+                              1, rows == "generated")
+        row.update(us_per_client=res["s_median"] / k * 1e6, plan_bytes=plan.total,
+                   plan=plan.describe())
+        base = next((r for r in run.large if r["chunk"] == chunk and r["rows"] == rows
+                     and r["cohort"] == min(args.large_cohorts)
+                     and isinstance(r["s_per_round"], float)), None)
+        if rows == "generated" and k == min(args.large_cohorts):
+            row["x_linear"] = 1.0
+        elif base is not None:
+            row["x_linear"] = res["s_median"] / (k / base["cohort"] * base["s_median"])
+    else:
+        row["s_per_round"] = res
+    run.large.append(row)
+    print_large_row(row)
+    run.save()
+    gc.collect()
+    return row
+
+
+def run_large_cohort(run: Run) -> None:
+    args = run.args
+    cohorts, chunks = sorted(args.large_cohorts), sorted(args.chunk_sizes)
+    k0, top, rows = cohorts[0], cohorts[-1], args.steps * args.batch
+    image = (28, 28, 1)
+    ds = femnist_like(num_clients=top, min_examples=rows, max_examples=rows, test_examples=1,
+                      procedural=True)
+    split = jax.device_put(ds.host_data.train)
+    model = mlp(image, ds.num_classes)
+    prep = prepare("mlp", model, image, args.steps, args.batch)
+    alg = generated_round(model, split, args.steps, args.batch)
+    resident = mem.tree_bytes((ds.host_data.test, ds.host_data.validation))
+    print(f"\n# [{run.elapsed():.0f} s] large cohort: MLP 784-200-200-62 ({prep.d:,} "
+          f"parameters), FedAvg, every client {args.steps} steps of batch {args.batch} on "
+          f"its {rows} rows of femnist_like(procedural=True, num_clients={top:,}), computed "
+          f"in the client map; chunked execution, streamed aggregation: {alg.streamed}; "
+          f"s/round: the median of {args.reps} after a warm-up", flush=True)
+    if not alg.streamed:
+        run.note("large cohort: the round is not streamed (it stacks the [K, d] updates)")
+    print_header(LARGE_HEADER)
+    for chunk in chunks:
+        for k in cohorts:
+            large_cell(run, prep, resident, k, chunk, "generated", alg,
+                       lambda k=k: id_cohort(k, rows))
+    if not args.no_held:
+        held = prep.alg  # fedavg_round: the same pieces on rows held on the device
+        for chunk in chunks:
+            large_cell(run, prep, resident, k0, chunk, "held", held,
+                       lambda: held_cohort(split, k0))
+    for r in run.large:
+        if r["cohort"] == top and r["rows"] == "generated" and r.get("plan"):
+            run.note(f"K={top:,} {r['execution']}: {r['plan']}")
+    print_large_targets(run, k0, top, chunks)
+
+
+def large_targets(run: Run, k0: int, top: int, chunks) -> list:
+    """Issue 50's target at each chunk size, and the largest round's memory."""
+    out = []
+    for chunk in chunks:
+        pick = lambda k: next((r for r in run.large if r["chunk"] == chunk and r["cohort"] == k
+                               and r["rows"] == "generated"
+                               and isinstance(r["s_per_round"], float)), None)
+        small, big = pick(k0), pick(top)
+        target = (f"K = {top:,}, chunked ({chunk}): within {LARGE_RATIO}x of {top / k0:g} x "
+                  f"the K = {k0:,} round")
+        if small is None or big is None or top == k0:
+            out.append({"target": target, "measured": "not measured", "status": "not measured"})
+            continue
+        x = big["x_linear"]
+        out.append({"target": target, "value": x, "status": "met" if x <= LARGE_RATIO
+                    else "missed", "measured": (
+                        f"{fmt_x(x)}x ({big['execution']} {fmt_s(big['s_median'])} s, "
+                        f"{fmt_us(big['us_per_client'])} us a client; K = {k0:,} "
+                        f"{small['execution']} {fmt_s(small['s_median'])} s, "
+                        f"{fmt_us(small['us_per_client'])} us)")})
+    big = [r for r in run.large if r["cohort"] == top and r["rows"] == "generated"
+           and isinstance(r["s_per_round"], float)]
+    out.append({"target": f"device memory of the K = {top:,} round reported",
+                "measured": "; ".join(f"{r['execution']}: peak {fmt_peak(r)}"
+                                      f"{'' if r.get('peak_bytes') is None else ' GiB'}, plan "
+                                      f"{fmt_gib(r['plan_bytes'])} GiB" for r in big)
+                or "no row",
+                "status": ("reported" if any(r.get("peak_bytes") is not None for r in big)
+                           else "not measured" if not big
+                           else "n/a (no memory statistics here; the plan only)")})
+    return out
+
+
+def print_large_targets(run: Run, k0: int, top: int, chunks) -> None:
+    run.targets = large_targets(run, k0, top, chunks)
+    print_header(("target", "measured", "status"))
+    for t in run.targets:
+        print(f"| {t['target']} | {t['measured']} | **{t['status']}** |", flush=True)
+    run.save()
+
+
 # ------------------------------------------------------------------------------ main
 
 def parse_args(argv=None):
@@ -723,7 +933,8 @@ def parse_args(argv=None):
                     help="tiny shapes and cohorts (a CPU smoke test; errors are raised)")
     ap.add_argument("--jobs", default="mlp,cnn,resnet18_gn",
                     help="target jobs, comma list ('' for none)")
-    ap.add_argument("--cohorts", default=None, help="MLP / CNN cohorts (default 10,100,1000)")
+    ap.add_argument("--cohorts", default=None, help="MLP / CNN cohorts (default 10,100,1000; "
+                                                  "--large-cohort: 1000,100000, quick 20,200)")
     ap.add_argument("--strategies", default="",
                     help="explicit strategies timed beside auto, comma list of "
                          f"{','.join(STRATEGIES)} (default: none)")
@@ -740,6 +951,21 @@ def parse_args(argv=None):
     ap.add_argument("--zoo-cohorts", default=None,
                     help="comma list, run in this order (default 1000,100,10; quick 4,2)")
     ap.add_argument("--zoo-reps", type=int, default=3)
+    ap.add_argument("--large-cohort", action="store_true",
+                    help="only part 4: a cohort of 100,000 MLP clients, chunked and streamed, "
+                         "against 100 x the 1,000-client round (--cohorts sets the cohorts)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"--large-cohort: local steps S (default {LARGE_STEPS}; quick "
+                         f"{QUICK_LARGE_STEPS})")
+    ap.add_argument("--batch", type=int, default=None,
+                    help=f"--large-cohort: batch B; each client holds S x B rows (default "
+                         f"{LARGE_BATCH}; quick {QUICK_LARGE_BATCH})")
+    ap.add_argument("--chunk-sizes", default=None,
+                    help="--large-cohort: chunked's clients at once, comma list (default "
+                         f"{','.join(map(str, LARGE_CHUNKS))}; quick "
+                         f"{','.join(map(str, QUICK_LARGE_CHUNKS))})")
+    ap.add_argument("--no-held", action="store_true",
+                    help="--large-cohort: no rows-held round at the smallest cohort")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip contenders that would end the run past this many seconds")
     ap.add_argument("--json", default=None, help="write the rows here (after every row)")
@@ -750,6 +976,19 @@ def parse_args(argv=None):
         if s not in STRATEGIES:
             ap.error(f"--strategies: {s!r} is not one of {STRATEGIES}")
     cohorts = tuple(int(c) for c in args.cohorts.split(",")) if args.cohorts else None
+    if args.large_cohort:
+        if args.zoo:
+            ap.error("--large-cohort runs alone: leave out --zoo")
+        args.large_cohorts = cohorts or (QUICK_LARGE_COHORTS if args.quick else LARGE_COHORTS)
+        args.steps = args.steps or (QUICK_LARGE_STEPS if args.quick else LARGE_STEPS)
+        args.batch = args.batch or (QUICK_LARGE_BATCH if args.quick else LARGE_BATCH)
+        args.chunk_sizes = (tuple(int(c) for c in args.chunk_sizes.split(",")) if
+                            args.chunk_sizes else QUICK_LARGE_CHUNKS if args.quick
+                            else LARGE_CHUNKS)
+        if min(args.large_cohorts) < 1 or min(args.chunk_sizes) < 1 or min(
+                args.steps, args.batch) < 1:
+            ap.error("--cohorts, --chunk-sizes, --steps and --batch must be positive")
+        cohorts = None  # the targets' jobs are not run
     wanted = [j for j in args.jobs.split(",") if j]
     args.target_jobs = [j for j in target_jobs(args.quick, cohorts) if j.name in wanted]
     models = args.zoo_models or (QUICK_ZOO_MODELS if args.quick else ",".join(ZOO_SHAPES))
@@ -762,6 +1001,25 @@ def parse_args(argv=None):
     return args
 
 
+def run_targets_and_zoo(run: Run) -> None:
+    args = run.args
+    if args.target_jobs:
+        run.start_torch()
+    quick_cpu = args.quick and jax.default_backend() == "cpu"
+    run.rates = roofline.measure(
+        quick=True, sweep=(256 * 2 ** 10, 4 * 2 ** 20, 64 * 2 ** 20) if quick_cpu else None,
+        matmul_sizes=(512,) if quick_cpu else None)
+    print(run.rates.describe(), flush=True)
+    if args.target_jobs:
+        run_targets(run)
+        print_targets(run)
+    if args.zoo:
+        run_zoo(run)
+        if args.target_jobs:
+            print("\n# the targets again:")
+            print_targets(run)
+
+
 def main(argv=None) -> Run:
     args = parse_args(argv)
     run = Run(args)
@@ -769,21 +1027,10 @@ def main(argv=None) -> Run:
     print(f"# device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}, "
           f"budget {args.budget_s or 'none'} s", flush=True)
     try:
-        if args.target_jobs:
-            run.start_torch()
-        quick_cpu = args.quick and jax.default_backend() == "cpu"
-        run.rates = roofline.measure(
-            quick=True, sweep=(256 * 2 ** 10, 4 * 2 ** 20, 64 * 2 ** 20) if quick_cpu else None,
-            matmul_sizes=(512,) if quick_cpu else None)
-        print(run.rates.describe(), flush=True)
-        if args.target_jobs:
-            run_targets(run)
-            print_targets(run)
-        if args.zoo:
-            run_zoo(run)
-            if args.target_jobs:
-                print("\n# the targets again:")
-                print_targets(run)
+        if args.large_cohort:  # alone: no torch loop, no roofline rates
+            run_large_cohort(run)
+        else:
+            run_targets_and_zoo(run)
     finally:
         run.close()
     print(f"# wall {run.elapsed():.0f} s", flush=True)
