@@ -68,6 +68,23 @@ def release(handle) -> None:
         store.close()
 
 
+_PREFIX = "fedjax-fair-rows-"  # + the process id + a unique suffix
+
+
+def _remove_orphans(parent: str) -> None:
+    """Removes the folders of stores whose process is gone (a killed run's)."""
+    for name in os.listdir(parent):
+        pid = name[len(_PREFIX):].split("-")[0]
+        if not name.startswith(_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except PermissionError:  # another user's process
+            pass
+
+
 class _Rows:
     """Growable storage of rows of one leaf: ``[capacity, *shape]``, in memory or in a
     memory-mapped raw file ``path`` (grown with ``ftruncate``: unwritten pages cost
@@ -137,7 +154,9 @@ class RowStore:
         def path():
             if self.directory is None:  # made now, removed with the store
                 os.makedirs(self.parent, exist_ok=True)
-                self.directory = tempfile.mkdtemp(prefix="fedjax-fair-rows-", dir=self.parent)
+                _remove_orphans(self.parent)
+                self.directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-",
+                                                  dir=self.parent)
                 weakref.finalize(self, shutil.rmtree, self.directory, True)
             return os.path.join(self.directory, name)
         return path

@@ -785,13 +785,13 @@ def check_outside(state, spec: RunSpec, num_clients: int, log=None) -> None:
         where = store.parent if store.disk else "host memory"
         free = (shutil.disk_usage(store.parent).free if store.disk
                 else mem.host_available())
-        gib = lambda b: f"{b / 2**30:.2f} GiB"
-        line = (f"client rows in {where}: up to {gib(bill)} ({rows:,} rows of "
+        line = (f"client rows in {where}: up to {mem._mib(bill)} ({rows:,} rows of "
                 f"{store.row_bytes:,} bytes and a chunk's journal of {journal:,})")
         if free is not None and bill > free:
-            raise H.FieldError("client_table", f"{line}, but {gib(free)} is available; use "
-                                               f"the disk table, another folder or a "
-                                               f"capacity")
+            fix = ("set TMPDIR to a folder with room (or give disk(directory=...))"
+                   if store.disk else "use the disk table (files in $TMPDIR)")
+            raise H.FieldError("client_table", f"{line}, but {mem._mib(free)} is "
+                                               f"available; {fix}")
         if log:
             log(line)
 
