@@ -162,3 +162,28 @@ def test_roll_back_makes_an_earlier_kept_save_the_newest(tmp_path):
     ckpt.save(d, {"x": jnp.full((2,), 6.0)}, {"round": 6})
     assert not any(p.name.startswith("tmp.") for p in Path(d).iterdir())
     assert ckpt.read_meta(d)["round"] == 6
+
+
+def test_an_unmerged_log_keeps_a_segment_per_save_and_is_read_in_blocks(tmp_path):
+    """A client table's rows (``unmerged``): every save adds its own segment, carried
+    whole into the next save, and ``log_segments`` reads them oldest first in blocks
+    of at most ``rows`` rows; a truncated segment is a ``checkpoint:`` error."""
+    d = str(tmp_path / "ck")
+    saves = [np.arange(5), np.arange(5, 12), np.arange(12, 15)]
+    for i, ids in enumerate(saves):
+        ckpt.save(d, {"x": np.zeros(1)}, {"round": i},
+                  logs={"rows": {"client": ids.astype(np.int32),
+                                 "leaf": np.stack([ids, -ids], 1).astype(np.float32)}},
+                  fresh=i == 0, unmerged=("rows",))
+    blocks = list(ckpt.log_segments(d, "rows", rows=4))
+    assert [len(b["client"]) for b in blocks] == [4, 1, 4, 3, 3]
+    np.testing.assert_array_equal(np.concatenate([b["client"] for b in blocks]), np.arange(15))
+    np.testing.assert_array_equal(np.concatenate([b["leaf"] for b in blocks])[:, 1],
+                                  -np.arange(15))
+    step = Path(ckpt.latest(d)) / "rows"
+    last = sorted(step.iterdir())[-1]
+    data = last.read_bytes()
+    last.unlink()  # (a hard link to the save that wrote it)
+    last.write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match="checkpoint"):
+        list(ckpt.log_segments(d, "rows"))

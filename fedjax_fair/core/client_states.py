@@ -6,8 +6,8 @@ cohort's rows, the clients return new rows, and the table scatters them back.
 Rows of masked-out cohort entries never write (their index is sent out of range and
 dropped), so padded cohorts that repeat a client id cannot clobber its row.
 
-Both forms are a ``ClientTable`` of pure functions (optax style) over a NamedTuple
-state, and give the same rows:
+Every form is a ``ClientTable`` of functions (optax style) over a NamedTuple state,
+and they give the same rows (the dense and lazy forms pure):
 
 * ``dense()``: ``DenseTable`` with leaves [N, ...], one row per client from the
   start. Simple and fast to gather; memory N x row.
@@ -15,6 +15,10 @@ state, and give the same rows:
   ``capacity`` slots allocated at first write. A client never written reads the
   initial row. Memory capacity x row + 8 N bytes, so a federation of 10^5 clients of
   which a run samples 10^3 stores 10^3 rows.
+* ``host()`` / ``disk()``: ``HostTable``, the lazy form's rows outside the device (host
+  memory, or memory-mapped files), read and written by the compiled round through
+  host callbacks (``core/row_store.py``); the device holds the cohort's rows only.
+  For ``runner.run``, which checkpoints and restores the rows.
 
 Rows of clients outside the cohort may move between their writes by a common
 additive *drift* (A-FedPD's virtual dual update, lambda_i += rho (theta_bar - theta)

@@ -16,12 +16,14 @@ memory-mapped, in a scratch folder removed with the store).
 carries the table's version (an int32 in the table's device state) and returns the
 next, so a write happens after the reads that produced its rows and before any read
 of the state it produces (data dependence). A read carries the version of the state it
-reads; a read of an older version than the store's (the improvement log's "before"
-models, read after the round wrote) is answered from the *journal*: the old value of
-every row overwritten since the last ``settle``. The journal also undoes a chunk whose
-rounds were not finite (``rollback``), so a diverging run keeps its last good rows. A
-state's rows can be written once: writing from a state older than the store's newest
-(a branch) raises.
+reads. A write puts its rows in fresh slots and journals the slots they replace,
+which keep the old rows until ``settle`` frees them (no row is copied to keep it): a
+read of an older version than the store's (the improvement log's "before" models,
+read after the round wrote) reads those slots, and ``rollback`` undoes a chunk whose
+rounds were not finite by pointing its clients back at them, so a diverging run keeps
+its last good rows. A chunk therefore needs room for the rows it rewrites besides the
+table's. A state's rows can be written once: writing from a state older than the
+store's newest (a branch) raises.
 
 **Checkpoints.** ``dirty()`` gives the clients written since the last ``clean()`` with
 their rows, which the runner appends to the checkpoint as a log segment per commit;
@@ -69,6 +71,7 @@ def release(handle) -> None:
 
 
 _PREFIX = "fedjax-fair-rows-"  # + the process id + a unique suffix
+_IN_MEMORY = 64 << 20  # a disk store's dirty rows up to this size are gathered in memory
 
 
 def _remove_orphans(parent: str) -> None:
@@ -83,6 +86,16 @@ def _remove_orphans(parent: str) -> None:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
         except PermissionError:  # another user's process
             pass
+
+
+def _copy_rows(dst, dst_rows, src, src_rows, block_bytes: int = 4 << 20) -> None:
+    """``dst[dst_rows] = src[src_rows]`` about ``block_bytes`` at a time: no temporary
+    copy of every row (``np.take(..., out=)`` and a whole fancy index measured 2-15x
+    slower for rows of 0.8 MB)."""
+    row = max(1, dst[0:1].nbytes)
+    block = max(1, block_bytes // row)
+    for i in range(0, len(dst_rows), block):
+        dst[dst_rows[i:i + block]] = src[src_rows[i:i + block]]
 
 
 class _Rows:
@@ -133,17 +146,18 @@ class RowStore:
         self.rows = [_Rows(s, d, self._path(f"leaf_{i:03d}.raw"))
                      for i, (s, d) in enumerate(leaves)]
         self._slot = None  # int64 [N] once a row is read or written: the client's slot
-        self.used = 0
+        self.used = 0  # clients with a row
+        self._top = 0  # slots ever handed out (the storage's high-water mark)
+        self._free: list = []  # slots to hand out again
         self.version = 0
-        # the journal: per write since the last settle, (version, clients, slots, new?)
-        # and the old rows of the slots it overwrote (in storage like the rows')
+        # the journal: per write since the last settle, (version, clients, their slots
+        # before it (-1: none)); a write puts its rows in fresh slots, so the old ones
+        # hold the rows as they were until ``settle`` frees them
         self._journal: list = []
-        self._old = [_Rows(s, d, self._path(f"journal_{i:03d}.raw"))
-                     for i, (s, d) in enumerate(leaves)]
-        self._journal_rows = 0
         self._settled = 0  # the oldest version the journal can answer
         self._dirty: set = set()
         self._lock = threading.Lock()
+        self._buffers = threading.local()  # ``_scratch``'s, per thread
 
     def _path(self, name: str):
         """``() -> path`` of a file of the store on disk (None in host memory); a scratch
@@ -179,15 +193,27 @@ class RowStore:
                 raise RuntimeError(f"client table: rows of version {version} are not held "
                                    f"(the store holds {self._settled}..{self.version})")
             slot = self.slot[ids]
+            if version < self.version:
+                slot = self._as_of(ids, version, slot)
             seen = slot >= 0
             take = np.where(seen, slot, 0)
-            out = [r.data[take] if r.data.shape[0] else np.zeros((len(ids), *r.shape), r.dtype)
-                   for r in self.rows]
-            if version < self.version:
-                self._as_of(ids, version, seen, out)
+            out = [self._scratch(i, len(ids)) for i in range(len(self.rows))]
+            for r, leaf in zip(self.rows, out):
+                if r.data.shape[0]:
+                    _copy_rows(leaf, np.arange(len(take)), r.data, take)
         for leaf in out:
             leaf[~seen] = 0
         return seen, out
+
+    def _scratch(self, leaf: int, k: int) -> np.ndarray:
+        """This thread's buffer for ``k`` rows of leaf ``leaf``, reused from read to read
+        (XLA copies a callback's result out before the next call): a fresh array of a
+        cohort's rows a round would be taken from the system every time."""
+        held = self._buffers.__dict__.setdefault("rows", {})
+        r = self.rows[leaf]
+        if leaf not in held or held[leaf].shape[0] != k:
+            held[leaf] = np.zeros((k, *r.shape), r.dtype)
+        return held[leaf]
 
     def write(self, client_ids, leaves, mask, version):
         """Writes the rows of the unmasked ``client_ids`` (the last of a repeated id)
@@ -204,59 +230,61 @@ class RowStore:
             order = np.nonzero(mask)[0][::-1]
             clients, first = np.unique(ids[order], return_index=True)
             rows_at = order[first]
-            slot = self.slot[clients]
-            new = slot < 0
-            if self.used + int(new.sum()) > self.capacity:
+            old = self.slot[clients]
+            new = int((old < 0).sum())
+            if self.used + new > self.capacity:
                 raise RuntimeError(f"client table: more than its capacity of {self.capacity} "
                                    f"clients written")
-            slot[new] = self.used + np.arange(int(new.sum()))
-            self.used += int(new.sum())
-            for r in self.rows:
-                r.reserve(self.used)
-            self._remember(version, clients, slot, new)
+            slot = self._take(len(clients))
+            self._journal.append((version, clients, old))
+            self.used += new
             self.slot[clients] = slot
             for r, leaf in zip(self.rows, leaves):
-                r.data[slot] = np.asarray(leaf)[rows_at]
+                _copy_rows(r.data, slot, np.asarray(leaf), rows_at)
             self._dirty.update(clients.tolist())
             self.version = version + 1
         return np.asarray(self.version, np.int32)
 
     # ------------------------------------------------------------------- journal
 
-    def _remember(self, version: int, clients, slot, new) -> None:
-        """Journals the old rows of the slots a write overwrites: entry ``(version,
-        clients, slots, new?, where each old row is in the journal (-1: new))``."""
-        old = slot[~new]
-        start = self._journal_rows
-        self._journal_rows += len(old)
-        for o, r in zip(self._old, self.rows):
-            o.reserve(self._journal_rows)
-            o.data[start:self._journal_rows] = r.data[old]
-        at = np.full(len(clients), -1, np.int64)
-        at[~new] = start + np.arange(len(old))
-        self._journal.append((version, clients, slot, new, at))
+    def _take(self, n: int) -> np.ndarray:
+        """``n`` free slots (freed ones first), the storage grown to hold them."""
+        reuse = [self._free.pop() for _ in range(min(n, len(self._free)))]
+        fresh = np.arange(self._top, self._top + n - len(reuse))
+        self._top += len(fresh)
+        for r in self.rows:
+            r.reserve(self._top)
+        return np.concatenate([np.asarray(reuse, np.int64), fresh]).astype(np.int64)
 
-    def _as_of(self, ids, version: int, seen, out) -> None:
-        """Turns the current rows ``out`` of ``ids`` into their rows at ``version``:
-        the oldest journal entry at or after it holds what they were."""
+    def _as_of(self, ids, version: int, slot) -> np.ndarray:
+        """The slots of ``ids`` at ``version`` (``slot``: now): the oldest journal entry
+        at or after it holds the slot each had then (its row is still there)."""
         later = [e for e in self._journal if e[0] >= version]
         if not later:
-            return
+            return slot
         clients = np.concatenate([e[1] for e in later])
-        at = np.concatenate([e[4] for e in later])
+        before = np.concatenate([e[2] for e in later])
         first, where = np.unique(clients, return_index=True)  # oldest entry per client
         pos = np.minimum(np.searchsorted(first, ids), len(first) - 1)
         hit = first[pos] == ids
-        old_at = at[where[pos]]
-        seen[hit & (old_at < 0)] = False
-        keep = hit & (old_at >= 0)
-        for leaf, o in zip(out, self._old):
-            leaf[keep] = o.data[old_at[keep]]
+        return np.where(hit, before[where[pos]], slot)
+
+    def expect(self, rows: int, journal: int) -> None:
+        """Reserves room for ``rows`` rows and ``journal`` rows rewritten in a chunk (the
+        run's bill: ``runner.check_outside``), so the store never grows by copying.
+        Host memory is taken from the system as rows are first written; a file is
+        sparse until then."""
+        with self._lock:
+            for r in self.rows:
+                r.reserve(min(rows, self.capacity) + journal)
 
     def settle(self) -> None:
-        """Forgets the journal: the rows as they are now are the oldest a read asks for."""
+        """Forgets the journal, freeing the slots of the rows it kept: the rows as they
+        are now are the oldest a read asks for."""
         with self._lock:
-            self._journal, self._journal_rows, self._settled = [], 0, self.version
+            for _, _, old in self._journal:
+                self._free.extend(old[old >= 0].tolist())
+            self._journal, self._settled = [], self.version
 
     def rollback(self, version: int) -> None:
         """Undoes every write at or after ``version`` (a chunk that was not finite)."""
@@ -265,26 +293,34 @@ class RowStore:
                 raise RuntimeError(f"client table: cannot roll back to version {version}, "
                                    f"settled at {self._settled}")
             while self._journal and self._journal[-1][0] >= version:
-                _, clients, slot, new, at = self._journal.pop()
-                for o, r in zip(self._old, self.rows):
-                    r.data[slot[~new]] = o.data[at[~new]]
-                if (~new).any():
-                    self._journal_rows = int(at[~new][0])
-                self.slot[clients[new]] = -1
-                self.used -= int(new.sum())
+                _, clients, old = self._journal.pop()
+                self._free.extend(self.slot[clients].tolist())
+                self.slot[clients] = old
+                self.used -= int((old < 0).sum())
             self.version = min(self.version, version)
 
     # --------------------------------------------------------------- checkpoints
 
     def dirty(self) -> dict:
         """``{"client": ids [n], "leaf_000": rows [n, ...], ...}`` of the clients written
-        since the last ``clean`` (rows as stored), clients without a row left out."""
+        since the last ``clean`` (rows as stored), clients without a row left out. On
+        disk, rows past ``_IN_MEMORY`` bytes are gathered into a memory-mapped file of
+        the store's folder (a checkpoint streams them from there)."""
         with self._lock:
             ids = np.asarray(sorted(c for c in self._dirty if self.slot[c] >= 0), np.int64)
             slot = self.slot[ids]
             return {"client": ids.astype(np.int32),
-                    **{f"leaf_{i:03d}": np.asarray(r.data[slot]) for i, r in
-                       enumerate(self.rows)}}
+                    **{f"leaf_{i:03d}": self._gathered(i, r, slot)
+                       for i, r in enumerate(self.rows)}}
+
+    def _gathered(self, i: int, rows: _Rows, slot) -> np.ndarray:
+        if not self.disk or len(slot) * self.row_bytes <= _IN_MEMORY:
+            return np.asarray(rows.data[slot])
+        out = np.memmap(os.path.join(self.directory, f"dirty_{i:03d}.raw"), rows.dtype, "w+",
+                        shape=(len(slot), *rows.shape))
+        for start in range(0, len(slot), 1024):
+            out[start:start + 1024] = rows.data[slot[start:start + 1024]]
+        return out
 
     def clean(self) -> None:
         with self._lock:
@@ -296,12 +332,12 @@ class RowStore:
         with self._lock:
             slot = self.slot[ids]
             new = slot < 0
-            slot[new] = self.used + np.arange(int(new.sum()))
+            slot[new] = self._take(int(new.sum()))
             self.used += int(new.sum())
             self.slot[ids] = slot
             for i, r in enumerate(self.rows):
-                r.reserve(self.used)
-                r.data[slot] = segment[f"leaf_{i:03d}"]
+                _copy_rows(r.data, slot, np.asarray(segment[f"leaf_{i:03d}"]),
+                           np.arange(len(slot)))
 
     def set_version(self, version: int) -> None:
         with self._lock:
@@ -315,10 +351,10 @@ class RowStore:
 
     def memory(self) -> dict:
         return {"rows_stored": int(self.used), "bytes_per_row": self.row_bytes,
-                "bytes_held": sum(r.nbytes for r in self.rows + self._old),
+                "bytes_reserved": sum(r.nbytes for r in self.rows),
                 "where": "disk" if self.disk else "host"}
 
     def close(self) -> None:
-        self.rows = self._old = []
+        self.rows = []
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)

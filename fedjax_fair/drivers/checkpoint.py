@@ -373,13 +373,47 @@ def load_log(directory: str, name: str):
     return _read_log(step, name)
 
 
-def log_segments(directory: str, name: str):
-    """The array segments of log ``name`` of the newest save, oldest first, one
-    ``{array: rows}`` at a time (a generator)."""
+def log_segments(directory: str, name: str, rows: int = 4096):
+    """The array segments of log ``name`` of the newest save, oldest first, read
+    ``rows`` rows at a time: a generator of ``{array: rows [<= rows, ...]}`` (a segment
+    larger than memory is never held whole). An unreadable segment raises
+    ``ValueError("checkpoint: ...")``."""
     step = _step_dir(directory)
     folder = os.path.join(step, name)
     for seg in _segments(step, name):
-        yield _read_npz(folder, seg)
+        yield from _npz_blocks(folder, seg, rows)
+
+
+def _npz_blocks(directory: str, name: str, rows: int):
+    """The arrays of the .npz file ``name`` (one leading length), ``rows`` rows at a
+    time, read from their members' streams; or ``_corrupt``'s ValueError."""
+    headers = _npz_headers(directory, name)
+    lengths = {shape[0] if shape else None for shape, _ in headers.values()}
+    if len(lengths) != 1 or None in lengths:
+        raise _corrupt(name, directory, "its arrays differ in length")
+    n = lengths.pop()
+    try:
+        with zipfile.ZipFile(os.path.join(directory, name)) as z:
+            streams = {}
+            for member in z.namelist():
+                f = z.open(member)
+                major, _ = np.lib.format.read_magic(f)
+                (np.lib.format.read_array_header_1_0 if major == 1
+                 else np.lib.format.read_array_header_2_0)(f)
+                streams[member[:-len(".npy")] if member.endswith(".npy") else member] = f
+            for start in range(0, n, rows):
+                m = min(rows, n - start)
+                block = {}
+                for key, f in streams.items():
+                    shape, dtype = headers[key]
+                    size = m * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+                    data = f.read(size)
+                    if len(data) != size:
+                        raise EOFError(f"{key} ends early")
+                    block[key] = np.frombuffer(data, dtype).reshape(m, *shape[1:])
+                yield block
+    except _READ_ERRORS as e:
+        raise _corrupt(name, directory, e) from None
 
 
 def _read_log(step: str, name: str):

@@ -794,6 +794,7 @@ def check_outside(state, spec: RunSpec, num_clients: int, log=None) -> None:
                                                f"available; {fix}")
         if log:
             log(line)
+        store.expect(rows, journal)
 
 
 def load_round_log(directory: str, rounds: int) -> dict:
