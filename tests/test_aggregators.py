@@ -28,8 +28,9 @@ from fedjax_fair.core.client import ClientTraining
 
 
 def _stacked(rule):
-    """``rule`` without its per-client form: compose then stacks the K deltas."""
-    return rule._replace(logit=None)
+    """``rule`` without its per-client form (nor its losses-only declaration): compose
+    then stacks the K deltas."""
+    return rule._replace(logit=None, losses_only=False)
 
 
 def _stream_cases():
@@ -109,6 +110,24 @@ def test_streamed_fall_backs_equal_the_stacked_rules(name):
     np.testing.assert_allclose(streamed[1]["weights"], [0.5, 0.5, 0.0])
 
 
+@pytest.mark.parametrize("strategy,chunk_size", [("sequential", None), ("vmap", None),
+                                                 ("chunked", 4)])
+def test_rules_that_read_only_the_losses_stream_in_two_passes(strategy, chunk_size):
+    """AAggFF's online rules read only ``loss_before``: the round maps every client's
+    loss first, takes the weights from the rule, then sums the updates with them as
+    they finish. Two rounds (the rules' state carries over) equal the stacked round:
+    the same losses and weights, the parameters to float rounding."""
+    from fedjax_fair.algorithms.aaggff import aaggff_d_mixing, aaggff_s_mixing
+    from fedjax_fair.core.execution import Execution
+    execution = Execution(strategy, chunk_size)
+    rule = aaggff_d_mixing()
+    assert rule.losses_only and rule.logit is None
+    _assert_rounds_close(*_streamed_and_stacked(rule, weighted_mean(), execution, rounds=2))
+    everyone = list(range(N))  # AAggFF-S takes every client every round
+    _assert_rounds_close(*_streamed_and_stacked(aaggff_s_mixing(), weighted_mean(), execution,
+                                                ids=everyone, mask=[True] * N, rounds=2))
+
+
 def test_stream_sum_folds_in_any_grouping_without_overflow():
     from fedjax_fair.core.aggregators import STREAM_SUM, ratio
     tiers = jnp.array([3, 3, 2, 3, -1, 3, 2], jnp.int32)
@@ -165,9 +184,11 @@ def test_streamed_round_does_not_hold_every_clients_update():
                       jnp.ones((k,), jnp.int32))
     cohort = Cohort(jnp.arange(k, dtype=jnp.int32), data, jnp.ones((k,), bool),
                     jnp.full((k,), 4, jnp.int32))
+    from fedjax_fair.algorithms.aaggff import aaggff_d_mixing
     temp = {}
     for name, rule in (("streamed", mixing_lib.by_num_examples()),
-                       ("stacked", _stacked(mixing_lib.by_num_examples()))):
+                       ("stacked", _stacked(mixing_lib.by_num_examples())),
+                       ("two passes", aaggff_d_mixing())):
         alg = _seq(fedavg(model, mixing=rule, training=ClientTraining(lr=0.1, batch_size=1)))
         state = alg.init(model.init(None), k)
         compiled = jax.jit(alg.apply).lower(state, cohort, KEY).compile()
@@ -175,13 +196,15 @@ def test_streamed_round_does_not_hold_every_clients_update():
     stacked_deltas = k * dim * 4
     assert temp["stacked"] >= stacked_deltas
     assert temp["streamed"] < stacked_deltas / 4
+    assert temp["two passes"] < stacked_deltas / 4
 
 
 def test_fedavg_style_methods_stream_and_rules_reading_every_update_stack():
     from fedjax_fair.algorithms import ALGORITHMS
     streamed = {"fedavg", "fedprox", "fedadam", "fedsam", "qffl", "term", "propfair",
                 "fedsoftmax", "ditto"}
-    stacked = {"scaffold", "dqn_fed", "afl", "aaggff_d", "afedpd", "fedmgda_plus", "fedmax"}
+    streamed |= {"aaggff_d", "aaggff_s"}  # two passes: the losses, then the updates
+    stacked = {"scaffold", "dqn_fed", "afl", "afedpd", "fedmgda_plus", "fedmax"}
     for name in streamed | stacked:
         assert ALGORITHMS[name](MODEL).streamed == (name in streamed), name
     assert fedavg(MODEL, mixing=_stacked(mixing_lib.by_num_examples())).streamed is False

@@ -452,7 +452,7 @@ def aaggff_s_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
         weights = normalize(new.decision[jnp.clip(client_ids, 0, n - 1)], client_mask)
         return weights, new
 
-    return MixingRule(init, update)
+    return MixingRule(init, update, losses_only=True)  # reads loss_before alone
 
 
 # --------------------------------------------------------------------------------------
@@ -559,7 +559,7 @@ def aaggff_d_mixing(*, cdf: Union[str, int] = "normal", response_range=None,
         weights = normalize(new.decision[jnp.clip(client_ids, 0, n - 1)], client_mask)
         return weights, new
 
-    return MixingRule(init, update)
+    return MixingRule(init, update, losses_only=True)  # reads loss_before alone
 
 
 # --------------------------------------------------------------------------------------

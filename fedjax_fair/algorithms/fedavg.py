@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from fedjax_fair.algorithms.families.training import Transform, check_server_optimizer
 from fedjax_fair.core.aggregators import Aggregator
 from fedjax_fair.core.algorithm import FederatedAlgorithm, compose
-from fedjax_fair.core.client import ClientTraining, local_training
+from fedjax_fair.core.client import ClientTraining, local_training, loss_before_fn
 from fedjax_fair.core.mixing import MixingRule, prior
 from fedjax_fair.algorithms.registry import register
 
@@ -45,7 +45,7 @@ def fedavg(model, *, training: ClientTraining = ClientTraining(),
     return compose(
         local_training(model, training, regularizer=regularizer),
         mixing=mixing or prior(weight_by_size), aggregator=aggregator,
-        server_optimizer=server_optimizer)
+        server_optimizer=server_optimizer, cohort_loss=loss_before_fn(model))
 
 
 register("fedavg", fedavg, HPARAMS, family="reference")

@@ -78,8 +78,8 @@ from fedjax_fair.core.sharding import on_mesh
 from fedjax_fair.core.aggregators import STREAM_SUM, Aggregator, weighted_mean
 from fedjax_fair.core.client import check_optimizer, data_loss, describe_object
 from fedjax_fair.core.execution import as_execution, loss_chunk_size_here, map_clients
-from fedjax_fair.core.mixing import MixingRule, by_num_examples, tiered_softmax
-from fedjax_fair.core.types import Broadcast, ClientUpdate, Cohort, ServerContext
+from fedjax_fair.core.mixing import EXCLUDED, MixingRule, by_num_examples, tiered_softmax
+from fedjax_fair.core.types import Broadcast, ClientOutput, ClientUpdate, Cohort, ServerContext
 from fedjax_fair import hparams as H
 
 SERVER_KEY_ID = 2 ** 31 - 1  # the server's fold_in id; client ids stay below it
@@ -211,7 +211,8 @@ def compose(client_update: ClientUpdate, *,
             evaluated_params: Optional[Callable] = None,
             client_state_fresh: Optional[Callable] = None,
             round_metrics: Optional[Callable] = None,
-            scenarios: tuple = ()) -> FederatedAlgorithm:
+            scenarios: tuple = (),
+            cohort_loss: Optional[Callable] = None) -> FederatedAlgorithm:
     """Builds a FederatedAlgorithm from pieces.
 
     Args:
@@ -246,6 +247,12 @@ def compose(client_update: ClientUpdate, *,
         ``outputs.delta`` is None).
       scenarios: ``Scenario`` values, applied in order (scenarios/wrap.py applies them
         to a built method: ``with_robust(algorithm, rule)``, ...).
+      cohort_loss: ``(params, data) -> loss``, one client's ``loss_before`` as its
+        ``client_update`` computes it (``client.loss_before_fn``). Given, with a mixing
+        rule that reads only the losses (``MixingRule.losses_only``: AAggFF) and an
+        aggregator that streams, a round takes two passes: every client's loss first,
+        the weights from them, then the updates summed with those weights as they
+        finish (never stacked [K, ...]), at the price of one more forward pass.
     """
     _check_pieces(client_update, mixing, aggregator, server_optimizer)
     if round_metrics is not None and not callable(round_metrics):
@@ -281,9 +288,11 @@ def compose(client_update: ClientUpdate, *,
                            scenario_state=(combiner[1].init(params, num_clients)
                                            if combiner else ()))
 
-    streamed = (getattr(mixing, "logit", None) is not None
+    two_pass = cohort_loss is not None and getattr(mixing, "losses_only", False)
+    streamed = ((getattr(mixing, "logit", None) is not None or two_pass)
                 and getattr(aggregator, "stream", None) is not None and drift is None
                 and not output_hooks and combiner is None)  # scenarios see the stack
+    two_pass = two_pass and streamed
 
     def apply(state: ServerState, cohort: Cohort, key, execution="auto"):
         k = cohort.client_ids.shape[0]
@@ -302,11 +311,22 @@ def compose(client_update: ClientUpdate, *,
         per_client = (cs, data, cohort.local_steps, keys)
         scenario_info, scenario_state = {}, state.scenario_state
         if streamed:
+            if two_pass:  # the weights from every client's loss, before training
+                losses = map_clients(lambda b, d: cohort_loss(b.params, d), execution, k)(
+                    payload, data, sizes=cohort.data.num_examples)
+                with on_mesh(as_execution(execution).mesh):  # the server's rule, replicated
+                    weights, mixing_state = mixing.update(
+                        state.mixing_state, _losses_output(losses, cohort.data.num_examples),
+                        ctx)
+                given = weights
+            else:
+                given, mixing_state = jnp.zeros((k,), jnp.float32), state.mixing_state
             (outputs, new_cs, logits, stats), (_, _, sums) = map_clients(
                 streamed_client, execution, k, reduce=STREAM_SUM)(
-                    (payload, ctx), (*per_client, cohort.client_mask),
+                    (payload, ctx), (*per_client, cohort.client_mask, given),
                     sizes=cohort.data.num_examples)
-            weights, mixing_state = tiered_softmax(*logits), state.mixing_state
+            if not two_pass:
+                weights = tiered_softmax(*logits)
             direction, agg_state, info = aggregator.stream.finish(
                 state.aggregator_state, sums, outputs, stats, weights, ctx)
         else:
@@ -364,9 +384,13 @@ def compose(client_update: ClientUpdate, *,
         output without the delta, its new row, the mixing rule's (tier, logit) and the
         aggregator's stats) and its terms of the streamed sums (aggregators.Stream)."""
         payload, ctx = shared
-        *per_client, in_cohort = xs
+        *per_client, in_cohort, weight = xs
         out, row = client_update(payload, *per_client)
-        tier, z = mixing.logit(out, in_cohort)
+        if two_pass:  # the weight known before training, as a logit of one tier
+            tier = jnp.where(in_cohort & (weight > 0), 0, EXCLUDED)
+            z = jnp.log(jnp.where(weight > 0, weight, 1.0))
+        else:
+            tier, z = mixing.logit(out, in_cohort)
         z_term, summands, stats = aggregator.stream.term(out, z, ctx)
         return (out._replace(delta=None), row, (tier, z), stats), (tier, z_term, summands)
 
@@ -395,7 +419,7 @@ def compose(client_update: ClientUpdate, *,
                        client_table=client_table, broadcast=broadcast, drift=drift,
                        personal_params=personal_params, evaluated_params=evaluated_params,
                        client_state_fresh=client_state_fresh, round_metrics=round_metrics,
-                       scenarios=new_scenarios)
+                       scenarios=new_scenarios, cohort_loss=cohort_loss)
 
     return FederatedAlgorithm(init, apply, personal if personal_params is not None else None,
                               table if stateful else None, evaluated_params,
@@ -404,6 +428,14 @@ def compose(client_update: ClientUpdate, *,
                               server=ServerReads(aggregator.combines, aggregator.reads,
                                                  mixing.logit is not None),
                               scenarios=scenarios, rebuild=rebuild)
+
+
+def _losses_output(losses, num_examples) -> ClientOutput:
+    """The cohort's outputs as a rule that reads only ``loss_before`` sees them before
+    training (``MixingRule.losses_only``): the losses, the sizes, nothing else."""
+    zeros = jnp.zeros_like(losses)
+    return ClientOutput(delta=(), loss_before=losses, num_examples=num_examples,
+                        num_steps=zeros.astype(jnp.int32), extra=(), train_loss=zeros)
 
 
 def _threaded(combiner: Combiner, state, ctx, key):

@@ -156,6 +156,17 @@ def data_loss(model: Model, params, data: ClientData, chunk_size: int = 256) -> 
     return data_metrics(model, params, data, chunk_size)["loss"]
 
 
+def loss_before_fn(model: Model, loss_chunk_size: Optional[int] = None) -> Callable:
+    """``(params, data) -> loss``: ``ClientOutput.loss_before`` as ``local_training``
+    computes it (the masked mean loss over the client's rows, in chunks of
+    ``loss_chunk_size``; None: ``execution.loss_chunk_size_here()``), for a pass over
+    the cohort before training (``compose(cohort_loss=...)``)."""
+    def loss(params, data: ClientData):
+        chunk = execution.loss_chunk_size_here() if loss_chunk_size is None else loss_chunk_size
+        return data_loss(model, params, data, chunk)
+    return loss
+
+
 def data_metrics(model: Model, params, data: ClientData, chunk_size: int = 256) -> dict:
     """Masked means of every ``model.per_example_metrics`` value over one client, and,
     when the model reports per-row "confidence" and "accuracy", the client's
@@ -595,6 +606,8 @@ def local_training(model: Model, training: ClientTraining = ClientTraining(), *,
                       batch_loss=batch_loss, sam_radius=sam_radius, sam_eps=sam_eps,
                       weight_decay=weight_decay, clip_norm=clip_norm, clip_mode=clip_mode)
 
+    initial_loss = loss_before_fn(model, loss_chunk_size)
+
     def client_update(broadcast: Broadcast, client_state, data: ClientData, local_steps, key):
         lr = round_value(client_lr, broadcast.round)
         init = broadcast.params if start is None else start(broadcast, client_state)
@@ -603,8 +616,7 @@ def local_training(model: Model, training: ClientTraining = ClientTraining(), *,
         params, num_steps, train_loss = train(init, make_optimizer(optimizer, lr), data,
                                               local_steps, key, (broadcast, client_state))
         delta = jax.tree.map(jnp.subtract, broadcast.params, params)
-        chunk = execution.loss_chunk_size_here() if loss_chunk_size is None else loss_chunk_size
-        loss_before = (data_loss(model, broadcast.params, data, chunk) if track_loss
+        loss_before = (initial_loss(broadcast.params, data) if track_loss
                        else jnp.zeros((), jnp.float32))
         if finish is None:
             new_state, extra = client_state, ()

@@ -31,6 +31,11 @@ class MixingRule(NamedTuple):
     update: Callable
     # (output_k, in_cohort_k) -> (tier, logit): set by ``separable`` rules
     logit: Optional[Callable] = None
+    # True when ``update`` reads nothing of the outputs but ``loss_before`` (the losses
+    # of the server model before training: AAggFF's online rules), so the weights can
+    # be known before the clients train and their updates summed as they finish
+    # (``compose``'s two-pass round, given ``cohort_loss``)
+    losses_only: bool = False
 
 
 def normalize(scores, client_mask):
