@@ -10,9 +10,13 @@ Run:   python benchmarks/million_clients.py
 holding 10,000 and 100,000 clients as its users do (``InMemoryFederatedData``,
 ``UniformGetClientSampler``), beside ours in memory and procedural.
 
-``--tables``: SCAFFOLD and MIFA on ``--clients`` procedural writers with lazy client
-tables of min(N, cohort x rounds) rows (``client_states.lazy``: rows only for the
-clients the run can reach), the memory plan's bill against the process's peak RSS.
+``--tables``: SCAFFOLD and MIFA on ``--clients`` procedural writers with client tables
+of each form of ``--forms``: lazy on the device, min(N, cohort x rounds) rows
+(``client_states.lazy``: rows only for the clients the run can reach); ``host`` and
+``disk`` (the rows outside the device, ``core/row_store.py``). The memory plan's bill
+against the process's peak RSS (and its peak anonymous RSS: a disk table's rows are
+page cache), and the seconds a round in each of two chunks (the first writes its new
+rows into memory the process has not touched yet).
 
 For each method (FedAvg, q-FFL, AAggFF-D), in a fresh process each, side by side:
 
@@ -39,6 +43,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -49,6 +54,7 @@ from fedjax_fair import runner
 from fedjax_fair.algorithms import build
 from fedjax_fair.data import femnist_like
 from fedjax_fair.models import get_model
+CK = tempfile.TemporaryDirectory()  # the run's checkpoint, removed at exit
 
 def rss():
     with open("/proc/self/status") as f:
@@ -72,7 +78,7 @@ res = runner.run(alg, params, ds.host_data, jax.random.key(0), model=model,
                  eval_clients=min(eval_clients, n) if procedural else None,
                  progress=False, log=lines.append, execution="chunked",
                  on_eval=lambda e: marks.append(time.perf_counter()),
-                 checkpoint_dir=tempfile.mkdtemp(), donate=True)
+                 checkpoint_dir=CK.name, donate=True)
 print(json.dumps({"build_s": build_s, "data_rss": data_rss, "peak_rss": rss()[1],
                   "plan": lines[-1], "round_s": res.run_seconds / rounds,
                   "compile_s": res.compile_seconds,
@@ -83,69 +89,94 @@ print(json.dumps({"build_s": build_s, "data_rss": data_rss, "peak_rss": rss()[1]
 
 
 _TABLE_CHILD = r"""
-import json, sys, tempfile, time
+import json, sys, tempfile, threading, time
 import jax
 from fedjax_fair import runner
 from fedjax_fair.algorithms import build
 from fedjax_fair.data import femnist_like
 from fedjax_fair.models import get_model
+CK = tempfile.TemporaryDirectory()  # the run's checkpoint, removed at exit
 
 def rss():
     with open("/proc/self/status") as f:
         d = dict(l.split(":", 1) for l in f)
     return int(d["VmRSS"].split()[0]) * 1024, int(d["VmHWM"].split()[0]) * 1024
 
-method, n, cohort, rounds = sys.argv[1], *map(int, sys.argv[2:5])
+def anon():  # resident anonymous memory (not the page cache of mapped files)
+    with open("/proc/self/status") as f:
+        d = dict(l.split(":", 1) for l in f)
+    return int(d["RssAnon"].split()[0]) * 1024
+
+peak_anon = [0]
+def watch():
+    while True:
+        peak_anon[0] = max(peak_anon[0], anon())
+        time.sleep(0.02)
+threading.Thread(target=watch, daemon=True).start()
+
+method, n, cohort, rounds, form = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
 ds = femnist_like(num_clients=n, min_examples=20, max_examples=20, test_examples=5,
                   procedural=True)
 model = get_model("mlp", ds.input_shape, ds.num_classes)
 params = jax.jit(model.init)(jax.random.key(0))
 capacity = min(n, cohort * rounds)  # every client the run can write
 option = {"scaffold": "client_table", "mifa": "table"}[method]
-alg = build(method, model, client_lr=0.05, batch_size=20, num_epochs=1,
-            **{option: f"lazy:{capacity}"})
+text = f"lazy:{capacity}" if form == "lazy" else form
+alg = build(method, model, client_lr=0.05, batch_size=20, num_epochs=1, **{option: text})
 before = rss()[0]
 lines = []
 res = runner.run(alg, params, ds.host_data, jax.random.key(0), model=model,
-                 num_rounds=rounds, cohort_size=cohort, eval_every=rounds,
+                 num_rounds=rounds, cohort_size=cohort, eval_every=(rounds + 1) // 2,
                  eval_clients=min(1000, n), progress=False, log=lines.append,
-                 execution="chunked", checkpoint_dir=tempfile.mkdtemp(), donate=True)
+                 execution="chunked", checkpoint_dir=CK.name, donate=True)
 table = res.client_table
 if table is None:  # MIFA keeps its table of updates in the aggregator's state
     from fedjax_fair.core import client_states
-    table = client_states.get_table(f"lazy:{capacity}").memory(
-        res.state.aggregator_state.table)
-print(json.dumps({"data_rss": before, "peak_rss": rss()[1], "plan": lines[-1],
+    table = client_states.get_table(text).memory(res.state.aggregator_state.table)
+print(json.dumps({"data_rss": before, "peak_rss": rss()[1], "peak_anon": peak_anon[0],
+                  "plan": lines[-1], "bill": [l for l in lines if "client rows" in l],
                   "plan_bytes": res.memory.total, "table": table,
-                  "round_s": res.run_seconds / rounds}))
+                  "round_s": res.run_seconds / rounds,
+                  "chunks_s": [h["seconds"] for h in res.history[1:]]}))
 """
 
 
 def tables(args) -> None:
-    """SCAFFOLD's and MIFA's lazy client tables on ``--clients`` procedural writers:
-    the plan's bill against the process's peak."""
+    """SCAFFOLD's and MIFA's client tables on ``--clients`` procedural writers, in each
+    form of ``--forms`` (lazy on the device; host; disk): the plan's bill against the
+    process's peak."""
     import subprocess
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
                JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     gib = lambda b: f"{b / 2 ** 30:.2f}"
-    print("| method | clients | cohort x rounds | table rows x row MiB | table GiB | plan GiB "
-          "| RSS with the data built GiB | peak RSS GiB | round s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| method | table | clients | cohort x rounds | rows stored x row MiB | table on "
+          "the device GiB | reserved outside GiB | plan GiB (+ bill outside) | RSS with the data "
+          "built GiB | peak RSS GiB | peak anonymous RSS GiB | round s: first chunk | "
+          "second chunk |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for method in ("scaffold", "mifa"):
-        proc = subprocess.run([sys.executable, "-c", _TABLE_CHILD, method, str(args.clients),
-                               str(args.cohort), str(args.rounds)], env=env,
-                              capture_output=True, text=True)
-        if proc.returncode:
-            tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:160]
-            print(f"| {method} | {args.clients:,} | failed: {tail} |||||||")
-            continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        t = r["table"]
-        print(f"| {method} | {args.clients:,} | {args.cohort:,} x {args.rounds} | "
-              f"{t['rows_stored']:,} x {t['bytes_per_row'] / 2 ** 20:.2f} | {gib(t['bytes'])} | "
-              f"{gib(r['plan_bytes'])} | {gib(r['data_rss'])} | {gib(r['peak_rss'])} | "
-              f"{r['round_s']:.2f} |", flush=True)
+        for form in args.forms.split(","):
+            proc = subprocess.run([sys.executable, "-c", _TABLE_CHILD, method,
+                                   str(args.clients), str(args.cohort), str(args.rounds), form],
+                                  env=env, capture_output=True, text=True)
+            if proc.returncode:
+                tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:160]
+                print(f"| {method} | {form} | {args.clients:,} | failed: {tail} |||||||||")
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            t = r["table"]
+            half = (args.rounds + 1) // 2  # two chunks: the second writes into used memory
+            first, whole = r["chunks_s"][0], r["chunks_s"][-1]
+            bill = re.search(r"up to ([\d,.]+) MiB", r["bill"][0]) if r["bill"] else None
+            plan = gib(r["plan_bytes"]) + (
+                f" (+ {float(bill.group(1).replace(',', '')) / 1024:.2f})" if bill else "")
+            print(f"| {method} | {form} | {args.clients:,} | {args.cohort:,} x {args.rounds} | "
+                  f"{t['rows_stored']:,} x {t['bytes_per_row'] / 2 ** 20:.2f} | "
+                  f"{gib(t['bytes'])} | {gib(t.get('bytes_reserved', 0))} | {plan} | "
+                  f"{gib(r['data_rss'])} | {gib(r['peak_rss'])} | {gib(r['peak_anon'])} | "
+                  f"{first / half:.2f} | {(whole - first) / (args.rounds - half):.2f} |",
+                  flush=True)
 
 
 def fedjax_side(args) -> None:
@@ -202,6 +233,9 @@ def main(argv=None) -> None:
     p.add_argument("--tables", action="store_true",
                    help="SCAFFOLD and MIFA with lazy client tables instead (e.g. --clients "
                         "100000 --cohort 1000 --rounds 5): the plan's bill and the peak")
+    p.add_argument("--forms", default="lazy,host,disk",
+                   help="with --tables: the table forms to run (lazy: on the device; host: "
+                        "rows in host memory; disk: rows in memory-mapped files in $TMPDIR)")
     p.add_argument("--fedjax", action="store_true",
                    help="FedAvg against fedjax 0.0.17 at --fedjax-sizes clients instead "
                         "(e.g. --cohort 1000 --rounds 5)")

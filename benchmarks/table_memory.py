@@ -135,9 +135,10 @@ before = rss()[1]
 lines = []
 t = time.perf_counter()
 import tempfile  # a checkpoint directory, as the CLI runs: the chunk donates its state
+CK = tempfile.TemporaryDirectory()  # removed at exit
 res = run(alg, params, ds.host_data, jax.random.key(0), model=model, num_rounds=1,
           cohort_size=cohort, eval_every=1, progress=False, log=lines.append,
-          execution=strategy, checkpoint_dir=tempfile.mkdtemp(), donate=True)
+          execution=strategy, checkpoint_dir=CK.name, donate=True)
 print(json.dumps({"data_rss": before, "peak_rss": rss()[1], "plan": lines[-1],
                   "round_s": res.run_seconds, "compile_s": res.compile_seconds,
                   "seconds": time.perf_counter() - t}))

@@ -614,3 +614,21 @@ def test_a_signal_inside_a_gc_callback_is_delivered_again_not_lost(monkeypatch):
             cli._interrupt(signal.SIGTERM, sys._getframe())
     finally:
         gc.callbacks.remove(callback)
+
+
+def test_a_table_outside_the_device_is_billed_and_resumes(tmp_path, capsys):
+    """``--hp client_table=disk``: the run prints where the rows go and their bill
+    before compute, records the form in summary.json, and a resumed run (its rows
+    replayed from the checkpoint) ends where one uninterrupted run ends."""
+    args = ["run", "--algorithm", "ditto", "--hp", "client_table=disk", "--eval-every", "1",
+            "--cohort-size", "3", "--dataset-arg", "num_clients=8", "--no-plots",
+            "--no-progress"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert cli.main(args + ["--num-rounds", "4", "-o", str(whole)]) == 0
+    assert "client rows in" in capsys.readouterr().out
+    assert cli.main(args + ["--num-rounds", "2", "-o", str(part)]) == 0
+    assert cli.main(["run", "-o", str(part), "--resume", "--num-rounds", "4",
+                     "--no-progress"]) == 0
+    assert (part / "clients.csv").read_bytes() == (whole / "clients.csv").read_bytes()
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["client_table"]["form"] == "disk"
