@@ -5,6 +5,8 @@ Run:   python benchmarks/round_throughput.py            (full sweep; ~30 min on 
        python benchmarks/round_throughput.py --quick    (MLP only, cohorts 10 and 100; ~2 min)
        python benchmarks/round_throughput.py --models mlp --cohorts 1000 --reps 5
        python benchmarks/round_throughput.py --cpu-devices 2 --models mlp --cohorts 100
+       python benchmarks/round_throughput.py --models mlp --strategies sequential,chunked:4
+              --cpu-devices 2 --mesh-strategies sequential,chunked:4   (issue 50's table)
        python benchmarks/round_throughput.py --report a.json,b.json [--plot DIR]
                                               (the docs' tables and plots from --json files)
 
@@ -24,16 +26,19 @@ Contenders, each timed on the same cohort in the same run, alternating round by
 round (the starting one rotates), the fastest of ``--reps`` trials (one trial for
 cohorts above 1000):
 
-* ``vmap`` / ``chunked`` (8) / ``sequential`` / ``bucketed``: one jitted round
-  (``apply``, the state donated) per execution strategy; ``auto`` is marked on the
-  strategy it resolves to (the same compiled program). A strategy is skipped where
+* ``vmap`` / ``chunked`` (8; ``chunked:N`` in ``--strategies``: N clients a chunk) /
+  ``sequential`` / ``bucketed``: one jitted round (``apply``, the state donated) per
+  execution strategy; ``auto`` is marked on the strategy it resolves to on one device
+  for the model's ``execution.model_profile`` (the same compiled program). A
+  strategy is skipped where
   XLA's memory analysis of the compiled round (temporaries + outputs) exceeds
   ``--max-gib`` or the memory available now less 2 GiB (FedAvg's round stacks the
   K clients' deltas: 8 GiB for the MLP at K = 10,000).
 * ``auto (N devices)``: with ``--cpu-devices N`` (N CPU devices made before JAX
-  starts), ``execution="auto"``, which then splits the cohort over the devices (one
-  sequential chain of clients per device, on its own thread); the other contenders
-  still run on one device.
+  starts), ``execution="auto"`` with the model's profile, which then splits the
+  cohort over the devices (one chain of clients per device, on its own thread); the
+  other contenders still run on one device, except ``--mesh-strategies``: those
+  strategies with the cohort split over the devices, tagged ``(N devices)``.
 * ``loop``: a Python loop over clients and local steps calling one jitted SGD step
   (batches cut on the host from the client's shuffled rows, each client's model
   added to a running weighted mean by one jitted call), how fedjax's
@@ -99,7 +104,8 @@ from fedjax_fair.core.algorithm import compose  # noqa: E402
 from fedjax_fair.algorithms.fedavg import fedavg  # noqa: E402
 from fedjax_fair.core.client import local_training  # noqa: E402
 from fedjax_fair.data import get_dataset  # noqa: E402
-from fedjax_fair.core.execution import Execution, resolve  # noqa: E402
+from fedjax_fair.core import sharding  # noqa: E402
+from fedjax_fair.core.execution import Execution, model_profile, resolve  # noqa: E402
 from fedjax_fair.models import cnn, logistic_regression, mlp  # noqa: E402
 from fedjax_fair.core.types import ClientData, Cohort  # noqa: E402
 
@@ -113,6 +119,7 @@ QUICK_STRATEGIES = "vmap,chunked,sequential"  # bucketed is for skewed sizes
 REFERENCES = ("loop", "central", "torch", "fedjax")
 UNROLL = None  # the library's policy; --unroll overrides
 TRACK_LOSS = False  # --track-loss: fedavg's default loss_before pass
+EPOCHS = None  # --epochs E: every client trains E epochs (steps E n_k / B, skewed)
 
 
 # ----------------------------------------------------------------------------- models
@@ -340,29 +347,48 @@ def local_epochs(steps: int) -> int:
 
 
 def make_algorithm(model, steps):
+    training = ClientTraining(lr=LR, batch_size=BATCH, num_epochs=local_epochs(steps),
+                              max_steps=steps)
+    if EPOCHS:  # E epochs of each client's own rows: 3 E to 10 E steps, not S each
+        training = ClientTraining(lr=LR, batch_size=BATCH, num_epochs=EPOCHS)
     if TRACK_LOSS and UNROLL is None:  # exactly fedavg's defaults
-        return fedavg(model, training=ClientTraining(lr=LR, batch_size=BATCH,
-                                                     num_epochs=local_epochs(steps), max_steps=steps))
-    return compose(local_training(model, training=ClientTraining(lr=LR, batch_size=BATCH,
-                                                                 num_epochs=local_epochs(steps), max_steps=steps),
-                                  unroll=UNROLL, track_loss=TRACK_LOSS))
+        return fedavg(model, training=training)
+    return compose(local_training(model, training=training, unroll=UNROLL,
+                                  track_loss=TRACK_LOSS))
 
 
-def plan_cell(model_label, k, strategies, refs, children, history, args):
+def strategy_spec(name: str) -> tuple[str, int | None]:
+    """(strategy, chunk_size) of a ``--strategies`` / ``--mesh-strategies`` entry:
+    ``chunked:16`` is ``chunked`` with 16 clients a chunk; a bare name keeps the
+    strategy's default."""
+    strategy, _, chunk = name.partition(":")
+    return strategy, (int(chunk) if chunk else None)
+
+
+def plan_cell(model_label, k, strategies, refs, children, history, args, auto):
     """The contenders of a cell, in priority order, within the cell's time budget.
 
-    Priority: the strategy ``auto`` picks, the loop, fedjax, central, torch, then the
-    other strategies. A contender's round time is estimated from its largest timed
+    Priority: the strategy ``auto`` picks (``auto``: its (strategy, chunk_size) for
+    this model and cohort on one device; added when ``strategies`` lacks it), the loop, fedjax, central, torch, the other
+    strategies, then the ``--mesh-strategies`` over the CPU devices. A contender's
+    round time is estimated from its largest timed
     cohort of this model (linear in K; unknown counts 0). Trials: ``--reps`` (one
     above cohort 1000), fewer if the estimated rounds would exceed ``--cell-budget``
     seconds, more (up to 3 x ``--reps``) while a cell's trials take under 30 s;
     contenders that do not fit the budget, or whose round would exceed
     ``--max-round-s``, are skipped with a note."""
-    auto = resolve("auto", k)[0]
+    def is_auto(name):
+        strategy, chunk_size = strategy_spec(name)
+        return resolve(strategy, k, chunk_size=chunk_size) == auto
+
+    if not multi_cpu() and not any(is_auto(s) for s in strategies):  # time auto's pick
+        strategies = [auto[0] + (f":{auto[1]}" if auto[1] else "")] + list(strategies)
     names = ["auto"] if multi_cpu() else []
-    names += [s for s in strategies if s == auto] + [r for r in ("loop", "fedjax", "central",
-                                                                "torch") if r in refs]
-    names += [s for s in strategies if s != auto]
+    names += [s for s in strategies if is_auto(s)] + [r for r in ("loop", "fedjax", "central",
+                                                                 "torch") if r in refs]
+    names += [s for s in strategies if not is_auto(s)]
+    if multi_cpu():
+        names += [s + "@mesh" for s in args.mesh_strategies]
     names = [n for n in names if n not in ("torch", "fedjax") or n in children.procs]
     known = {n: _estimate(history, model_label, n, k) for n in names}
     est = {n: v or 0.0 for n, v in known.items()}
@@ -390,7 +416,10 @@ def run_cell(name, model, fed, k, steps, strategies, refs, children, args, rates
              history, label=None):
     """Times every contender of one (model, cohort) cell; appends rows."""
     model_label = label or name
-    chosen, trials = plan_cell(model_label, k, strategies, refs, children, history, args)
+    profile = model_profile(model, {"x": jax.ShapeDtypeStruct(model.input_shape, jnp.float32),
+                                    "y": jax.ShapeDtypeStruct((), jnp.int32)})
+    auto = resolve("auto", k, model=profile)  # auto's choice on one device
+    chosen, trials = plan_cell(model_label, k, strategies, refs, children, history, args, auto)
     params = model.init(jax.random.key(0))
     d = sum(int(p.size) for p in jax.tree.leaves(params))
     fwd = forward_flops(model, params)
@@ -404,7 +433,6 @@ def run_cell(name, model, fed, k, steps, strategies, refs, children, args, rates
     loss_rows = float(sizes.sum()) if TRACK_LOSS else 0.0
     flops_lib = flops_train + fwd * loss_rows
     bytes_lib = bytes_train + loss_rows * in_bytes
-    auto = resolve("auto", k)
 
     for ref, proc in children.procs.items():
         if ref not in chosen:
@@ -416,19 +444,24 @@ def run_cell(name, model, fed, k, steps, strategies, refs, children, args, rates
     def setup(name_):
         """Compiles / warms one contender and registers it in ``fns`` and ``meta``."""
         nonlocal job
-        if name_ in STRATEGIES or name_ == "auto":  # the library's round, one program
-            strategy = name_
-            conc = resolve(strategy, k)
+        base = name_.split("@")[0]
+        if strategy_spec(base)[0] in STRATEGIES or name_ == "auto":  # one program
+            strategy, chunk_size = strategy_spec(base)
+            mesh = sharding.make_mesh(jax.local_device_count()) if name_.endswith("@mesh") \
+                else None
+            conc = resolve(strategy, k if mesh is None else sharding.per_device(k, mesh),
+                           chunk_size=chunk_size)
             if conc[0] != strategy and strategy != "auto":
                 return  # e.g. chunked with chunk >= K is vmap: nothing new to time
             state = jax.tree.map(jnp.copy, alg.init(params, k))
-            fn = jax.jit(functools.partial(alg.apply, execution=Execution(strategy)),
-                         donate_argnums=0)
+            ex = Execution(strategy, chunk_size, mesh,
+                           profile if strategy == "auto" else None)
+            fn = jax.jit(functools.partial(alg.apply, execution=ex), donate_argnums=0)
             t = time.perf_counter()
             try:
                 compiled = fn.lower(state, cohort, jax.random.key(0)).compile()
             except Exception as e:  # out of memory at compile time, etc.
-                print(f"# {model_label} K={k} {strategy}: compile failed "
+                print(f"# {model_label} K={k} {name_}: compile failed "
                       f"({type(e).__name__}); skipped", flush=True)
                 return
             compile_s = time.perf_counter() - t
@@ -436,7 +469,7 @@ def run_cell(name, model, fed, k, steps, strategies, refs, children, args, rates
             temp = ma.temp_size_in_bytes + ma.output_size_in_bytes if ma is not None else 0
             free = available_bytes()
             if temp > min(args.max_gib * 2 ** 30, free - 2 * 2 ** 30):
-                print(f"# {model_label} K={k} {strategy}: skipped (XLA memory analysis: "
+                print(f"# {model_label} K={k} {name_}: skipped (XLA memory analysis: "
                       f"{temp / 2 ** 30:.1f} GiB of temporaries and outputs; --max-gib "
                       f"{args.max_gib:g}, {free / 2 ** 30:.1f} GiB available now)", flush=True)
                 return
@@ -450,11 +483,14 @@ def run_cell(name, model, fed, k, steps, strategies, refs, children, args, rates
             tag = strategy + (f" ({conc[1]})" if conc[1] else "")
             if strategy == "auto":  # several CPU devices: the cohort split over them
                 tag, chunk = f"auto ({jax.local_device_count()} devices)", 1
+            elif mesh is not None:
+                tag += f" ({mesh.devices.size} devices)"
             elif conc == auto and not multi_cpu():
                 tag += " = auto"
             fns[tag] = call
             meta[tag] = {"flops": flops_lib, "bytes": bytes_lib, "ws": w1 * min(chunk, k),
-                         "compile_s": compile_s, "kind": "library", "temp": temp}
+                         "compile_s": compile_s, "kind": "library", "temp": temp,
+                         "name": name_}
         elif name_ == "loop":
             loop = loop_reference(model, fed, sizes, steps)
             t = time.perf_counter()
@@ -485,7 +521,8 @@ def run_cell(name, model, fed, k, steps, strategies, refs, children, args, rates
             tag = name_ + (f" ({info['threads']} thr)" if "threads" in info else "")
             fns[tag] = children.procs[name_].round
             meta[tag] = {"flops": flops_train, "bytes": bytes_train, "ws": w1,
-                         "compile_s": info.get("first_round_s"), "kind": "reference"}
+                         "compile_s": info.get("first_round_s"), "kind": "reference",
+                         "name": name_}
 
     for name_ in chosen:
         try:
@@ -502,7 +539,7 @@ def run_cell(name, model, fed, k, steps, strategies, refs, children, args, rates
     cpu = {}
     best = alternate(fns, trials, warmup=False, cpu=cpu)
     for tag, sec in best.items():
-        history[(model_label, tag.split(" ")[0], k)] = sec
+        history[(model_label, meta[tag].get("name", tag.split(" ")[0]), k)] = sec
     ref_time = {r: next((v for t, v in best.items() if t.split(" ")[0] == r), None)
                 for r in ("loop", "torch", "fedjax")}
     for tag, sec in best.items():
@@ -579,15 +616,18 @@ def _estimate(history, model_label, contender, k):
 def dense_step_line(name, model, rates) -> float:
     """Measures and prints the rate of the model's first dense layer's SGD-step
     products at batch B (roofline.dense_step_rate): what a local step's matmuls can
-    reach, against the peak that the floor uses."""
+    reach, against the peak that the floor uses; and at batches 4 B and 8 B, the
+    products of a chunk of 4 or 8 clients vmapped together (``chunked``)."""
     params = model.init(jax.random.key(0))
     d_in, d_out = next(leaf.shape for leaf in jax.tree.leaves(params) if leaf.ndim == 2)
     rate = roofline.dense_step_rate(BATCH, d_in, d_out)
+    chunks = {c: roofline.dense_step_rate(c * BATCH, d_in, d_out) for c in (4, 8)}
     print(f"# {name}: first dense layer ({d_in}x{d_out}) products of an SGD step at batch "
           f"{BATCH}: {rate / 1e9:.0f} GFLOP/s ({100 * rate / rates.matmul_flops:.0f}% of the "
-          "matmul peak)", flush=True)
+          "matmul peak)" + "".join(f"; at batch {c * BATCH}: {r / 1e9:.0f} GFLOP/s "
+                                   f"({100 * r / rates.matmul_flops:.0f}%)"
+                                   for c, r in chunks.items()), flush=True)
     return rate
-
 
 
 def machine_line() -> str:
@@ -634,11 +674,20 @@ def parse_args(argv=None):
                     help="make this many CPU devices (jax_num_cpu_devices) and time "
                          "'auto', which splits the cohort over them; the other "
                          "contenders run on one device as before")
+    ap.add_argument("--mesh-strategies", default="",
+                    help="with --cpu-devices: also time these strategies (comma list, "
+                         "e.g. sequential,chunked:16) with the cohort split over the CPU "
+                         "devices, tagged '(N devices)'")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--plot", default=None, help="write PNG plots into this folder")
     ap.add_argument("--report", default=None,
                     help="print the docs' tables from --json files (comma list) and exit (no timing)")
     ap.add_argument("--unroll", default=None, help="override the local-step unroll (int or 'full')")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="the library's clients train this many epochs of their own rows "
+                         "(n_k / 20 steps an epoch: 3-10, skewed like the command line's "
+                         "default job) instead of --steps each; the references and the "
+                         "floor still count --steps, so compare the library's rows only")
     ap.add_argument("--track-loss", action="store_true",
                     help="keep fedavg's loss_before pass (the references do not compute it)")
     return ap.parse_args(argv)
@@ -655,10 +704,11 @@ def main(argv=None):
                     rows += json.load(f)["rows"]
             plot(rows, args.plot)
         return None
-    global UNROLL, TRACK_LOSS
+    global UNROLL, TRACK_LOSS, EPOCHS
     if args.cpu_devices:  # before JAX starts its backend
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
     TRACK_LOSS = args.track_loss
+    EPOCHS = args.epochs
     if args.unroll is not None:
         UNROLL = True if args.unroll == "full" else int(args.unroll)
     models = (args.models or ("mlp" if args.quick else "logreg,mlp,cnn")).split(",")
@@ -671,6 +721,7 @@ def main(argv=None):
     # unless --strategies names it: every compile costs ~10 s on a loaded 2-core CPU
     lean = [s for s in strategies if args.strategies or s != "bucketed"]
     refs = [r for r in args.refs.split(",") if r]
+    args.mesh_strategies = [s for s in args.mesh_strategies.split(",") if s]
     args.tmp = tempfile.mkdtemp(prefix="round_throughput_")
     start = time.perf_counter()
 

@@ -197,10 +197,8 @@ def test_resolve_rejects_unknown_strategy():
 def test_resolve_rules():
     assert execution.resolve("auto", 100, backend="gpu") == ("vmap", None)
     assert execution.resolve("auto", 100, backend="tpu") == ("vmap", None)
-    # The CPU pick is a measured policy that may change; it must be concrete.
-    strategy, chunk = execution.resolve("auto", 100, backend="cpu")
-    assert strategy in ("vmap", "chunked", "sequential")
-    assert (chunk is not None) == (strategy == "chunked")
+    # CPU, a model of unknown size: one client after another
+    assert execution.resolve("auto", 100, backend="cpu") == ("sequential", None)
     assert execution.resolve("chunked", 10, chunk_size=3) == ("chunked", 3)
     assert execution.resolve("chunked", 10, chunk_size=10) == ("vmap", None)
     assert execution.resolve("sequential", 10) == ("sequential", None)
@@ -225,29 +223,122 @@ ZOO_CHOICES = {
 }
 
 
+# auto's choice on a CPU for each model of the zoo as built there (convolutions as
+# patches + matmul where the model offers it), at cohorts 10 / 100 / 1,000
+# (docs/performance.md, "Choosing the strategy on a CPU (issue 50)"): models without XLA
+# convolutions of 0.05-1 MFLOP an example (execution.CPU_CHUNK_EXAMPLE_FLOPS; the zoo's
+# MLP 784-200-200-10 and TwoNN) run chunks of execution.CPU_CHUNK clients from
+# execution.CPU_CHUNK_MIN_COHORT clients, the others (the 10-class logistic
+# regression's 0.016 MFLOP, mlp2's 1.3, every CNN) one client after another
+_SEQ = ("sequential",) * 3
+_CHUNKS = ("chunked",) * 3
+CPU_CHOICES = {
+    "logreg": _SEQ, "mlp": _CHUNKS, "mlp2": _SEQ, "twonn": _CHUNKS,
+    "char_lstm": _SEQ, "cnn": _SEQ, "femnist_cnn": _SEQ, "cnn_ch": _SEQ, "twocnn": _SEQ,
+    "lenet_fedpd": _SEQ, "vgg9": _SEQ, "resnet9": _SEQ, "mobilenet": _SEQ,
+    "resnet18_gn": _SEQ, "resnet10_gn_sn": _SEQ,
+}
+
+
 def test_every_zoo_model_has_its_choice_listed():
     from fedjax_fair.models import MODELS
-    assert sorted(ZOO_CHOICES) == sorted(MODELS)
+    assert sorted(ZOO_CHOICES) == sorted(MODELS) == sorted(CPU_CHOICES)
+
+
+def _zoo_profile(name, backend, **kwargs):
+    from fedjax_fair.models import get_model
+    shape = ZOO_CHOICES[name][0]
+    model = get_model(name, shape, 10, **kwargs)
+    dtype = jnp.int32 if name == "char_lstm" else jnp.float32
+    example = {"x": jax.ShapeDtypeStruct(shape, dtype), "y": jax.ShapeDtypeStruct((), jnp.int32)}
+    return execution.model_profile(model, example, backend=backend)
 
 
 @pytest.mark.parametrize("name", sorted(ZOO_CHOICES))
 def test_auto_chooses_by_model_and_backend(name):
     import inspect
-    from fedjax_fair.models import MODELS, get_model
-    shape, expected = ZOO_CHOICES[name]
+    from fedjax_fair.models import MODELS
+    expected = ZOO_CHOICES[name][1]
     as_on_gpu = {"conv_impl": "xla"} if "conv_impl" in inspect.signature(
         MODELS[name]).parameters else {}
-    model = get_model(name, shape, 10, **as_on_gpu)
-    dtype = jnp.int32 if name == "char_lstm" else jnp.float32
-    example = {"x": jax.ShapeDtypeStruct(shape, dtype), "y": jax.ShapeDtypeStruct((), jnp.int32)}
-    profile = execution.model_profile(model, example, backend="gpu")
+    profile = _zoo_profile(name, "gpu", **as_on_gpu)
     for cohort, strategy in zip((10, 100, 1000), expected):
         for backend in ("gpu", "tpu"):
             chosen = execution.choose(backend, cohort, profile)
             assert chosen[0] == strategy, (name, cohort, backend, profile)
             assert (chosen[1] is not None) == (strategy == "chunked")
-        assert execution.choose("cpu", cohort, profile) == ("sequential", None)
-    assert execution.model_profile(model, example, backend="cpu").example_flops is None
+    on_cpu = _zoo_profile(name, "cpu")
+    assert on_cpu.example_flops > 0  # counted on a CPU, where choose reads them
+    for cohort, strategy in zip((10, 100, 1000), CPU_CHOICES[name]):
+        chosen = execution.choose("cpu", cohort, on_cpu)
+        assert chosen == ((strategy, execution.CPU_CHUNK) if strategy == "chunked"
+                          else (strategy, None)), (name, cohort, on_cpu)
+
+
+def test_auto_on_a_cpu_by_cohort_and_model_size():
+    """chunked from CPU_CHUNK_MIN_COHORT clients for a model without XLA convolutions
+    whose forward FLOPs lie in CPU_CHUNK_EXAMPLE_FLOPS; sequential otherwise,
+    including a model of unknown FLOPs; accelerators unchanged."""
+    low, high = execution.CPU_CHUNK_EXAMPLE_FLOPS
+    light = execution.ModelProfile(False, low)
+    least = execution.CPU_CHUNK_MIN_COHORT
+    chunked = ("chunked", execution.CPU_CHUNK)
+    assert execution.CPU_CHUNK < least  # a chunked cohort holds two chunks or more
+    assert execution.choose("cpu", least, light) == chunked
+    assert execution.choose("cpu", 10_000, execution.ModelProfile(False, high / 2)) == chunked
+    assert execution.choose("cpu", least - 1, light) == ("sequential", None)
+    for flops in (high, 10 * high, low / 2, None, 0.0):  # heavy, tiny, not counted
+        assert execution.choose("cpu", 1000, execution.ModelProfile(False, flops)) == \
+            ("sequential", None), flops
+    assert execution.choose("cpu", 1000, None) == ("sequential", None)
+    assert execution.choose("cpu", 1000, execution.ModelProfile(True, low)) == \
+        ("sequential", None)  # XLA convolutions: never vmapped on a CPU
+    # several CPU devices (a mesh's share of the cohort): one chain of clients on each
+    assert execution.choose("cpu", 1000, light, devices=2) == ("sequential", None)
+    assert execution.resolve("auto", 1000, backend="cpu", model=light, devices=2) == \
+        ("sequential", None)
+    # accelerators: the GPU rule, whatever the devices
+    assert execution.choose("gpu", 1000, light) == ("vmap", None)
+    assert execution.choose("gpu", 1000, light, devices=2) == ("vmap", None)
+    conv = execution.ModelProfile(True, 3e7)
+    assert execution.choose("gpu", 1000, conv, devices=2) == ("chunked", execution.CONV_GROUP)
+    # resolve: a chunk_size given wins over CPU_CHUNK
+    assert execution.resolve("auto", 1000, backend="cpu", model=light) == chunked
+    assert execution.resolve("auto", 1000, backend="cpu", model=light, chunk_size=32) == \
+        ("chunked", 32)
+    assert execution.resolve("auto", 1000, backend="cpu", model=light,
+                             chunk_size=1000) == ("vmap", None)
+
+
+def test_a_run_resolves_auto_to_chunks_for_a_small_dense_model_on_one_cpu_device():
+    """runner.run's resolution (spec.resolved_execution) profiles the model on the
+    federation's examples: the MLP 784-200-200-10 on one CPU device runs chunks of
+    CPU_CHUNK clients, with the same round as one client after another (to float
+    rounding); logistic regression on 10 features stays sequential."""
+    if jax.default_backend() != "cpu" or jax.local_device_count() != 1:
+        pytest.skip("one CPU device")
+    from fedjax_fair.algorithms import ClientTraining, fedavg
+    from fedjax_fair.core.types import FederatedData
+    from fedjax_fair.drivers.spec import resolved_execution
+    from fedjax_fair.models import mlp
+    sizes = (7, 12, 3, 9, 5, 8, 6, 10, 4, 11, 9, 7)
+    arrays = helpers.client_arrays(sizes, num_features=784, num_classes=10)
+    data = FederatedData(train=helpers.pack(arrays), test=helpers.pack(arrays))
+    model = mlp((784,), 10)
+    ex = resolved_execution("auto", 12, 12, model, data)
+    assert (ex.strategy, ex.chunk_size, ex.mesh) == ("chunked", execution.CPU_CHUNK, None)
+    assert execution.CPU_CHUNK_EXAMPLE_FLOPS[0] <= ex.model.example_flops \
+        < execution.CPU_CHUNK_EXAMPLE_FLOPS[1]
+    alg = fedavg(model, training=ClientTraining(lr=0.1, batch_size=4, num_epochs=2))
+    params = helpers.init_params(model, 0)
+    cohort = helpers.cohort(data.train, range(12))
+    run = lambda e: jax.jit(lambda: alg.apply(alg.init(params, 12), cohort,
+                                              jax.random.key(1), execution=e))()
+    chunked, seq = run(ex), run(execution.Execution("sequential"))
+    helpers.assert_trees_close(chunked[0].params, seq[0].params, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(chunked[1]["loss_before"], seq[1]["loss_before"], rtol=1e-5)
+    small = resolved_execution("auto", 5, 6, helpers.logreg(), helpers.tiny_federation())
+    assert (small.strategy, small.chunk_size) == ("sequential", None)
 
 
 def test_auto_sees_a_heavy_model_where_lowered_programs_report_no_cost(monkeypatch):

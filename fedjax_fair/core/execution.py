@@ -20,9 +20,12 @@ with a real ``cond`` (an unbatched predicate), so a vmapped group runs only as m
 steps as its busiest client needs rather than the federation's padded maximum;
 past its own count a client keeps its carry through a select. Bucketing makes the
 groups homogeneous, so little work is spent on masked steps.
-* ``"auto"``: picks one of the above from the backend and the model (``choose``, a
-  pure function of both; ``resolve`` without a model description). Benchmarks
-  (benchmarks/round_throughput.py, docs/performance.md) justify the rule. On a CPU
+* ``"auto"``: picks one of the above from the backend, the cohort, the model and the
+  devices (``choose``, a pure function of them; ``resolve`` without a model
+  description). Benchmarks (benchmarks/round_throughput.py, docs/performance.md)
+  justify the rule. On one CPU device a small dense model (``CPU_CHUNK_EXAMPLE_FLOPS``
+  an example) runs ``chunked`` (``CPU_CHUNK`` = 4) from ``CPU_CHUNK_MIN_COHORT``
+  clients, anything else ``sequential``. On a CPU
   with several local devices (``jax.config.update("jax_num_cpu_devices",
   os.cpu_count())`` or ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before
   JAX starts) ``auto`` also splits the cohort over them (``auto_mesh``): one chain of
@@ -198,30 +201,59 @@ HEAVY_CONV_EXAMPLE_FLOPS = 2e8  # at or above: one client after another
 CONV_GROUP = 100  # the widest vmapped group of a light convolutional model
 
 
+# auto on a CPU (docs/performance.md, "Choosing the strategy on a CPU (issue 50)"). On
+# one CPU device a chunk of CPU_CHUNK clients vmapped together turns a client's batch-20
+# products into batch-80 ones, which XLA:CPU runs faster and over both cores (MLP
+# 784-200-200-62, 0.42 MFLOP an example: chunked (4) 1.08-1.30x sequential at cohorts
+# 10-1,000; logistic regression 784-62, 0.1 MFLOP: 0.98-1.24x). A heavier model runs
+# one client after another (MLP 784-500-500-62, 1.35 MFLOP: 0.98x; 784-1000-1000-62:
+# 0.65x; the LEAF CNN, 25 MFLOP: 0.82-0.96x), and so does a tinier one (0.001-0.02
+# MFLOP: 0.96-1.13x), where a chunk gains nothing but compiles 1-3 s longer. On several
+# CPU devices (a mesh, ``auto_mesh``) each device keeps a core busy with its own chain
+# of clients, and single clients won there (MLP, two devices: sequential 1.02-1.39x
+# chunked (4) on each).
+CPU_CHUNK = 4  # clients vmapped together by auto on one CPU device
+CPU_CHUNK_MIN_COHORT = 10  # from this many clients: chunked
+CPU_CHUNK_EXAMPLE_FLOPS = (5e4, 1e6)  # forward FLOPs an example of a model chunked
+
+
 def model_profile(model, example, backend: Optional[str] = None) -> ModelProfile:
     """The ``ModelProfile`` of ``model`` (a ``models.Model``) on examples shaped like
     ``example`` (a dict of arrays or ``ShapeDtypeStruct``, one example, no batch axis).
     Its FLOPs are counted (``models.base.example_flops``: XLA's cost analysis of the
     loss lowered for the CPU, the same count on every backend, nothing compiled) only
-    where ``choose`` reads them: a convolutional model off the CPU."""
+    where ``choose`` reads them: every model on a CPU, a convolutional model off it."""
     from fedjax_fair.models.base import example_flops
     backend = backend or jax.default_backend()
     conv = bool(model.uses_xla_conv)
-    return ModelProfile(conv, example_flops(model, example) if conv and backend != "cpu"
+    return ModelProfile(conv, example_flops(model, example) if conv or backend == "cpu"
                         else None)
 
 
-def choose(backend: str, cohort_size: int,
-           model: Optional[ModelProfile] = None) -> tuple[str, Optional[int]]:
-    """``auto``'s (strategy, chunk_size) for a cohort of ``cohort_size`` on ``backend``
-    ("cpu", "gpu", "tpu", ...) for a model described by ``model`` (None: a dense one).
+def choose(backend: str, cohort_size: int, model: Optional[ModelProfile] = None,
+           devices: int = 1) -> tuple[str, Optional[int]]:
+    """``auto``'s (strategy, chunk_size) for ``cohort_size`` clients on one device of
+    ``backend`` ("cpu", "gpu", "tpu", ...), for a model described by ``model`` (None:
+    a dense one of unknown size), where the round runs over ``devices`` devices (a
+    mesh's; ``cohort_size`` is then one device's share).
 
-    CPU: ``sequential`` (one client's parameters stay in cache across its local steps,
-    and masked steps are skipped). Accelerators: ``vmap`` for dense models;
-    convolutional ones with a forward pass of ``HEAVY_CONV_EXAMPLE_FLOPS`` or more an
-    example run ``sequential``; lighter convolutional ones ``vmap`` up to
-    ``CONV_GROUP`` clients and ``chunked`` in groups of ``CONV_GROUP`` above."""
+    CPU, one device: ``chunked`` in chunks of ``CPU_CHUNK`` for a model without XLA
+    convolutions whose forward pass takes ``CPU_CHUNK_EXAMPLE_FLOPS`` = [low, high)
+    FLOPs an example, from ``CPU_CHUNK_MIN_COHORT`` clients; else ``sequential`` (one
+    client's parameters stay in cache across its local steps, and masked steps are
+    skipped), also where the FLOPs are unknown (None, or 0 when XLA reported none).
+    CPU, several devices: ``sequential`` on each.
+    Accelerators: ``vmap`` for dense models; convolutional ones with a forward pass of
+    ``HEAVY_CONV_EXAMPLE_FLOPS`` or more an example run ``sequential``; lighter
+    convolutional ones ``vmap`` up to ``CONV_GROUP`` clients and ``chunked`` in groups
+    of ``CONV_GROUP`` above (whatever ``devices``)."""
     if backend == "cpu":
+        low, high = CPU_CHUNK_EXAMPLE_FLOPS
+        light = (model is not None and not model.convolutional
+                 and model.example_flops is not None  # None: not counted
+                 and low <= model.example_flops < high)
+        if light and devices == 1 and cohort_size >= CPU_CHUNK_MIN_COHORT:
+            return "chunked", CPU_CHUNK
         return "sequential", None
     if model is None or not model.convolutional:
         return "vmap", None
@@ -232,16 +264,17 @@ def choose(backend: str, cohort_size: int,
 
 def resolve(strategy: str, cohort_size: int, backend: Optional[str] = None,
             chunk_size: Optional[int] = None,
-            model: Optional[ModelProfile] = None) -> tuple[str, Optional[int]]:
-    """Returns the concrete (strategy, chunk_size) for ``strategy``; ``auto`` is
-    ``choose(backend, cohort_size, model)`` (a ``chunk_size`` given wins over its
-    group)."""
+            model: Optional[ModelProfile] = None,
+            devices: int = 1) -> tuple[str, Optional[int]]:
+    """Returns the concrete (strategy, chunk_size) for ``strategy`` over
+    ``cohort_size`` clients on one device; ``auto`` is ``choose(backend, cohort_size,
+    model, devices)`` (a ``chunk_size`` given wins over its group)."""
     if strategy not in STRATEGIES:
         raise H.FieldError("execution", f"unknown strategy {strategy!r}; allowed: "
                                         f"{list(STRATEGIES)}")
     backend = backend or jax.default_backend()
     if strategy == "auto":
-        strategy, group = choose(backend, cohort_size, model)
+        strategy, group = choose(backend, cohort_size, model, devices)
         if strategy != "chunked":
             return strategy, None
         chunk_size = chunk_size or group
@@ -375,7 +408,8 @@ def map_clients(fn: Callable, execution: Union[str, Execution, None],
         return _map_local(fn, execution, cohort_size, reduce)
     if reduce is not None:  # a padding client's part is the identity
         fn = _padding_folds_nothing(fn, reduce)
-    local = _map_local(fn, execution, sharding.per_device(cohort_size, mesh), reduce)
+    local = _map_local(fn, execution, sharding.per_device(cohort_size, mesh), reduce,
+                       devices=sharding.num_shards(mesh))
     return sharding.map_sharded(local, mesh, cohort_size,
                                 fold=None if reduce is None else reduce.fold)
 
@@ -458,10 +492,12 @@ def auto_mesh(cohort_size: int, backend: Optional[str] = None,
 
 
 def _map_local(fn: Callable, execution: Execution, cohort_size: int,
-               reduce: Optional[Reduction] = None) -> Callable:
-    """``map_clients`` on one device: the strategy over ``cohort_size`` clients."""
+               reduce: Optional[Reduction] = None, devices: int = 1) -> Callable:
+    """``map_clients`` on one device: the strategy over ``cohort_size`` clients (one
+    device's share of a round over ``devices``)."""
     strategy, chunk_size = resolve(execution.strategy, cohort_size,
-                                   chunk_size=execution.chunk_size, model=execution.model)
+                                   chunk_size=execution.chunk_size, model=execution.model,
+                                   devices=devices)
     vmapped = jax.vmap(fn, in_axes=(None, 0), axis_name=CLIENT_AXIS)
 
     def mapped(shared, per_client, sizes=None):
