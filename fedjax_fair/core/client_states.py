@@ -127,6 +127,16 @@ def _shifted(rows, offset, sign: int):
     return rows + offset[None] if sign > 0 else rows - offset[None]
 
 
+def _caught_up(stored, seen, initial, offset, dtype):
+    """The rows a lazy-form table gathers: each stored deviation (``seen``) or the
+    initial row (never written), plus the drift since round 0 (``offset``)."""
+    def row(s, init, off):
+        pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim),
+                         _decode(s, dtype).astype(init.dtype), init[None])
+        return _shifted(pick, off, 1)
+    return jax.tree.map(row, stored, initial, offset)
+
+
 def _widened(rows, dtype):
     """Rows read from storage of ``dtype``: those leaves back to float32."""
     return jax.tree.map(lambda x: _decode(x, dtype), rows)
@@ -220,13 +230,7 @@ def lazy(capacity: Optional[int] = None, dtype=None) -> ClientTable:
         slot = table.slot[client_ids]
         seen = slot >= 0
         stored = gather(table.rows, jnp.maximum(slot, 0))
-
-        def row(s, init, off):
-            pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim),
-                             _decode(s, dtype).astype(init.dtype), init[None])
-            return _shifted(pick, off, 1)
-
-        return jax.tree.map(row, stored, table.initial, table.offset)
+        return _caught_up(stored, seen, table.initial, table.offset, dtype)
 
     def scatter_(table: LazyTable, client_ids, new_rows, client_mask, round_):
         n = table.slot.shape[0]
@@ -330,14 +334,8 @@ def _outside(form: str, directory, capacity, dtype) -> ClientTable:
             lambda h, ids, v: row_store.get(h).read(ids, v),
             (jax.ShapeDtypeStruct(client_ids.shape, bool), shapes),
             table.store, client_ids, table.version)
-        stored = jax.tree.unflatten(tree, leaves)
-
-        def row(s, init, off):
-            pick = jnp.where(seen.reshape(seen.shape + (1,) * init.ndim),
-                             _decode(s, dtype).astype(init.dtype), init[None])
-            return _shifted(pick, off, 1)
-
-        return jax.tree.map(row, stored, table.initial, table.offset)
+        return _caught_up(jax.tree.unflatten(tree, leaves), seen, table.initial, table.offset,
+                          dtype)
 
     def scatter_(table: HostTable, client_ids, new_rows, client_mask, round_):
         client_ids = jnp.asarray(client_ids, jnp.int32)
