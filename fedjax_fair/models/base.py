@@ -52,7 +52,27 @@ def example_flops(model: Model, example) -> float:
     lowering is used because the GPU and TPU plugins have no cost analysis before
     compiling (``Lowered.cost_analysis`` is None there). Where none is reported (no
     CPU backend in the process: ``JAX_PLATFORMS`` without ``cpu``) the loss is
-    compiled once and its compiled cost analysis read. 0 where neither reports."""
+    compiled once and its compiled cost analysis read. 0 where neither reports.
+    Counted once per model and example shapes in a process (a ``compare`` runs the
+    same model many times)."""
+    try:
+        key = (model, tuple(sorted((k, tuple(v.shape), str(v.dtype))
+                                   for k, v in example.items())))
+        hash(key)
+    except TypeError:  # an unhashable model: counted every time
+        key = None
+    if key is not None and key in _FLOPS:
+        return _FLOPS[key]
+    flops = _example_flops(model, example)
+    if key is not None:
+        _FLOPS[key] = flops
+    return flops
+
+
+_FLOPS: dict = {}  # example_flops' counts, per (model, example shapes)
+
+
+def _example_flops(model: Model, example) -> float:
     one = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in example.items()}
     params = jax.eval_shape(model.init, jax.random.key(0))
     try:
