@@ -47,8 +47,10 @@ import re
 import subprocess
 import sys
 
-_CHILD = r"""
-import json, sys, tempfile, time
+# what every child process starts with: imports, a checkpoint folder removed at exit,
+# and its resident and peak memory
+_PREAMBLE = r"""
+import json, sys, tempfile, threading, time
 import jax
 from fedjax_fair import runner
 from fedjax_fair.algorithms import build
@@ -60,7 +62,9 @@ def rss():
     with open("/proc/self/status") as f:
         d = dict(l.split(":", 1) for l in f)
     return int(d["VmRSS"].split()[0]) * 1024, int(d["VmHWM"].split()[0]) * 1024
+"""
 
+_CHILD = _PREAMBLE + r"""
 method, n, cohort, rounds, eval_clients, procedural = sys.argv[1:7]
 n, cohort, rounds, eval_clients = int(n), int(cohort), int(rounds), int(eval_clients)
 procedural = procedural == "1"
@@ -88,20 +92,7 @@ print(json.dumps({"build_s": build_s, "data_rss": data_rss, "peak_rss": rss()[1]
 """
 
 
-_TABLE_CHILD = r"""
-import json, sys, tempfile, threading, time
-import jax
-from fedjax_fair import runner
-from fedjax_fair.algorithms import build
-from fedjax_fair.data import femnist_like
-from fedjax_fair.models import get_model
-CK = tempfile.TemporaryDirectory()  # the run's checkpoint, removed at exit
-
-def rss():
-    with open("/proc/self/status") as f:
-        d = dict(l.split(":", 1) for l in f)
-    return int(d["VmRSS"].split()[0]) * 1024, int(d["VmHWM"].split()[0]) * 1024
-
+_TABLE_CHILD = _PREAMBLE + r"""
 def anon():  # resident anonymous memory (not the page cache of mapped files)
     with open("/proc/self/status") as f:
         d = dict(l.split(":", 1) for l in f)
