@@ -128,6 +128,25 @@ def test_a_second_run_of_the_same_algorithm_reuses_its_programs():
                                                         jax.tree.leaves(second.state.params)))
 
 
+def test_work_queued_while_compiling_runs_once_in_the_compile_thread():
+    """``programs.while_compiling``: a queued function runs once, in the thread that
+    compiles the evaluators, during the next run (not in the caller's); one that
+    raises leaves the run as it was."""
+    import threading
+    from fedjax_fair.drivers import programs
+    calls = []
+    programs.while_compiling(lambda: calls.append(threading.current_thread().name))
+    programs.while_compiling(lambda: 1 / 0)
+    assert calls == []  # nothing runs before a run starts
+    result = _run(_seq_fedavg(), num_rounds=2, eval_every=2)
+    programs._compiler().submit(lambda: None).result()  # the thread's queue, drained
+    assert calls == ["fedjax-fair-compile_0"]
+    assert len(result.history) == 2
+    _run(_seq_fedavg(), num_rounds=2, eval_every=2)  # a later run runs it no more
+    programs._compiler().submit(lambda: None).result()
+    assert len(calls) == 1
+
+
 def test_run_resume_is_bitwise_identical(reference_run):
     full, _, snapshot = reference_run
     assert ckpt.exists(snapshot), "no round-4 checkpoint was written"

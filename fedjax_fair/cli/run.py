@@ -23,6 +23,7 @@ from fedjax_fair.cli.common import (EXIT_INTERRUPTED, EXIT_NONFINITE, _check_cap
                                     write_run_outputs, write_run_page)
 from fedjax_fair.core.execution import initial_params
 from fedjax_fair.drivers import checkpoint as ckpt
+from fedjax_fair.drivers.programs import while_compiling
 from fedjax_fair.drivers.runner import load_round_log, verify_resumable
 
 
@@ -86,10 +87,6 @@ def cmd_run(args) -> int:
         if started:
             return
         started.append(True)
-        if cfg.plots:  # matplotlib's import overlaps the rounds (the main thread waits
-            # on the devices), not the data and compile set-up, whose Python it slowed
-            # more than its own 0.4 s by contending for the GIL
-            _import_in_background("matplotlib.figure", "matplotlib.backends.backend_agg")
         os.makedirs(out, exist_ok=True)
         report.write_json(os.path.join(out, "config.json"), cfg_dict)
         lock.record(out, cfg_dict)
@@ -122,6 +119,10 @@ def cmd_run(args) -> int:
 
     from fedjax_fair.drivers.runner import (CompileClock, Interrupted, NonFiniteError,
                                             stop_on_signals)
+    if cfg.plots:  # matplotlib's import (0.3 s) while XLA compiles the first chunk
+        # program: earlier, it slowed the tracing by contending for the GIL; during the
+        # rounds, it took a core from them
+        while_compiling(_import_matplotlib)
     check_interrupted()  # before the first write (the folders' locks)
     held = _own(cfg, primary, check_fresh=True)
     _STAGE_DIR.append(out)
@@ -285,20 +286,11 @@ def _persistent_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
-def _import_in_background(*modules: str) -> None:
-    """Imports ``modules`` in a daemon thread (the run's device work releases the GIL);
-    a failed import is left for the code that needs the module to report."""
+def _import_matplotlib() -> None:
+    """The modules the run's figures draw with (reports.figures imports them too)."""
     import importlib
-    import threading
-
-    def load():
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001
-                return
-
-    threading.Thread(target=load, name="fedjax-fair-import", daemon=True).start()
+    for name in ("matplotlib.figure", "matplotlib.backends.backend_agg"):
+        importlib.import_module(name)
 
 
 def _fix_resumed_seconds(history: list, new_entries: list) -> int:

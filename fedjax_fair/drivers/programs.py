@@ -392,6 +392,39 @@ def _evaluate_generated(evaluate, state, split, client_ids: np.ndarray, block: i
             progress(start + len(ids))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 _COMPILER = None  # one background thread compiling evaluators for every run
+_QUEUED: list = []  # while_compiling's functions, for the next run's compile thread
+
+
+def while_compiling(fn: Callable[[], Any]) -> None:
+    """Runs ``fn()`` once, in the thread that compiles the evaluators, after the next
+    run's evaluators: while XLA compiles that run's first chunk program, which holds no
+    GIL and leaves a core idle once the evaluators are done. For work a command's end
+    will need that holds the GIL (``run`` imports matplotlib here): done earlier, while
+    the program is traced, it would slow the tracing; during the rounds, it takes a
+    core from them. ``fn``'s exceptions are dropped; what needs its result does the
+    work itself if it has not run."""
+    _QUEUED.append(fn)
+
+
+def _run_queued() -> None:
+    def quietly(fn):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001  (while_compiling: the caller redoes the work)
+            pass
+
+    _compiler()
+    while _QUEUED:
+        _COMPILER.submit(quietly, _QUEUED.pop(0))
+
+
+def _compiler():
+    """The background compile thread's executor (created once)."""
+    import concurrent.futures
+    global _COMPILER
+    if _COMPILER is None:
+        _COMPILER = concurrent.futures.ThreadPoolExecutor(1, "fedjax-fair-compile")
+    return _COMPILER
 
 
 def _compile_evaluators(model, algorithm, state, data: FederatedData, num_clients: int,
@@ -402,10 +435,7 @@ def _compile_evaluators(model, algorithm, state, data: FederatedData, num_client
     chunk program's carry; under ``mesh``, its layout) and the split's shapes (under
     ``mesh``, laid out as ``data_layout``: split by client, the only layout the mesh's
     evaluator is compiled for here)."""
-    import concurrent.futures
-    global _COMPILER
-    if _COMPILER is None:
-        _COMPILER = concurrent.futures.ThreadPoolExecutor(1, "fedjax-fair-compile")
+    _compiler()
     fn = state_evaluator_program(model, algorithm.personal, algorithm.evaluated_params, mesh)
     splits = [("test", data.test)] + ([("validation", data.validation)] if validate else [])
     # the state may be donated before this runs
@@ -498,6 +528,7 @@ class Evaluation:
             self.pending.update(_compile_evaluators(
                 self.model, self.algorithm, self.state, self.data, self.data.num_clients,
                 self.spec.placement, self.validate, self.mesh, self.data_layout))
+            _run_queued()
 
     def place(self, plan: mem.MemoryPlan, data: FederatedData) -> None:
         self.plan, self.data = plan, data
