@@ -391,6 +391,8 @@ def _evaluate_generated(evaluate, state, split, client_ids: np.ndarray, block: i
         if progress is not None:
             progress(start + len(ids))
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
 _COMPILER = None  # one background thread compiling evaluators for every run
 _QUEUED: list = []  # while_compiling's functions, for the next run's compile thread
 
@@ -413,9 +415,9 @@ def _run_queued() -> None:
         except Exception:  # noqa: BLE001  (while_compiling: the caller redoes the work)
             pass
 
-    _compiler()
+    compiler = _compiler()
     while _QUEUED:
-        _COMPILER.submit(quietly, _QUEUED.pop(0))
+        compiler.submit(quietly, _QUEUED.pop(0))
 
 
 def _compiler():
@@ -435,7 +437,7 @@ def _compile_evaluators(model, algorithm, state, data: FederatedData, num_client
     chunk program's carry; under ``mesh``, its layout) and the split's shapes (under
     ``mesh``, laid out as ``data_layout``: split by client, the only layout the mesh's
     evaluator is compiled for here)."""
-    _compiler()
+    compiler = _compiler()
     fn = state_evaluator_program(model, algorithm.personal, algorithm.evaluated_params, mesh)
     splits = [("test", data.test)] + ([("validation", data.validation)] if validate else [])
     # the state may be donated before this runs
@@ -456,7 +458,7 @@ def _compile_evaluators(model, algorithm, state, data: FederatedData, num_client
         if mesh is not None:
             shapes = sharding.abstract(shapes, getattr(data_layout, name))
             ids = jax.ShapeDtypeStruct((n,), np.int32, sharding=sharding.replicated(mesh))
-        out[(name, where)] = _COMPILER.submit(
+        out[(name, where)] = compiler.submit(
             lambda s=shapes, i=ids: fn.lower(state, s, i).compile(
                 compiler_options("evaluate")))
     return out
