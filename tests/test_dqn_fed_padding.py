@@ -111,11 +111,13 @@ def test_masked_slots_act_as_absent_clients(precision, solver, ridge, layout):
         # 47 (in units of cond eps): v, w <= 0.33 (Cholesky) and <= 1.25 (eigh: its
         # reduction's operation order changes), S <= 0.35 / 1.94, lambda* <= 0.26; with
         # the floor counting the padded slots: Cholesky v >= 1.85, S >= 3.6 (float32
-        # and x64), lambda* >= 0.82 (both solvers).
+        # and x64), lambda* >= 0.82 (both solvers). eigh's S also depends on the CPU's
+        # kernels: 3.3 cond eps in x64 on an AVX-512 AMD EPYC (issue 50's session), so
+        # its bound is 4; lambda* (bound 0.5) is what catches that floor under eigh.
         loose = 1.0 if solver == "cholesky" else 2.0
         assert _rel(pad[0], own[0]) <= loose * ce, msg
         assert _rel(pad[3][slots], own[3]) <= loose * ce, msg
-        assert abs(pad[1] / own[1] - 1) <= 1.5 * loose * ce, msg
+        assert abs(pad[1] / own[1] - 1) <= (1.5 if solver == "cholesky" else 4.0) * ce, msg
         assert _rel(pad[2][slots], own[2]) <= 0.5 * ce, msg
         assert np.all(pad[2][~mask] == 0) and np.all(pad[3][~mask] == 0), msg
         # the float64 literal equations: ridge 0 gives the paper's closed form to
