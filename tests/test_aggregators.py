@@ -128,6 +128,26 @@ def test_rules_that_read_only_the_losses_stream_in_two_passes(strategy, chunk_si
                                                 ids=everyone, mask=[True] * N, rounds=2))
 
 
+def test_a_two_pass_round_computes_each_clients_loss_once():
+    """The second pass's outputs carry the first pass's losses, so the client's own
+    forward pass of the same loss is dead code that XLA drops: the compiled two-pass
+    round has no more matrix products than the stacked round, which computes each
+    loss once inside the client (before this, it had one more: the model's forward
+    product)."""
+    import re
+    from fedjax_fair.algorithms.aaggff import aaggff_d_mixing
+    kw = dict(training=ClientTraining(lr=LR, batch_size=4, num_epochs=2))
+    cohort = helpers.cohort(TRAIN, STREAM_IDS, budgets=STREAM_BUDGETS, mask=STREAM_MASK)
+    algs = [helpers.bind_execution(fedavg(MODEL, mixing=rule, aggregator=weighted_mean(),
+                                          **kw), "sequential")
+            for rule in (aaggff_d_mixing(), _stacked(aaggff_d_mixing()))]
+    assert algs[0].streamed and not algs[1].streamed
+    dots = [len(re.findall(r" dot\(", jax.jit(alg.apply).lower(
+        alg.init(PARAMS, N), cohort, KEY).compile().as_text())) for alg in algs]
+    assert dots[1] > 0
+    assert dots[0] == dots[1]
+
+
 def test_stream_sum_folds_in_any_grouping_without_overflow():
     from fedjax_fair.core.aggregators import STREAM_SUM, ratio
     tiers = jnp.array([3, 3, 2, 3, -1, 3, 2], jnp.int32)

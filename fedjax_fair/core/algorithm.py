@@ -252,7 +252,8 @@ def compose(client_update: ClientUpdate, *,
         rule that reads only the losses (``MixingRule.losses_only``: AAggFF) and an
         aggregator that streams, a round takes two passes: every client's loss first,
         the weights from them, then the updates summed with those weights as they
-        finish (never stacked [K, ...]), at the price of one more forward pass.
+        finish (never stacked [K, ...]); the client's outputs carry the first pass's
+        loss, so its own ``loss_before`` is never computed (XLA drops the unused pass).
     """
     _check_pieces(client_update, mixing, aggregator, server_optimizer)
     if round_metrics is not None and not callable(round_metrics):
@@ -318,9 +319,10 @@ def compose(client_update: ClientUpdate, *,
                     weights, mixing_state = mixing.update(
                         state.mixing_state, _losses_output(losses, cohort.data.num_examples),
                         ctx)
-                given = weights
+                given = (weights, losses)
             else:
-                given, mixing_state = jnp.zeros((k,), jnp.float32), state.mixing_state
+                none = jnp.zeros((k,), jnp.float32)
+                given, mixing_state = (none, none), state.mixing_state
             (outputs, new_cs, logits, stats), (_, _, sums) = map_clients(
                 streamed_client, execution, k, reduce=STREAM_SUM)(
                     (payload, ctx), (*per_client, cohort.client_mask, given),
@@ -384,9 +386,12 @@ def compose(client_update: ClientUpdate, *,
         output without the delta, its new row, the mixing rule's (tier, logit) and the
         aggregator's stats) and its terms of the streamed sums (aggregators.Stream)."""
         payload, ctx = shared
-        *per_client, in_cohort, weight = xs
+        *per_client, in_cohort, (weight, loss) = xs
         out, row = client_update(payload, *per_client)
         if two_pass:  # the weight known before training, as a logit of one tier
+            # the loss the weight came from: the client's own forward pass of the same
+            # loss is then unused, and XLA drops it (one forward pass a client, not two)
+            out = out._replace(loss_before=loss)
             tier = jnp.where(in_cohort & (weight > 0), 0, EXCLUDED)
             z = jnp.log(jnp.where(weight > 0, weight, 1.0))
         else:
