@@ -8,6 +8,7 @@ over clients: no batch statistics (GroupNorm, never BatchNorm).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import flax.linen as nn
@@ -55,25 +56,16 @@ def example_flops(model: Model, example) -> float:
     compiled once and its compiled cost analysis read. 0 where neither reports.
     Counted once per model and example shapes in a process (a ``compare`` runs the
     same model many times)."""
+    shapes = tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in example.items()))
     try:
-        key = (model, tuple(sorted((k, tuple(v.shape), str(v.dtype))
-                                   for k, v in example.items())))
-        hash(key)
-    except TypeError:  # an unhashable model: counted every time
-        key = None
-    if key is not None and key in _FLOPS:
-        return _FLOPS[key]
-    flops = _example_flops(model, example)
-    if key is not None:
-        _FLOPS[key] = flops
-    return flops
+        return _counted_flops(model, shapes)
+    except TypeError:  # an unhashable model (functools.cache's key): counted every time
+        return _count_flops(model, shapes)
 
 
-_FLOPS: dict = {}  # example_flops' counts, per (model, example shapes)
-
-
-def _example_flops(model: Model, example) -> float:
-    one = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in example.items()}
+def _count_flops(model: Model, shapes: tuple) -> float:
+    """``example_flops`` of one example of ``shapes`` ((name, shape, dtype) per leaf)."""
+    one = {k: jax.ShapeDtypeStruct((1, *shape), dtype) for k, shape, dtype in shapes}
     params = jax.eval_shape(model.init, jax.random.key(0))
     try:
         cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
@@ -89,6 +81,9 @@ def _example_flops(model: Model, example) -> float:
     if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per computation
         cost = cost[0] if cost else None
     return float(cost.get("flops", 0.0)) if isinstance(cost, dict) else 0.0
+
+
+_counted_flops = functools.cache(_count_flops)
 
 
 def check_widths(field: str, widths) -> tuple:
